@@ -1,0 +1,95 @@
+"""The `visar` command line, run as a user runs it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from visar.apps.cli import main
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "visar.apps.cli", *args], capture_output=True, text=True)
+
+
+def test_generate_writes_images_and_stats(tmp_path):
+    out = tmp_path / "gen"
+    assert (
+        main(
+            [
+                "generate",
+                "--class",
+                "3",
+                "5",
+                "--n",
+                "3",
+                "--batch-size",
+                "2",
+                "--seed",
+                "4",
+                "--top-k",
+                "20",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert sorted(p.name for p in out.glob("*.png")) == ["00000.png", "00001.png", "00002.png"]
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["n"] == 3 and stats["method"] == "ar" and stats["model"] == "visar-tiny-random"
+    assert stats["forward_passes"] == 2 * 256 and stats["tokens_per_forward"] == 1.0
+    assert [r["class_label"] for r in stats["images"]] == [3, 5, 3]
+    assert [r["seed"] for r in stats["images"]] == [4, 5, 6]
+    assert stats["sampling"]["top_k"] == 20
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["generate", "--model", "nope"], "unknown model"),
+        (["generate", "--class", "400"], "out of range"),
+        (["generate", "--method", "nope"], "unknown method"),
+        (["generate", "--top-p", "2"], "top_p"),
+        (["generate", "--temperature", "0"], "temperature"),
+        (["generate", "--top-k", "-3"], "top_k"),
+        (["generate", "--cfg", "-1"], "guidance_scale"),
+        (["generate", "--opt", "window=3"], "unknown option"),
+        (["generate", "--model", "llamagen-gpt-b-c2i-256", "--checkpoint", "/no/such.pt"], "not found"),
+    ],
+)
+def test_user_errors_exit_2_without_traceback(tmp_path, args, message):
+    result = run_cli(*args, "--out", str(tmp_path / "o"))
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_listing_commands(capsys):
+    assert main(["models"]) == 0
+    assert "visar-tiny-random" in capsys.readouterr().out
+    assert main(["methods"]) == 0
+    assert "lossless" in capsys.readouterr().out
+
+
+def test_help_documents_every_generate_option():
+    result = run_cli("generate", "--help")
+    assert result.returncode == 0
+    for option in (
+        "--model",
+        "--method",
+        "--seed",
+        "--cfg",
+        "--temperature",
+        "--top-k",
+        "--top-p",
+        "--opt",
+        "--class",
+        "--prompt",
+        "--n",
+        "--batch-size",
+        "--out",
+        "--device",
+        "--dtype",
+    ):
+        assert option in result.stdout

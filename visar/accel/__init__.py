@@ -1,0 +1,54 @@
+"""Decoding methods: one file per method, registered here by name.
+
+A method is a function `fn(model, cond, params, generators, *, cond_mask=None, progress=False,
+**options) -> (tokens [B, N], stats)`; its keyword options are what `Pipeline.generate` and the
+CLI accept for it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import VisarError
+from . import ar
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    fn: Callable
+    lossless: bool
+    description: str
+
+    @property
+    def options(self) -> list[str]:
+        common = {"model", "cond", "params", "generators", "cond_mask", "progress"}
+        return [p for p in inspect.signature(self.fn).parameters if p not in common]
+
+    def check_options(self, options: dict):
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            known = ", ".join(self.options) or "none"
+            raise VisarError(f"unknown option(s) {unknown} for method {self.name!r}; its options: {known}")
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register_method(name: str, fn: Callable, *, lossless: bool, description: str):
+    METHODS[name] = Method(name, fn, lossless, description)
+
+
+def get_method(name: str) -> Method:
+    if name not in METHODS:
+        raise VisarError(f"unknown method {name!r}; available: {', '.join(sorted(METHODS))}")
+    return METHODS[name]
+
+
+def list_methods() -> list[str]:
+    return sorted(METHODS)
+
+
+register_method("ar", ar.generate, lossless=True, description="plain next-token sampling (the reference)")

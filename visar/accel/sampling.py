@@ -1,0 +1,94 @@
+"""The one place where logits become the target distribution, and where tokens are drawn from it.
+
+Plain sampling and every verifier call `logits_to_probs`, so that a method that claims to be
+lossless is measured against exactly the distribution plain AR samples from.
+
+Order of operations follows LlamaGen's `generate`: CFG mix on raw logits
+(uncond + (cond - uncond) * scale), then temperature, then top-k, then top-p, then softmax.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..errors import VisarError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """guidance_scale 1.0 means no CFG (the unconditional pass is skipped); top_k None = off."""
+
+    guidance_scale: float = 1.0
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if not (isinstance(self.guidance_scale, (int, float)) and self.guidance_scale >= 0):
+            raise VisarError(f"guidance_scale must be >= 0, got {self.guidance_scale}")
+        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
+            raise VisarError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise VisarError(f"top_k must be an integer >= 1 (or None for no top-k), got {self.top_k}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise VisarError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.guidance_scale != 1.0
+
+
+def cfg_mix(cond_logits: Tensor, uncond_logits: Tensor, scale: float) -> Tensor:
+    return uncond_logits + (cond_logits - uncond_logits) * scale
+
+
+def split_cfg(logits: Tensor, params: SamplingParams) -> Tensor:
+    """Logits of a batch laid out [cond ; uncond] (when CFG is on) -> guided logits of the cond half."""
+    if not params.uses_cfg:
+        return logits
+    cond, uncond = logits.chunk(2, dim=0)
+    return cfg_mix(cond, uncond, params.guidance_scale)
+
+
+def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
+    """Guided logits [..., V] -> target probabilities [..., V] (float32): temperature, top-k, top-p."""
+    logits = logits.float() / params.temperature
+    if params.top_k is not None and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop a token when the mass before it already exceeds top_p (the top token always stays).
+        drop_sorted = (cum - sorted_logits.softmax(-1)) > params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, -math.inf)
+    return logits.softmax(-1)
+
+
+def sample_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """Inverse-CDF draw: probs [..., V], uniforms [...] in [0, 1) -> token ids [...].
+
+    Deterministic given the uniforms, so randomness is owned by per-image generators; a token
+    of probability 0 is never returned.
+    """
+    cdf = probs.float().cumsum(-1)
+    target = (uniforms.to(cdf.device) * cdf[..., -1]).unsqueeze(-1)
+    tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    # Rounding can push the target past the last non-zero bin; fall back to the last such bin.
+    last_nonzero = probs.shape[-1] - 1 - (probs > 0).flip(-1).float().argmax(-1)
+    return torch.minimum(tokens, last_nonzero)
+
+
+def make_generators(batch_size: int, seed: int) -> list[torch.Generator]:
+    """One CPU generator per image, seeded seed + index, so an image's draws are its own."""
+    return [torch.Generator().manual_seed(seed + i) for i in range(batch_size)]
+
+
+def draw_uniforms(generators: list[torch.Generator], count: int = 1) -> Tensor:
+    """[B, count] uniforms, row b drawn from generators[b]."""
+    return torch.stack([torch.rand(count, generator=g) for g in generators])

@@ -1,0 +1,1 @@
+"""User-facing entry points: the `visar` CLI (and later the batch script and the demo)."""

@@ -1,0 +1,218 @@
+"""The `visar` command line: generate images, list models and methods.
+
+User errors (unknown names, bad options, missing files) print one line and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from ..errors import VisarError
+
+
+def parse_option(text: str) -> tuple[str, object]:
+    """`key=value` -> (key, value) with value read as JSON when it parses (numbers, true, null)."""
+    if "=" not in text:
+        raise VisarError(f"--opt takes key=value, got {text!r}")
+    key, raw = text.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.replace("-", "_"), value
+
+
+def add_model_args(parser: argparse.ArgumentParser):
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--model",
+        default="default",
+        help="registered name (see `visar models`) or a model folder "
+        "with config.json; default: the embedded default model",
+    )
+    group.add_argument("--checkpoint", help="official checkpoint file, for official presets (e.g. c2i_B_256.pt)")
+    group.add_argument("--vq-checkpoint", help="official VQ checkpoint file (e.g. vq_ds16_c2i.pt)")
+    group.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
+    group.add_argument("--dtype", default="fp32", help="generator dtype: fp32, bf16 or fp16 (default fp32)")
+
+
+def add_sampling_args(parser: argparse.ArgumentParser):
+    group = parser.add_argument_group("sampling (unset values take the model's defaults, see `visar models -v`)")
+    group.add_argument("--method", default="ar", help="decoding method (see `visar methods`); default ar")
+    group.add_argument("--seed", type=int, default=0, help="image i uses seed + i (default 0)")
+    group.add_argument("--guidance-scale", "--cfg", type=float, help="classifier-free guidance scale (1 = off)")
+    group.add_argument("--temperature", type=float, help="softmax temperature (> 0)")
+    group.add_argument("--top-k", type=int, help="keep the k most likely tokens (0 = off)")
+    group.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
+    group.add_argument(
+        "--opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a method option, repeatable (e.g. --opt window=16); see `visar methods`",
+    )
+
+
+def cmd_generate(args) -> int:
+    from .. import load
+
+    pipe = load(
+        args.model, device=args.device, dtype=args.dtype, checkpoint=args.checkpoint, vq_checkpoint=args.vq_checkpoint
+    )
+    options = dict(parse_option(o) for o in args.opt)
+    if pipe.is_class_conditional:
+        if args.prompt:
+            raise VisarError(f"{pipe.name} is class-conditional: use --class, not --prompt")
+        classes = args.class_ids if args.class_ids else list(range(pipe.num_classes))
+        n = args.n or len(args.class_ids or [0])
+        conditions = [classes[i % len(classes)] for i in range(n)]
+    else:
+        if not args.prompt:
+            raise VisarError(f"{pipe.name} is text-conditional: give --prompt TEXT (repeatable)")
+        n = args.n or len(args.prompt)
+        conditions = [args.prompt[i % len(args.prompt)] for i in range(n)]
+    if n < 1:
+        raise VisarError("--n must be >= 1")
+    if args.batch_size < 1:
+        raise VisarError("--batch-size must be >= 1")
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise VisarError(f"cannot create output folder {out}: {err}") from err
+
+    records, totals = [], {"forward_passes": 0, "latency_s": 0.0, "decode_s": 0.0}
+    image_passes = 0  # forward passes each image went through, summed over images
+    start = time.perf_counter()
+    with tqdm(total=n, desc=f"{pipe.name} / {args.method}", unit="img") as bar:
+        for first in range(0, n, args.batch_size):
+            chunk = conditions[first : first + args.batch_size]
+            kwargs = {"class_labels": chunk} if pipe.is_class_conditional else {"prompts": chunk}
+            result = pipe.generate(
+                **kwargs,
+                method=args.method,
+                seed=args.seed + first,
+                guidance_scale=args.guidance_scale,
+                temperature=args.temperature,
+                top_k=args.top_k,
+                top_p=args.top_p,
+                **options,
+            )
+            for i, image in enumerate(result.images):
+                index = first + i
+                image.save(out / f"{index:05d}.png")
+                key = "class_label" if pipe.is_class_conditional else "prompt"
+                records.append({"index": index, "file": f"{index:05d}.png", key: chunk[i], "seed": args.seed + index})
+            for key in totals:
+                totals[key] += result.stats[key]
+            image_passes += result.stats["forward_passes"] * len(chunk)
+            bar.update(len(chunk))
+    wall = time.perf_counter() - start
+    params = pipe.sampling_params(args.guidance_scale, args.temperature, args.top_k, args.top_p)
+    stats = {
+        "model": pipe.name,
+        "method": args.method,
+        "options": options,
+        "sampling": {k: getattr(params, k) for k in ("guidance_scale", "temperature", "top_k", "top_p")},
+        "n": n,
+        "batch_size": args.batch_size,
+        "device": str(pipe.device),
+        "dtype": str(pipe.dtype).removeprefix("torch."),
+        "forward_passes": totals["forward_passes"],
+        "tokens_per_forward": n * pipe.model.num_image_tokens / max(image_passes, 1),
+        "sampling_s": totals["latency_s"],
+        "decode_s": totals["decode_s"],
+        "wall_s": wall,
+        "images_per_s": n / wall,
+        "images": records,
+    }
+    (out / "stats.json").write_text(json.dumps(stats, indent=1))
+    print(
+        f"wrote {n} images and stats.json to {out} "
+        f"({stats['forward_passes']} forward passes, {stats['tokens_per_forward']:.2f} tokens/forward, "
+        f"{wall:.1f} s)"
+    )
+    return 0
+
+
+def cmd_models(args) -> int:
+    from ..registry import describe_models, embedded_models, read_config
+
+    for name, description in describe_models():
+        print(f"{name:28s} {description}")
+        if args.verbose and name in embedded_models():
+            config = read_config(embedded_models()[name])
+            print(f"{'':28s} defaults: {config.get('defaults', {})}")
+    return 0
+
+
+def cmd_methods(args) -> int:
+    from ..accel import METHODS
+
+    for method in METHODS.values():
+        flag = "lossless" if method.lossless else "lossy"
+        options = ", ".join(method.options) or "-"
+        print(f"{method.name:12s} {flag:9s} {method.description}  [options: {options}]")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="visar",
+        description="Faster sampling for image autoregressive models. Every command runs on the embedded "
+        "default model when no --model is given.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser(
+        "generate",
+        help="generate images to a folder (PNG files + stats.json)",
+        description="Generate images with a model and decoding method; writes OUT/00000.png ... "
+        "and OUT/stats.json (settings, forward passes, timings, per-image seed and condition).",
+    )
+    add_model_args(gen)
+    add_sampling_args(gen)
+    gen.add_argument(
+        "--class",
+        dest="class_ids",
+        type=int,
+        nargs="+",
+        metavar="ID",
+        help="class ids for class-conditional models (cycled over --n images; default: all classes in turn)",
+    )
+    gen.add_argument("--prompt", action="append", help="prompt for text-conditional models (repeatable, cycled)")
+    gen.add_argument("--n", type=int, help="number of images (default: one per --class / --prompt)")
+    gen.add_argument("--batch-size", type=int, default=8, help="images per forward batch (default 8)")
+    gen.add_argument("--out", default="visar_out", help="output folder (default ./visar_out)")
+    gen.set_defaults(func=cmd_generate)
+
+    models = sub.add_parser("models", help="list registered models")
+    models.add_argument("-v", "--verbose", action="store_true", help="also show default sampling settings")
+    models.set_defaults(func=cmd_models)
+
+    methods = sub.add_parser("methods", help="list decoding methods, whether each is lossless, and their options")
+    methods.set_defaults(func=cmd_methods)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except VisarError as err:
+        print(f"visar: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("visar: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Evaluation: the shapes-world detector, benchmarks, FID and GenEval harnesses."""

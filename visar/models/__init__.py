@@ -1,0 +1,1 @@
+"""Model families, one file each. `llamagen`: raster AR (LlamaGen GPT, c2i and t2i)."""

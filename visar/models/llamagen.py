@@ -1,0 +1,414 @@
+"""LlamaGen raster autoregressive transformer (class- and text-conditional).
+
+Paper: Sun et al. 2024, "Autoregressive Model Beats Diffusion: Llama for Scalable Image Generation".
+Checked against FoundationVision/LlamaGen @ ce98ec4 (`autoregressive/models/gpt.py`) through the
+fixtures in ../shared/fixtures/llamagen: same state_dict keys and shapes, same logits.
+
+Differences from the official module, all on the inference side:
+- the KV cache is gpt-fast's (preallocated [B, H, S, D], written at explicit `input_pos`), but
+  `input_pos` may be per sample ([B, L]) so one batch can hold ragged sequences;
+- every forward takes an optional boolean visibility mask [B, L, S], so a call can score many
+  query positions at once with any dependency pattern (speculative windows, multi-row fronts);
+- the cache can be truncated per sample (`truncate_cache`), which speculative methods need;
+- `key_valid` in the cache replaces the official in-place edit of `causal_mask` for t2i caption
+  padding (`emb_masks`): padded caption keys are invisible to every query but themselves.
+
+Sequence layout: [T condition positions | image tokens in raster order]. c2i: T = 1 class
+embedding; t2i: T = cls_token_num caption positions. Image token i sits at position T + i.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..errors import VisarError
+
+
+@dataclass(frozen=True)
+class LlamaGenConfig:
+    """LlamaGen's `ModelArgs`, field for field, so official constructor arguments load as-is."""
+
+    dim: int = 4096
+    n_layer: int = 32
+    n_head: int = 32
+    n_kv_head: int | None = None
+    multiple_of: int = 256
+    ffn_dim_multiplier: float | None = None
+    rope_base: float = 10000
+    norm_eps: float = 1e-5
+    initializer_range: float = 0.02
+    token_dropout_p: float = 0.1
+    attn_dropout_p: float = 0.0
+    resid_dropout_p: float = 0.1
+    ffn_dropout_p: float = 0.1
+    drop_path_rate: float = 0.0
+    num_classes: int = 1000
+    caption_dim: int = 2048
+    class_dropout_prob: float = 0.1
+    model_type: str = "c2i"
+    vocab_size: int = 16384
+    cls_token_num: int = 1
+    block_size: int = 256
+    max_batch_size: int = 32
+    max_seq_len: int = 2048
+
+    @classmethod
+    def from_dict(cls, args: dict) -> LlamaGenConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise VisarError(f"unknown LlamaGen model_args {unknown}; known fields: {sorted(known)}")
+        return cls(**args)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def grid_size(self) -> int:
+        return math.isqrt(self.block_size)
+
+    @property
+    def ffn_hidden_dim(self) -> int:
+        hidden = int(2 * 4 * self.dim / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return -(-hidden // self.multiple_of) * self.multiple_of
+
+    @property
+    def num_condition_tokens(self) -> int:
+        return self.cls_token_num
+
+
+# Official sizes (LlamaGen's GPT_models table). c2i uses cls_token_num 1; t2i 120 caption positions.
+GPT_SIZES = {
+    "GPT-B": dict(dim=768, n_layer=12, n_head=12),
+    "GPT-L": dict(dim=1024, n_layer=24, n_head=16),
+    "GPT-XL": dict(dim=1280, n_layer=36, n_head=20),
+    "GPT-XXL": dict(dim=1536, n_layer=48, n_head=24),
+    "GPT-3B": dict(dim=3200, n_layer=24, n_head=32),
+}
+
+
+def preset_config(size: str, model_type: str = "c2i", image_tokens: int = 256, **overrides) -> LlamaGenConfig:
+    """The config of an official release: `size` in GPT_SIZES, 256 or 576 (384 px) image tokens."""
+    if size not in GPT_SIZES:
+        raise VisarError(f"unknown LlamaGen size {size!r}; known: {sorted(GPT_SIZES)}")
+    args = dict(GPT_SIZES[size], vocab_size=16384, block_size=image_tokens, model_type=model_type)
+    if model_type == "c2i":
+        args.update(num_classes=1000, cls_token_num=1)
+    else:
+        args.update(cls_token_num=120, caption_dim=2048)
+    args.update(overrides)
+    return LlamaGenConfig(**args)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in float32 whatever the model dtype, as the official code does.
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class ClassEmbedding(nn.Module):
+    """Class label -> one condition vector. Row `num_classes` is the null class used by CFG."""
+
+    def __init__(self, num_classes: int, dim: int, dropout_prob: float):
+        super().__init__()
+        self.num_classes = num_classes
+        self.dropout_prob = dropout_prob
+        self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), dim)
+
+    def forward(self, labels: Tensor) -> Tensor:  # [B] -> [B, 1, D]
+        if self.training and self.dropout_prob > 0:
+            drop = torch.rand(labels.shape, device=labels.device) < self.dropout_prob
+            labels = torch.where(drop, torch.full_like(labels, self.num_classes), labels)
+        return self.embedding_table(labels).unsqueeze(1)
+
+    def null_condition(self, labels: Tensor) -> Tensor:
+        return torch.full_like(labels, self.num_classes)
+
+
+class CaptionMLP(nn.Module):
+    def __init__(self, in_features: int, hidden: int, out_features: int):
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden, bias=False)
+        self.fc2 = nn.Linear(hidden, out_features, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class CaptionEmbedding(nn.Module):
+    """Caption embeddings [B, T, caption_dim] -> condition vectors [B, T, D].
+
+    The null caption is the learned-at-init buffer `uncond_embedding` (part of the state_dict);
+    its 120 rows are fixed by the official class, whatever cls_token_num is.
+    """
+
+    OFFICIAL_TOKEN_NUM = 120
+
+    def __init__(self, caption_dim: int, dim: int, dropout_prob: float, token_num: int = OFFICIAL_TOKEN_NUM):
+        super().__init__()
+        self.dropout_prob = dropout_prob
+        self.cap_proj = CaptionMLP(caption_dim, dim, dim)
+        self.register_buffer("uncond_embedding", torch.randn(token_num, caption_dim) / caption_dim**0.5)
+
+    def forward(self, captions: Tensor) -> Tensor:
+        if self.training and self.dropout_prob > 0:
+            drop = torch.rand(captions.shape[0], device=captions.device) < self.dropout_prob
+            null = self.uncond_embedding[: captions.shape[1]].to(captions.dtype)
+            captions = torch.where(drop[:, None, None], null, captions)
+        return self.cap_proj(captions)
+
+    def null_condition(self, captions: Tensor) -> Tensor:
+        return torch.zeros_like(captions) + self.uncond_embedding[: captions.shape[1]].to(captions.dtype)
+
+
+class KVCache(nn.Module):
+    """Preallocated keys and values [B, H, S, D]; `key_valid` [B, S] hides padded caption slots."""
+
+    def __init__(self, batch_size: int, max_seq_len: int, n_kv_head: int, head_dim: int, dtype, device):
+        super().__init__()
+        shape = (batch_size, n_kv_head, max_seq_len, head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        # input_pos [B, L]; k, v [B, H, L, D]. Advanced indexing puts (B, L) first: value [B, L, H, D].
+        batch = torch.arange(k.shape[0], device=k.device)[:, None]
+        self.k_cache[batch, :, input_pos] = k.transpose(1, 2)
+        self.v_cache[batch, :, input_pos] = v.transpose(1, 2)
+        return self.k_cache, self.v_cache
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaGenConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_kv_head = config.n_kv_head or config.n_head
+        self.head_dim = config.dim // config.n_head
+        kv_dim = self.n_kv_head * self.head_dim
+        self.wqkv = nn.Linear(config.dim, config.dim + 2 * kv_dim, bias=False)
+        self.wo = nn.Linear(config.dim, config.dim, bias=False)
+        self.attn_dropout_p = config.attn_dropout_p
+        self.resid_dropout = nn.Dropout(config.resid_dropout_p)
+        self.kv_cache: KVCache | None = None
+
+    def forward(self, x: Tensor, rope: Tensor, input_pos: Tensor, mask: Tensor) -> Tensor:
+        bsz, seqlen, _ = x.shape
+        kv_dim = self.n_kv_head * self.head_dim
+        q, k, v = self.wqkv(x).split([self.n_head * self.head_dim, kv_dim, kv_dim], dim=-1)
+        q = apply_rope(q.view(bsz, seqlen, self.n_head, self.head_dim), rope).transpose(1, 2)
+        k = apply_rope(k.view(bsz, seqlen, self.n_kv_head, self.head_dim), rope).transpose(1, 2)
+        v = v.view(bsz, seqlen, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if self.kv_cache is not None:
+            k, v = self.kv_cache.update(input_pos, k, v)
+        if self.n_kv_head != self.n_head:
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        dropout = self.attn_dropout_p if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], dropout_p=dropout)
+        return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1)))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: LlamaGenConfig):
+        super().__init__()
+        hidden = config.ffn_hidden_dim
+        self.w1 = nn.Linear(config.dim, hidden, bias=False)
+        self.w3 = nn.Linear(config.dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, config.dim, bias=False)
+        self.ffn_dropout = nn.Dropout(config.ffn_dropout_p)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.ffn_dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: LlamaGenConfig):
+        super().__init__()
+        self.attention = Attention(config)
+        self.feed_forward = FeedForward(config)
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+
+    def forward(self, x: Tensor, rope: Tensor, input_pos: Tensor, mask: Tensor) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, input_pos, mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+def rope_table_2d(grid_size: int, head_dim: int, base: float, cls_token_num: int) -> Tensor:
+    """cos/sin table [cls_token_num + grid^2, head_dim // 2, 2] for LlamaGen's 2-D RoPE.
+
+    Pairs 0..d/4-1 rotate by row * f_j and pairs d/4..d/2-1 by column * f_j, with
+    f_j = base^(-2j / (d/2)). Condition positions get all-zero cos and sin: the official code
+    thereby zeroes their queries and keys (they attend uniformly and are attended with logit 0).
+    """
+    half_dim = head_dim // 2
+    cpu = torch.device("cpu")  # explicit, so a model built under torch.device("meta") still gets a real table
+    freqs = 1.0 / (base ** (torch.arange(0, half_dim, 2, device=cpu)[: half_dim // 2].float() / half_dim))
+    angles = torch.outer(torch.arange(grid_size, dtype=torch.float32, device=cpu), freqs)  # [grid, d/4]
+    grid_angles = torch.cat(
+        [angles[:, None, :].expand(-1, grid_size, -1), angles[None, :, :].expand(grid_size, -1, -1)], dim=-1
+    )  # [grid(row), grid(col), d/2]
+    table = torch.stack([torch.cos(grid_angles), torch.sin(grid_angles)], dim=-1).flatten(0, 1)
+    return torch.cat([torch.zeros(cls_token_num, half_dim, 2, device=cpu), table])
+
+
+def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
+    """x [B, L, H, D], rope [B, L, D/2, 2]: rotate interleaved pairs (2i, 2i+1), in float32."""
+    xp = x.float().reshape(*x.shape[:-1], -1, 2)
+    cos, sin = rope[:, :, None, :, 0], rope[:, :, None, :, 1]
+    out = torch.stack([xp[..., 0] * cos - xp[..., 1] * sin, xp[..., 1] * cos + xp[..., 0] * sin], dim=-1)
+    return out.flatten(3).type_as(x)
+
+
+class LlamaGen(nn.Module):
+    """The LlamaGen GPT, with state_dict keys identical to the official `Transformer`."""
+
+    def __init__(self, config: LlamaGenConfig):
+        super().__init__()
+        if config.model_type not in ("c2i", "t2i"):
+            raise VisarError(f"model_type must be 'c2i' or 't2i', got {config.model_type!r}")
+        self.config = config
+        if config.model_type == "c2i":
+            self.cls_embedding = ClassEmbedding(config.num_classes, config.dim, config.class_dropout_prob)
+        else:
+            self.cls_embedding = CaptionEmbedding(config.caption_dim, config.dim, config.class_dropout_prob)
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.tok_dropout = nn.Dropout(config.token_dropout_p)
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        # A plain attribute, not a buffer: kept in float32 whatever the model dtype, and not in
+        # the state_dict (as in the official code). Moved to the input's device on use.
+        self._rope = rope_table_2d(
+            config.grid_size, config.dim // config.n_head, config.rope_base, config.cls_token_num
+        )
+        self.cache_key_valid: Tensor | None = None  # [B, S] bool, set by setup_cache
+
+    # -- properties the decoding methods rely on -------------------------------------------
+    @property
+    def num_condition_tokens(self) -> int:
+        return self.config.cls_token_num
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        return (self.config.grid_size, self.config.grid_size)
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.config.grid_size**2
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.num_condition_tokens + self.num_image_tokens
+
+    def null_condition(self, cond: Tensor) -> Tensor:
+        return self.cls_embedding.null_condition(cond)
+
+    # -- KV cache ---------------------------------------------------------------------------
+    def setup_cache(self, batch_size: int, max_seq_len: int | None = None, cond_mask: Tensor | None = None):
+        """Preallocate the KV cache. cond_mask [B, T] bool: valid caption positions (t2i padding)."""
+        max_seq_len = max_seq_len or self.max_seq_len
+        param = self.output.weight
+        for layer in self.layers:
+            attn = layer.attention
+            attn.kv_cache = KVCache(batch_size, max_seq_len, attn.n_kv_head, attn.head_dim, param.dtype, param.device)
+        self.cache_key_valid = torch.ones(batch_size, max_seq_len, dtype=torch.bool, device=param.device)
+        if cond_mask is not None:
+            self.cache_key_valid[:, : cond_mask.shape[1]] = cond_mask.bool()
+
+    def clear_cache(self):
+        for layer in self.layers:
+            layer.attention.kv_cache = None
+        self.cache_key_valid = None
+
+    @torch.no_grad()
+    def truncate_cache(self, lengths: Tensor):
+        """Forget every cached slot at or beyond lengths[b] for sample b (zeroes them)."""
+        for layer in self.layers:
+            cache = layer.attention.kv_cache
+            slots = torch.arange(cache.k_cache.shape[2], device=lengths.device)
+            stale = (slots[None, :] >= lengths[:, None])[:, None, :, None]  # [B, 1, S, 1]
+            cache.k_cache.masked_fill_(stale, 0)
+            cache.v_cache.masked_fill_(stale, 0)
+
+    # -- forward ----------------------------------------------------------------------------
+    def embed(self, tokens: Tensor | None = None, cond: Tensor | None = None) -> Tensor:
+        """[condition embeddings (if cond) ; token embeddings (if tokens)] -> [B, L, D]."""
+        parts = []
+        if cond is not None:
+            parts.append(self.cls_embedding(cond)[:, : self.config.cls_token_num])
+        if tokens is not None:
+            parts.append(self.tok_embeddings(tokens))
+        return self.tok_dropout(torch.cat(parts, dim=1))
+
+    def default_mask(self, input_pos: Tensor, key_pos: Tensor, key_valid: Tensor | None) -> Tensor:
+        """Causal by position: query at p sees keys at positions <= p (valid ones, and itself)."""
+        visible = key_pos[:, None, :] <= input_pos[:, :, None]  # [B, L, S]
+        if key_valid is not None:
+            visible = visible & key_valid[:, None, :]
+        return visible | (key_pos[:, None, :] == input_pos[:, :, None])
+
+    def forward(
+        self,
+        tokens: Tensor | None = None,
+        cond: Tensor | None = None,
+        *,
+        input_pos: Tensor | None = None,
+        mask: Tensor | None = None,
+        cond_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Logits [B, L, V] (float32) for the L positions fed.
+
+        tokens [B, N] image-token ids; cond: class ids [B] or caption embeddings [B, T, caption_dim].
+        The positions fed are [condition (if cond) ; tokens]; input_pos ([L] or [B, L]) gives
+        their absolute sequence positions (default 0..L-1 with cond, else T..T+N-1), which
+        select both the RoPE entry and, with a cache, the slot written.
+        mask [B, L, S] bool (True = visible): S is the cache length with a cache, else L.
+        Default: causal by position, minus invalid caption keys (cond_mask [B, T] without a
+        cache; the cache's own `key_valid` with one). Row l predicts the token after position
+        input_pos[l].
+        """
+        h = self.embed(tokens, cond)
+        bsz, seqlen, _ = h.shape
+        if input_pos is None:
+            start = 0 if cond is not None else self.config.cls_token_num
+            input_pos = torch.arange(start, start + seqlen, device=h.device)
+        if input_pos.dim() == 1:
+            input_pos = input_pos[None].expand(bsz, -1)
+        cached = self.layers[0].attention.kv_cache is not None
+        if mask is None:
+            if cached:
+                key_pos = torch.arange(self.cache_key_valid.shape[1], device=h.device)[None].expand(bsz, -1)
+                mask = self.default_mask(input_pos, key_pos, self.cache_key_valid)
+            else:
+                key_valid = None
+                if cond_mask is not None:
+                    key_valid = torch.ones(bsz, seqlen, dtype=torch.bool, device=h.device)
+                    key_valid[:, : cond_mask.shape[1]] = cond_mask.bool()
+                mask = self.default_mask(input_pos, input_pos, key_valid)
+        if self._rope.device != h.device:
+            self._rope = self._rope.to(h.device)
+        rope = self._rope[input_pos]  # [B, L, D/2, 2]
+        for layer in self.layers:
+            h = layer(h, rope, input_pos, mask)
+        return self.output(self.norm(h)).float()
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,1 @@
+"""Image tokenizers. `vq`: LlamaGen's VQ (VQ-16 / VQ-8 and small variants)."""

@@ -19,6 +19,7 @@ from .accel.sampling import SamplingParams, make_generators
 from .checkpoints import load_strict, read_state_dict
 from .errors import VisarError
 from .models.llamagen import GPT_SIZES, LlamaGen, LlamaGenConfig, preset_config
+from .models.text import CaptionEncoder, CaptionEncoderConfig
 from .tokenizers.vq import VQ_PRESETS, VQConfig, VQModel
 
 DTYPES = {
@@ -350,6 +351,12 @@ def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None) -> Pipeline:
         load_tokenizer_weights(tokenizer, vq_file, f"{folder.name} tokenizer {vq_file}")
     if model_file is None and init_seed is None:
         raise VisarError(f"{folder} names no weights and no random init seed in config.json")
+    text_encoder = None
+    if "text_encoder_args" in config:
+        text_encoder = CaptionEncoder(CaptionEncoderConfig.from_dict(config["text_encoder_args"]))
+        path = folder / weights["text_encoder"]
+        load_strict(text_encoder, read_state_dict(path), source=f"{folder.name} text encoder {path}")
+        text_encoder.float().eval()
     model.float()
     return Pipeline(
         model,
@@ -357,4 +364,5 @@ def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None) -> Pipeline:
         name=config.get("name", folder.name),
         defaults=config.get("defaults"),
         class_names=config.get("class_names"),
+        text_encoder=text_encoder,
     )

@@ -162,6 +162,52 @@ def cmd_methods(args) -> int:
     return 0
 
 
+def cmd_eval_shapes(args) -> int:
+    from .. import load
+    from ..eval.shapes_eval import evaluate_shapes
+
+    pipe = load(
+        args.model, device=args.device, dtype=args.dtype, checkpoint=args.checkpoint, vq_checkpoint=args.vq_checkpoint
+    )
+    options = dict(parse_option(o) for o in args.opt)
+    if args.batch_size < 1:
+        raise VisarError("--batch-size must be >= 1")
+    record = evaluate_shapes(
+        pipe,
+        n=args.n,
+        method=args.method,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        guidance_scale=args.guidance_scale,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        **options,
+    )
+    if "accuracy" in record:
+        print(f"{record['model']} / {record['method']}: detector accuracy {record['accuracy']:.1%} on {args.n} images")
+    else:
+        tasks = ", ".join(f"{k} {v:.1%}" for k, v in record["tasks"].items())
+        print(f"{record['model']} / {record['method']}: overall {record['overall']:.1%} ({tasks}) on {args.n} images")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(record, indent=1))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from . import train
+
+    if args.what == "tokenizer":
+        export = train.train_tokenizer(args.recipe or "visar-tiny-vq", args.out, steps=args.steps)
+    else:
+        if not args.tokenizer:
+            raise VisarError("visar train ar needs --tokenizer (a folder made by `visar train tokenizer`, its export/)")
+        export = train.train_ar(args.recipe or "visar-tiny-c2i", args.out, args.tokenizer, steps=args.steps)
+    print(f"exported to {export}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="visar",
@@ -195,6 +241,38 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="list registered models")
     models.add_argument("-v", "--verbose", action="store_true", help="also show default sampling settings")
     models.set_defaults(func=cmd_models)
+
+    evaluate = sub.add_parser("eval", help="evaluate a model (shapes-world detector score)")
+    eval_sub = evaluate.add_subparsers(dest="eval_command", required=True)
+    shapes = eval_sub.add_parser(
+        "shapes",
+        help="generate N images and score them with the shapes-world detector",
+        description="Generate N images with a shapes-world model (classes or GenEval-style captions spread "
+        "evenly, image i with seed SEED + i) and print the detector's score: accuracy (shape and colour "
+        "right) for class-conditional models, per-task and overall GenEval-style scores for text-conditional "
+        "ones. --json writes {model, method, n, accuracy | overall and tasks}.",
+    )
+    add_model_args(shapes)
+    add_sampling_args(shapes)
+    shapes.add_argument("--n", type=int, default=200, help="number of images (default 200)")
+    shapes.add_argument("--batch-size", type=int, default=16, help="images per batch (default 16)")
+    shapes.add_argument("--json", help="write the scores to this JSON file")
+    shapes.set_defaults(func=cmd_eval_shapes)
+
+    train = sub.add_parser(
+        "train",
+        help="train an embedded model by its recipe (resumable)",
+        description="Train visar's embedded models on the offline shapes world by their fixed recipes. A run "
+        "checkpoints to OUT/checkpoint.pt and resumes from it when started again with the same --out; the "
+        "result is exported as fp16 safetensors in OUT/export/. Recipes: tokenizer: visar-tiny-vq; ar: "
+        "visar-tiny-c2i, visar-tiny-c2i-draft, visar-tiny-t2i.",
+    )
+    train.add_argument("what", choices=["tokenizer", "ar"], help="what to train")
+    train.add_argument("--recipe", help="recipe name (default visar-tiny-vq / visar-tiny-c2i)")
+    train.add_argument("--out", required=True, help="run folder (checkpoints, dataset cache, export/)")
+    train.add_argument("--tokenizer", help="for ar: the tokenizer export folder (OUT/export of a tokenizer run)")
+    train.add_argument("--steps", type=int, help="override the recipe's step count (for quick trials)")
+    train.set_defaults(func=cmd_train)
 
     methods = sub.add_parser("methods", help="list decoding methods, whether each is lossless, and their options")
     methods.set_defaults(func=cmd_methods)

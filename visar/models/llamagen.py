@@ -204,7 +204,7 @@ class Attention(nn.Module):
         self.resid_dropout = nn.Dropout(config.resid_dropout_p)
         self.kv_cache: KVCache | None = None
 
-    def forward(self, x: Tensor, rope: Tensor, input_pos: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, rope: Tensor, input_pos: Tensor, mask: Tensor | None) -> Tensor:
         bsz, seqlen, _ = x.shape
         kv_dim = self.n_kv_head * self.head_dim
         q, k, v = self.wqkv(x).split([self.n_head * self.head_dim, kv_dim, kv_dim], dim=-1)
@@ -217,7 +217,10 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
         dropout = self.attn_dropout_p if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], dropout_p=dropout)
+        if mask is None:  # plain causal over the positions fed (training): the fused kernel path
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], dropout_p=dropout)
         return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1)))
 
 
@@ -242,7 +245,7 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(config.dim, config.norm_eps)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
 
-    def forward(self, x: Tensor, rope: Tensor, input_pos: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, rope: Tensor, input_pos: Tensor, mask: Tensor | None) -> Tensor:
         h = x + self.attention(self.attention_norm(x), rope, input_pos, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -390,10 +393,19 @@ class LlamaGen(nn.Module):
         if input_pos is None:
             start = 0 if cond is not None else self.config.cls_token_num
             input_pos = torch.arange(start, start + seqlen, device=h.device)
+        cached = self.layers[0].attention.kv_cache is not None
+        # Without a cache, increasing positions shared by the batch make the default mask plain
+        # lower-triangular: leave it to SDPA's fused causal kernel (the training path).
+        plain_causal = (
+            mask is None
+            and not cached
+            and cond_mask is None
+            and input_pos.dim() == 1
+            and bool((input_pos.diff() > 0).all())
+        )
         if input_pos.dim() == 1:
             input_pos = input_pos[None].expand(bsz, -1)
-        cached = self.layers[0].attention.kv_cache is not None
-        if mask is None:
+        if mask is None and not plain_causal:
             if cached:
                 key_pos = torch.arange(self.cache_key_valid.shape[1], device=h.device)[None].expand(bsz, -1)
                 mask = self.default_mask(input_pos, key_pos, self.cache_key_valid)

@@ -1,0 +1,72 @@
+"""`visar train`: quick runs of the real recipes (few steps), exact resume, exports that load, bad folders."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import visar
+from visar.apps.train import train_ar, train_tokenizer
+from visar.errors import VisarError
+
+QUICK_VQ = dict(batch_size=2, eval_images=4, checkpoint_every=1, dead_code_every=1)
+QUICK_AR = dict(batch_size=2, dataset_size=8, checkpoint_every=1)
+
+
+@pytest.fixture(scope="module")
+def quick_tokenizer(tmp_path_factory):
+    return train_tokenizer("visar-tiny-vq", tmp_path_factory.mktemp("vq"), steps=2, **QUICK_VQ)
+
+
+def test_tokenizer_export(quick_tokenizer):
+    assert (quick_tokenizer / "tokenizer.json").is_file()
+    weights = load_file(str(quick_tokenizer / "tokenizer.safetensors"))
+    assert all(t.dtype == torch.float16 for t in weights.values())
+
+
+def test_tokenizer_resume_is_exact(tmp_path):
+    whole = train_tokenizer("visar-tiny-vq", tmp_path / "whole", steps=2, **QUICK_VQ)
+    train_tokenizer("visar-tiny-vq", tmp_path / "split", steps=1, **QUICK_VQ)
+    split = train_tokenizer("visar-tiny-vq", tmp_path / "split", steps=2, **QUICK_VQ)  # resumes at step 1
+    a, b = load_file(str(whole / "tokenizer.safetensors")), load_file(str(split / "tokenizer.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_ar_resume_is_exact_and_export_loads(tmp_path, quick_tokenizer):
+    whole = train_ar("visar-tiny-c2i", tmp_path / "whole", quick_tokenizer, steps=3, **QUICK_AR)
+    train_ar("visar-tiny-c2i", tmp_path / "split", quick_tokenizer, steps=2, **QUICK_AR)
+    assert torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=True)["step"] == 2
+    split = train_ar("visar-tiny-c2i", tmp_path / "split", quick_tokenizer, steps=3, **QUICK_AR)
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(split / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    pipe = visar.load(str(whole), device="cpu")
+    assert pipe.class_names[0] == "red circle"
+    out = pipe.generate(class_labels=[0, 39], output_type="np")
+    assert out.images.shape == (2, 64, 64, 3)
+
+
+def test_t2i_export_generates_from_prompts(tmp_path, quick_tokenizer):
+    export = train_ar("visar-tiny-t2i", tmp_path / "t2i", quick_tokenizer, steps=1, **QUICK_AR)
+    pipe = visar.load(str(export), device="cpu")
+    out = pipe.generate(prompts=["a photo of a red circle", "a photo of two squares"], output_type="tokens")
+    assert out.tokens.shape == (2, 16, 16)
+    with pytest.raises(VisarError, match="text-conditional"):
+        pipe.generate(class_labels=[0])
+
+
+def test_corrupt_checkpoint_is_reported_not_loaded(tmp_path, quick_tokenizer):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(VisarError, match="corrupt or truncated"):
+        train_tokenizer("visar-tiny-vq", out, steps=1, **QUICK_VQ)
+
+
+def test_bad_output_folder_and_recipe(tmp_path, quick_tokenizer):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(VisarError, match="cannot be created or written"):
+        train_tokenizer("visar-tiny-vq", blocker / "sub", steps=1, **QUICK_VQ)
+    with pytest.raises(VisarError, match="unknown recipe"):
+        train_ar("nope", tmp_path / "x", quick_tokenizer)
+    with pytest.raises(VisarError, match="unknown recipe field"):
+        train_tokenizer("visar-tiny-vq", tmp_path / "y", stepz=3)

@@ -1,0 +1,466 @@
+"""`visar train`: the recipes that produce visar's embedded models, on a CPU, resumably.
+
+Recipes are fixed dicts (seed included) recorded in each exported config.json, so that
+`visar train tokenizer --recipe visar-tiny-vq` and `visar train ar --recipe visar-tiny-c2i`
+reproduce the shipped weights (up to floating-point differences between machines).
+
+Every run writes `OUT/checkpoint.pt` every `checkpoint_every` steps (atomically: a killed run
+never leaves a half-written file) and resumes from it when started again with the same OUT.
+Batches are drawn from a generator keyed to (seed, step), so a resumed run sees the same data
+as an uninterrupted one. At the end the model is exported as fp16 safetensors in OUT/export/.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from ..errors import VisarError
+from ..models.llamagen import LlamaGen, LlamaGenConfig
+from ..models.text import PAD, UNK, CaptionEncoder, CaptionEncoderConfig
+from ..tokenizers.vq import VQConfig, VQModel
+
+TOKENIZER_RECIPES = {
+    "visar-tiny-vq": dict(
+        seed=0,
+        steps=3000,
+        batch_size=16,
+        crop=32,  # train on random 32x32 crops: 4x cheaper, and the conv net is size-agnostic
+        lr=1e-3,
+        warmup=100,
+        checkpoint_every=100,
+        dead_code_every=100,
+        eval_images=512,
+        vq_args=dict(
+            codebook_size=512,
+            codebook_embed_dim=8,
+            encoder_ch_mult=[1, 1, 2],
+            decoder_ch_mult=[1, 1, 2],
+            z_channels=64,
+            ch=32,
+            num_res_blocks=1,
+            codebook_show_usage=False,
+        ),
+    ),
+}
+
+AR_RECIPES = {
+    "visar-tiny-c2i": dict(
+        condition="class",
+        seed=1,
+        steps=1200,
+        batch_size=32,
+        lr=1e-3,
+        warmup=60,
+        checkpoint_every=50,
+        dataset_size=40_000,
+        model_args=dict(
+            dim=128,
+            n_layer=4,
+            n_head=4,
+            multiple_of=64,
+            vocab_size=512,
+            num_classes=40,
+            block_size=256,
+            cls_token_num=1,
+            class_dropout_prob=0.1,
+            token_dropout_p=0.0,
+            resid_dropout_p=0.0,
+            ffn_dropout_p=0.0,
+        ),
+        defaults=dict(guidance_scale=2.0, temperature=1.0, top_k=None, top_p=1.0),
+    ),
+    "visar-tiny-c2i-draft": dict(
+        condition="class",
+        seed=2,
+        steps=1200,
+        batch_size=32,
+        lr=2e-3,
+        warmup=60,
+        checkpoint_every=50,
+        dataset_size=40_000,
+        model_args=dict(
+            dim=64,
+            n_layer=3,
+            n_head=2,
+            multiple_of=64,
+            vocab_size=512,
+            num_classes=40,
+            block_size=256,
+            cls_token_num=1,
+            class_dropout_prob=0.1,
+            token_dropout_p=0.0,
+            resid_dropout_p=0.0,
+            ffn_dropout_p=0.0,
+        ),
+        defaults=dict(guidance_scale=2.0, temperature=1.0, top_k=None, top_p=1.0),
+    ),
+    "visar-tiny-t2i": dict(
+        condition="caption",
+        seed=3,
+        steps=1200,
+        batch_size=32,
+        lr=1e-3,
+        warmup=60,
+        checkpoint_every=50,
+        dataset_size=40_000,
+        model_args=dict(
+            dim=128,
+            n_layer=4,
+            n_head=4,
+            multiple_of=64,
+            vocab_size=512,
+            block_size=256,
+            cls_token_num=16,
+            caption_dim=64,
+            model_type="t2i",
+            class_dropout_prob=0.1,
+            token_dropout_p=0.0,
+            resid_dropout_p=0.0,
+            ffn_dropout_p=0.0,
+        ),
+        text_encoder_args=dict(max_len=16, dim=64, n_layer=2, n_head=4),
+        defaults=dict(guidance_scale=3.0, temperature=1.0, top_k=None, top_p=1.0),
+    ),
+}
+
+
+# -- shared plumbing -----------------------------------------------------------------------------
+
+
+def prepare_out_dir(out: str | os.PathLike) -> Path:
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write_test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise VisarError(f"output folder {out} cannot be created or written: {err}") from err
+    return out
+
+
+def save_checkpoint(path: Path, state: dict):
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # atomic: a kill mid-save leaves the previous checkpoint intact
+
+
+def load_checkpoint(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise VisarError(
+            f"checkpoint {path} is corrupt or truncated ({err}); delete it to restart the run from scratch"
+        ) from err
+
+
+def lr_at(step: int, recipe: dict) -> float:
+    """Linear warm-up, then cosine decay to 10% of the peak."""
+    if step < recipe["warmup"]:
+        return recipe["lr"] * (step + 1) / recipe["warmup"]
+    progress = (step - recipe["warmup"]) / max(1, recipe["steps"] - recipe["warmup"])
+    return recipe["lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+def export_fp16(module: torch.nn.Module, path: Path):
+    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in module.state_dict().items()}
+    save_file(tensors, str(path))
+
+
+def images_to_tensor(images: list[np.ndarray]) -> torch.Tensor:
+    """uint8 [H, W, 3] images -> float [B, 3, H, W] in [-1, 1] (the tokenizer's range)."""
+    return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float() / 127.5 - 1
+
+
+def training_renders(seed: int, index: int) -> tuple[np.ndarray, int | None, str]:
+    """Render number `index` of a training stream: class renders and caption renders alternate."""
+    from ..data.shapes import NUM_CLASSES, render_caption_sample, render_class
+
+    if index % 2 == 0:
+        sample = render_class(index // 2 % NUM_CLASSES, seed * 10_000_019 + index)
+    else:
+        sample = render_caption_sample(seed * 10_000_019 + index)
+    return sample.image, sample.class_label, sample.caption
+
+
+# -- tokenizer ----------------------------------------------------------------------------------
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    """PSNR in dB of images in [-1, 1] (peak-to-peak 2)."""
+    mse = F.mse_loss(a.clamp(-1, 1), b).item()
+    return 10 * math.log10(4 / mse)
+
+
+@torch.no_grad()
+def evaluate_tokenizer(vq: VQModel, n: int = 512, seed: int = 999) -> dict:
+    """Held-out reconstruction PSNR and codebook usage (renders from a seed no recipe trains on)."""
+    vq.eval()
+    total_mse, used = 0.0, torch.zeros(vq.vocab_size, dtype=torch.bool)
+    for start in range(0, n, 64):
+        images = images_to_tensor([training_renders(seed, i)[0] for i in range(start, min(n, start + 64))])
+        codes = vq.encode(images)
+        total_mse += F.mse_loss(vq.decode(codes).clamp(-1, 1), images, reduction="sum").item()
+        used[codes.unique()] = True
+    mse = total_mse / (n * 3 * 64 * 64)
+    return {"psnr_db": 10 * math.log10(4 / mse), "codebook_usage": used.float().mean().item(), "n_images": n}
+
+
+def resolve_recipe(recipes: dict, name: str, overrides: dict) -> dict:
+    """The named recipe with overrides (quick trials and tests); None values are ignored."""
+    if name not in recipes:
+        raise VisarError(f"unknown recipe {name!r}; known: {sorted(recipes)}")
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    unknown = sorted(set(overrides) - set(recipes[name]))
+    if unknown:
+        raise VisarError(f"unknown recipe field(s) {unknown} for {name}")
+    return {**recipes[name], **overrides}
+
+
+def train_tokenizer(recipe_name: str, out: str | os.PathLike, **overrides) -> Path:
+    """Train a VQ tokenizer by recipe; returns the export folder (tokenizer.json + safetensors)."""
+    recipe = resolve_recipe(TOKENIZER_RECIPES, recipe_name, overrides)
+    out = prepare_out_dir(out)
+    torch.manual_seed(recipe["seed"])
+    vq = VQModel(VQConfig.from_dict(recipe["vq_args"]))
+    opt = torch.optim.Adam(vq.parameters(), lr=recipe["lr"], betas=(0.5, 0.9))
+    step = 0
+    state = load_checkpoint(out / "checkpoint.pt")  # all randomness below is keyed to (seed, step)
+    usage = torch.zeros(vq.vocab_size)  # code counts since the last dead-code restart
+    if state is not None:
+        vq.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step, usage = state["step"], state["usage"]
+    bar = tqdm(total=recipe["steps"], initial=step, desc=f"train {recipe_name}", unit="step")
+    vq.train()
+    while step < recipe["steps"]:
+        gen = step_generator(recipe["seed"], step)
+        first = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+        images = images_to_tensor([training_renders(recipe["seed"], first + i)[0] for i in range(recipe["batch_size"])])
+        images = random_crops(images, recipe["crop"], gen)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, recipe)
+        pre = vq.pre_quant(images)
+        z_q, codes, losses = vq.quantize(pre)
+        recon = vq.decode_latents(z_q)
+        rec_loss = F.mse_loss(recon, images) + 0.5 * F.l1_loss(recon, images)
+        loss = rec_loss + losses["codebook"] + losses["commit"]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vq.parameters(), 1.0)
+        opt.step()
+        usage += torch.bincount(codes.flatten(), minlength=vq.vocab_size)
+        step += 1
+        if step % recipe["dead_code_every"] == 0:
+            restart_dead_codes(vq, usage, pre.detach(), gen)
+            usage.zero_()
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.4f}", psnr=f"{psnr(recon.detach(), images):.1f}")
+        if step % recipe["checkpoint_every"] == 0 or step == recipe["steps"]:
+            state = {"model": vq.state_dict(), "optimizer": opt.state_dict(), "step": step, "usage": usage}
+            save_checkpoint(out / "checkpoint.pt", state)
+    bar.close()
+    metrics = evaluate_tokenizer(vq, n=recipe["eval_images"])
+    export = prepare_out_dir(out / "export")
+    export_fp16(vq, export / "tokenizer.safetensors")
+    config = {"vq_args": recipe["vq_args"], "recipe": {"name": recipe_name, **recipe}, "metrics": metrics}
+    (export / "tokenizer.json").write_text(json.dumps(config, indent=1))
+    print(f"{recipe_name}: held-out PSNR {metrics['psnr_db']:.2f} dB, codebook usage {metrics['codebook_usage']:.1%}")
+    return export
+
+
+def random_crops(images: torch.Tensor, size: int, gen: torch.Generator) -> torch.Tensor:
+    """One random size x size crop per image, aligned to the tokenizer's 4-px grid."""
+    cells = (images.shape[-1] - size) // 4 + 1
+    offsets = torch.randint(0, cells, (images.shape[0], 2), generator=gen) * 4
+    return torch.stack(
+        [img[:, y : y + size, x : x + size] for img, (y, x) in zip(images, offsets.tolist(), strict=True)]
+    )
+
+
+@torch.no_grad()
+def restart_dead_codes(vq: VQModel, usage: torch.Tensor, pre_quant: torch.Tensor, gen: torch.Generator):
+    """Re-seed codes unused since the last restart with random encoder outputs of this batch.
+
+    Keeps the codebook in use (LlamaGen's recipe relies on long training instead; we have minutes).
+    """
+    dead = (usage == 0).nonzero().flatten()
+    if dead.numel() == 0:
+        return
+    vectors = pre_quant.permute(0, 2, 3, 1).reshape(-1, pre_quant.shape[1])
+    if vq.config.codebook_l2_norm:
+        vectors = F.normalize(vectors, dim=-1)
+    picks = torch.randint(0, vectors.shape[0], (dead.numel(),), generator=gen)
+    vq.quantize.embedding.weight.data[dead] = vectors[picks] + 0.01 * torch.randn(
+        dead.numel(), vectors.shape[1], generator=gen
+    )
+
+
+# -- AR generators ------------------------------------------------------------------------------
+
+
+def caption_vocabulary() -> tuple[str, ...]:
+    """Every word of every prompt the shapes world can produce."""
+    from ..data.shapes import TASKS, _task_entries
+
+    words = {w for task in TASKS for entry in _task_entries(task) for w in entry["prompt"].lower().split()}
+    return (PAD, UNK, *sorted(words))
+
+
+def load_tokenizer_export(path: str | os.PathLike) -> tuple[VQModel, dict]:
+    from ..checkpoints import load_strict, read_state_dict
+
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    config = json.loads((folder / "tokenizer.json").read_text())
+    vq = VQModel(VQConfig.from_dict(config["vq_args"]))
+    load_strict(vq, read_state_dict(folder / "tokenizer.safetensors"), source=str(folder))
+    return vq.float().eval(), config
+
+
+@torch.no_grad()
+def build_token_dataset(recipe: dict, vq: VQModel, cache: Path) -> dict:
+    """Render and tokenize the recipe's dataset once; cached in OUT/dataset.npz for later runs."""
+    from ..data.shapes import NUM_CLASSES, render_caption_sample, render_class
+
+    n, seed = recipe["dataset_size"], recipe["seed"]
+    if cache.exists():
+        return dict(np.load(cache, allow_pickle=False))
+    tokens = np.zeros((n, 256), dtype=np.int16)
+    labels = np.zeros(n, dtype=np.int64)
+    captions = []
+    for start in tqdm(range(0, n, 256), desc="tokenize dataset", unit="chunk"):
+        images = []
+        for i in range(start, min(n, start + 256)):
+            if recipe["condition"] == "class":
+                labels[i] = i % NUM_CLASSES
+                images.append(render_class(int(labels[i]), seed * 10_000_019 + i).image)
+            else:
+                sample = render_caption_sample(seed * 10_000_019 + i)
+                captions.append(sample.caption)
+                images.append(sample.image)
+        tokens[start : start + len(images)] = vq.encode(images_to_tensor(images)).reshape(len(images), -1).numpy()
+    data = {"tokens": tokens, "labels": labels}
+    if captions:
+        data["captions"] = np.array(captions)
+    np.savez(cache, **data)
+    return data
+
+
+def train_ar(recipe_name: str, out: str | os.PathLike, tokenizer: str | os.PathLike, **overrides) -> Path:
+    """Train a LlamaGen generator by recipe on tokens of `tokenizer`; returns the export folder."""
+    recipe = resolve_recipe(AR_RECIPES, recipe_name, overrides)
+    out = prepare_out_dir(out)
+    vq, vq_config = load_tokenizer_export(tokenizer)
+    data = build_token_dataset(recipe, vq, out / "dataset.npz")
+    tokens = torch.from_numpy(data["tokens"].astype(np.int64))
+    torch.manual_seed(recipe["seed"])
+    model = LlamaGen(LlamaGenConfig.from_dict(recipe["model_args"]))
+    init_llamagen(model)
+    text_encoder = None
+    if recipe["condition"] == "caption":
+        text_encoder = CaptionEncoder(CaptionEncoderConfig(vocab=caption_vocabulary(), **recipe["text_encoder_args"]))
+        caption_ids, caption_mask = text_encoder.tokenize([str(c) for c in data["captions"]])
+    params = list(model.parameters()) + (list(text_encoder.parameters()) if text_encoder else [])
+    opt = torch.optim.AdamW(params, lr=recipe["lr"], betas=(0.9, 0.95), weight_decay=0.05)
+    step = 0
+    state = load_checkpoint(out / "checkpoint.pt")
+    if state is not None:
+        model.load_state_dict(state["model"])
+        if text_encoder is not None:
+            text_encoder.load_state_dict(state["text_encoder"])
+        opt.load_state_dict(state["optimizer"])
+        step = state["step"]
+        torch.set_rng_state(state["rng_state"])  # class/caption dropout draws from the global RNG
+    model.train()
+    bar = tqdm(total=recipe["steps"], initial=step, desc=f"train {recipe_name}", unit="step")
+    while step < recipe["steps"]:
+        gen = step_generator(recipe["seed"], step)
+        index = torch.randint(0, tokens.shape[0], (recipe["batch_size"],), generator=gen)
+        batch_tokens = tokens[index]
+        if text_encoder is None:
+            cond = torch.from_numpy(data["labels"])[index]
+        else:
+            ids, mask = caption_ids[index], caption_mask[index]
+            cond = text_encoder(ids, mask)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, recipe)
+        logits = model(batch_tokens[:, :-1], cond)
+        logits = logits[:, model.num_condition_tokens - 1 :]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch_tokens.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if step % recipe["checkpoint_every"] == 0 or step == recipe["steps"]:
+            state = {
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "step": step,
+                "loss": loss.item(),
+                "rng_state": torch.get_rng_state(),
+            }
+            if text_encoder is not None:
+                state["text_encoder"] = text_encoder.state_dict()
+            save_checkpoint(out / "checkpoint.pt", state)
+    bar.close()
+    return export_ar(recipe_name, recipe, model, text_encoder, tokenizer, vq_config, out)
+
+
+def init_llamagen(model: LlamaGen, std: float = 0.02):
+    """LlamaGen's init (normal 0.02 for linear and embedding weights, zero output head)."""
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            torch.nn.init.normal_(module.weight, std=std)
+    torch.nn.init.zeros_(model.output.weight)
+
+
+def export_ar(name: str, recipe: dict, model, text_encoder, tokenizer, vq_config: dict, out: Path) -> Path:
+    """A self-contained model folder (config.json, weights, the tokenizer) that visar.load reads."""
+    export = prepare_out_dir(out / "export")
+    export_fp16(model, export / "model.safetensors")
+    tokenizer = Path(tokenizer)
+    shutil.copyfile(
+        tokenizer if tokenizer.is_file() else tokenizer / "tokenizer.safetensors", export / "tokenizer.safetensors"
+    )
+    weights = {"model": "model.safetensors", "tokenizer": "tokenizer.safetensors"}
+    config = {
+        "name": name,
+        "family": "llamagen",
+        "description": "",
+        "model_args": recipe["model_args"],
+        "vq_args": vq_config["vq_args"],
+        "defaults": recipe["defaults"],
+        "weights": weights,
+        "recipe": {"name": name, **{k: v for k, v in recipe.items() if k not in ("model_args", "defaults")}},
+        "tokenizer_recipe": vq_config.get("recipe"),
+    }
+    if text_encoder is not None:
+        export_fp16(text_encoder, export / "text_encoder.safetensors")
+        weights["text_encoder"] = "text_encoder.safetensors"
+        config["text_encoder_args"] = text_encoder.config.to_dict()
+    else:
+        from ..data.shapes import NUM_CLASSES, class_name
+
+        config["class_names"] = [class_name(i) for i in range(NUM_CLASSES)]
+    (export / "config.json").write_text(json.dumps(config, indent=1))
+    return export

@@ -1,0 +1,77 @@
+"""A small caption encoder for visar's own text-to-image models, trained jointly with them.
+
+Word-level: the caption is lower-cased and split on spaces; words outside the vocabulary map to
+<unk>. Output follows LlamaGen's t2i layout: `max_len` caption vectors, LEFT-padded, with a mask
+that is False on the padding (LlamaGen's `emb_masks`). Two pre-norm transformer layers mix the
+words, because LlamaGen gives condition positions zero RoPE: word order reaches the image tokens
+only through the caption vectors themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import VisarError
+
+PAD, UNK = "<pad>", "<unk>"
+
+
+@dataclass(frozen=True)
+class CaptionEncoderConfig:
+    vocab: tuple[str, ...]
+    max_len: int = 16
+    dim: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, args: dict) -> CaptionEncoderConfig:
+        return cls(**{**args, "vocab": tuple(args["vocab"])})
+
+
+class CaptionEncoder(nn.Module):
+    def __init__(self, config: CaptionEncoderConfig):
+        super().__init__()
+        if config.vocab[:2] != (PAD, UNK):
+            raise VisarError(f"caption vocabulary must start with {PAD!r}, {UNK!r}")
+        self.config = config
+        self.word_index = {word: i for i, word in enumerate(config.vocab)}
+        self.word_embedding = nn.Embedding(len(config.vocab), config.dim)
+        self.position_embedding = nn.Parameter(torch.zeros(config.max_len, config.dim))
+        layer = nn.TransformerEncoderLayer(
+            config.dim, config.n_head, 4 * config.dim, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.layers = nn.TransformerEncoder(layer, config.n_layer, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(config.dim)
+
+    def tokenize(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+        """prompts -> (word ids [B, max_len], mask [B, max_len]), left-padded."""
+        ids = torch.zeros(len(prompts), self.config.max_len, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            words = prompt.lower().split()
+            if len(words) > self.config.max_len:
+                raise VisarError(f"prompt has {len(words)} words, more than this encoder's {self.config.max_len}")
+            if not words:
+                raise VisarError("empty prompt")
+            unk = self.word_index[UNK]
+            ids[row, -len(words) :] = torch.tensor([self.word_index.get(w, unk) for w in words])
+        return ids, ids != 0
+
+    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+        """word ids [B, T], mask [B, T] -> caption vectors [B, T, dim] (zero on padding)."""
+        h = self.word_embedding(ids) + self.position_embedding[: ids.shape[1]]
+        h = self.layers(h, src_key_padding_mask=~mask)
+        return self.norm(h) * mask[..., None]
+
+    def encode(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+        device = self.position_embedding.device
+        ids, mask = self.tokenize(prompts)
+        ids, mask = ids.to(device), mask.to(device)
+        with torch.no_grad():
+            return self(ids, mask), mask

@@ -195,6 +195,29 @@ def cmd_eval_shapes(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from .. import load
+    from ..eval.bench import bench, markdown_table, write_report
+
+    pipe = load(
+        args.model, device=args.device, dtype=args.dtype, checkpoint=args.checkpoint, vq_checkpoint=args.vq_checkpoint
+    )
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    options: dict[str, dict] = {}
+    for text in args.opt:
+        key, value = parse_option(text)
+        if "." not in key:
+            raise VisarError(f"bench options are METHOD.KEY=VALUE (e.g. sjd.window=16), got {text!r}")
+        method, option = key.split(".", 1)
+        options.setdefault(method, {})[option] = value
+    report = bench(
+        pipe, methods, n=args.n, batch_size=args.batch_size, quality_n=args.quality_n, method_options=options
+    )
+    print(markdown_table(report))
+    write_report(report, args.json, args.md)
+    return 0
+
+
 def cmd_train(args) -> int:
     from . import train
 
@@ -258,6 +281,36 @@ def build_parser() -> argparse.ArgumentParser:
     shapes.add_argument("--batch-size", type=int, default=16, help="images per batch (default 16)")
     shapes.add_argument("--json", help="write the scores to this JSON file")
     shapes.set_defaults(func=cmd_eval_shapes)
+
+    bench_parser = sub.add_parser(
+        "bench",
+        help="benchmark methods against plain AR in one run (speed and quality table)",
+        description="Run plain AR and each requested method in one process on the same images (image i: "
+        "condition i, seed i) and print a table: lossless flag, forward passes per image, tokens per forward "
+        "(step compression), latency / AR (< 1 is faster), images per second, peak memory (CUDA: allocated; "
+        "CPU: process peak RSS) and, with --quality-n, the shapes-world detector accuracy and a Frechet "
+        "distance to AR's images in the tokenizer-latent feature space (see visar.eval.bench).",
+    )
+    add_model_args(bench_parser)
+    bench_parser.add_argument("--methods", default="", help="comma-separated methods besides ar (default: none)")
+    bench_parser.add_argument("--n", type=int, default=16, help="images for the speed columns (default 16)")
+    bench_parser.add_argument("--batch-size", type=int, default=1, help="batch size of the speed run (default 1)")
+    bench_parser.add_argument(
+        "--quality-n",
+        type=int,
+        default=0,
+        help="images per method for the quality columns (default 0 = skip; >= 500 for reported figures)",
+    )
+    bench_parser.add_argument(
+        "--opt",
+        action="append",
+        default=[],
+        metavar="METHOD.KEY=VALUE",
+        help="a method option, repeatable (e.g. --opt sjd.window=16)",
+    )
+    bench_parser.add_argument("--json", help="write the report as JSON")
+    bench_parser.add_argument("--md", help="write the markdown table")
+    bench_parser.set_defaults(func=cmd_bench)
 
     train = sub.add_parser(
         "train",

@@ -464,3 +464,29 @@ def export_ar(name: str, recipe: dict, model, text_encoder, tokenizer, vq_config
         config["class_names"] = [class_name(i) for i in range(NUM_CLASSES)]
     (export / "config.json").write_text(json.dumps(config, indent=1))
     return export
+
+
+def ship(export: str | os.PathLike, name: str, description: str, weights_dir: Path | None = None) -> Path:
+    """Copy an AR export into the package as embedded model `name`, sharing one tokenizer folder.
+
+    The tokenizer goes to `weights/<tokenizer recipe>/` (once for all models trained on it) and
+    the model's config.json points at it, which keeps the shipped weights small.
+    """
+    from ..registry import WEIGHTS_DIR
+
+    export, weights_dir = Path(export), weights_dir or WEIGHTS_DIR
+    config = json.loads((export / "config.json").read_text())
+    tokenizer_name = config["tokenizer_recipe"]["name"]
+    tokenizer_dir = prepare_out_dir(weights_dir / tokenizer_name)
+    shutil.copyfile(export / "tokenizer.safetensors", tokenizer_dir / "tokenizer.safetensors")
+    (tokenizer_dir / "tokenizer.json").write_text(
+        json.dumps({"vq_args": config["vq_args"], "recipe": config["tokenizer_recipe"]}, indent=1)
+    )
+    target = prepare_out_dir(weights_dir / name)
+    for key, file in config["weights"].items():
+        if key != "tokenizer":
+            shutil.copyfile(export / file, target / file)
+    config["weights"]["tokenizer"] = f"../{tokenizer_name}/tokenizer.safetensors"
+    config.update(name=name, description=description)
+    (target / "config.json").write_text(json.dumps(config, indent=1))
+    return target

@@ -1,0 +1,207 @@
+"""`visar bench`: plain AR and each requested method, in one process, side by side.
+
+Speed: every method generates the same `n` images (image i: condition i, seed i) at the same
+batch size, after one warm-up batch; forward passes and tokens per forward are per image, the
+latency ratio is the method's token-sampling time over AR's, measured in this run.
+
+Quality (`--quality-n` images per method, same seeds for every method):
+- detector accuracy: the shapes-world detector's class score (class-conditional shapes models);
+- Frechet distance to plain AR's images in the tokenizer-latent feature space
+  (`latent_features`): the model's own VQ encoder, pre-quantisation latents average-pooled to
+  4x4, flattened (C x 16 dims). It runs offline and is sensitive to layout and colour, but it is
+  NOT Inception: its numbers are comparable only within this feature space. For lossless
+  methods it measures Monte-Carlo noise between two sample sets of the same law (different
+  random streams): read it against the AR row's value, AR against a second AR sample set.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..accel import get_method
+from ..errors import VisarError
+
+ROW_KEYS = (
+    "method",
+    "lossless",
+    "forward_passes",
+    "tokens_per_forward",
+    "step_compression",
+    "latency_ratio_vs_ar",
+    "images_per_s",
+    "peak_mem_mb",
+    "detector_accuracy",
+    "frechet_vs_ar",
+)
+
+
+def frechet_distance(feats_a: np.ndarray, feats_b: np.ndarray) -> float:
+    """Frechet distance between Gaussians fitted to two feature sets [N, D]."""
+    from scipy import linalg
+
+    mu_a, mu_b = feats_a.mean(0), feats_b.mean(0)
+    cov_a, cov_b = np.cov(feats_a, rowvar=False), np.cov(feats_b, rowvar=False)
+    covmean = linalg.sqrtm(cov_a @ cov_b)
+    if not np.isfinite(covmean).all():  # the usual regularisation for near-singular products
+        eps = np.eye(cov_a.shape[0]) * 1e-6
+        covmean = linalg.sqrtm((cov_a + eps) @ (cov_b + eps))
+    return float(((mu_a - mu_b) ** 2).sum() + np.trace(cov_a + cov_b - 2 * covmean.real))
+
+
+@torch.no_grad()
+def latent_features(pipe, images: torch.Tensor) -> np.ndarray:
+    """images [B, 3, H, W] in [0, 1] -> tokenizer-latent features [B, C * 16]."""
+    device = next(pipe.tokenizer.parameters()).device
+    latents = pipe.tokenizer.pre_quant(images.to(device) * 2 - 1)
+    return F.adaptive_avg_pool2d(latents, 4).flatten(1).cpu().double().numpy()
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """CUDA: peak allocated since the last reset. CPU: the process's peak RSS so far."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
+
+
+def conditions(pipe, n: int) -> list:
+    if pipe.is_class_conditional:
+        return [i % pipe.num_classes for i in range(n)]
+    from .shapes_eval import caption_metadata
+
+    return [m["prompt"] for m in caption_metadata(n)]
+
+
+def run_images(pipe, method, conds, batch_size, options, output_type, seed=0):
+    """Generate one image per condition (image i with seed `seed + i`); returns the outputs per batch."""
+    outs = []
+    key = "class_labels" if pipe.is_class_conditional else "prompts"
+    for first in range(0, len(conds), batch_size):
+        chunk = conds[first : first + batch_size]
+        outs.append(pipe.generate(**{key: chunk}, method=method, seed=seed + first, output_type=output_type, **options))
+    return outs
+
+
+def quality_images(pipe, method, conds, options, seed=0) -> torch.Tensor:
+    return torch.cat([o.images for o in run_images(pipe, method, conds, 16, options, "pt", seed)])
+
+
+def bench(
+    pipe,
+    methods: list[str],
+    *,
+    n: int = 16,
+    batch_size: int = 1,
+    quality_n: int = 0,
+    method_options: dict[str, dict] | None = None,
+    progress: bool = True,
+) -> dict:
+    """Run AR plus `methods`; returns {"model", "settings", "rows": [...]} (rows as in ROW_KEYS)."""
+    method_options = method_options or {}
+    names = ["ar"] + [m for m in methods if m != "ar"]
+    for name in names:
+        get_method(name).check_options(method_options.get(name, {}))
+    if n < 1 or batch_size < 1 or quality_n < 0:
+        raise VisarError("--n and --batch-size must be >= 1 and --quality-n >= 0")
+    conds = conditions(pipe, max(n, quality_n))
+    rows, ar_latency, ar_feats = [], None, None
+    for name in tqdm(names, desc="bench", disable=not progress):
+        spec, options = get_method(name), method_options.get(name, {})
+        run_images(pipe, name, conds[:batch_size], batch_size, options, "tokens")  # warm-up
+        if pipe.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(pipe.device)
+        start = time.perf_counter()
+        outs = run_images(pipe, name, conds[:n], batch_size, options, "tokens")
+        wall = time.perf_counter() - start
+        latency = sum(o.stats["latency_s"] for o in outs)
+        per_image_passes = sum(o.stats["forward_passes"] * o.tokens.shape[0] for o in outs) / n
+        tokens_per_forward = float(np.mean([o.stats["tokens_per_forward"] for o in outs]))
+        row = {
+            "method": name,
+            "lossless": spec.lossless,
+            "forward_passes": per_image_passes,
+            "tokens_per_forward": tokens_per_forward,
+            "step_compression": pipe.model.num_image_tokens / per_image_passes,
+            "latency_ratio_vs_ar": None,
+            "images_per_s": n / wall,
+            "peak_mem_mb": peak_memory_mb(pipe.device),
+            "detector_accuracy": None,
+            "frechet_vs_ar": None,
+        }
+        if name == "ar":
+            ar_latency = latency
+        row["latency_ratio_vs_ar"] = latency / ar_latency
+        if quality_n:
+            images = quality_images(pipe, name, conds[:quality_n], options)
+            feats = latent_features(pipe, images)
+            if name == "ar":  # the noise floor: AR against a second AR sample set (other seeds)
+                ar_feats = feats
+                again = quality_images(pipe, name, conds[:quality_n], options, seed=10**6)
+                row["frechet_vs_ar"] = frechet_distance(latent_features(pipe, again), ar_feats)
+            else:
+                row["frechet_vs_ar"] = frechet_distance(feats, ar_feats)
+            if pipe.is_class_conditional and pipe.class_names:
+                from .detector import detect, score_class
+
+                arrays = (images * 255).round().byte().permute(0, 2, 3, 1).cpu().numpy()
+                labels = conds[:quality_n]
+                row["detector_accuracy"] = float(
+                    np.mean([score_class(detect(a), c) for a, c in zip(arrays, labels, strict=True)])
+                )
+        rows.append(row)
+    return {
+        "model": pipe.name,
+        "settings": {
+            "n": n,
+            "batch_size": batch_size,
+            "quality_n": quality_n,
+            "device": str(pipe.device),
+            "dtype": str(pipe.dtype).removeprefix("torch."),
+            "options": method_options,
+            "sampling": pipe.defaults,
+        },
+        "rows": rows,
+    }
+
+
+def markdown_table(report: dict) -> str:
+    header = (
+        "| method | lossless | forward passes | tokens/forward | latency / AR | images/s | peak MB "
+        "| detector acc. | Frechet vs AR |"
+    )
+    lines = [header, "|" + "---|" * 9]
+    for r in report["rows"]:
+
+        def fmt(value, spec):
+            return "-" if value is None else format(value, spec)
+
+        lines.append(
+            f"| {r['method']} | {'yes' if r['lossless'] else 'no'} | {r['forward_passes']:.1f} "
+            f"| {r['tokens_per_forward']:.2f} | {r['latency_ratio_vs_ar']:.2f} | {r['images_per_s']:.2f} "
+            f"| {r['peak_mem_mb']:.0f} | {fmt(r['detector_accuracy'], '.1%')} | {fmt(r['frechet_vs_ar'], '.3f')} |"
+        )
+    s = report["settings"]
+    lines.append("")
+    lines.append(
+        f"model {report['model']}, {s['n']} images at batch size {s['batch_size']} on {s['device']} "
+        f"({s['dtype']}), quality over {s['quality_n']} images per method, sampling {s['sampling']}"
+    )
+    return "\n".join(lines)
+
+
+def write_report(report: dict, json_path: str | None, md_path: str | None):
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(report, indent=1))
+    if md_path:
+        Path(md_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(md_path).write_text(markdown_table(report) + "\n")

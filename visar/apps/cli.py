@@ -221,6 +221,14 @@ def cmd_bench(args) -> int:
 def cmd_train(args) -> int:
     from . import train
 
+    if args.what == "ship":
+        if not (args.export and args.name):
+            raise VisarError("visar train ship needs --export (an AR run's export/ folder) and --name")
+        target = train.ship(args.export, args.name, args.description or "")
+        print(f"shipped {args.name} to {target}")
+        return 0
+    if not args.out:
+        raise VisarError(f"visar train {args.what} needs --out (the run folder)")
     if args.what == "tokenizer":
         export = train.train_tokenizer(args.recipe or "visar-tiny-vq", args.out, steps=args.steps)
     else:
@@ -318,13 +326,21 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train visar's embedded models on the offline shapes world by their fixed recipes. A run "
         "checkpoints to OUT/checkpoint.pt and resumes from it when started again with the same --out; the "
         "result is exported as fp16 safetensors in OUT/export/. Recipes: tokenizer: visar-tiny-vq; ar: "
-        "visar-tiny-c2i, visar-tiny-c2i-draft, visar-tiny-t2i.",
+        "visar-tiny-c2i, visar-tiny-c2i-draft, visar-tiny-t2i. `ship` copies an ar export into visar/weights/ "
+        "(the tokenizer into a shared folder named after its recipe).",
     )
-    train.add_argument("what", choices=["tokenizer", "ar"], help="what to train")
+    train.add_argument(
+        "what",
+        choices=["tokenizer", "ar", "ship"],
+        help="tokenizer or ar: train by recipe; ship: copy an ar export into the package",
+    )
     train.add_argument("--recipe", help="recipe name (default visar-tiny-vq / visar-tiny-c2i)")
-    train.add_argument("--out", required=True, help="run folder (checkpoints, dataset cache, export/)")
+    train.add_argument("--out", help="run folder (checkpoints, dataset cache, export/)")
     train.add_argument("--tokenizer", help="for ar: the tokenizer export folder (OUT/export of a tokenizer run)")
     train.add_argument("--steps", type=int, help="override the recipe's step count (for quick trials)")
+    train.add_argument("--export", help="for ship: the export/ folder of an ar run")
+    train.add_argument("--name", help="for ship: the registered name (e.g. visar-tiny-c2i)")
+    train.add_argument("--description", help="for ship: the one-line description shown by `visar models`")
     train.set_defaults(func=cmd_train)
 
     methods = sub.add_parser("methods", help="list decoding methods, whether each is lossless, and their options")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import VisarError
-from . import ar
+from . import ar, jacobi
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,8 @@ class Method:
 
     @property
     def options(self) -> list[str]:
-        common = {"model", "cond", "params", "generators", "cond_mask", "progress"}
+        # `tokenizer` is handed over by the caller when a method compares tokenizers (spec), not set by users.
+        common = {"model", "cond", "params", "generators", "cond_mask", "progress", "tokenizer"}
         return [p for p in inspect.signature(self.fn).parameters if p not in common]
 
     def check_options(self, options: dict):
@@ -52,3 +53,21 @@ def list_methods() -> list[str]:
 
 
 register_method("ar", ar.generate, lossless=True, description="plain next-token sampling (the reference)")
+register_method(
+    "sjd",
+    jacobi.sjd,
+    lossless=True,
+    description="speculative Jacobi decoding (Teng et al. 2024), per-image commits, exact at any batch size",
+)
+register_method(
+    "mc-sjd",
+    jacobi.mc_sjd,
+    lossless=True,
+    description="coupled speculative Jacobi decoding (So et al. 2025): maximal or Gumbel coupling of drafts",
+)
+register_method(
+    "spec",
+    jacobi.spec,
+    lossless=True,
+    description="speculative sampling with a draft model of the same family (draft=name, folder or module)",
+)

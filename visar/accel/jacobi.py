@@ -1,0 +1,670 @@
+"""Speculative Jacobi decoding: one engine for SJD, coupled SJD (MC-SJD) and draft-model speculative sampling.
+
+Papers and the upstream code the rules were checked against (details and pitfalls in
+../shared/research/jacobi_family.md, sections 1-3):
+- SJD: Teng et al., "Accelerating Auto-regressive Text-to-Image Generation with Training-free
+  Speculative Jacobi Decoding", ICLR 2025 (arXiv 2410.01699); tyshiwo1/Accelerating-T2I-AR-with-SJD,
+  `scheduler/jacobi_iteration_lumina_mgpt.py`.
+- MC-SJD / SCD: So, Kook, Jang, Park, "Speculative Coupled Decoding" (arXiv 2510.24211); junhyukso/SCD,
+  `cosmos/cosmos1/models/autoregressive/sjd/speculative_sampler.py` (maximal coupling at every slot,
+  carried q := current p) and the Gumbel-sharing variant of its Lumina/Janus schedulers.
+- Speculative sampling with a draft model: Leviathan et al. 2023, Chen et al. 2023; gpt-fast
+  `generate.py::speculative_decode`.
+
+One iteration, for every image b of the batch at once:
+1. propose a window of L_b slots: the last committed token, then L_b - 1 draft tokens, each with
+   the distribution q it was drawn from;
+2. one forward pass of the target over the window (a [cond ; uncond] batch under CFG), giving
+   the target p at every slot through `logits_to_probs`, the function plain AR samples from;
+3. verify left to right with an acceptance rule (acceptance.py); commit the accepted drafts plus
+   one token more: the residual draw at the first rejection, or a bonus draw from p: 1..L_b tokens;
+4. truncate image b's KV cache back to its own committed length;
+5. carry the slots after the commit over as the next drafts, with q = the p that produced them.
+
+Deliberate differences from the upstream code, each needed for exactness at every batch size:
+- commits are per image (ragged): upstream SJD advances the whole batch by the shortest
+  acceptance and re-verifies the rest against a stale q; here nobody waits and no accepted token
+  is verified twice;
+- a carried slot's q is always the p that produced its token (SCD's Lumina/Janus paths keep the
+  old q on coupled slots, which is biased);
+- rejections draw from norm((p - q)+), never from p (the Lumina-mGPT 2.0 bug) nor re-warped;
+- random initial drafts are uniform tokens verified against that uniform q (upstream: one-hot q,
+  also exact, but accepted with probability p(x) instead of min(1, V p(x))).
+
+Randomness: every image draws one fixed-size block of uniforms per iteration from its own
+generator ([4, window]: accept tests, residual/bonus draws, SJD's fresh carry draws, draft
+draws), plus one 32-bit key when decoding starts; the Gumbel coupling's noise is keyed to
+(key, absolute position). What an image draws depends only on its own trajectory, so its tokens
+do not depend on the rest of its batch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ..errors import VisarError
+from .acceptance import SPECULATIVE, AcceptanceRule, gumbel_coupling, keyed_uniforms
+from .ar import with_null_condition
+from .sampling import SamplingParams, draw_uniforms, logits_to_probs, sample_from_probs, split_cfg
+
+# Rows of the per-iteration uniform block [B, 4, window] each image draws from its generator.
+ACCEPT, RESIDUAL, CARRY, DRAFT = range(4)
+NUM_PURPOSES = 4
+GUMBEL_NOISE = 1  # purpose id of the position-keyed Gumbel noise
+
+
+@dataclass
+class DecodeState:
+    """What proposers read. B images, N image tokens, V vocabulary."""
+
+    tokens: Tensor  # [B, N + window] committed image tokens, valid below `committed` (the tail is scratch)
+    committed: Tensor  # [B] number of committed tokens of each image
+    keys: Tensor  # [B] one 32-bit key per image, for position-keyed noise
+    num_tokens: int
+    vocab_size: int
+    grid_size: tuple[int, int]
+    window: int  # the longest window (slots per pass)
+
+
+@dataclass
+class Window:
+    """The shape of one iteration and the randomness each image drew for it."""
+
+    window_len: Tensor  # [B] slots scored for each image: 1 (plain AR step) .. window, 0 when done
+    num_drafts: Tensor  # [B] window_len - 1 (0 for done images)
+    uniforms: Tensor  # [B, 4, window]: rows ACCEPT, RESIDUAL, CARRY, DRAFT
+
+    @property
+    def max_drafts(self) -> int:
+        return int(self.num_drafts.max())
+
+    @property
+    def max_len(self) -> int:
+        return int(self.window_len.max())
+
+
+class Proposer(Protocol):
+    """Where drafts come from. `forward_passes` counts the proposer's own model calls."""
+
+    forward_passes: int
+
+    def start(self, state: DecodeState) -> None: ...
+
+    def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
+        """-> draft_tokens [B, G], draft_probs [B, G, V] for image indices committed + j, G = max_drafts."""
+        ...
+
+    def after_commit(
+        self, state: DecodeState, window: Window, target_probs: Tensor, slot_tokens: Tensor, commit_count: Tensor
+    ) -> None:
+        """Called with the pass's p [B, L, V], the output token of every slot [B, L] and the commits [B],
+        before `state.committed` moves on."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# -- draft initialisers: tokens for window slots no carried draft covers ------------------------------
+
+
+@dataclass
+class FillRequest:
+    """What an initialiser may look at. A 2-D initialiser (token above / to the left) reads the canvas."""
+
+    state: DecodeState
+    draft_index: Tensor  # [B, G] absolute image-token index of every draft slot
+    uniforms: Tensor  # [B, G] this iteration's draft uniforms of each image
+    canvas: Tensor  # [B, N + window] committed tokens and carried drafts at their indices, -1 elsewhere
+
+
+def random_init(request: FillRequest) -> tuple[Tensor, Tensor]:
+    """Uniform random tokens, with q = uniform (so acceptance is min(1, V p(x)))."""
+    vocab = request.state.vocab_size
+    tokens = (request.uniforms * vocab).long().clamp(max=vocab - 1)
+    probs = torch.full((*tokens.shape, vocab), 1.0 / vocab, device=tokens.device)
+    return tokens, probs
+
+
+INITIALISERS: dict[str, Callable[[FillRequest], tuple[Tensor, Tensor]]] = {"random": random_init}
+
+
+# -- carry-over updaters: the next drafts from this pass's p and slot outputs -------------------------
+
+
+@dataclass
+class CarryRequest:
+    state: DecodeState
+    target_probs: Tensor  # [B, L, V] this pass's p at every slot
+    slot_tokens: Tensor  # [B, L] the verified-or-resampled token of every slot (maximal coupling of (q, p))
+    slot_index: Tensor  # [B, L] absolute image-token index each slot predicts
+    uniforms: Tensor  # [B, L] this iteration's carry uniforms of each image
+
+
+def independent_carry(request: CarryRequest) -> Tensor:
+    """SJD: a fresh draw from p at every slot, independent of the old draft."""
+    return sample_from_probs(request.target_probs, request.uniforms)
+
+
+def maximal_coupling_carry(request: CarryRequest) -> Tensor:
+    """MC-SJD (pi_MC): the speculative test at every slot, no break; P(keep old draft) = 1 - TV(p, q)."""
+    return request.slot_tokens
+
+
+class GumbelCarry:
+    """MC-SJD (pi_GS): Gumbel-max with noise keyed to (image key, absolute position).
+
+    The noise rows live in a ring buffer indexed by position mod window (a window never spans
+    more than `window` positions), so each row is hashed once per image, not once per pass.
+    """
+
+    def __init__(self):
+        self.noise: Tensor | None = None  # [B, window, V]
+        self.row_position: Tensor | None = None  # [B, window] position held by each ring row, -1 = none
+
+    def __call__(self, request: CarryRequest) -> Tensor:
+        batch, _, vocab = request.target_probs.shape
+        if self.noise is None:
+            ring = request.state.window
+            self.noise = torch.empty(batch, ring, vocab, device=request.target_probs.device)
+            self.row_position = torch.full((batch, ring), -1, dtype=torch.long, device=self.noise.device)
+        ring = self.noise.shape[1]
+        rows = request.slot_index % ring  # [B, L]
+        stale = self.row_position.gather(1, rows) != request.slot_index
+        if bool(stale.any()):
+            b, slot = stale.nonzero(as_tuple=True)
+            positions = request.slot_index[b, slot]
+            fresh = keyed_uniforms(request.state.keys[b], positions[:, None], GUMBEL_NOISE, vocab)[:, 0]
+            self.noise[b, rows[b, slot]] = fresh
+            self.row_position[b, rows[b, slot]] = positions
+        noise = self.noise.gather(1, rows[..., None].expand(-1, -1, vocab))
+        return gumbel_coupling(request.target_probs, noise)
+
+
+COUPLINGS = {"maximal": maximal_coupling_carry, "gumbel": GumbelCarry}
+
+
+class JacobiProposer:
+    """Drafts from the previous pass (carried over by `updater`), new slots from `initialiser`."""
+
+    def __init__(self, initialiser: Callable, updater: Callable, window: int):
+        self.initialiser, self.updater, self.window = initialiser, updater, window
+        self.forward_passes = 0
+
+    def start(self, state: DecodeState):
+        batch, vocab, device = state.tokens.shape[0], state.vocab_size, state.tokens.device
+        self.carry_tokens = torch.zeros(batch, self.window, dtype=torch.long, device=device)
+        self.carry_probs = torch.zeros(batch, self.window, vocab, device=device)
+        self.carry_count = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def canvas(self, state: DecodeState) -> Tensor:
+        slots = torch.arange(state.tokens.shape[1], device=state.tokens.device)
+        canvas = torch.where(slots < state.committed[:, None], state.tokens, -1)
+        index = state.committed[:, None] + torch.arange(self.window, device=slots.device)  # < N + window
+        carried = torch.arange(self.window, device=slots.device) < self.carry_count[:, None]
+        return canvas.scatter(1, index, torch.where(carried, self.carry_tokens, canvas.gather(1, index)))
+
+    def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
+        num_slots = window.max_drafts
+        slots = torch.arange(num_slots, device=state.tokens.device)
+        from_carry = slots < self.carry_count[:, None]  # [B, G]
+        draft_tokens = self.carry_tokens[:, :num_slots]
+        draft_probs = self.carry_probs[:, :num_slots]
+        needs_fill = (slots < window.num_drafts[:, None]) & ~from_carry
+        if bool(needs_fill.any()):
+            request = FillRequest(
+                state,
+                state.committed[:, None] + slots,
+                window.uniforms[:, DRAFT, :num_slots],
+                self.canvas(state),
+            )
+            fill_tokens, fill_probs = self.initialiser(request)
+            draft_tokens = torch.where(from_carry, draft_tokens, fill_tokens)
+            draft_probs = torch.where(from_carry[..., None], draft_probs, fill_probs.to(draft_probs.dtype))
+        return draft_tokens, draft_probs
+
+    def after_commit(self, state, window, target_probs, slot_tokens, commit_count):
+        length = target_probs.shape[1]
+        slot_index = state.committed[:, None] + torch.arange(length, device=target_probs.device)
+        request = CarryRequest(state, target_probs, slot_tokens, slot_index, window.uniforms[:, CARRY, :length])
+        carry = self.updater(request)  # [B, L]
+        # Slots commit_count .. window_len - 1 become drafts for the indices right after the new commit.
+        shift = (commit_count[:, None] + torch.arange(length, device=carry.device)).clamp(max=length - 1)
+        self.carry_tokens[:, :length] = carry.gather(1, shift)
+        vocab = target_probs.shape[-1]
+        self.carry_probs[:, :length] = target_probs.gather(1, shift[..., None].expand(-1, -1, vocab))
+        self.carry_count = (window.window_len - commit_count).clamp(min=0)
+
+    def close(self):
+        pass
+
+
+class DraftModelProposer:
+    """Classic speculative sampling: a smaller model of the same family drafts autoregressively.
+
+    The draft keeps its own ragged KV cache; after each pass it is truncated to the tokens it saw
+    that were committed, and the next proposal first feeds it what it has not seen.
+    """
+
+    def __init__(self, draft: nn.Module, cond: Tensor, cond_mask: Tensor | None, params: SamplingParams):
+        self.draft, self.params = draft, params
+        self.full_cond, self.full_mask = with_null_condition(draft, cond, cond_mask, params)
+        self.num_cond = draft.num_condition_tokens
+        self.forward_passes = 0
+
+    def start(self, state: DecodeState):
+        self.max_pos = self.num_cond + state.num_tokens - 1
+        self.draft.setup_cache(self.full_cond.shape[0], self.max_pos + 1, self.full_mask)
+        self.draft_len: Tensor | None = None  # [B] valid cache length; None before the prefill
+        self.pending: Tensor | None = None  # [B(x2), V] prefill logits (predict image index 0)
+
+    def _run(self, tokens: Tensor | None, input_pos: Tensor, cond: Tensor | None = None) -> Tensor:
+        self.forward_passes += 1
+        if self.params.uses_cfg and tokens is not None:
+            tokens, input_pos = torch.cat([tokens, tokens]), torch.cat([input_pos, input_pos])
+        return self.draft(tokens, cond, input_pos=input_pos)
+
+    def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
+        batch, device = state.tokens.shape[0], state.tokens.device
+        num_drafts = window.max_drafts
+        if num_drafts == 0:
+            return state.tokens[:, :0], torch.zeros(batch, 0, state.vocab_size, device=device)
+        if self.draft_len is None:  # prefill the condition once
+            input_pos = torch.arange(self.num_cond, device=device)
+            self.pending = self._run(None, input_pos, cond=self.full_cond)[:, -1]
+            self.draft_len = torch.full((batch,), self.num_cond, dtype=torch.long, device=device)
+        self.base = state.committed.clone()
+        # Feed what the draft has not seen yet: positions draft_len .. num_cond + committed - 1.
+        catch_up = self.num_cond + state.committed - self.draft_len  # [B] >= 0
+        logits = self.pending
+        if bool((catch_up > 0).any()):
+            steps = int(catch_up.max())
+            positions = self.draft_len[:, None] + torch.arange(steps, device=device)  # [B, C]
+            feed = state.tokens.gather(1, (positions - self.num_cond).clamp(0, state.tokens.shape[1] - 1))
+            out = self._run(feed, positions.clamp(max=self.max_pos))
+            last = (catch_up - 1).clamp(min=0)
+            if self.params.uses_cfg:
+                last = torch.cat([last, last])
+            fed_logits = out[torch.arange(out.shape[0], device=device), last]  # [B(x2), V]
+            has_fed = torch.cat([catch_up, catch_up]) if self.params.uses_cfg else catch_up
+            logits = torch.where((has_fed > 0)[:, None], fed_logits, logits)
+        draft_tokens, draft_probs = [], []
+        for k in range(num_drafts):
+            draft_q = logits_to_probs(split_cfg(logits, self.params), self.params)  # [B, V]
+            token = sample_from_probs(draft_q, window.uniforms[:, DRAFT, k])
+            draft_tokens.append(token)
+            draft_probs.append(draft_q)
+            if k + 1 < num_drafts:
+                position = (self.num_cond + state.committed + k).clamp(max=self.max_pos)
+                logits = self._run(token[:, None], position[:, None])[:, -1]
+        return torch.stack(draft_tokens, 1), torch.stack(draft_probs, 1)
+
+    def after_commit(self, state, window, target_probs, slot_tokens, commit_count):
+        num_drafts = window.max_drafts
+        if num_drafts == 0 or self.draft_len is None:
+            return
+        # Fed this pass: everything up to the last committed token, then drafts 0 .. num_drafts - 2.
+        # The fed drafts that were accepted stay valid.
+        accepted = (commit_count - 1).clamp(min=0, max=num_drafts - 1)
+        valid = self.num_cond + self.base + accepted
+        self.draft_len = torch.where(commit_count > 0, valid, self.draft_len)
+        lengths = torch.cat([self.draft_len, self.draft_len]) if self.params.uses_cfg else self.draft_len
+        self.draft.truncate_cache(lengths)
+
+    def close(self):
+        self.draft.clear_cache()
+
+
+# -- the engine ----------------------------------------------------------------------------------------
+
+
+def check_spans(window, warmup, tail):
+    for name, value, minimum in (("window", window, 1), ("warmup", warmup, 0), ("tail", tail, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise VisarError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def window_lengths(committed: Tensor, window: int, warmup: int, tail: int, num_tokens: int) -> Tensor:
+    """[B] slots per image: 1 (plain AR) in the warm-up and tail spans, else the window clipped so it
+    ends before the tail; 0 for finished images."""
+    jacobi_end = num_tokens - tail
+    in_jacobi = (committed >= warmup) & (committed < jacobi_end)
+    length = torch.where(in_jacobi, (jacobi_end - committed).clamp(max=window), torch.ones_like(committed))
+    return torch.where(committed < num_tokens, length, torch.zeros_like(committed))
+
+
+def score_window(model, state: DecodeState, draft_tokens: Tensor, full_cond: Tensor | None, params) -> Tensor:
+    """One target forward over [last committed token, drafts] for every image -> logits [B(x2), G + 1, V].
+
+    Slot j predicts image index committed + j. The first pass (nothing committed yet) feeds the
+    condition instead of a last token. Slots past an image's window are padding: their positions
+    lie after its real ones (clamped to the last position), so no real query sees them, and the
+    truncation after the pass forgets them.
+    """
+    num_cond = model.num_condition_tokens
+    num_slots = draft_tokens.shape[1] + 1
+    device = draft_tokens.device
+    if full_cond is not None:
+        input_pos = torch.arange(num_cond + num_slots - 1, device=device)
+        tokens = draft_tokens if num_slots > 1 else None
+        if tokens is not None and params.uses_cfg:
+            tokens = torch.cat([tokens, tokens])
+        return model(tokens, full_cond, input_pos=input_pos)[:, num_cond - 1 :]
+    last = state.tokens.gather(1, (state.committed - 1).clamp(min=0)[:, None])
+    tokens = torch.cat([last, draft_tokens], 1)  # [B, L]
+    max_pos = num_cond + state.num_tokens - 1
+    input_pos = (num_cond + state.committed - 1)[:, None] + torch.arange(num_slots, device=device)
+    input_pos = input_pos.clamp(max=max_pos)
+    if params.uses_cfg:
+        tokens, input_pos = torch.cat([tokens, tokens]), torch.cat([input_pos, input_pos])
+    return model(tokens, input_pos=input_pos)
+
+
+@torch.no_grad()
+def speculative_decode(
+    model,
+    cond: Tensor,
+    params: SamplingParams,
+    generators: list[torch.Generator],
+    proposer: Proposer,
+    *,
+    window: int,
+    warmup: int = 0,
+    tail: int = 0,
+    rule: AcceptanceRule = SPECULATIVE,
+    cond_mask: Tensor | None = None,
+    progress: bool = False,
+) -> tuple[Tensor, dict]:
+    """The engine: propose, score, verify, commit (ragged), truncate, carry over. -> (tokens [B, N], stats)."""
+    check_spans(window, warmup, tail)
+    start_time = time.perf_counter()
+    batch = cond.shape[0]
+    num_cond, num_tokens, vocab = model.num_condition_tokens, model.num_image_tokens, model.vocab_size
+    device = model.output.weight.device
+    keys = torch.stack([torch.randint(0, 2**32, (1,), generator=g) for g in generators])[:, 0].to(device)
+    state = DecodeState(
+        tokens=torch.zeros(batch, num_tokens + window, dtype=torch.long, device=device),
+        committed=torch.zeros(batch, dtype=torch.long, device=device),
+        keys=keys,
+        num_tokens=num_tokens,
+        vocab_size=vocab,
+        grid_size=tuple(model.grid_size),
+        window=window,
+    )
+    full_cond, full_mask = with_null_condition(model, cond, cond_mask, params)
+    model.setup_cache(full_cond.shape[0], num_cond + num_tokens, full_mask)
+    passes_per_image = torch.zeros(batch, dtype=torch.long, device=device)
+    tested_by_slot = torch.zeros(window, dtype=torch.long, device=device)
+    accepted_by_slot = torch.zeros(window, dtype=torch.long, device=device)
+    forward_passes, drafted_passes = 0, 0
+    bar = tqdm(total=num_tokens, disable=not progress, desc="speculative", leave=False)
+    try:
+        proposer.start(state)
+        while True:
+            window_len = window_lengths(state.committed, window, warmup, tail, num_tokens)
+            active = window_len > 0
+            if not bool(active.any()):
+                break
+            uniforms = draw_uniforms(generators, NUM_PURPOSES * window).view(batch, NUM_PURPOSES, window)
+            step = Window(window_len, (window_len - 1).clamp(min=0), uniforms.to(device))
+            draft_tokens, draft_probs = proposer.propose(state, step)  # [B, G], [B, G, V]
+            first = forward_passes == 0
+            logits = score_window(model, state, draft_tokens, full_cond if first else None, params)
+            forward_passes += 1
+            target_probs = logits_to_probs(split_cfg(logits, params), params)  # [B, L, V]
+            num_slots, num_drafts = target_probs.shape[1], draft_tokens.shape[1]
+            slots = torch.arange(num_slots, device=device)
+            has_draft = slots < step.num_drafts[:, None]  # [B, L]; slot num_drafts is the bonus slot
+
+            # Verify every drafted slot at once; only the run of leading accepts counts.
+            accept = torch.zeros_like(has_draft)
+            slot_probs = target_probs
+            if num_drafts > 0:
+                drafted_p = target_probs[:, :num_drafts]
+                accept[:, :num_drafts] = rule.accept(
+                    drafted_p, draft_probs, draft_tokens, step.uniforms[:, ACCEPT, :num_drafts]
+                )
+                residual = rule.residual(drafted_p, draft_probs)
+                slot_probs = torch.cat([residual, target_probs[:, num_drafts:]], 1)
+                slot_probs = torch.where(has_draft[..., None], slot_probs, target_probs)
+            accept &= has_draft
+            # Output of every slot: its draft if accepted, else a draw from the residual (p at the bonus slot).
+            drawn = sample_from_probs(slot_probs, step.uniforms[:, RESIDUAL, :num_slots])
+            padded_drafts = torch.cat([draft_tokens, drawn[:, num_drafts:]], 1)
+            slot_tokens = torch.where(accept, padded_drafts, drawn)  # [B, L]
+            num_accepted = accept.long().cumprod(1).sum(1)  # [B] leading accepts
+            commit_count = torch.where(active, num_accepted + 1, 0)
+
+            # Commit slots 0 .. commit_count - 1 at indices committed .. (the buffer has `window` spare columns).
+            index = state.committed[:, None] + slots
+            keep = slots < commit_count[:, None]
+            state.tokens.scatter_(1, index, torch.where(keep, slot_tokens, state.tokens.gather(1, index)))
+            tested = has_draft & (slots <= num_accepted[:, None])
+            tested_by_slot[:num_slots] += tested.sum(0)
+            accepted_by_slot[:num_slots] += (accept & tested).sum(0)
+            drafted_passes += int((step.num_drafts > 0).sum())
+            passes_per_image += active.long()
+
+            proposer.after_commit(state, step, target_probs, slot_tokens, commit_count)
+            before = int(state.committed.min())
+            state.committed = state.committed + commit_count
+            # The cache keeps every committed token but the newest, which the next window feeds.
+            lengths = (num_cond + state.committed - 1).clamp(min=num_cond)
+            model.truncate_cache(torch.cat([lengths, lengths]) if params.uses_cfg else lengths)
+            bar.update(int(state.committed.min()) - before)
+    finally:
+        bar.close()
+        model.clear_cache()
+        proposer.close()
+    elapsed = time.perf_counter() - start_time
+    tested_total = int(tested_by_slot.sum())
+    stats = {
+        "forward_passes": forward_passes,
+        "tokens_per_forward": float((num_tokens / passes_per_image.double()).mean()),
+        "latency_s": elapsed,
+        "forward_passes_per_image": passes_per_image.tolist(),
+        "window": window,
+        "mean_accepted_per_pass": float(accepted_by_slot.sum()) / max(drafted_passes, 1),
+        "acceptance_rate": float(accepted_by_slot.sum()) / max(tested_total, 1),
+        "acceptance_by_slot": [
+            float(a) / int(t) if int(t) else None
+            for a, t in zip(accepted_by_slot.tolist(), tested_by_slot.tolist(), strict=True)
+        ],
+    }
+    if not isinstance(proposer, JacobiProposer):
+        stats["draft_forward_passes"] = proposer.forward_passes
+    return state.tokens[:, :num_tokens], stats
+
+
+# -- the registered methods ----------------------------------------------------------------------------
+
+
+def resolve_initialiser(init) -> Callable:
+    if callable(init):
+        return init
+    if init not in INITIALISERS:
+        raise VisarError(f"unknown draft initialiser {init!r}; known: {', '.join(sorted(INITIALISERS))}")
+    return INITIALISERS[init]
+
+
+def sjd(
+    model,
+    cond: Tensor,
+    params: SamplingParams,
+    generators: list[torch.Generator],
+    *,
+    cond_mask: Tensor | None = None,
+    progress: bool = False,
+    window: int = 16,
+    warmup: int = 0,
+    tail: int = 0,
+    init: str | Callable = "random",
+) -> tuple[Tensor, dict]:
+    """Speculative Jacobi decoding (Teng et al. 2024), exact at every batch size.
+
+    window: slots per target pass (the last committed token + window - 1 drafts), so 1..window
+    tokens per pass; warmup / tail: the first / last tokens decoded one per pass (plain AR);
+    init: the draft initialiser for new slots ("random").
+    """
+    check_spans(window, warmup, tail)
+    proposer = JacobiProposer(resolve_initialiser(init), independent_carry, window)
+    return speculative_decode(
+        model,
+        cond,
+        params,
+        generators,
+        proposer,
+        window=window,
+        warmup=warmup,
+        tail=tail,
+        cond_mask=cond_mask,
+        progress=progress,
+    )
+
+
+def mc_sjd(
+    model,
+    cond: Tensor,
+    params: SamplingParams,
+    generators: list[torch.Generator],
+    *,
+    cond_mask: Tensor | None = None,
+    progress: bool = False,
+    window: int = 16,
+    warmup: int = 0,
+    tail: int = 0,
+    coupling: str = "maximal",
+    init: str | Callable = "random",
+) -> tuple[Tensor, dict]:
+    """Coupled speculative Jacobi decoding (So et al. 2025): SJD whose carried drafts are coupled to the old ones.
+
+    coupling: "maximal" (the speculative test at every slot, pi_MC) or "gumbel" (Gumbel-max with
+    noise keyed to image and absolute position, pi_GS). Other options as `sjd`.
+    """
+    check_spans(window, warmup, tail)
+    if coupling not in COUPLINGS:
+        raise VisarError(f"unknown coupling {coupling!r} for mc-sjd; use one of {', '.join(COUPLINGS)}")
+    updater = COUPLINGS[coupling]
+    updater = updater() if isinstance(updater, type) else updater
+    proposer = JacobiProposer(resolve_initialiser(init), updater, window)
+    tokens, stats = speculative_decode(
+        model,
+        cond,
+        params,
+        generators,
+        proposer,
+        window=window,
+        warmup=warmup,
+        tail=tail,
+        cond_mask=cond_mask,
+        progress=progress,
+    )
+    return tokens, {**stats, "coupling": coupling}
+
+
+def check_draft(model, draft, draft_tokenizer=None, tokenizer=None):
+    """One clear VisarError if `draft` cannot draft for `model` (same vocabulary, tokenizer, grid, condition)."""
+    if draft is model:
+        raise VisarError("the draft model must be a separate model instance from the target (each keeps a KV cache)")
+    if draft.vocab_size != model.vocab_size:
+        raise VisarError(
+            f"draft model vocabulary ({draft.vocab_size} tokens) differs from the target's ({model.vocab_size}): "
+            "a draft must use the target's tokenizer"
+        )
+    for theirs in (draft_tokenizer, tokenizer):
+        if theirs is not None and theirs.vocab_size != model.vocab_size:
+            raise VisarError(
+                f"a tokenizer with {theirs.vocab_size} codes cannot decode the target's {model.vocab_size}-token "
+                "vocabulary: the draft must use the target's tokenizer"
+            )
+    if draft_tokenizer is not None and tokenizer is not None:
+        same = draft_tokenizer.config == tokenizer.config and torch.equal(
+            draft_tokenizer.quantize.embedding.weight.detach().cpu(), tokenizer.quantize.embedding.weight.detach().cpu()
+        )
+        if not same:
+            raise VisarError(
+                "the draft model's tokenizer differs from the target's (config or codebook): its token ids mean "
+                "other images, so it cannot draft for this model"
+            )
+    if tuple(draft.grid_size) != tuple(model.grid_size):
+        raise VisarError(
+            f"draft model grid {tuple(draft.grid_size)} differs from the target's {tuple(model.grid_size)}"
+        )
+    kind, draft_kind = model.config.model_type, draft.config.model_type
+    if kind != draft_kind:
+        raise VisarError(f"draft model is {draft_kind} but the target is {kind}: they must share the condition")
+    if kind == "c2i" and draft.config.num_classes != model.config.num_classes:
+        raise VisarError(
+            f"draft model has {draft.config.num_classes} classes, the target {model.config.num_classes}: "
+            "they must share the class set"
+        )
+    if kind == "t2i" and (draft.config.caption_dim, draft.num_condition_tokens) != (
+        model.config.caption_dim,
+        model.num_condition_tokens,
+    ):
+        raise VisarError("draft model's caption layout (caption_dim, cls_token_num) differs from the target's")
+
+
+def resolve_draft(model, draft) -> tuple[nn.Module, object | None]:
+    """A draft given as a module, a Pipeline, or a name / folder for `visar.load` -> (module, its tokenizer)."""
+    if draft is None:
+        raise VisarError(
+            "method 'spec' needs a draft model: draft=<a LlamaGen module, or a registered model name or folder>"
+        )
+    if isinstance(draft, (str, os.PathLike)):
+        from ..pipeline import load  # here, not at import: the pipeline imports this package
+
+        weight = model.output.weight
+        pipe = load(draft, device=weight.device, dtype=weight.dtype)
+        return pipe.model.eval(), pipe.tokenizer
+    if isinstance(getattr(draft, "model", None), nn.Module):  # a Pipeline
+        return draft.model, getattr(draft, "tokenizer", None)
+    if isinstance(draft, nn.Module) and hasattr(draft, "vocab_size"):
+        return draft, None
+    raise VisarError(f"draft= must be a LlamaGen model, a Pipeline or a model name/folder, got {type(draft).__name__}")
+
+
+def spec(
+    model,
+    cond: Tensor,
+    params: SamplingParams,
+    generators: list[torch.Generator],
+    *,
+    cond_mask: Tensor | None = None,
+    progress: bool = False,
+    tokenizer=None,
+    draft=None,
+    window: int = 5,
+    warmup: int = 0,
+    tail: int = 0,
+) -> tuple[Tensor, dict]:
+    """Speculative sampling with a draft model of the same family (Leviathan et al. 2023).
+
+    draft: a LlamaGen module, a Pipeline, or a registered name / folder loaded with `visar.load`;
+    it must share the target's vocabulary and tokenizer. window: target slots per pass (the draft
+    proposes window - 1 tokens autoregressively, sampled with the same CFG / temperature / top-k /
+    top-p). tokenizer: the target's tokenizer, when the caller has it, to compare with the draft's.
+    """
+    check_spans(window, warmup, tail)
+    draft_model, draft_tokenizer = resolve_draft(model, draft)
+    check_draft(model, draft_model, draft_tokenizer, tokenizer)
+    proposer = DraftModelProposer(draft_model, cond, cond_mask, params)
+    return speculative_decode(
+        model,
+        cond,
+        params,
+        generators,
+        proposer,
+        window=window,
+        warmup=warmup,
+        tail=tail,
+        cond_mask=cond_mask,
+        progress=progress,
+    )

@@ -166,7 +166,7 @@ def test_wrong_residual_is_detected(model):
         return target_probs
 
     params, label = TOPP_TEMP, 1
-    proposer = jacobi.JacobiProposer(jacobi.random_init, jacobi.independent_carry, window=4)
+    proposer = jacobi.JacobiProposer(jacobi.random_init, jacobi.independent_carry)
     rule = AcceptanceRule(speculative_accept, from_target)
     cond = torch.full((SAMPLES,), label)
     tokens, _ = jacobi.speculative_decode(
@@ -192,6 +192,20 @@ def test_greedy_equals_plain_ar(model16, params, window):
     for name, options in LOSSLESS:
         options = dict(options, window=window, **({"draft": draft} if name == "spec" else {}))
         tokens, _ = get_method(name).fn(model16, cond, params, make_generators(3, 9), **options)
+        assert torch.equal(tokens, reference), (name, options)
+
+
+def test_greedy_equals_plain_ar_text_conditional():
+    """Caption conditions with padding (t2i): the condition prefill and the cache's key mask carry over."""
+    model = tiny_llamagen(vocab=32, block_size=9, seed=4, std=0.3, model_type="t2i", cls_token_num=3, caption_dim=8)
+    captions = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[False, True, True], [True, True, True]])
+    params = SamplingParams(top_k=1, guidance_scale=2.0)
+    reference, _ = ar.generate(model, captions, params, make_generators(2, 0), cond_mask=mask)
+    draft = perturbed(model, seed=5, scale=0.1)
+    for name, options in LOSSLESS:
+        options = dict(options, window=4, **({"draft": draft} if name == "spec" else {}))
+        tokens, _ = get_method(name).fn(model, captions, params, make_generators(2, 1), cond_mask=mask, **options)
         assert torch.equal(tokens, reference), (name, options)
 
 

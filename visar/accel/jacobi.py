@@ -81,14 +81,7 @@ class Window:
     window_len: Tensor  # [B] slots scored for each image: 1 (plain AR step) .. window, 0 when done
     num_drafts: Tensor  # [B] window_len - 1 (0 for done images)
     uniforms: Tensor  # [B, 4, window]: rows ACCEPT, RESIDUAL, CARRY, DRAFT
-
-    @property
-    def max_drafts(self) -> int:
-        return int(self.num_drafts.max())
-
-    @property
-    def max_len(self) -> int:
-        return int(self.window_len.max())
+    max_drafts: int  # G, the draft slots of the pass (padding past an image's own num_drafts)
 
 
 class Proposer(Protocol):
@@ -194,12 +187,13 @@ COUPLINGS = {"maximal": maximal_coupling_carry, "gumbel": GumbelCarry}
 class JacobiProposer:
     """Drafts from the previous pass (carried over by `updater`), new slots from `initialiser`."""
 
-    def __init__(self, initialiser: Callable, updater: Callable, window: int):
-        self.initialiser, self.updater, self.window = initialiser, updater, window
+    def __init__(self, initialiser: Callable, updater: Callable):
+        self.initialiser, self.updater = initialiser, updater
         self.forward_passes = 0
 
     def start(self, state: DecodeState):
         batch, vocab, device = state.tokens.shape[0], state.vocab_size, state.tokens.device
+        self.window = state.window
         self.carry_tokens = torch.zeros(batch, self.window, dtype=torch.long, device=device)
         self.carry_probs = torch.zeros(batch, self.window, vocab, device=device)
         self.carry_count = torch.zeros(batch, dtype=torch.long, device=device)
@@ -387,6 +381,7 @@ def speculative_decode(
     start_time = time.perf_counter()
     batch = cond.shape[0]
     num_cond, num_tokens, vocab = model.num_condition_tokens, model.num_image_tokens, model.vocab_size
+    window = min(window, num_tokens)  # a longer window is clipped, here once and for all
     device = model.output.weight.device
     keys = torch.stack([torch.randint(0, 2**32, (1,), generator=g) for g in generators])[:, 0].to(device)
     state = DecodeState(
@@ -403,62 +398,57 @@ def speculative_decode(
     passes_per_image = torch.zeros(batch, dtype=torch.long, device=device)
     tested_by_slot = torch.zeros(window, dtype=torch.long, device=device)
     accepted_by_slot = torch.zeros(window, dtype=torch.long, device=device)
-    forward_passes, drafted_passes = 0, 0
+    drafted_passes = torch.zeros((), dtype=torch.long, device=device)
+    slot_range = torch.arange(window, device=device)
+    forward_passes = 0
     bar = tqdm(total=num_tokens, disable=not progress, desc="speculative", leave=False)
     try:
         proposer.start(state)
         while True:
             window_len = window_lengths(state.committed, window, warmup, tail, num_tokens)
-            active = window_len > 0
-            if not bool(active.any()):
+            num_slots = int(window_len.max())  # the one host sync of the loop the engine needs
+            if num_slots == 0:
                 break
+            num_drafts = num_slots - 1
+            active = window_len > 0
             uniforms = draw_uniforms(generators, NUM_PURPOSES * window).view(batch, NUM_PURPOSES, window)
-            step = Window(window_len, (window_len - 1).clamp(min=0), uniforms.to(device))
+            step = Window(window_len, (window_len - 1).clamp(min=0), uniforms.to(device), num_drafts)
             draft_tokens, draft_probs = proposer.propose(state, step)  # [B, G], [B, G, V]
-            first = forward_passes == 0
-            logits = score_window(model, state, draft_tokens, full_cond if first else None, params)
+            logits = score_window(model, state, draft_tokens, full_cond if forward_passes == 0 else None, params)
             forward_passes += 1
-            target_probs = logits_to_probs(split_cfg(logits, params), params)  # [B, L, V]
-            num_slots, num_drafts = target_probs.shape[1], draft_tokens.shape[1]
-            slots = torch.arange(num_slots, device=device)
-            has_draft = slots < step.num_drafts[:, None]  # [B, L]; slot num_drafts is the bonus slot
+            target_probs = logits_to_probs(split_cfg(logits, params), params)  # [B, L, V], L = G + 1
+            slots = slot_range[:num_slots]
+            has_draft = slots[:num_drafts] < step.num_drafts[:, None]  # [B, G]; slot num_drafts[b] is the bonus slot
 
-            # Verify every drafted slot at once; only the run of leading accepts counts.
-            accept = torch.zeros_like(has_draft)
-            slot_probs = target_probs
-            if num_drafts > 0:
-                drafted_p = target_probs[:, :num_drafts]
-                accept[:, :num_drafts] = rule.accept(
-                    drafted_p, draft_probs, draft_tokens, step.uniforms[:, ACCEPT, :num_drafts]
-                )
-                residual = rule.residual(drafted_p, draft_probs)
-                slot_probs = torch.cat([residual, target_probs[:, num_drafts:]], 1)
-                slot_probs = torch.where(has_draft[..., None], slot_probs, target_probs)
+            # Verify every drafted slot at once; only the run of leading accepts commits. Each slot's
+            # output is its draft if accepted, else a draw from the residual (from p at the bonus slot).
+            drafted_p = target_probs[:, :num_drafts]
+            accept = rule.accept(drafted_p, draft_probs, draft_tokens, step.uniforms[:, ACCEPT, :num_drafts])
             accept &= has_draft
-            # Output of every slot: its draft if accepted, else a draw from the residual (p at the bonus slot).
+            residual = torch.where(has_draft[..., None], rule.residual(drafted_p, draft_probs), drafted_p)
+            slot_probs = torch.cat([residual, target_probs[:, num_drafts:]], 1)
             drawn = sample_from_probs(slot_probs, step.uniforms[:, RESIDUAL, :num_slots])
-            padded_drafts = torch.cat([draft_tokens, drawn[:, num_drafts:]], 1)
-            slot_tokens = torch.where(accept, padded_drafts, drawn)  # [B, L]
+            slot_tokens = torch.cat(
+                [torch.where(accept, draft_tokens, drawn[:, :num_drafts]), drawn[:, num_drafts:]], 1
+            )
             num_accepted = accept.long().cumprod(1).sum(1)  # [B] leading accepts
             commit_count = torch.where(active, num_accepted + 1, 0)
 
-            # Commit slots 0 .. commit_count - 1 at indices committed .. (the buffer has `window` spare columns).
-            index = state.committed[:, None] + slots
-            keep = slots < commit_count[:, None]
-            state.tokens.scatter_(1, index, torch.where(keep, slot_tokens, state.tokens.gather(1, index)))
-            tested = has_draft & (slots <= num_accepted[:, None])
-            tested_by_slot[:num_slots] += tested.sum(0)
-            accepted_by_slot[:num_slots] += (accept & tested).sum(0)
-            drafted_passes += int((step.num_drafts > 0).sum())
+            # Write every slot's token after the committed ones; only the first commit_count count
+            # (the buffer has `window` spare columns, and what lies past `committed` is scratch).
+            state.tokens.scatter_(1, state.committed[:, None] + slots, slot_tokens)
+            tested_by_slot[:num_drafts] += (has_draft & (slots[:num_drafts] <= num_accepted[:, None])).sum(0)
+            accepted_by_slot[:num_drafts] += (slots[:num_drafts] < num_accepted[:, None]).sum(0)
+            drafted_passes += (step.num_drafts > 0).sum()
             passes_per_image += active.long()
 
             proposer.after_commit(state, step, target_probs, slot_tokens, commit_count)
-            before = int(state.committed.min())
             state.committed = state.committed + commit_count
             # The cache keeps every committed token but the newest, which the next window feeds.
-            lengths = (num_cond + state.committed - 1).clamp(min=num_cond)
+            lengths = num_cond + state.committed - 1
             model.truncate_cache(torch.cat([lengths, lengths]) if params.uses_cfg else lengths)
-            bar.update(int(state.committed.min()) - before)
+            if progress:
+                bar.update(int(state.committed.min()) - bar.n)
     finally:
         bar.close()
         model.clear_cache()
@@ -471,7 +461,7 @@ def speculative_decode(
         "latency_s": elapsed,
         "forward_passes_per_image": passes_per_image.tolist(),
         "window": window,
-        "mean_accepted_per_pass": float(accepted_by_slot.sum()) / max(drafted_passes, 1),
+        "mean_accepted_per_pass": float(accepted_by_slot.sum()) / max(int(drafted_passes), 1),
         "acceptance_rate": float(accepted_by_slot.sum()) / max(tested_total, 1),
         "acceptance_by_slot": [
             float(a) / int(t) if int(t) else None
@@ -514,7 +504,7 @@ def sjd(
     init: the draft initialiser for new slots ("random").
     """
     check_spans(window, warmup, tail)
-    proposer = JacobiProposer(resolve_initialiser(init), independent_carry, window)
+    proposer = JacobiProposer(resolve_initialiser(init), independent_carry)
     return speculative_decode(
         model,
         cond,
@@ -553,7 +543,7 @@ def mc_sjd(
         raise VisarError(f"unknown coupling {coupling!r} for mc-sjd; use one of {', '.join(COUPLINGS)}")
     updater = COUPLINGS[coupling]
     updater = updater() if isinstance(updater, type) else updater
-    proposer = JacobiProposer(resolve_initialiser(init), updater, window)
+    proposer = JacobiProposer(resolve_initialiser(init), updater)
     tokens, stats = speculative_decode(
         model,
         cond,
@@ -573,6 +563,11 @@ def check_draft(model, draft, draft_tokenizer=None, tokenizer=None):
     """One clear VisarError if `draft` cannot draft for `model` (same vocabulary, tokenizer, grid, condition)."""
     if draft is model:
         raise VisarError("the draft model must be a separate model instance from the target (each keeps a KV cache)")
+    if draft.output.weight.device != model.output.weight.device:
+        raise VisarError(
+            f"draft model is on {draft.output.weight.device}, the target on {model.output.weight.device}: "
+            "put both on the same device"
+        )
     if draft.vocab_size != model.vocab_size:
         raise VisarError(
             f"draft model vocabulary ({draft.vocab_size} tokens) differs from the target's ({model.vocab_size}): "

@@ -4,7 +4,8 @@ The exactness test enumerates the joint law of a tiny LlamaGen (vocabulary 6, 2x
 tokens: 1296 sequences) by scoring every sequence with the model through `logits_to_probs`,
 then draws 20,000 images from each lossless method in one batch and compares (chi-square and
 total variation). Every method meets every window length (2, 4, 8: 8 is clipped to the 4
-tokens), and each meets CFG, top-k and top-p in some combination.
+tokens), and each meets CFG, top-k and top-p in some combination; a 3x3-token model with
+vocabulary 2 runs the couplings with a window of 8 that is not clipped.
 """
 
 import copy
@@ -156,6 +157,39 @@ def test_joint_law_is_exact(model, draft, name, options, window, params):
     alone, alone_stats = draw(name, model, label, params, 1, seed + 1, **options)
     assert torch.equal(alone[0], tokens[1])
     assert alone_stats["forward_passes_per_image"][0] == stats["forward_passes_per_image"][1]
+
+
+@pytest.mark.parametrize("coupling", ["maximal", "gumbel"])
+def test_joint_law_with_a_full_window_of_8(coupling):
+    """Windows of 8 that are not clipped: a vocabulary-2 model with 3x3 tokens (512 sequences), so
+    carried drafts travel across several passes and the Gumbel noise ring (8 rows) wraps around."""
+    model = tiny_llamagen(vocab=2, block_size=9, seed=2)
+    params, label = SamplingParams(temperature=1.2), 1
+    tokens, stats = draw("mc-sjd", model, label, params, SAMPLES, 6000, window=8, coupling=coupling)
+    pvalue, tv, tolerance = compare_laws(sequence_index(tokens, 2), exact_law(model, label, params))
+    print(f"mc-sjd {coupling} 3x3 w=8: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
+    assert pvalue > 1e-3 and tv < tolerance
+    assert stats["acceptance_by_slot"][6] is not None  # the last draft slot of the window was verified
+
+
+def repeat_left_init(request: jacobi.FillRequest):
+    """A 2-D style initialiser through the canvas hook: copy the token to the left (q one-hot: the
+    copy is determined by what the verifier has already seen), else a uniform token (q uniform)."""
+    vocab = request.state.vocab_size
+    left = request.canvas.gather(1, (request.draft_index - 1).clamp(min=0))
+    known = (left >= 0) & (request.draft_index % request.state.grid_size[1] > 0)
+    random_tokens, uniform = jacobi.random_init(request)
+    tokens = torch.where(known, left, random_tokens)
+    one_hot = torch.nn.functional.one_hot(tokens, vocab).float()
+    return tokens, torch.where(known[..., None], one_hot, uniform)
+
+
+def test_pluggable_initialiser_keeps_the_law(model):
+    params, label = CFG_TOPK, 1
+    tokens, stats = draw("mc-sjd", model, label, params, SAMPLES, 5000, window=4, init=repeat_left_init)
+    pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(model, label, params))
+    print(f"mc-sjd repeat-left init: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
+    assert pvalue > 1e-3 and tv < tolerance
 
 
 def test_wrong_residual_is_detected(model):

@@ -182,6 +182,8 @@ class Pipeline:
             generators = [generator] if isinstance(generator, torch.Generator) else list(generator)
             if len(generators) != batch:
                 raise VisarError(f"got {len(generators)} generators for {batch} images: pass one per image")
+        if spec.takes_tokenizer:  # methods that compare models (spec's draft) check tokenizers too
+            method_options["tokenizer"] = self.tokenizer
         tokens, stats = spec.fn(
             self.model, cond, params, generators, cond_mask=cond_mask, progress=progress, **method_options
         )

@@ -28,6 +28,10 @@ class Method:
         common = {"model", "cond", "params", "generators", "cond_mask", "progress", "tokenizer"}
         return [p for p in inspect.signature(self.fn).parameters if p not in common]
 
+    @property
+    def takes_tokenizer(self) -> bool:
+        return "tokenizer" in inspect.signature(self.fn).parameters
+
     def check_options(self, options: dict):
         unknown = sorted(set(options) - set(self.options))
         if unknown:

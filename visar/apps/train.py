@@ -57,6 +57,7 @@ AR_RECIPES = {
     "visar-tiny-c2i": dict(
         condition="class",
         seed=1,
+        data_seed=1,
         steps=1200,
         batch_size=32,
         lr=1e-3,
@@ -82,6 +83,7 @@ AR_RECIPES = {
     "visar-tiny-c2i-draft": dict(
         condition="class",
         seed=2,
+        data_seed=1,  # the target's training set: the draft learns the same data
         steps=1200,
         batch_size=32,
         lr=2e-3,
@@ -107,6 +109,7 @@ AR_RECIPES = {
     "visar-tiny-t2i": dict(
         condition="caption",
         seed=3,
+        data_seed=3,
         steps=1200,
         batch_size=32,
         lr=1e-3,
@@ -339,7 +342,7 @@ def build_token_dataset(recipe: dict, vq: VQModel, cache: Path) -> dict:
     """Render and tokenize the recipe's dataset once; cached in OUT/dataset.npz for later runs."""
     from ..data.shapes import NUM_CLASSES, render_caption_sample, render_class
 
-    n, seed = recipe["dataset_size"], recipe["seed"]
+    n, seed = recipe["dataset_size"], recipe["data_seed"]
     if cache.exists():
         return dict(np.load(cache, allow_pickle=False))
     tokens = np.zeros((n, 256), dtype=np.int16)

@@ -344,12 +344,11 @@ class LlamaGen(nn.Module):
     @torch.no_grad()
     def truncate_cache(self, lengths: Tensor):
         """Forget every cached slot at or beyond lengths[b] for sample b (zeroes them)."""
+        slots = torch.arange(self.cache_key_valid.shape[1], device=lengths.device)
+        stale = (slots[None, :] >= lengths[:, None])[:, None, :, None]  # [B, 1, S, 1]
         for layer in self.layers:
-            cache = layer.attention.kv_cache
-            slots = torch.arange(cache.k_cache.shape[2], device=lengths.device)
-            stale = (slots[None, :] >= lengths[:, None])[:, None, :, None]  # [B, 1, S, 1]
-            cache.k_cache.masked_fill_(stale, 0)
-            cache.v_cache.masked_fill_(stale, 0)
+            layer.attention.kv_cache.k_cache.masked_fill_(stale, 0)
+            layer.attention.kv_cache.v_cache.masked_fill_(stale, 0)
 
     # -- forward ----------------------------------------------------------------------------
     def embed(self, tokens: Tensor | None = None, cond: Tensor | None = None) -> Tensor:

@@ -607,6 +607,9 @@ def check_draft(model, draft, draft_tokenizer=None, tokenizer=None):
         raise VisarError("draft model's caption layout (caption_dim, cls_token_num) differs from the target's")
 
 
+LOADED_DRAFTS: dict[tuple, tuple] = {}  # (name, device, dtype) -> (draft module, its tokenizer)
+
+
 def resolve_draft(model, draft) -> tuple[nn.Module, object | None]:
     """A draft given as a module, a Pipeline, or a name / folder for `visar.load` -> (module, its tokenizer)."""
     if draft is None:
@@ -617,8 +620,11 @@ def resolve_draft(model, draft) -> tuple[nn.Module, object | None]:
         from ..pipeline import load  # here, not at import: the pipeline imports this package
 
         weight = model.output.weight
-        pipe = load(draft, device=weight.device, dtype=weight.dtype)
-        return pipe.model.eval(), pipe.tokenizer
+        key = (str(draft), str(weight.device), weight.dtype)
+        if key not in LOADED_DRAFTS:  # a batch loop would otherwise reload the draft for every batch
+            pipe = load(draft, device=weight.device, dtype=weight.dtype)
+            LOADED_DRAFTS[key] = (pipe.model.eval(), pipe.tokenizer)
+        return LOADED_DRAFTS[key]
     if isinstance(getattr(draft, "model", None), nn.Module):  # a Pipeline
         return draft.model, getattr(draft, "tokenizer", None)
     if isinstance(draft, nn.Module) and hasattr(draft, "vocab_size"):

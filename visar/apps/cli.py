@@ -164,7 +164,7 @@ def cmd_methods(args) -> int:
 
 def cmd_eval_shapes(args) -> int:
     from .. import load
-    from ..eval.shapes_eval import evaluate_shapes
+    from ..eval.shapes_eval import evaluate_shapes, ground_truth_scores
 
     pipe = load(
         args.model, device=args.device, dtype=args.dtype, checkpoint=args.checkpoint, vq_checkpoint=args.vq_checkpoint
@@ -172,18 +172,24 @@ def cmd_eval_shapes(args) -> int:
     options = dict(parse_option(o) for o in args.opt)
     if args.batch_size < 1:
         raise VisarError("--batch-size must be >= 1")
-    record = evaluate_shapes(
-        pipe,
-        n=args.n,
-        method=args.method,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        guidance_scale=args.guidance_scale,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        **options,
-    )
+    if args.n < 1:
+        raise VisarError("--n must be >= 1")
+    if args.ground_truth:
+        scores = ground_truth_scores(args.n, pipe.is_class_conditional)
+        record = {"model": "ground-truth renders", "method": "-", **scores}
+    else:
+        record = evaluate_shapes(
+            pipe,
+            n=args.n,
+            method=args.method,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            guidance_scale=args.guidance_scale,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            **options,
+        )
     if "accuracy" in record:
         print(f"{record['model']} / {record['method']}: detector accuracy {record['accuracy']:.1%} on {args.n} images")
     else:
@@ -288,6 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     shapes.add_argument("--n", type=int, default=200, help="number of images (default 200)")
     shapes.add_argument("--batch-size", type=int, default=16, help="images per batch (default 16)")
     shapes.add_argument("--json", help="write the scores to this JSON file")
+    shapes.add_argument(
+        "--ground-truth",
+        action="store_true",
+        help="score N ground-truth renders laid out as the model's images would be (the ceiling)",
+    )
     shapes.set_defaults(func=cmd_eval_shapes)
 
     bench_parser = sub.add_parser(

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import VisarError
-from . import ar, jacobi
+from . import ar, jacobi, relaxed
 
 
 @dataclass(frozen=True)
@@ -74,4 +74,18 @@ register_method(
     jacobi.spec,
     lossless=True,
     description="speculative sampling with a draft model of the same family (draft=name, folder or module)",
+)
+register_method(
+    "gsd",
+    relaxed.gsd,
+    lossless=False,
+    description="grouped speculative Jacobi decoding (So et al. 2025): accepts a draft by its group of "
+    "visually equivalent tokens (lossy)",
+)
+register_method(
+    "lantern",
+    relaxed.lantern,
+    lossless=False,
+    description="LANTERN relaxed speculative decoding (Jang et al. 2025): mass of the draft's codebook "
+    "neighbours moved onto it, output within TV delta of the target per position (lossy)",
 )

@@ -73,14 +73,20 @@ def speculative_residual(target_probs: Tensor, draft_probs: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class AcceptanceRule:
-    """A verification rule: `accept(p, q, x, u) -> mask` and the `residual(p, q)` a rejection draws from."""
+    """A verification rule: `accept(p, q, x, u) -> mask` and the `residual(p, q)` a rejection draws from.
+
+    `relax(p, q, x) -> p~`, when set, replaces the target of the drafted slots before `accept`
+    and `residual` see it (LANTERN); the bonus slot still draws from p.
+    """
 
     accept: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
     residual: Callable[[Tensor, Tensor], Tensor]
+    relax: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
 
     @property
     def lossless(self) -> bool:
-        return bool(getattr(self.accept, "lossless", False) and getattr(self.residual, "lossless", False))
+        exact_target = self.relax is None or getattr(self.relax, "lossless", False)
+        return all((getattr(self.accept, "lossless", False), getattr(self.residual, "lossless", False), exact_target))
 
 
 SPECULATIVE = AcceptanceRule(speculative_accept, speculative_residual)
@@ -161,3 +167,140 @@ def keyed_uniforms(keys: Tensor, positions: Tensor, purpose: int, size: int) -> 
     column = _pcg_hash(torch.arange(size, device=positions.device))
     bits = _pcg_hash(h[..., None] ^ column) >> 8  # [B, L, size], 24 bits
     return (bits.float() + 0.5) / float(1 << 24)
+
+
+# -- relaxed (lossy) rules for visual tokens: GSD and LANTERN ------------------------------------------
+
+
+@lossless(False)
+def grouped_accept(
+    target_probs: Tensor,
+    draft_probs: Tensor,
+    draft_tokens: Tensor,
+    uniforms: Tensor,
+    *,
+    codebook: Tensor,
+    group_size: int,
+    prob_gap: float,
+    max_distance: float,
+) -> Tensor:
+    r"""Grouped acceptance of GSD (So et al. 2025), with its dynamic group.
+
+        accept x  <=>  u < min(1, sum_{y in G(x)} p(y) / sum_{y in G(x)} q(y)),   u ~ U[0, 1)
+
+    computed as u * q(G) < p(G). G(x) holds x and the tokens ranked next to it by target
+    probability: ranks r(x) - floor(n/2) .. r(x) - floor(n/2) + n - 1 of p sorted in decreasing
+    order (stable), n = group_size, each kept when
+
+        |p(y) - p(x)| <= prob_gap   and   ||e(y) - e(x)||^2 <= max_distance
+
+    with e = the tokenizer's code vectors (`codebook` [V, C], as used for lookup). n = 1 is the
+    speculative rule. For a fixed partition of the vocabulary the paper's Theorem 1 gives an
+    acceptance rate >= 1 - TV(p, q); the dynamic group depends on p and x, and paired (as
+    upstream) with the token-level residual norm((p - q)+) the output law is not p, with no
+    bound on the distortion.
+
+    target_probs, draft_probs [..., V]; draft_tokens, uniforms [...]; -> accept_mask [...] bool.
+    """
+    index = draft_tokens.unsqueeze(-1)
+    if group_size == 1:
+        group, keep = index, torch.ones_like(index, dtype=torch.bool)
+    else:
+        vocab = target_probs.shape[-1]
+        order = target_probs.sort(dim=-1, descending=True, stable=True).indices  # [..., V]
+        rank = (order == index).int().argmax(-1, keepdim=True)  # [..., 1]
+        offsets = torch.arange(group_size, device=rank.device) - group_size // 2  # [n], 0 = the draft
+        ranks = rank + offsets  # [..., n]
+        group = order.gather(-1, ranks.clamp(0, vocab - 1))  # [..., n]
+        p_x = target_probs.gather(-1, index)
+        gap = (target_probs.gather(-1, group) - p_x).abs()
+        book = codebook.to(target_probs.device, torch.float32)
+        distance = (book[group] - book[draft_tokens].unsqueeze(-2)).pow(2).sum(-1)  # [..., n]
+        keep = (ranks >= 0) & (ranks < vocab) & (gap <= prob_gap) & (distance <= max_distance)
+        keep |= offsets == 0  # the draft itself, whatever rounding says
+    p_group = (target_probs.gather(-1, group) * keep).sum(-1)
+    q_group = (draft_probs.gather(-1, group) * keep).sum(-1)
+    return uniforms.to(p_group.device) * q_group < p_group
+
+
+def _prefix_moves(mass_of_neighbours: Tensor, budget: Tensor) -> Tensor:
+    """The longest prefix (in distance order) whose cumulative mass stays within `budget`: the
+    mass each neighbour gives up [..., k] (zero past the prefix)."""
+    within = mass_of_neighbours.cumsum(-1) <= budget
+    return mass_of_neighbours * within
+
+
+def _move_budget(target_probs: Tensor, delta: float, lambda_cap: float | None) -> Tensor:
+    """Per receiving token: at most delta in total, and at most (lambda - 1) p(x) (LANTERN++)."""
+    budget = torch.full_like(target_probs, float(delta))
+    if lambda_cap is not None:
+        budget = torch.minimum(budget, (lambda_cap - 1.0) * target_probs)
+    return budget
+
+
+@lossless(False)
+def lantern_relax_per_draft(
+    target_probs: Tensor,
+    draft_probs: Tensor,
+    draft_tokens: Tensor,
+    *,
+    neighbours: Tensor,
+    delta: float,
+    lambda_cap: float | None = None,
+) -> Tensor:
+    r"""LANTERN's relaxed target in the paper's form (Jang et al. 2025), one per draft token x:
+
+        A(x) = longest prefix of B_k(x) (k nearest codes of x, by distance) with p(A) <= delta
+        p~_x(x) = p(x) + p(A),   p~_x(y) = 0 for y in A(x),   p~_x(y) = p(y) otherwise
+
+    (with lambda_cap: also p(A) <= (lambda - 1) p(x), LANTERN++). TV(p~_x, p) = p(A) <= delta.
+    Verified with u < p~_x(x) / q(x) and the residual norm((p~_x - q)+), the output law is
+    exactly p~_x when the draft is deterministic (q one-hot, as EAGLE-2 top-k drafts). For a
+    sampled draft (q not one-hot: Jacobi carry-overs, draft-model samples) the output law is the
+    q-average of per-draft kernels and its TV to p can exceed delta by far (about 0.26 at
+    delta = 0.2 on a 7-token example; see tests/test_relaxed.py): `lantern_relax_mixture` keeps it.
+
+    neighbours [V, k] code ids sorted by distance; -> p~ [..., V] for the draft of each slot.
+    """
+    near = neighbours.to(draft_tokens.device)[draft_tokens]  # [..., k]
+    p_near = target_probs.gather(-1, near)
+    budget = _move_budget(target_probs, delta, lambda_cap).gather(-1, draft_tokens.unsqueeze(-1))
+    moved = _prefix_moves(p_near, budget)
+    relaxed = target_probs.scatter(-1, near, p_near - moved)
+    return relaxed.scatter_add(-1, draft_tokens.unsqueeze(-1), moved.sum(-1, keepdim=True))
+
+
+@lossless(False)
+def lantern_relax_mixture(
+    target_probs: Tensor,
+    draft_probs: Tensor,
+    draft_tokens: Tensor,
+    *,
+    neighbours: Tensor,
+    delta: float,
+    lambda_cap: float | None = None,
+) -> Tensor:
+    r"""LANTERN's relaxation with its delta bound kept for sampled drafts: one target for every draft.
+
+        s = (p - q)+                                  (the mass p has beyond q)
+        A(z) = longest prefix of B_k(z) with s(A(z)) <= delta   (and <= (lambda - 1) p(z))
+        p~_z = p + s(A(z)) e_z - s 1_{A(z)}          (LANTERN's move onto z, of surplus mass)
+        p^ = sum_z q(z) p~_z
+
+    p^ does not depend on which draft was drawn, so verifying x ~ q with u < p^(x)/q(x) and the
+    residual norm((p^ - q)+) outputs exactly p^ (speculative sampling against p^), and
+    TV(p^, p) <= sum_z q(z) TV(p~_z, p) <= delta. For a deterministic draft (q one-hot at x,
+    s = p off x) p^ = p~_x: the paper's rule. Moving only surplus mass never lowers
+    min(p^(y), q(y)), so acceptance min(1, p(x)/q(x) + s(A(x))) is at least the exact rule's;
+    no rule that keeps TV <= delta can raise the acceptance rate by more than delta.
+
+    neighbours [V, k]; costs [..., V, k] memory per call.
+    """
+    surplus = (target_probs - draft_probs).clamp(min=0)
+    near = neighbours.to(target_probs.device)  # [V, k]
+    budget = _move_budget(target_probs, delta, lambda_cap).unsqueeze(-1)  # [..., V, 1]
+    moved = _prefix_moves(surplus[..., near], budget)  # [..., V, k]: given by near[z, j] to z
+    weighted = draft_probs.unsqueeze(-1) * moved
+    index = near.reshape(-1).expand(*target_probs.shape[:-1], -1)
+    taken = torch.zeros_like(target_probs).scatter_add(-1, index, weighted.flatten(-2))
+    return (target_probs + weighted.sum(-1) - taken).clamp(min=0)

@@ -423,9 +423,11 @@ def speculative_decode(
             # Verify every drafted slot at once; only the run of leading accepts commits. Each slot's
             # output is its draft if accepted, else a draw from the residual (from p at the bonus slot).
             drafted_p = target_probs[:, :num_drafts]
-            accept = rule.accept(drafted_p, draft_probs, draft_tokens, step.uniforms[:, ACCEPT, :num_drafts])
+            # A relaxed rule (LANTERN) verifies against p~; the bonus slot and the carry keep p.
+            verified_p = drafted_p if rule.relax is None else rule.relax(drafted_p, draft_probs, draft_tokens)
+            accept = rule.accept(verified_p, draft_probs, draft_tokens, step.uniforms[:, ACCEPT, :num_drafts])
             accept &= has_draft
-            residual = torch.where(has_draft[..., None], rule.residual(drafted_p, draft_probs), drafted_p)
+            residual = torch.where(has_draft[..., None], rule.residual(verified_p, draft_probs), drafted_p)
             slot_probs = torch.cat([residual, target_probs[:, num_drafts:]], 1)
             drawn = sample_from_probs(slot_probs, step.uniforms[:, RESIDUAL, :num_slots])
             slot_tokens = torch.cat(

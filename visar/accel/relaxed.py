@@ -1,0 +1,304 @@
+"""Relaxed acceptance for visual tokens: GSD's grouped test and LANTERN's latent-proximity target.
+
+Papers and the upstream code the rules were checked against (details and pitfalls in
+../shared/research/jacobi_family.md, sections 4 and 5):
+- GSD: So, Shin, Kook, Park, "Grouped Speculative Decoding for Autoregressive Image
+  Generation", ICCV 2025 (arXiv 2508.07747); junhyukso/GSD,
+  `scheduler/jacobi_iteration_lumina_mgpt.py` (the acceptance test and its dynamic group).
+- LANTERN: Jang, Park et al., "LANTERN: Accelerating Visual Autoregressive Models with Relaxed
+  Speculative Decoding", ICLR 2025 (arXiv 2410.03355); jadohu/LANTERN,
+  `entrypoints/generate_codebook.py` (neighbour lists) and `models/ea_model_llamagen.py`
+  (`--lantern_k`, `--lantern_delta`).
+
+Image tokens are redundant: several codes draw almost the same patch, so the exact test rejects
+drafts that would have looked the same. Both methods keep the speculative Jacobi engine
+(jacobi.py: drafts, one target pass, ragged commits, KV truncation, carry-over) and change only
+the verification, through an `AcceptanceRule` (the rules themselves live in acceptance.py):
+- gsd: accept x with min(1, p(G)/q(G)) over a dynamic group G of visually equivalent tokens,
+  reject to the token-level residual norm((p - q)+). Lossy, no bound.
+- lantern: verify against a relaxed target that moves mass of the draft's nearest codebook
+  neighbours onto it, at most delta in total, so that every position's output law is within
+  TV delta of p; reject to the residual of that same target.
+
+Deliberate differences from the upstream code:
+- GSD measures visual equivalence with the tokenizer's code vectors (what decoding looks up),
+  not the LLM input embeddings, and sorts p once per pass (upstream: once per slot, with a
+  10k x 10k distance matrix rebuilt per call and a silent fallback to SJD's rule).
+- LANTERN's official rejection path zeroes all k + 1 neighbours of a rejected draft, so the
+  output law moves by p(B_{k+1}(x)), not by at most delta. Here the residual comes from the
+  relaxed target. Beyond that, the paper's per-draft target p~_x keeps the bound only for
+  deterministic drafts (EAGLE-2's top-k, q one-hot); every draft here is sampled (Jacobi
+  carry-overs, draft-model samples), and then the paper's rule can move the law by much more
+  than delta. The default `form="bounded"` verifies against the q-average of LANTERN's targets,
+  which is the paper's target for a one-hot q and keeps TV <= delta for every q
+  (`lantern_relax_mixture`); `form="paper"` is the paper's per-draft target, for comparison.
+
+Neighbour tables (each code's nearest codes by squared distance of the code vectors) are
+computed once per codebook and cached on disk under $VISAR_CACHE (default ~/.cache/visar),
+keyed by a hash of the codebook.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..errors import VisarError
+from .acceptance import (
+    AcceptanceRule,
+    grouped_accept,
+    lantern_relax_mixture,
+    lantern_relax_per_draft,
+    lossless,
+    speculative_accept,
+    speculative_residual,
+)
+from .jacobi import (
+    DraftModelProposer,
+    JacobiProposer,
+    check_draft,
+    check_spans,
+    independent_carry,
+    resolve_draft,
+    resolve_initialiser,
+    speculative_decode,
+)
+from .sampling import SamplingParams
+
+LANTERN_FORMS: dict[str, Callable] = {"bounded": lantern_relax_mixture, "paper": lantern_relax_per_draft}
+TABLE_MIN_WIDTH = 256  # neighbours stored per code, so that other k reuse the same file
+
+# -- the codebook and its neighbour tables -------------------------------------------------------------
+
+
+def cache_root() -> Path:
+    """Where visar caches derived data: $VISAR_CACHE, else ~/.cache/visar."""
+    return Path(os.environ.get("VISAR_CACHE") or Path.home() / ".cache" / "visar")
+
+
+def codebook_of(tokenizer, vocab_size: int, method: str) -> Tensor:
+    """The code vectors [V, C] (float32, CPU) a VQ tokenizer decodes with; `tokenizer` may also be
+    that tensor itself. One clear error for a missing tokenizer, one without a codebook, or a
+    codebook that does not match the model's vocabulary."""
+    if tokenizer is None:
+        raise VisarError(
+            f"method {method!r} compares tokens by their code vectors: pass tokenizer= (the model's VQ "
+            "tokenizer; Pipeline.generate passes its own)"
+        )
+    if isinstance(tokenizer, Tensor):
+        book = tokenizer
+    else:
+        quantize = getattr(tokenizer, "quantize", None)
+        if not callable(getattr(quantize, "codebook", None)):
+            raise VisarError(
+                f"method {method!r} needs a VQ tokenizer with a codebook; {type(tokenizer).__name__} has none "
+                "(a continuous tokenizer has no code neighbours to relax towards)"
+            )
+        with torch.no_grad():
+            book = quantize.codebook()
+    book = book.detach().float().cpu()
+    if book.dim() != 2 or book.shape[0] != vocab_size:
+        raise VisarError(
+            f"codebook of shape {tuple(book.shape)} does not fit the model's {vocab_size}-token vocabulary: "
+            "pass the model's own tokenizer"
+        )
+    return book
+
+
+def codebook_hash(codebook: Tensor) -> str:
+    data = codebook.detach().float().cpu().contiguous()
+    digest = hashlib.sha256(str(tuple(data.shape)).encode())
+    digest.update(data.numpy().tobytes())
+    return digest.hexdigest()[:20]
+
+
+def compute_neighbours(codebook: Tensor, width: int, chunk: int = 256) -> Tensor:
+    """[V, width] ids of each code's nearest other codes, nearest first (squared L2 of the code
+    vectors, float64; ties by id), as LANTERN's `generate_codebook.py` (diagonal excluded)."""
+    book = codebook.double()
+    norms = book.pow(2).sum(1)
+    rows = []
+    for start in range(0, book.shape[0], chunk):
+        part = book[start : start + chunk]
+        dist = (norms[start : start + chunk, None] + norms[None] - 2 * part @ book.t()).clamp(min=0)
+        dist[torch.arange(len(part)), torch.arange(start, start + len(part))] = math.inf
+        rows.append(dist.sort(dim=1, stable=True).indices[:, :width])
+    return torch.cat(rows)
+
+
+LOADED_TABLES: dict[str, Tensor] = {}  # codebook hash -> the widest table seen in this process
+
+
+def neighbour_table(codebook: Tensor, k: int) -> Tensor:
+    """[V, k] nearest codes of every code (int64, CPU), from memory, the disk cache, or computed
+    once and stored as `<cache>/neighbours/<codebook hash>-<width>.pt`."""
+    vocab = codebook.shape[0]
+    if not 1 <= k <= vocab - 1:
+        raise VisarError(f"a codebook of {vocab} codes has 1..{vocab - 1} neighbours per code, asked for {k}")
+    key = codebook_hash(codebook)
+    table = LOADED_TABLES.get(key)
+    if table is None or table.shape[1] < k:
+        table = load_or_build_table(codebook, key, k)
+        LOADED_TABLES[key] = table
+    return table[:, :k]
+
+
+def load_or_build_table(codebook: Tensor, key: str, k: int) -> Tensor:
+    folder = cache_root() / "neighbours"
+    stored = sorted(folder.glob(f"{key}-*.pt"), key=lambda path: int(path.stem.rsplit("-", 1)[1]))
+    for path in stored:
+        if int(path.stem.rsplit("-", 1)[1]) >= k:
+            try:
+                table = torch.load(path, weights_only=True).long()
+            except (OSError, RuntimeError, ValueError):
+                continue  # unreadable (a partial write from another process): rebuild below
+            if table.shape[0] == codebook.shape[0] and table.shape[1] >= k:
+                return table
+    vocab = codebook.shape[0]
+    table = compute_neighbours(codebook, min(vocab - 1, max(k, TABLE_MIN_WIDTH)))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{key}-{table.shape[1]}.pt"
+        scratch = path.with_suffix(f".tmp{os.getpid()}")
+        torch.save(table.to(torch.int16 if vocab <= 2**15 else torch.int32), scratch)
+        scratch.replace(path)  # atomic: readers never see half a file
+    except OSError:
+        pass  # a read-only cache only costs the recomputation next time
+    return table
+
+
+# -- option checks --------------------------------------------------------------------------------------
+
+
+def check_number(name: str, value, minimum: float, *, integer: bool = False, allow_none: bool = False):
+    if value is None and allow_none:
+        return
+    kinds = (int,) if integer else (int, float)
+    ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value) and value >= minimum
+    if not ok:
+        kind = "an integer" if integer else "a number"
+        raise VisarError(f"{name} must be {kind} >= {minimum}, got {value!r}")
+
+
+def jacobi_or_draft_proposer(model, cond, cond_mask, params, tokenizer, draft, init):
+    if draft is None:
+        return JacobiProposer(resolve_initialiser(init), independent_carry)
+    draft_model, draft_tokenizer = resolve_draft(model, draft)
+    check_draft(model, draft_model, draft_tokenizer, tokenizer if not isinstance(tokenizer, Tensor) else None)
+    return DraftModelProposer(draft_model, cond, cond_mask, params)
+
+
+# -- the registered methods -----------------------------------------------------------------------------
+
+
+def gsd(
+    model,
+    cond: Tensor,
+    params: SamplingParams,
+    generators: list[torch.Generator],
+    *,
+    cond_mask: Tensor | None = None,
+    progress: bool = False,
+    tokenizer=None,
+    group_size: int = 14,
+    prob_gap: float = 0.15,
+    max_distance: float = 0.05,
+    window: int = 16,
+    warmup: int = 0,
+    tail: int = 0,
+    init: str | Callable = "random",
+) -> tuple[Tensor, dict]:
+    """Grouped speculative decoding (So et al. 2025): SJD whose test accepts a draft when its group
+    of visually equivalent tokens has enough target mass (lossy).
+
+    group_size: the draft and its neighbours by target probability considered (14 as upstream;
+    1 = SJD); prob_gap: a neighbour y stays when |p(y) - p(x)| <= prob_gap; max_distance: and
+    when the squared distance of the code vectors ||e(y) - e(x)||^2 <= max_distance (unit-norm
+    codes: 0..4). Rejections draw from norm((p - q)+). Other options as `sjd`. tokenizer: the
+    model's VQ tokenizer (or its codebook [V, C]); Pipeline.generate passes it.
+    """
+    check_spans(window, warmup, tail)
+    check_number("group_size", group_size, 1, integer=True)
+    check_number("prob_gap", prob_gap, 0)
+    check_number("max_distance", max_distance, 0)
+    book = codebook_of(tokenizer, model.vocab_size, "gsd").to(model.output.weight.device)
+    accept = lossless(False)(
+        partial(grouped_accept, codebook=book, group_size=group_size, prob_gap=prob_gap, max_distance=max_distance)
+    )
+    proposer = JacobiProposer(resolve_initialiser(init), independent_carry)
+    tokens, stats = speculative_decode(
+        model,
+        cond,
+        params,
+        generators,
+        proposer,
+        window=window,
+        warmup=warmup,
+        tail=tail,
+        rule=AcceptanceRule(accept, speculative_residual),
+        cond_mask=cond_mask,
+        progress=progress,
+    )
+    return tokens, {**stats, "group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
+
+
+def lantern(
+    model,
+    cond: Tensor,
+    params: SamplingParams,
+    generators: list[torch.Generator],
+    *,
+    cond_mask: Tensor | None = None,
+    progress: bool = False,
+    tokenizer=None,
+    delta: float = 0.1,
+    k: int = 32,
+    form: str = "bounded",
+    draft=None,
+    window: int | None = None,
+    warmup: int = 0,
+    tail: int = 0,
+    init: str | Callable = "random",
+) -> tuple[Tensor, dict]:
+    """LANTERN relaxed speculative decoding (Jang et al. 2025): verify against a target that moves
+    the mass of the draft's k nearest codebook neighbours onto it, at most delta in total (lossy).
+
+    delta: the most target mass moved per position (0 = exact); with form="bounded" (default)
+    every position's output law is within TV delta of p, whatever the drafts; form="paper": the
+    paper's per-draft target, whose bound holds only for deterministic drafts (here it can be
+    exceeded). k: neighbours per code (clipped to V - 1; the bounded form costs [B, L, V, k]
+    memory per pass). draft: None for Jacobi drafts (as `sjd`, window 16 by default), or a draft
+    model as in `spec` (window 5 by default). tokenizer: the model's VQ tokenizer (or its
+    codebook [V, C]); Pipeline.generate passes it. Other options as `sjd`.
+    """
+    window = (16 if draft is None else 5) if window is None else window
+    check_spans(window, warmup, tail)
+    check_number("delta", delta, 0)
+    check_number("k", k, 1, integer=True)
+    if form not in LANTERN_FORMS:
+        raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")
+    book = codebook_of(tokenizer, model.vocab_size, "lantern")
+    table = neighbour_table(book, min(k, model.vocab_size - 1)).to(model.output.weight.device)
+    relax = lossless(False)(partial(LANTERN_FORMS[form], neighbours=table, delta=float(delta)))
+    proposer = jacobi_or_draft_proposer(model, cond, cond_mask, params, tokenizer, draft, init)
+    tokens, stats = speculative_decode(
+        model,
+        cond,
+        params,
+        generators,
+        proposer,
+        window=window,
+        warmup=warmup,
+        tail=tail,
+        rule=AcceptanceRule(speculative_accept, speculative_residual, relax),
+        cond_mask=cond_mask,
+        progress=progress,
+    )
+    return tokens, {**stats, "delta": delta, "k": table.shape[1], "form": form}

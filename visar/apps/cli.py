@@ -216,6 +216,27 @@ def cmd_bench(args) -> int:
             raise VisarError(f"bench options are METHOD.KEY=VALUE (e.g. sjd.window=16), got {text!r}")
         method, option = key.split(".", 1)
         options.setdefault(method, {})[option] = value
+    if args.sweep:
+        from ..eval.sweep import parse_sweep, plot_sweep, sweep
+
+        if len(methods) != 1:
+            raise VisarError("--sweep runs exactly one method: give it with --methods (e.g. --methods lantern)")
+        option, values = parse_sweep(args.sweep)
+        report = sweep(
+            pipe,
+            methods[0],
+            option,
+            values,
+            options=options.get(methods[0], {}),
+            n=args.n,
+            batch_size=args.batch_size,
+            quality_n=args.quality_n,
+            method_options={"ar": options.get("ar", {})},
+        )
+        print(markdown_table(report))
+        print(f"plot: {plot_sweep(report, args.plot)}")
+        write_report(report, args.json, args.md)
+        return 0
     report = bench(
         pipe, methods, n=args.n, batch_size=args.batch_size, quality_n=args.quality_n, method_options=options
     )
@@ -327,6 +348,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="METHOD.KEY=VALUE",
         help="a method option, repeatable (e.g. --opt sjd.window=16)",
     )
+    bench_parser.add_argument(
+        "--sweep",
+        metavar="OPTION=V1,V2,...",
+        help="run the one method of --methods once per value of OPTION (e.g. delta=0,0.05,0.1) and plot "
+        "step compression against quality (needs --quality-n)",
+    )
+    bench_parser.add_argument("--plot", default="bench-sweep.png", help="the sweep's PNG (default bench-sweep.png)")
     bench_parser.add_argument("--json", help="write the report as JSON")
     bench_parser.add_argument("--md", help="write the markdown table")
     bench_parser.set_defaults(func=cmd_bench)

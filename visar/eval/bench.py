@@ -104,18 +104,26 @@ def bench(
     quality_n: int = 0,
     method_options: dict[str, dict] | None = None,
     progress: bool = True,
+    runs: list[tuple[str, dict]] | None = None,
 ) -> dict:
-    """Run AR plus `methods`; returns {"model", "settings", "rows": [...]} (rows as in ROW_KEYS)."""
+    """Run AR plus `methods`; returns {"model", "settings", "rows": [...]} (rows as in ROW_KEYS).
+
+    runs: (method, options) pairs to run after AR instead of `methods` (a sweep runs one method
+    with several option values; see visar.eval.sweep).
+    """
     method_options = method_options or {}
     names = ["ar"] + [m for m in methods if m != "ar"]
-    for name in names:
-        get_method(name).check_options(method_options.get(name, {}))
+    plan = [(name, method_options.get(name, {})) for name in names]
+    if runs is not None:
+        plan = plan[:1] + list(runs)
+    for name, options in plan:
+        get_method(name).check_options(options)
     if n < 1 or batch_size < 1 or quality_n < 0:
         raise VisarError("--n and --batch-size must be >= 1 and --quality-n >= 0")
     conds = conditions(pipe, max(n, quality_n))
     rows, ar_latency, ar_feats = [], None, None
-    for name in tqdm(names, desc="bench", disable=not progress):
-        spec, options = get_method(name), method_options.get(name, {})
+    for name, options in tqdm(plan, desc="bench", disable=not progress):
+        spec = get_method(name)
         run_images(pipe, name, conds[:batch_size], batch_size, options, "tokens")  # warm-up
         if pipe.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pipe.device)

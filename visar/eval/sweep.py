@@ -1,0 +1,157 @@
+"""`visar bench --sweep`: one method over several values of one option, and a plot of speed against quality.
+
+Every value is a row of the `visar bench` table (same images, seeds and quality columns, AR run
+once as the reference); the plot puts step compression (image tokens / forward passes per
+image) on x and each quality column on y: the shapes detector's accuracy and the Frechet
+distance to AR's images in the tokenizer-latent space, with AR's own point (and, for the
+Frechet distance, its noise floor: AR against a second AR sample set). Drawn with PIL, so no
+plotting library is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from PIL import Image, ImageDraw, ImageFont
+
+from ..errors import VisarError
+from .bench import bench
+
+QUALITY_COLUMNS = (("detector_accuracy", "detector accuracy"), ("frechet_vs_ar", "Frechet distance vs AR"))
+
+
+def parse_sweep(text: str) -> tuple[str, list]:
+    """`OPTION=V1,V2,...` -> (option, [values]), each value read as JSON when it parses."""
+    if "=" not in text:
+        raise VisarError(f"--sweep takes OPTION=V1,V2,... (e.g. delta=0,0.05,0.1), got {text!r}")
+    option, raw = text.split("=", 1)
+    values = []
+    for item in raw.split(","):
+        item = item.strip()
+        try:
+            values.append(json.loads(item))
+        except json.JSONDecodeError:
+            values.append(item)
+    if not option.strip() or not values or values == [""]:
+        raise VisarError(f"--sweep needs an option name and at least one value, got {text!r}")
+    return option.strip().replace("-", "_"), values
+
+
+def sweep(
+    pipe, method: str, option: str, values: list, *, options: dict | None = None, quality_n: int = 100, **bench_kw
+) -> dict:
+    """AR, then `method` with option=value for each value -> a bench report whose method rows carry
+    the swept value under `option`, plus report["sweep"] = {method, option, values}."""
+    if method == "ar":
+        raise VisarError("--sweep runs one method besides ar (e.g. --methods lantern)")
+    if quality_n < 2:
+        raise VisarError("--sweep plots quality: give --quality-n >= 2 (>= 500 for reported figures)")
+    base = dict(options or {})
+    runs = [(method, {**base, option: value}) for value in values]
+    report = bench(pipe, [], runs=runs, quality_n=quality_n, **bench_kw)
+    for row, value in zip(report["rows"][1:], values, strict=True):
+        row[option] = value
+        row["method"] = f"{method} {option}={value}"
+    report["sweep"] = {"method": method, "option": option, "values": values}
+    return report
+
+
+# -- the plot --------------------------------------------------------------------------------------------
+
+
+def _font(size: int):
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1: one fixed-size bitmap font
+        return ImageFont.load_default()
+
+
+def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """About `count` round tick values covering [low, high]."""
+    if not math.isfinite(low) or not math.isfinite(high):
+        return [0.0, 1.0]
+    if high - low < 1e-12:
+        low, high = low - 0.5 * (abs(low) or 1), high + 0.5 * (abs(high) or 1)
+    raw = (high - low) / count
+    step = 10 ** math.floor(math.log10(raw))
+    step *= next(m for m in (1, 2, 2.5, 5, 10) if m * step >= raw)
+    first = math.floor(low / step) * step
+    ticks = [first + i * step for i in range(int(math.ceil((high - first) / step - 1e-9)) + 1)]
+    return [round(t, 10) for t in ticks]
+
+
+def _panel(draw: ImageDraw.ImageDraw, box, points, reference, floor, title, font, small):
+    """Scatter of (x, y, label) joined in order, AR's point, an optional horizontal noise floor."""
+    left, top, right, bottom = box
+    plot = (left + 70, top + 30, right - 20, bottom - 50)
+    xs = [p[0] for p in points] + [reference[0]]
+    ys = [p[1] for p in points] + [reference[1]] + ([floor] if floor is not None else [])
+    xt, yt = nice_ticks(min(xs), max(xs)), nice_ticks(min(ys), max(ys))
+
+    def at(x, y):
+        fx = (x - xt[0]) / (xt[-1] - xt[0])
+        fy = (y - yt[0]) / (yt[-1] - yt[0])
+        return plot[0] + fx * (plot[2] - plot[0]), plot[3] - fy * (plot[3] - plot[1])
+
+    draw.text(((left + right) / 2, top + 4), title, fill="black", font=font, anchor="ma")
+    draw.rectangle(plot, outline="black")
+    for x in xt:
+        px, _ = at(x, yt[0])
+        draw.line([(px, plot[3]), (px, plot[3] + 5)], fill="black")
+        draw.line([(px, plot[1]), (px, plot[3])], fill="#e6e6e6")
+        draw.text((px, plot[3] + 8), f"{x:g}", fill="black", font=small, anchor="ma")
+    for y in yt:
+        _, py = at(xt[0], y)
+        draw.line([(plot[0] - 5, py), (plot[0], py)], fill="black")
+        draw.line([(plot[0], py), (plot[2], py)], fill="#e6e6e6")
+        draw.text((plot[0] - 8, py), f"{y:g}", fill="black", font=small, anchor="rm")
+    xlabel = "step compression (tokens / forward pass)"
+    draw.text(((plot[0] + plot[2]) / 2, plot[3] + 28), xlabel, fill="black", font=small, anchor="ma")
+    if floor is not None:
+        _, py = at(xt[0], floor)
+        for x0 in range(int(plot[0]), int(plot[2]), 12):
+            draw.line([(x0, py), (min(x0 + 6, plot[2]), py)], fill="#888888")
+        draw.text((plot[2] - 4, py - 3), "AR noise floor", fill="#666666", font=small, anchor="rd")
+    pixels = [at(x, y) for x, y, _ in points]
+    if len(pixels) > 1:
+        draw.line(pixels, fill="#1f77b4", width=2)
+    placed: list[tuple[float, float]] = []
+    for (px, py), (_, _, label) in zip(pixels, points, strict=True):
+        draw.ellipse([px - 4, py - 4, px + 4, py + 4], fill="#1f77b4")
+        below = sum(abs(px - qx) < 40 and abs(py - qy) < 14 for qx, qy in placed)  # stack equal points' labels
+        draw.text((px + 6, py - 6 + 14 * below), label, fill="#1f4e79", font=small, anchor="ld")
+        placed.append((px, py))
+    rx, ry = at(*reference)
+    draw.rectangle([rx - 4, ry - 4, rx + 4, ry + 4], fill="#d62728")
+    draw.text((rx + 6, ry + 6), "AR", fill="#d62728", font=small, anchor="la")
+
+
+def plot_sweep(report: dict, path) -> Path:
+    """Write the sweep's PNG: one panel per quality column measured, step compression on x."""
+    info, rows = report["sweep"], report["rows"]
+    ar_row, method_rows = rows[0], rows[1:]
+    panels = [
+        (key, title)
+        for key, title in QUALITY_COLUMNS
+        if ar_row.get(key) is not None and all(r.get(key) is not None for r in method_rows)
+    ]
+    if not panels:
+        raise VisarError("nothing to plot: the sweep measured no quality column (run it with --quality-n)")
+    width, height = 520 * len(panels), 470
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    font, small = _font(16), _font(12)
+    header = f"{report['model']}: {info['method']} over {info['option']} ({report['settings']['quality_n']} images)"
+    draw.text((width / 2, 8), header, fill="black", font=font, anchor="ma")
+    for i, (key, title) in enumerate(panels):
+        points = [(r["step_compression"], r[key], f"{info['option']}={r[info['option']]}") for r in method_rows]
+        # AR's Frechet entry is its noise floor (AR against other AR seeds); its own point sits at 0
+        reference = (ar_row["step_compression"], 0.0 if key == "frechet_vs_ar" else ar_row[key])
+        floor = ar_row[key] if key == "frechet_vs_ar" else None
+        _panel(draw, (520 * i, 30, 520 * (i + 1), height), points, reference, floor, title, font, small)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
+    return path

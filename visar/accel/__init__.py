@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import VisarError
-from . import ar, jacobi, relaxed
+from . import ar, drafts, jacobi, relaxed, zipar
 
 
 @dataclass(frozen=True)
@@ -88,4 +88,39 @@ register_method(
     lossless=False,
     description="LANTERN relaxed speculative decoding (Jang et al. 2025): mass of the draft's codebook "
     "neighbours moved onto it, output within TV delta of the target per position (lossy)",
+)
+
+# 2-D draft initialisers (token above / to the left) for every Jacobi-style method's `init` option.
+jacobi.INITIALISERS.update(drafts.SPATIAL_INITIALISERS)
+
+register_method(
+    "zipar",
+    zipar.zipar,
+    lossless=False,
+    description="ZipAR next-set decoding (He et al. 2025): row r+1 starts once row r has s tokens, every row "
+    "front advances in one pass, W + (H-1)s passes (lossy for s < W: unfinished rows above are not seen)",
+)
+register_method(
+    "zipar-sjd",
+    zipar.zipar_sjd,
+    lossless=False,
+    description="zipar whose row fronts each run a speculative Jacobi window (lossy as zipar; exact for s >= W)",
+)
+register_method(
+    "zipar-mc-sjd",
+    zipar.zipar_mc_sjd,
+    lossless=False,
+    description="zipar whose row fronts each run a coupled speculative Jacobi window (lossy as zipar)",
+)
+register_method(
+    "zipar-gsd",
+    zipar.zipar_gsd,
+    lossless=False,
+    description="zipar whose row fronts each run a GSD window (grouped acceptance; lossy even for s >= W)",
+)
+register_method(
+    "wavefront",
+    zipar.wavefront,
+    lossless=True,
+    description="exact wavefront decoding for a model that declares local dependence (model.dependency_reach)",
 )

@@ -1,0 +1,523 @@
+"""ZipAR next-set decoding, its Jacobi row fronts, the exact wavefront, and the 2-D draft initialisers.
+
+- pass counts equal W + (H - 1) min(s, W) on several grids and windows;
+- with s >= W, zipar is plain AR token for token (greedy and sampled, c2i and t2i);
+- every pass feeds and shows exactly the intended sets (recorded from the model's forward,
+  compared with sets derived from the closed-form schedule, not from the code's own rule);
+- Jacobi fronts keep the lag and show no other front's drafts; with s >= W they sample the exact
+  joint law (enumerated as in tests/test_jacobi.py);
+- on a model with a hard radius-1 local receptive field, wavefront decoding equals raster decoding;
+- the "above" / "left" / "above-left" initialisers keep the Jacobi engine exact (joint law).
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import visar
+from visar.accel import METHODS, ar, drafts, get_method, jacobi, zipar
+from visar.accel.sampling import SamplingParams, logits_to_probs, make_generators, split_cfg
+from visar.apps.cli import main
+from visar.errors import VisarError
+from visar.models.llamagen import LlamaGen, LlamaGenConfig
+
+SAMPLES = 20_000
+
+
+def tiny_llamagen(vocab=32, block_size=16, seed=0, std=0.3, cls=LlamaGen, **kw) -> LlamaGen:
+    torch.manual_seed(seed)
+    args = dict(dim=16, n_layer=2, n_head=2, multiple_of=16, vocab_size=vocab, num_classes=3, block_size=block_size)
+    model = cls(LlamaGenConfig(**{**args, **kw})).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, std)
+    return model
+
+
+def schedule_pass(index: int, width: int, s: int) -> int:
+    """The pass (1 = the condition prefill) that produces image token `index` under the ideal schedule."""
+    row, col = divmod(index, width)
+    return 1 + col + row * min(s, width)
+
+
+SAMPLED = SamplingParams(guidance_scale=1.5, top_k=20, top_p=0.9, temperature=1.1)
+GREEDY = SamplingParams(top_k=1, guidance_scale=2.0)
+
+
+# -- schedule ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "block_size, windows",
+    [(16, [1, 2, 3, 4, 9]), (36, [1, 2, 4, 5, 6]), (64, [1, 3, 7, 8]), (256, [4, 8])],
+)
+def test_pass_count_is_the_formula(block_size, windows):
+    model = tiny_llamagen(block_size=block_size, std=0.1)
+    height, width = model.grid_size
+    for s in windows:
+        tokens, stats = zipar.zipar(model, torch.tensor([0, 2]), SamplingParams(), make_generators(2, 0), s=s)
+        expected = width + (height - 1) * min(s, width)
+        assert stats["forward_passes"] == expected and stats["forward_passes_per_image"] == [expected] * 2
+        assert stats["tokens_per_forward"] == pytest.approx(block_size / expected)
+        assert tokens.shape == (2, block_size)
+        assert stats["max_fronts"] == min(height, -(-width // min(s, width)))
+    if block_size == 256:  # the figures of the brief: 76 passes at s = 4, 136 at s = 8 (the released code: 88, 144)
+        assert [width + (height - 1) * s for s in windows] == [76, 136]
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED, SamplingParams()])
+def test_equals_plain_ar_when_the_window_covers_a_row(params):
+    model = tiny_llamagen(block_size=36, seed=1)
+    cond = torch.tensor([0, 2, 1, 1])
+    reference, ar_stats = ar.generate(model, cond, params, make_generators(4, 7))
+    for s in (6, 11):
+        tokens, stats = zipar.zipar(model, cond, params, make_generators(4, 7), s=s)
+        assert torch.equal(tokens, reference)
+        assert stats["forward_passes"] == ar_stats["forward_passes"] == 36
+    # a window below the row length changes the tokens (the test can fail)
+    tokens, _ = zipar.zipar(model, cond, params, make_generators(4, 7), s=3)
+    assert not torch.equal(tokens, reference)
+
+
+def test_equals_plain_ar_text_conditional():
+    """Caption conditions with padding: the prefill and the cache's key mask carry over to the explicit masks."""
+    model = tiny_llamagen(block_size=16, seed=4, model_type="t2i", cls_token_num=3, caption_dim=8)
+    captions = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[False, True, True], [True, True, True]])
+    for params in (GREEDY, SAMPLED):
+        reference, _ = ar.generate(model, captions, params, make_generators(2, 3), cond_mask=mask)
+        tokens, _ = zipar.zipar(model, captions, params, make_generators(2, 3), cond_mask=mask, s=4)
+        assert torch.equal(tokens, reference)
+        if params is GREEDY:  # Jacobi fronts, and GSD with groups of one (its test is then the exact one)
+            book = torch.randn(model.vocab_size, 4)
+            for name, options in [
+                ("zipar-sjd", {}),
+                ("zipar-mc-sjd", {}),
+                ("zipar-gsd", dict(tokenizer=book, group_size=1)),
+            ]:
+                gens = make_generators(2, 3)
+                tokens, _ = get_method(name).fn(model, captions, params, gens, cond_mask=mask, s=4, **options)
+                assert torch.equal(tokens, reference), name
+
+
+class Recorder:
+    """Wraps a model's forward and keeps every cached call's inputs, positions and mask."""
+
+    def __init__(self, model):
+        self.model, self.calls = model, []
+
+    def __enter__(self):
+        original = self.model.forward
+
+        def forward(tokens=None, cond=None, **kw):
+            if tokens is not None:
+                self.calls.append((tokens.clone(), kw["input_pos"].clone(), kw["mask"].clone()))
+            return original(tokens, cond, **kw)
+
+        self.model.forward = forward
+        return self
+
+    def __exit__(self, *exc):
+        del self.model.forward
+
+
+@pytest.mark.parametrize("block_size, s, params", [(36, 2, SamplingParams()), (36, 4, GREEDY), (64, 3, SAMPLED)])
+def test_each_pass_feeds_and_shows_the_intended_sets(block_size, s, params):
+    model = tiny_llamagen(block_size=block_size, seed=2)
+    height, width = model.grid_size
+    num_tokens, num_cond = block_size, model.num_condition_tokens
+    cond = torch.tensor([1, 0])
+    with Recorder(model) as rec:
+        tokens, stats = zipar.zipar(model, cond, params, make_generators(2, 1), s=s)
+    produced = [schedule_pass(i, width, s) for i in range(num_tokens)]
+    assert len(rec.calls) == stats["forward_passes"] - 1
+    last_fed = {}
+    for step, (fed, input_pos, mask) in enumerate(rec.calls, start=2):
+        copies = 2 if params.uses_cfg else 1
+        assert fed.shape[0] == input_pos.shape[0] == mask.shape[0] == copies * len(cond)
+        assert torch.equal(fed[:2], fed[-2:]) and torch.equal(mask[:2], mask[-2:])  # CFG halves aligned
+        index = (input_pos[0] - num_cond).tolist()
+        # inputs: the predecessor of every token this pass produces, plus each row's last token
+        # produced on the pass before (its KV), merged when they coincide
+        predecessors = {i - 1 for i in range(num_tokens) if produced[i] == step}
+        row_ends = {r * width + width - 1 for r in range(height - 1) if produced[r * width + width - 1] == step - 1}
+        assert sorted(index) == sorted(predecessors | row_ends)
+        assert (input_pos == input_pos[0]).all()  # one schedule for the whole batch
+        for b in range(len(cond)):
+            for m, k in enumerate(index):
+                visible = mask[b, m, num_cond:].nonzero().flatten().tolist()
+                expected = sorted({j for j in range(k) if produced[j] < step} | {k})
+                assert visible == expected, (step, k)
+                assert mask[b, m, :num_cond].all()
+                if produced[k] < step:  # a generated token is fed as itself
+                    assert fed[b, m] == tokens[b, k]
+                else:  # a row start's stand-in: the last generated token of the row above
+                    row = k // width
+                    newest = max(j for j in range(row * width, k) if produced[j] < step)
+                    assert fed[b, m] == tokens[b, newest]
+                last_fed[(b, k)] = int(fed[b, m])
+    # every slot's last write is its true token: no stand-in KV survives
+    assert all(last_fed[(b, k)] == tokens[b, k] for b in range(len(cond)) for k in range(num_tokens - 1))
+
+
+def test_plan_of_jacobi_fronts():
+    """A hand-made state of one 4x6 image at s = 2, window 3: row 0 complete (last token not yet
+    fed), row 1 waiting for row 0 (full window), row 2 lag-clipped, row 3 starting with a stand-in."""
+    count = torch.tensor([[6, 3, 2, 0]])
+    fed = torch.tensor([[5, 2, 2, 0]])
+    plan = zipar.plan_pass(count, fed, (4, 6), s=2, window=3)
+    assert plan.window_len.tolist() == [[0, 3, 0, 1]]
+    # row 2 may predict (2, c) only once row 1 has c + 2 tokens: (2, 2) needs 4, row 1 has 3
+    assert plan.feed_only.tolist() == [[True, False, False, False]]  # row 2's newest token already has its KV
+    assert plan.input_index.tolist() == [[5, 8, 9, 10, 17]]
+    assert plan.predicts.tolist() == [[False, True, True, True, True]]
+    assert plan.has_draft.tolist() == [[False, True, True, False, False]]
+    generated = zipar.generated_mask(count, 6)
+    visible = zipar.visibility(plan, generated)[0]
+    rows = [visible[m].nonzero().flatten().tolist() for m in range(5)]
+    assert rows[0] == [0, 1, 2, 3, 4, 5]
+    assert rows[1] == [0, 1, 2, 3, 4, 5, 6, 7, 8]
+    assert rows[2] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]  # its front's draft 9
+    assert rows[3] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    # row 3's start sits at (2, 5) with a stand-in: it sees row 2's generated tokens, not row 1's drafts
+    assert rows[4] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 17]
+    tokens = torch.arange(24)[None] + 100
+    fed_tokens = zipar.pass_inputs(plan, tokens, count, generated, 6, torch.tensor([[0, 7, 8, 0, 0]]))
+    assert fed_tokens.tolist() == [[105, 108, 7, 8, 113]]  # the stand-in is row 2's newest token, 13
+
+
+def test_jacobi_fronts_keep_the_lag_and_their_drafts_private(monkeypatch):
+    model = tiny_llamagen(block_size=64, seed=3)
+    width, num_cond, s = 8, model.num_condition_tokens, 3
+    counts = []
+    plan_pass = zipar.plan_pass
+    monkeypatch.setattr(
+        zipar, "plan_pass", lambda count, *a, **k: counts.append(count.clone()) or plan_pass(count, *a, **k)
+    )
+    cond = torch.tensor([0, 1, 2])
+    with Recorder(model) as rec:
+        tokens, stats = zipar.zipar_mc_sjd(model, cond, SamplingParams(), make_generators(3, 0), s=s, window=4)
+    assert stats["acceptance_rate"] > 0 and max(stats["forward_passes_per_image"]) < width + 7 * s
+    checked = 0
+    for count, (fed, input_pos, mask) in zip(counts[1:], rec.calls, strict=False):
+        for b in range(3):
+            generated = zipar.generated_mask(count, width)[b]
+            for m, pos in enumerate(input_pos[b].tolist()):
+                k = pos - num_cond
+                if k == 63:
+                    continue  # padding
+                row, col = divmod(k + 1, width)
+                for j in mask[b, m, num_cond:].nonzero().flatten().tolist():
+                    if j != k and not generated[j]:  # an ungenerated slot: only its own front's drafts
+                        assert j // width == row and j <= k and j >= row * width + int(count[b, row]), (k, j)
+                if generated[k]:
+                    assert fed[b, m] == tokens[b, k]
+                if 0 < row < 8 and k + 1 >= row * width + int(count[b, row]):  # predicts (row, col): the lag
+                    assert int(count[b, row - 1]) >= min(col + s, width)
+                    checked += 1
+    assert checked > 50
+
+
+def test_jacobi_fronts_never_need_more_passes_than_zipar():
+    """Each front commits at least one token whenever zipar's would, so no image needs more passes
+    than W + (H - 1) s. On a peaked model (neighbours often equal) drafts copied from the row above
+    are accepted far more often than uniform ones (here: 16.9 vs 21.8 passes at s = 2, 20.1 vs 34.4
+    at s = 4, of 22 and 36)."""
+    model = tiny_llamagen(vocab=16, block_size=64, seed=5, std=0.6)
+    cond = torch.zeros(16, dtype=torch.long)
+    params = SamplingParams(temperature=0.3)
+    for s in (2, 4):
+        bound = 8 + 7 * s
+        mean_passes = {}
+        for name, options in [("zipar-sjd", {"init": "above"}), ("zipar-sjd", {}), ("zipar-mc-sjd", {})]:
+            _, stats = get_method(name).fn(model, cond, params, make_generators(16, 0), s=s, window=8, **options)
+            per_image = stats["forward_passes_per_image"]
+            assert max(per_image) <= bound, (name, options, per_image)
+            mean_passes[name, options.get("init", "random")] = np.mean(per_image)
+        print(s, bound, mean_passes)
+        assert mean_passes["zipar-sjd", "above"] < min(mean_passes.values()) + 1e-9
+        assert mean_passes["zipar-sjd", "above"] < mean_passes["zipar-sjd", "random"] - 3
+
+
+def test_jacobi_fronts_do_not_depend_on_the_batch():
+    model = tiny_llamagen(block_size=36, seed=6)
+    params = SAMPLED
+    cond = torch.tensor([0, 2, 1])
+    gens = make_generators(3, 10)
+    tokens, stats = zipar.zipar_sjd(model, cond, params, gens, s=2, window=4, init="above-left")
+    alone, alone_stats = zipar.zipar_sjd(
+        model, cond[1:2], params, [torch.Generator().manual_seed(11)], s=2, window=4, init="above-left"
+    )
+    assert torch.equal(alone[0], tokens[1])
+    assert alone_stats["forward_passes_per_image"][0] == stats["forward_passes_per_image"][1]
+
+
+# -- exactness against the enumerated joint law --------------------------------------------------------------
+
+
+def all_sequences(vocab: int, length: int) -> torch.Tensor:
+    grids = torch.meshgrid(*[torch.arange(vocab)] * length, indexing="ij")
+    return torch.stack([g.reshape(-1) for g in grids], 1)  # [V^N, N], row m = base-V digits of m
+
+
+@torch.no_grad()
+def exact_law(model, label: int, params: SamplingParams) -> np.ndarray:
+    """P(sequence) for every sequence: teacher-forced logits through the shared distribution function."""
+    seqs = all_sequences(model.vocab_size, model.num_image_tokens)
+    cond = torch.full((len(seqs),), label)
+    seqs_in = seqs
+    if params.uses_cfg:
+        seqs_in, cond = torch.cat([seqs, seqs]), torch.cat([cond, model.null_condition(cond)])
+    logits = model(seqs_in[:, :-1], cond)[:, model.num_condition_tokens - 1 :]
+    probs = logits_to_probs(split_cfg(logits, params), params)
+    return probs.gather(-1, seqs[..., None]).squeeze(-1).double().prod(-1).numpy()
+
+
+def law_matches(tokens: torch.Tensor, law: np.ndarray, vocab: int) -> tuple[bool, str]:
+    """Chi-square (cells expected below 5 pooled) and TV against the Monte-Carlo noise floor
+    (mean + 5 sd of the TV of exact multinomial samples of the same size)."""
+    n = len(tokens)
+    index = (tokens * vocab ** torch.arange(tokens.shape[1] - 1, -1, -1)).sum(1).numpy()
+    counts = np.bincount(index, minlength=len(law)).astype(float)
+    if counts[law == 0].sum():
+        return False, "a zero-probability sequence was drawn"
+    expected = law * n
+    small = expected < 5
+    observed, expected = (
+        np.append(counts[~small], counts[small].sum()),
+        np.append(expected[~small], expected[small].sum()),
+    )
+    if expected[-1] == 0:  # nothing to pool (top-k / top-p zeroed those cells)
+        observed, expected = observed[:-1], expected[:-1]
+    pvalue = chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+    tv = 0.5 * np.abs(counts / n - law).sum()
+    null_tv = 0.5 * np.abs(np.random.default_rng(0).multinomial(n, law / law.sum(), size=200) / n - law).sum(1)
+    tolerance = null_tv.mean() + 5 * null_tv.std()
+    return pvalue > 1e-3 and tv < tolerance, f"p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}"
+
+
+@pytest.fixture(scope="module")
+def model4():
+    """2x2 tokens, vocabulary 6: 1296 sequences, enumerable."""
+    return tiny_llamagen(vocab=6, block_size=4, seed=0, std=0.5)
+
+
+@pytest.mark.parametrize(
+    "name, options, params",
+    [
+        ("sjd", dict(init="above", window=2), SamplingParams(guidance_scale=2.0, top_k=4)),
+        ("mc-sjd", dict(init="left", window=3, coupling="gumbel"), SamplingParams(top_p=0.8, temperature=1.3)),
+        ("mc-sjd", dict(init="above-left", window=2), SamplingParams(guidance_scale=1.5, top_k=5, top_p=0.9)),
+        ("zipar-sjd", dict(init="above-left", window=2, s=2), SamplingParams(guidance_scale=2.0, top_k=4)),
+        ("zipar-mc-sjd", dict(init="above", window=2, s=2, coupling="gumbel"), SamplingParams(top_p=0.8)),
+    ],
+)
+def test_joint_law_is_exact(model4, name, options, params):
+    """The 2-D initialisers in the Jacobi engine, and Jacobi row fronts with s >= W, sample the model's law."""
+    label = 1
+    cond = torch.full((SAMPLES,), label)
+    tokens, stats = get_method(name).fn(model4, cond, params, make_generators(SAMPLES, 3000), **options)
+    ok, summary = law_matches(tokens, exact_law(model4, label, params), model4.vocab_size)
+    print(name, options, summary, stats["tokens_per_forward"])
+    assert ok, summary
+    assert stats["tokens_per_forward"] > 1.0  # drafts were accepted, so the initialiser's drafts were tested
+
+
+def test_a_copy_reported_with_the_wrong_q_is_detected(model4):
+    """Negative control: the same copies reported as uniform draws (q = 1/V instead of one-hot) bias
+    the law, and the joint-law test above sees it."""
+
+    def above_claimed_uniform(request):
+        tokens, _ = drafts.above_init(request)
+        vocab = request.state.vocab_size
+        return tokens, torch.full((*tokens.shape, vocab), 1.0 / vocab)
+
+    params, label = SamplingParams(guidance_scale=2.0, top_k=4), 1
+    cond = torch.full((SAMPLES,), label)
+    tokens, _ = jacobi.sjd(model4, cond, params, make_generators(SAMPLES, 3000), window=2, init=above_claimed_uniform)
+    ok, summary = law_matches(tokens, exact_law(model4, label, params), model4.vocab_size)
+    print("wrong q:", summary)
+    assert not ok, summary
+
+
+def test_initialisers_copy_their_neighbours():
+    """On a 3x3 grid, vocabulary 5: what each initialiser drafts and the q it reports."""
+    state = jacobi.DecodeState(
+        torch.zeros(3, 12, dtype=torch.long), torch.tensor([4, 1, 4]), torch.zeros(3), 9, 5, (3, 3), 3
+    )
+    canvas = torch.full((3, 12), -1)
+    canvas[0, :4] = torch.tensor([1, 2, 3, 4])  # image 0: four committed tokens and a carried draft at index 5
+    canvas[0, 5] = 0
+    canvas[1, 0] = 2  # image 1: one committed token
+    canvas[2, :4] = torch.tensor([1, 4, 3, 4])  # image 2: (1, 1) has the same token above and to the left
+    index = torch.tensor([[4, 5, 6, 7], [1, 2, 3, -1], [4, -1, -1, -1]])
+    uniforms = torch.tensor([[0.1, 0.7, 0.3, 0.9], [0.2, 0.6, 0.99, 0.5], [0.8, 0.1, 0.1, 0.1]])
+    request = jacobi.FillRequest(state, index, uniforms, canvas)
+    uniform = torch.full((5,), 0.2)
+
+    tokens, probs = drafts.above_init(request)
+    # (1, 1) <- 2 above it; (2, 0) <- 4; (2, 1) <- the copy just made for (1, 1)
+    assert tokens[0, [0, 2, 3]].tolist() == [2, 4, 2]
+    assert tokens[1].tolist() == [1, 3, 2, 2]  # row 0 has nothing above: uniform tokens int(5 u); (1, 0) <- 2
+    assert torch.equal(probs[0, 0], torch.eye(5)[2]) and torch.allclose(probs[1, 0], uniform)
+    assert canvas[0, 4] == -1  # the caller's canvas is left as it was
+
+    tokens, probs = drafts.left_init(request)
+    assert tokens[0].tolist()[:2] == [4, 4]  # (1, 1) <- 4; (1, 2) (carried: unused) <- the copy
+    assert tokens[0, 2] == 1 and torch.allclose(probs[0, 2], uniform)  # a row start has no left neighbour
+    assert tokens[0, 3] == 4 and torch.allclose(probs[0, 3], uniform)  # a random draft is not a source
+    assert tokens[1, :2].tolist() == [2, 2] and torch.equal(probs[1, 1], torch.eye(5)[2])  # a run repeats
+
+    tokens, probs = drafts.above_left_init(request)
+    # (1, 1): above 2, left 4, u = 0.1 < 1/2 picks above; q is the two-point mixture
+    assert tokens[0, 0] == 2 and torch.allclose(probs[0, 0], torch.tensor([0, 0, 0.5, 0, 0.5]))
+    assert tokens[0, 2] == 4 and torch.equal(probs[0, 2], torch.eye(5)[4])  # (2, 0): only above
+    # (2, 1): above is (1, 1)'s copy (2), left is (2, 0)'s copy (4); u = 0.9 picks left
+    assert tokens[0, 3] == 4 and torch.allclose(probs[0, 3], torch.tensor([0, 0, 0.5, 0, 0.5]))
+    assert tokens[2, 0] == 4 and torch.equal(probs[2, 0], torch.eye(5)[4])  # both neighbours agree: one-hot
+    assert torch.allclose(probs[1, 3], uniform)  # a slot with no draft (-1) still gets a distribution
+
+
+# -- wavefront ---------------------------------------------------------------------------------------------
+
+
+class LocalLlamaGen(LlamaGen):
+    """A LlamaGen whose token (r, c) depends only on (r-1, c-1), (r-1, c), (r-1, c+1) and (r, c-1).
+
+    The query predicting (r, c) attends to the condition and to those neighbours only; the query
+    predicting a row start sits at (r - 1, W - 1), whose own input would leak into it, so a row's
+    last token is fed as token 0 (a model that never reads it).
+    """
+
+    dependency_reach = 1
+
+    def forward(self, tokens=None, cond=None, *, input_pos=None, mask=None, cond_mask=None):
+        num_cond = self.num_condition_tokens
+        height, width = self.grid_size
+        batch = (tokens if tokens is not None else cond).shape[0]
+        length = (tokens.shape[1] if tokens is not None else 0) + (num_cond if cond is not None else 0)
+        if input_pos is None:
+            start = 0 if cond is not None else num_cond
+            input_pos = torch.arange(start, start + length)
+        if input_pos.dim() == 1:
+            input_pos = input_pos[None].expand(batch, -1)
+        cached = self.layers[0].attention.kv_cache is not None
+        key_pos = torch.arange(self.cache_key_valid.shape[1])[None].expand(batch, -1) if cached else input_pos
+        if mask is None:
+            mask = self.default_mask(input_pos, key_pos, self.cache_key_valid if cached else None)
+        target = input_pos - num_cond + 1  # image index each query predicts
+        key = key_pos - num_cond
+        up = target[..., None] // width - key[:, None, :] // width  # rows between target and key
+        side = key[:, None, :] % width - target[..., None] % width
+        neighbour = ((up == 1) & (side.abs() <= 1)) | ((up == 0) & (side == -1))
+        mask = mask & ((key < 0)[:, None, :] | (neighbour & (key >= 0)[:, None, :]))
+        if tokens is not None:
+            token_pos = input_pos[:, -tokens.shape[1] :] - num_cond
+            tokens = torch.where(token_pos % width == width - 1, 0, tokens)
+        return super().forward(tokens, cond, input_pos=input_pos, mask=mask)
+
+
+@pytest.fixture(scope="module")
+def local_model():
+    return tiny_llamagen(block_size=36, seed=7, std=0.5, cls=LocalLlamaGen)
+
+
+@torch.no_grad()
+def test_local_model_is_local(local_model):
+    """The test model's logits for token t move exactly with the tokens its two layers read: the
+    neighbours N(t) that the query attends to, and what those positions read in layer 1."""
+    model, width, num_tokens = local_model, 6, 36
+
+    def reads(t: int) -> set[int]:  # the slots the query predicting t attends to
+        r, c = divmod(t, width)
+        slots = {(r - 1) * width + c + d for d in (-1, 0, 1) if 0 <= c + d < width and r > 0}
+        return slots | ({t - 1} if c > 0 else set())
+
+    seq = torch.randint(0, 32, (1, num_tokens), generator=torch.Generator().manual_seed(0))
+    changed = seq.repeat(num_tokens, 1)
+    changed[torch.arange(num_tokens), torch.arange(num_tokens)] = (seq[0] + 1) % 32  # row j changes token j
+    cond = torch.ones(num_tokens + 1, dtype=torch.long)
+    logits = model(torch.cat([seq, changed])[:, :-1], cond)  # position t predicts token t
+    base, moved = logits[0], logits[1:]
+    for t in range(num_tokens):
+        depends = {t - 1} | reads(t) | {j for q in reads(t) for j in reads(q + 1)}
+        depends = {j for j in depends if j >= 0 and j % width != width - 1}  # a row's last token is never read
+        for j in range(t):
+            assert torch.equal(moved[j, t], base[t]) == (j not in depends), (t, j)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED])
+def test_wavefront_equals_raster_on_a_local_model(local_model, params):
+    cond = torch.tensor([0, 1, 2, 1, 0, 2])
+    reference, _ = ar.generate(local_model, cond, params, make_generators(6, 2))
+    tokens, stats = zipar.wavefront(local_model, cond, params, make_generators(6, 2))
+    assert torch.equal(tokens, reference)
+    assert stats["forward_passes"] == 6 + 2 * 5 and stats["dependency_reach"] == 1  # (W-1) + (R+1)(H-1) + 1
+    if params is SAMPLED:  # a lag too short for the model's reach hides (r-1, c+1): the tokens change
+        tokens, _ = zipar.zipar(local_model, cond, params, make_generators(6, 2), s=1)
+        assert not torch.equal(tokens, reference)
+
+
+# -- registration, options, bad input -------------------------------------------------------------------------
+
+
+def test_methods_are_registered_with_their_options():
+    assert METHODS["zipar"].options == ["s"] and not METHODS["zipar"].lossless
+    assert METHODS["zipar-sjd"].options == ["s", "window", "init"] and not METHODS["zipar-sjd"].lossless
+    assert METHODS["zipar-mc-sjd"].options == ["s", "window", "coupling", "init"]
+    assert METHODS["zipar-gsd"].options == ["s", "group_size", "prob_gap", "max_distance", "window", "init"]
+    assert METHODS["zipar-gsd"].takes_tokenizer and not METHODS["zipar-gsd"].lossless
+    assert METHODS["wavefront"].options == [] and METHODS["wavefront"].lossless
+    assert {"above", "left", "above-left"} <= set(jacobi.INITIALISERS)
+
+
+def test_pipeline_and_cli(tmp_path):
+    pipe = visar.load("visar-tiny-random", device="cpu")
+    out = pipe.generate(class_labels=[1, 2], method="zipar", s=4, output_type="tokens")
+    assert out.tokens.shape == (2, 16, 16) and out.stats["forward_passes"] == 76 and not out.stats["lossless"]
+    out = pipe.generate(class_labels=[3], method="zipar-sjd", s=8, window=4, init="above", output_type="tokens")
+    assert out.stats["forward_passes"] <= 136
+    out = pipe.generate(class_labels=[3], method="zipar-gsd", s=8, window=4, output_type="tokens")  # gets the tokenizer
+    assert out.stats["forward_passes"] <= 136 and out.stats["group_size"] == 14
+    assert main(["generate", "--method", "zipar", "--opt", "s=8", "--n", "1", "--out", str(tmp_path / "g")]) == 0
+    assert json.loads((tmp_path / "g" / "stats.json").read_text())["forward_passes"] == 136
+
+
+class NoGrid(torch.nn.Module):
+    """A model with image tokens but no 2-D layout."""
+
+    num_image_tokens = 16
+    grid_size = None
+
+
+@pytest.mark.parametrize("name", ["zipar", "zipar-sjd", "zipar-mc-sjd", "zipar-gsd", "wavefront"])
+def test_a_model_without_a_grid_is_refused(name):
+    with pytest.raises(VisarError, match="2-D token grid"):
+        get_method(name).fn(NoGrid(), torch.tensor([0]), SamplingParams(), make_generators(1, 0))
+
+
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        ("zipar", dict(s=0), "s \\(the ZipAR window"),
+        ("zipar", dict(s=-2), "integer >= 1"),
+        ("zipar", dict(s=2.5), "integer >= 1"),
+        ("zipar", dict(s=True), "integer >= 1"),
+        ("zipar-sjd", dict(s=0), "s \\(the ZipAR window"),
+        ("zipar-sjd", dict(window=0), "window must be an integer >= 1"),
+        ("zipar-sjd", dict(init="zeros"), "unknown draft initialiser"),
+        ("zipar-mc-sjd", dict(coupling="independent"), "unknown coupling"),
+        ("zipar-gsd", dict(s=0), "s \\(the ZipAR window"),
+        ("zipar-gsd", dict(group_size=0, tokenizer=torch.randn(32, 4)), "group_size must be"),
+        ("zipar-gsd", {}, "pass tokenizer="),
+        ("wavefront", {}, "known local"),
+    ],
+)
+def test_bad_options(name, options, message):
+    model = tiny_llamagen(block_size=16)
+    with pytest.raises(VisarError, match=message):
+        get_method(name).fn(model, torch.tensor([0]), SamplingParams(), make_generators(1, 0), **options)

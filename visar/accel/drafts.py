@@ -36,36 +36,36 @@ def neighbour_fill(request: FillRequest, above: bool, left: bool) -> tuple[Tenso
     -> draft_tokens [B, G], draft_probs [B, G, V].
     """
     width = request.state.grid_size[1]
-    vocab = request.state.vocab_size
     index = request.draft_index  # [B, G]
     tokens, probs = random_init(request)  # the fallback: uniform tokens, q uniform
     canvas = request.canvas.clone()  # [B, C] known tokens, -1 elsewhere; copies are written in as they are made
     last = canvas.shape[1] - 1
     choose_above = request.uniforms < 0.5  # [B, G]: the mixture's pick when both neighbours are known
-    for g in range(index.shape[1]):
+    up_tokens = torch.full_like(index, -1)  # [B, G] the known neighbour above each slot, -1 = none
+    left_tokens = torch.full_like(index, -1)
+    # Sequential over slots only because a slot may copy a copy made for an earlier one.
+    for g in (index >= 0).any(0).nonzero().flatten().tolist():
         slot = index[:, g]  # [B]
         valid = slot >= 0
-        up = canvas.gather(1, (slot - width).clamp(0, last)[:, None])[:, 0]
-        up = torch.where(valid & (slot >= width), up, -1) if above else torch.full_like(slot, -1)
-        lt = canvas.gather(1, (slot - 1).clamp(0, last)[:, None])[:, 0]
-        lt = torch.where(valid & (slot % width > 0), lt, -1) if left else torch.full_like(slot, -1)
-        both = (up >= 0) & (lt >= 0)
-        pick = torch.where(both, torch.where(choose_above[:, g], up, lt), torch.maximum(up, lt))  # -1: none known
-        known = pick >= 0
-        if not bool(known.any()):
-            continue
-        tokens[:, g] = torch.where(known, pick, tokens[:, g])
-        # q: weight 1 on the one known neighbour, 1/2 on each of two (adding up to 1 when they agree)
-        weight_up = torch.where(up >= 0, torch.where(both, 0.5, 1.0), 0.0)[:, None]
-        weight_left = torch.where(lt >= 0, torch.where(both, 0.5, 1.0), 0.0)[:, None]
-        copy_q = torch.zeros(slot.shape[0], vocab, device=probs.device)
-        copy_q.scatter_add_(1, up.clamp(min=0)[:, None], weight_up)
-        copy_q.scatter_add_(1, lt.clamp(min=0)[:, None], weight_left)
-        probs[:, g] = torch.where(known[:, None], copy_q, probs[:, g])
+        if above:
+            up = canvas.gather(1, (slot - width).clamp(0, last)[:, None])[:, 0]
+            up_tokens[:, g] = torch.where(valid & (slot >= width), up, -1)
+        if left:
+            lt = canvas.gather(1, (slot - 1).clamp(0, last)[:, None])[:, 0]
+            left_tokens[:, g] = torch.where(valid & (slot % width > 0), lt, -1)
+        up, lt = up_tokens[:, g], left_tokens[:, g]
+        pick = torch.where((up >= 0) & (lt >= 0), torch.where(choose_above[:, g], up, lt), torch.maximum(up, lt))
+        tokens[:, g] = torch.where(pick >= 0, pick, tokens[:, g])
         target = slot.clamp(0, last)[:, None]
         current = canvas.gather(1, target)  # a carried draft already there stays
-        canvas.scatter_(1, target, torch.where((known & valid)[:, None] & (current < 0), pick[:, None], current))
-    return tokens, probs
+        canvas.scatter_(1, target, torch.where((pick[:, None] >= 0) & (current < 0), pick[:, None], current))
+    # q: weight 1 on the one known neighbour, 1/2 on each of two (adding up to 1 when they agree)
+    has_up, has_left = up_tokens >= 0, left_tokens >= 0
+    share = torch.where(has_up & has_left, 0.5, 1.0)  # [B, G]
+    copy_q = torch.zeros_like(probs)
+    copy_q.scatter_add_(-1, up_tokens.clamp(min=0)[..., None], (share * has_up)[..., None])
+    copy_q.scatter_add_(-1, left_tokens.clamp(min=0)[..., None], (share * has_left)[..., None])
+    return tokens, torch.where((has_up | has_left)[..., None], copy_q, probs)
 
 
 def above_init(request: FillRequest) -> tuple[Tensor, Tensor]:

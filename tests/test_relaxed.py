@@ -9,16 +9,17 @@ Monte-Carlo noise floor. Negative controls show what breaks the bound: the offic
 rejection path (zero all k + 1 neighbours), and the paper's per-draft target with sampled drafts.
 """
 
+import copy
 from functools import partial
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_jacobi import exact_law, perturbed, sequence_index, tiny_llamagen
+from test_jacobi import compare_laws, exact_law, perturbed, sequence_index, tiny_llamagen
 
 import visar
-from visar.accel import METHODS, get_method, jacobi, relaxed
+from visar.accel import METHODS, ar, get_method, jacobi, relaxed
 from visar.accel.acceptance import (
     AcceptanceRule,
     grouped_accept,
@@ -29,6 +30,7 @@ from visar.accel.acceptance import (
     speculative_residual,
 )
 from visar.accel.sampling import SamplingParams, make_generators
+from visar.accel.tree import resolve_tree
 from visar.errors import VisarError
 
 VOCAB = 6
@@ -297,12 +299,13 @@ def test_relaxed_methods_take_no_more_passes_than_sjd(model16):
         ("gsd", dict(max_distance=1.0)),
         ("lantern", dict(delta=0.1, k=8)),
         ("lantern", dict(delta=0.1, k=8, form="paper")),
+        ("lantern++", dict(draft=perturbed(model16, seed=5, scale=0.1), lambda_cap=5.0, k=8)),
     ]:
-        _, stats = get_method(name).fn(
-            model16, cond, params, make_generators(64, 0), tokenizer=book, window=8, **options
-        )
+        options = {"window": 8, **options} if name != "lantern++" else options
+        _, stats = get_method(name).fn(model16, cond, params, make_generators(64, 0), tokenizer=book, **options)
         passes = sum(stats["forward_passes_per_image"])
-        print(f"{name} {options}: {passes} passes for 64 images (sjd {sjd_passes})")
+        shown = {key: value for key, value in options.items() if key != "draft"}
+        print(f"{name} {shown}: {passes} passes for 64 images (sjd {sjd_passes})")
         assert passes <= sjd_passes, (name, options)
 
 
@@ -352,10 +355,11 @@ def test_neighbour_table_is_computed_once_and_cached_by_codebook(tmp_path, monke
 
 
 def test_methods_are_registered_lossy_with_their_options():
-    assert not METHODS["gsd"].lossless and not METHODS["lantern"].lossless
+    assert not any(METHODS[m].lossless for m in ("gsd", "lantern", "lantern++"))
     assert METHODS["gsd"].options == ["group_size", "prob_gap", "max_distance", "window", "warmup", "tail", "init"]
     assert METHODS["lantern"].options == ["delta", "k", "form", "draft", "window", "warmup", "tail", "init"]
-    assert METHODS["gsd"].takes_tokenizer and METHODS["lantern"].takes_tokenizer
+    assert METHODS["lantern++"].options == ["draft", "tree", "lambda_cap", "delta", "k", "form"]
+    assert all(METHODS[m].takes_tokenizer for m in ("gsd", "lantern", "lantern++"))
 
 
 def test_pipeline_passes_its_tokenizer():
@@ -391,9 +395,78 @@ class ContinuousTokenizer(torch.nn.Module):
         ("lantern", dict(tokenizer=ContinuousTokenizer()), "needs a VQ tokenizer with a codebook"),
         ("lantern", dict(tokenizer=None), "pass tokenizer="),
         ("gsd", dict(tokenizer=unit_codebook(48, 4, 0)), "does not fit the model's 32-token vocabulary"),
+        ("lantern++", dict(), "drafts its tree with a draft model"),
+        ("lantern++", dict(lambda_cap=0.5), "lambda_cap must be a number >= 1"),
+        ("lantern++", dict(delta=-1.0), "delta must be a number >= 0"),
+        ("lantern++", dict(tree=[[1]]), "without gaps"),
+        (
+            "lantern++",
+            dict(tokenizer=ContinuousTokenizer(), draft=tiny_llamagen(vocab=32, block_size=16, seed=9)),
+            "needs a VQ tokenizer with a codebook",
+        ),
     ],
 )
 def test_bad_input(model16, name, options, message):
     options = {"tokenizer": unit_codebook(32, 4, 0), **options}
     with pytest.raises(VisarError, match=message):
         get_method(name).fn(model16, torch.tensor([0]), SamplingParams(), make_generators(1, 0), **options)
+
+
+# -- lantern++: the static tree ------------------------------------------------------------------------
+
+SMALL_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+
+
+def test_tree_without_relaxation_is_exact(model):
+    """lambda_cap = 1: recursive rejection over siblings drawn without replacement, tree attention
+    over scratch slots, the accepted path re-fed next pass: the joint law is plain AR's."""
+    draft, book = perturbed(model, seed=1, scale=0.3), unit_codebook(VOCAB, 3, 0)
+    cond, label = torch.full((SAMPLES,), 1), 1
+    options = dict(tokenizer=book, draft=draft, tree=SMALL_TREE, lambda_cap=1.0)
+    tokens, stats = relaxed.lantern_pp(model, cond, CFG_TOPK, make_generators(SAMPLES, 3), **options)
+    pvalue, tv_all, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(model, label, CFG_TOPK))
+    print(
+        f"lantern++ lambda 1: p={pvalue:.3g} tv={tv_all:.4f} tol={tolerance:.4f} tpf={stats['tokens_per_forward']:.3f}"
+    )
+    assert pvalue > 1e-3 and tv_all < tolerance
+    assert stats["mean_accepted_per_pass"] > 0.3  # the tree was used
+    # batch composition does not matter
+    alone, _ = relaxed.lantern_pp(model, cond[:1], CFG_TOPK, make_generators(1, 4), **options)
+    assert torch.equal(alone[0], tokens[1])
+
+
+@pytest.mark.parametrize("params", [SamplingParams(top_k=1), SamplingParams(top_k=1, guidance_scale=3.0)])
+def test_tree_greedy_equals_plain_ar(model16, params):
+    """Greedy: every tree and cap gives AR's tokens (the cap (lambda - 1) p(x) is 0 off the argmax)."""
+    cond, book = torch.tensor([0, 2, 1]), unit_codebook(32, 4, 1)
+    reference, _ = ar.generate(model16, cond, params, make_generators(3, 0))
+    draft = perturbed(model16, seed=5, scale=0.1)
+    for tree, cap in [("naive_extend_57", 1.0), ("naive_extend_57", 5.0), ("chain5", 1.0), (SMALL_TREE, 1.0)]:
+        tokens, _ = relaxed.lantern_pp(
+            model16, cond, params, make_generators(3, 9), tokenizer=book, draft=draft, tree=tree, lambda_cap=cap
+        )
+        assert torch.equal(tokens, reference), (tree, cap)
+
+
+def test_tree_with_an_identical_draft_commits_its_full_depth(model16):
+    cond, book = torch.tensor([0, 1]), unit_codebook(32, 4, 1)
+    _, stats = relaxed.lantern_pp(
+        model16, cond, SamplingParams(top_k=1), make_generators(2, 0), tokenizer=book, draft=copy.deepcopy(model16)
+    )
+    # a plain AR step for token 0, then 5 accepted + 1 per pass: 1 + ceil(15 / 6) passes
+    assert stats["forward_passes_per_image"] == [4, 4]
+    assert stats["draft_forward_passes"] == 1 + 3 * 5  # prefill, then a catch-up and 4 tree levels per pass
+
+
+def test_tree_definitions():
+    tree = resolve_tree("naive_extend_57")
+    assert tree.num_nodes == 57 and tree.max_depth == 5
+    assert [int((tree.depth == d).sum()) for d in range(1, 6)] == [5, 13, 16, 14, 9]
+    small = resolve_tree(SMALL_TREE)
+    assert small.children[0].tolist() == [1, 2, 3] and small.parent.tolist() == [-1, 0, 0, 0, 1, 1, 2, 4]
+    assert small.ancestors[7].tolist() == [True, True, False, False, True, False, False, True]
+    for bad, message in [([[0, 0]], "has no parent"), ([[0], [2]], "without gaps"), ([], "at least one node")]:
+        with pytest.raises(VisarError, match=message):
+            resolve_tree(bad)
+    with pytest.raises(VisarError, match="unknown draft tree"):
+        resolve_tree("medusa")

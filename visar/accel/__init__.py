@@ -89,6 +89,13 @@ register_method(
     description="LANTERN relaxed speculative decoding (Jang et al. 2025): mass of the draft's codebook "
     "neighbours moved onto it, output within TV delta of the target per position (lossy)",
 )
+register_method(
+    "lantern++",
+    relaxed.lantern_pp,
+    lossless=False,
+    description="LANTERN++ (Jang et al. 2025): a static draft tree from a draft model (draft=), verified in one "
+    "pass with tree attention, LANTERN's relaxed test with a multiplicative cap (lambda_cap=1: exact)",
+)
 
 # 2-D draft initialisers (token above / to the left) for every Jacobi-style method's `init` option.
 jacobi.INITIALISERS.update(drafts.SPATIAL_INITIALISERS)

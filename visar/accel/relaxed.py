@@ -302,3 +302,58 @@ def lantern(
         progress=progress,
     )
     return tokens, {**stats, "delta": delta, "k": table.shape[1], "form": form}
+
+
+def lantern_pp(
+    model,
+    cond: Tensor,
+    params: SamplingParams,
+    generators: list[torch.Generator],
+    *,
+    cond_mask: Tensor | None = None,
+    progress: bool = False,
+    tokenizer=None,
+    draft=None,
+    tree="naive_extend_57",
+    lambda_cap: float = 5.0,
+    delta: float | None = None,
+    k: int = 10,
+    form: str = "bounded",
+) -> tuple[Tensor, dict]:
+    """LANTERN++ (Jang, Park et al. 2025): a static draft tree from a draft model, verified in one
+    target pass, each child tested against LANTERN's relaxed target with the multiplicative cap.
+
+    draft: the draft model (as in `spec`; required). tree: "naive_extend_57" (57 nodes, depth 5),
+    "chain5", or a list of child-rank paths such as [[0], [1], [0, 0]]. lambda_cap: a draft's
+    relaxed probability is at most lambda_cap times its own (1 = exact, lossless); delta: also at
+    most delta of mass moved per test (None: no additive cap); k: codebook neighbours per code;
+    form: "bounded" (default) or "paper", as in `lantern`. Each sibling test moves at most
+    min(delta, (lambda_cap - 1) p(x)) of mass, so a position's law moves by at most that much per
+    child tried (a node has up to 5 children in the default tree). tokenizer: the model's VQ
+    tokenizer (or its codebook [V, C]); Pipeline.generate passes it.
+    """
+    from .tree import resolve_tree, tree_decode  # the tree engine is only needed here
+
+    static_tree = resolve_tree(tree)
+    check_number("lambda_cap", lambda_cap, 1)
+    check_number("delta", delta, 0, allow_none=True)
+    check_number("k", k, 1, integer=True)
+    if form not in LANTERN_FORMS:
+        raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")
+    if draft is None:
+        raise VisarError(
+            "method 'lantern++' drafts its tree with a draft model: draft=<a LlamaGen module, or a registered "
+            "model name or folder>"
+        )
+    book = codebook_of(tokenizer, model.vocab_size, "lantern++")
+    table = neighbour_table(book, min(k, model.vocab_size - 1)).to(model.output.weight.device)
+    draft_model, draft_tokenizer = resolve_draft(model, draft)
+    check_draft(model, draft_model, draft_tokenizer, tokenizer if not isinstance(tokenizer, Tensor) else None)
+    budget = 1.0 if delta is None else float(delta)  # all mass is <= 1: no additive cap
+    relax = lossless(lambda_cap == 1 or budget == 0)(
+        partial(LANTERN_FORMS[form], neighbours=table, delta=budget, lambda_cap=float(lambda_cap))
+    )
+    tokens, stats = tree_decode(
+        model, cond, params, generators, draft_model, static_tree, relax=relax, cond_mask=cond_mask, progress=progress
+    )
+    return tokens, {**stats, "lambda_cap": lambda_cap, "delta": delta, "k": table.shape[1], "form": form}

@@ -375,6 +375,7 @@ class LlamaGen(nn.Module):
         input_pos: Tensor | None = None,
         mask: Tensor | None = None,
         cond_mask: Tensor | None = None,
+        cache_pos: Tensor | None = None,
     ) -> Tensor:
         """Logits [B, L, V] (float32) for the L positions fed.
 
@@ -385,7 +386,9 @@ class LlamaGen(nn.Module):
         mask [B, L, S] bool (True = visible): S is the cache length with a cache, else L.
         Default: causal by position, minus invalid caption keys (cond_mask [B, T] without a
         cache; the cache's own `key_valid` with one). Row l predicts the token after position
-        input_pos[l].
+        input_pos[l]. cache_pos ([L] or [B, L]): the cache slots to write instead of input_pos,
+        for inputs that share a position (the nodes of a draft tree at one depth); give a mask
+        with it, since the default one reads slots as positions.
         """
         h = self.embed(tokens, cond)
         bsz, seqlen, _ = h.shape
@@ -417,8 +420,9 @@ class LlamaGen(nn.Module):
         if self._rope.device != h.device:
             self._rope = self._rope.to(h.device)
         rope = self._rope[input_pos]  # [B, L, D/2, 2]
+        slots = input_pos if cache_pos is None else cache_pos.expand(bsz, -1) if cache_pos.dim() == 1 else cache_pos
         for layer in self.layers:
-            h = layer(h, rope, input_pos, mask)
+            h = layer(h, rope, slots, mask)
         return self.output(self.norm(h)).float()
 
     def num_parameters(self) -> int:

@@ -1,0 +1,346 @@
+"""Static-tree speculative decoding: a draft model proposes a fixed-shape tree, the target verifies it in one pass.
+
+Papers and upstream code (details in ../shared/research/jacobi_family.md, sections 1.2 and 5.3):
+- EAGLE-1 static trees and their recursive rejection sampling (Li et al. 2024; SpecInfer, Miao
+  et al. 2024): the children of a node are drawn from the draft distribution without
+  replacement and tried in order; after rejecting a child the target becomes norm((p - q_i)+),
+  with q_i the conditional law that child was drawn from. Lossless.
+- LANTERN++ (Jang, Park et al., ICLR-W SCOPE 2025, arXiv 2502.06352; jadohu/LANTERN,
+  `models/ea_model_llamagen.py::evaluate_posterior_v1`, `--static_tree`), whose default tree
+  `naive_extend_57` (57 nodes, depth 5, from `models/drafters/choices.py`) is the default here.
+
+One iteration, every image of the batch at once:
+1. draft: the draft model catches up on the tokens committed since its last call (its last
+   output is q at the root), then one draft pass per tree depth scores the nodes that have
+   children; each node's children are drawn without replacement from its q;
+2. target: one forward over [committed tokens not yet in the cache ; the tree], with tree
+   attention (a node sees the committed prefix and its own ancestors);
+3. verify from the root down: at each node, try its children in order with the (optionally
+   relaxed, see `relax`) speculative test; follow the first accepted one; when all are
+   rejected, or at a leaf, draw one more token from the current residual (or p): the pass
+   commits the accepted path plus that token.
+
+KV cache design. A slot of visar's cache is an absolute position, and the tree's nodes at one
+depth share a position, so they cannot be written where they belong. Each tree node is
+written instead to a scratch slot past the image (`cache_pos`, the model's slot override; its
+RoPE still uses the true position), and the mask states who sees whom. The accepted path is
+not copied into place: the next pass feeds those tokens again at their true slots, before its
+new tree, as a chain. Cost: at most `depth` extra input tokens per pass (no extra forward, no
+cache surgery), and T + 1 scratch slots per cache row (T nodes + one slot that left padding
+writes to). The draft model's cache works the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ..errors import VisarError
+from .acceptance import speculative_residual
+from .ar import with_null_condition
+from .sampling import SamplingParams, draw_uniforms, logits_to_probs, sample_from_probs, split_cfg
+
+# Each path lists child ranks from the root: [0] is the root's first child, [0, 1] that child's second.
+NAIVE_EXTEND_57 = (
+    [[r] for r in range(5)]
+    + [[0, r] for r in range(4)] + [[1, r] for r in range(3)] + [[2, r] for r in range(3)] + [[3, 0], [3, 1], [4, 0]]
+    + [[0, 0, r] for r in range(4)] + [[0, 1, r] for r in range(3)] + [[0, 2, r] for r in range(3)]
+    + [[0, 3, 0], [0, 3, 1], [1, 0, 0], [1, 0, 1], [1, 1, 0], [2, 0, 0]]
+    + [[0, 0, 0, r] for r in range(4)] + [[0, 0, 1, r] for r in range(3)] + [[0, 0, 2, 0], [0, 0, 2, 1], [0, 0, 3, 0]]
+    + [[0, 1, 0, 0], [0, 1, 0, 1], [0, 1, 1, 0], [0, 2, 0, 0]]
+    + [[0, 0, 0, 0, r] for r in range(3)] + [[0, 0, 0, 1, 0], [0, 0, 0, 1, 1], [0, 0, 1, 0, 0], [0, 0, 1, 0, 1]]
+    + [[0, 0, 1, 1, 0], [0, 0, 2, 0, 0]]
+)  # fmt: skip
+TREES = {"naive_extend_57": NAIVE_EXTEND_57, "chain5": [[0] * d for d in range(1, 6)]}
+
+
+@dataclass(frozen=True)
+class StaticTree:
+    """Node 0 is the root (the last committed token); nodes 1..T are sorted by depth, then path."""
+
+    paths: tuple[tuple[int, ...], ...]  # [T] child-rank paths of nodes 1..T
+    parent: Tensor  # [T + 1] parent id (-1 for the root)
+    depth: Tensor  # [T + 1]
+    children: Tensor  # [T + 1, C] child ids in rank order, -1 padded
+    ancestors: Tensor  # [T + 1, T + 1] bool: column j is node i itself or one of its ancestors
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.paths)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max())
+
+    @classmethod
+    def from_paths(cls, paths) -> StaticTree:
+        """Paths of child ranks, e.g. [[0], [1], [0, 0]]: every parent present, sibling ranks 0, 1, ..."""
+        try:
+            paths = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
+        except (TypeError, ValueError) as err:
+            raise VisarError(f"a draft tree is a list of paths of child ranks, e.g. [[0], [1], [0, 0]]: {err}") from err
+        if not paths or any(len(p) == 0 or min(p) < 0 for p in paths):
+            raise VisarError("a draft tree needs at least one node, and paths of ranks >= 0 (the root is implicit)")
+        index = {(): 0} | {p: i + 1 for i, p in enumerate(paths)}
+        for p in paths:
+            if p[:-1] not in index:
+                raise VisarError(f"draft tree node {list(p)} has no parent {list(p[:-1])}")
+            if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in index:
+                raise VisarError(f"draft tree node {list(p)}: sibling ranks must be 0, 1, 2, ... without gaps")
+        size = len(paths) + 1
+        parent = torch.tensor([-1] + [index[p[:-1]] for p in paths])
+        depth = torch.tensor([0] + [len(p) for p in paths])
+        width = max(sum(1 for p in paths if p[:-1] == q) for q in [()] + paths)
+        children = torch.full((size, width), -1)
+        for p in paths:
+            children[index[p[:-1]], p[-1]] = index[p]
+        ancestors = torch.eye(size, dtype=torch.bool)
+        for i in range(1, size):
+            ancestors[i] |= ancestors[int(parent[i])]
+        return cls(tuple(paths), parent, depth, children, ancestors)
+
+
+def resolve_tree(tree) -> StaticTree:
+    if isinstance(tree, StaticTree):
+        return tree
+    if isinstance(tree, str):
+        if tree not in TREES:
+            raise VisarError(f"unknown draft tree {tree!r}; named trees: {', '.join(TREES)} (or a list of paths)")
+        tree = TREES[tree]
+    return StaticTree.from_paths(tree)
+
+
+class TreeAttention:
+    """Inputs, slots and masks of a cache laid out as [condition ; image tokens ; T scratch ; 1 trash]."""
+
+    def __init__(self, model, tree: StaticTree, batch: int, full_cond: Tensor, full_mask: Tensor | None, cfg: bool):
+        self.model, self.tree, self.cfg = model, tree, cfg
+        self.num_cond, self.num_tokens = model.num_condition_tokens, model.num_image_tokens
+        self.max_pos = self.num_cond + self.num_tokens - 1
+        self.scratch = self.num_cond + self.num_tokens  # slot of node 1; node i at scratch + i - 1
+        self.trash = self.scratch + tree.num_nodes
+        self.size = self.trash + 1
+        model.setup_cache(full_cond.shape[0], self.size, full_mask)
+        self.device = model.output.weight.device
+        self.slots = torch.arange(self.size, device=self.device)
+        # [T + 1, S]: the scratch slots each node sees (its ancestors and itself; the root has none)
+        self.node_scratch = torch.zeros(tree.num_nodes + 1, self.size, dtype=torch.bool, device=self.device)
+        self.node_scratch[:, self.scratch : self.trash] = tree.ancestors[:, 1:].to(self.device)
+        self.forward_passes = 0
+
+    def run(self, tokens: Tensor | None, input_pos: Tensor, cache_pos: Tensor, mask: Tensor, cond=None) -> Tensor:
+        """One pass; the batch is doubled here under CFG. -> logits [B(x2), L, V]."""
+        self.forward_passes += 1
+        if self.cfg:
+            tokens = None if tokens is None else torch.cat([tokens, tokens])
+            input_pos, cache_pos, mask = (torch.cat([t, t]) for t in (input_pos, cache_pos, mask))
+        mask = mask & self.model.cache_key_valid[:, None, :]
+        return self.model(tokens, cond, input_pos=input_pos, cache_pos=cache_pos, mask=mask)
+
+    def prefill(self, full_cond: Tensor) -> Tensor:
+        """The condition, at its slots -> logits of its last position [B(x2), V]."""
+        self.forward_passes += 1
+        return self.model(None, full_cond, input_pos=torch.arange(self.num_cond, device=self.device))[:, -1]
+
+    def chain(self, tokens: Tensor, fed: Tensor, committed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Committed tokens fed .. committed - 1 of each image, at their true slots, left-padded.
+
+        -> (tokens [B, P], input_pos [B, P], cache_pos [B, P], mask [B, P, S]); the last column
+        is each image's newest committed token (the root), when it has one to feed."""
+        count = committed - fed  # [B] >= 0
+        width = max(int(count.max()), 1)
+        column = torch.arange(width, device=self.device)
+        index = committed[:, None] - width + column  # [B, P]
+        real = column >= width - count[:, None]
+        feed = tokens.gather(1, index.clamp(min=0))
+        input_pos = torch.where(real, self.num_cond + index, self.num_cond + committed[:, None] - 1).clamp(
+            0, self.max_pos
+        )
+        cache_pos = torch.where(real, input_pos, self.trash)
+        causal = self.slots[None, None, :] <= input_pos[..., None]  # [B, P, S]
+        causal &= self.slots[None, None, :] < self.scratch
+        mask = torch.where(real[..., None], causal, self.slots[None, None, :] == self.trash)
+        return feed, input_pos, cache_pos, mask
+
+    def nodes(self, node_ids: Tensor, node_tokens: Tensor, committed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Tree nodes node_ids [n] (>= 1) of every image: tokens node_tokens [B, n], at scratch slots."""
+        root_pos = self.num_cond + committed - 1  # [B]
+        depth = self.tree.depth.to(self.device)[node_ids]
+        input_pos = (root_pos[:, None] + depth[None]).clamp(max=self.max_pos)  # [B, n]
+        cache_pos = (self.scratch + node_ids - 1)[None].expand_as(input_pos)
+        prefix = (self.slots[None, :] <= root_pos[:, None]) & (self.slots[None, :] < self.scratch)  # [B, S]
+        mask = prefix[:, None, :] | self.node_scratch[node_ids][None]
+        return node_tokens, input_pos, cache_pos, mask
+
+
+class TreeDrafter:
+    """The draft model's side: catch up on committed tokens, then one pass per tree depth."""
+
+    def __init__(self, draft: nn.Module, tree: StaticTree, cond, cond_mask, params: SamplingParams, batch: int):
+        self.tree, self.params = tree, params
+        full_cond, full_mask = with_null_condition(draft, cond, cond_mask, params)
+        self.attention = TreeAttention(draft, tree, batch, full_cond, full_mask, params.uses_cfg)
+        self.attention.prefill(full_cond)  # the condition into the cache (token 0 is the target's AR step)
+        self.fed = torch.zeros(batch, dtype=torch.long, device=self.attention.device)
+        depth = tree.depth.tolist()
+        has_children = (tree.children >= 0).any(1).tolist()
+        self.levels = [
+            torch.tensor([i for i in range(tree.num_nodes + 1) if depth[i] == d and has_children[i]])
+            for d in range(tree.max_depth)
+        ]
+
+    @property
+    def forward_passes(self) -> int:
+        return self.attention.forward_passes
+
+    def q(self, logits: Tensor) -> Tensor:
+        return logits_to_probs(split_cfg(logits, self.params), self.params)
+
+    def propose(self, tokens: Tensor, committed: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """-> node_tokens [B, T + 1], node_q [B, T + 1, V] (the law each node was drawn from),
+        node_ok [B, T + 1] (False where the draft ran out of tokens to draw). uniforms [B, T + 1]."""
+        batch, tree = committed.shape[0], self.tree
+        device = self.attention.device
+        # the tokens committed since the last call; the newest is the root, its output q(root's children)
+        root_logits = self.attention.run(*self.attention.chain(tokens, self.fed, committed))[:, -1]
+        self.fed = committed.clone()
+        size, vocab = tree.num_nodes + 1, root_logits.shape[-1]
+        node_tokens = torch.zeros(batch, size, dtype=torch.long, device=device)
+        node_q = torch.zeros(batch, size, vocab, device=device)
+        node_ok = torch.ones(batch, size, dtype=torch.bool, device=device)
+        children = tree.children.to(device)
+        for depth, parents in enumerate(self.levels):
+            if depth == 0:
+                parent_q = self.q(root_logits)[:, None]  # [B, 1, V]
+            else:
+                ids = parents.to(device)
+                logits = self.attention.run(*self.attention.nodes(ids, node_tokens[:, ids], committed))
+                parent_q = self.q(logits)  # [B, n, V]
+            kids = children[parents.to(device)]  # [n, C]
+            remaining = parent_q.clone()
+            for rank in range(kids.shape[1]):
+                kid = kids[:, rank]
+                exists = kid >= 0
+                mass = remaining.sum(-1, keepdim=True)  # [B, n, 1]
+                law = remaining / mass.clamp(min=torch.finfo(mass.dtype).tiny)
+                ids = kid.clamp(min=0)
+                drawn = sample_from_probs(law, uniforms[:, ids])  # [B, n]
+                write = exists[None].expand(batch, -1)
+                b, j = write.nonzero(as_tuple=True)
+                node_tokens[b, ids[j]] = drawn[b, j]
+                node_q[b, ids[j]] = law[b, j]
+                node_ok[b, ids[j]] = (mass[b, j, 0] > 0) & node_ok[b, parents.to(device)[j]]
+                remaining.scatter_(-1, drawn[..., None], 0.0)
+        return node_tokens, node_q, node_ok
+
+    def close(self):
+        self.attention.model.clear_cache()
+
+
+@torch.no_grad()
+def tree_decode(
+    model,
+    cond: Tensor,
+    params: SamplingParams,
+    generators: list[torch.Generator],
+    draft: nn.Module,
+    tree: StaticTree,
+    *,
+    relax: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None,
+    cond_mask: Tensor | None = None,
+    progress: bool = False,
+) -> tuple[Tensor, dict]:
+    """Draft a static tree, verify it in one target pass, commit the accepted path + 1. -> (tokens [B, N], stats).
+
+    relax(p, q, x) -> p~: the target each child is tested against (None: p itself, lossless);
+    a rejection continues from norm((p~ - q)+).
+    """
+    start_time = time.perf_counter()
+    batch, num_tokens = cond.shape[0], model.num_image_tokens
+    device = model.output.weight.device
+    full_cond, full_mask = with_null_condition(model, cond, cond_mask, params)
+    target = TreeAttention(model, tree, batch, full_cond, full_mask, params.uses_cfg)
+    drafter = TreeDrafter(draft, tree, cond, cond_mask, params, batch)
+    size, max_depth, width = tree.num_nodes + 1, tree.max_depth, tree.children.shape[1]
+    children, depths = tree.children.to(device), tree.depth.to(device)
+    rows = torch.arange(batch, device=device)
+    tokens = torch.zeros(batch, num_tokens + max_depth + 1, dtype=torch.long, device=device)
+    passes_per_image = torch.ones(batch, dtype=torch.long, device=device)
+    accepted_total = torch.zeros((), dtype=torch.long, device=device)
+    bar = tqdm(total=num_tokens, disable=not progress, desc="tree", leave=False)
+    try:
+        # token 0 from the condition alone: a plain AR step (the first tree grows from it)
+        first = logits_to_probs(split_cfg(target.prefill(full_cond), params), params)
+        tokens[:, 0] = sample_from_probs(first, draw_uniforms(generators, 1)[:, 0].to(device))
+        committed = torch.ones(batch, dtype=torch.long, device=device)
+        fed = torch.zeros(batch, dtype=torch.long, device=device)
+        while bool((committed < num_tokens).any()):
+            active = committed < num_tokens
+            # one fixed-size block per image: draft draws, accept tests, the final draw
+            uniforms = draw_uniforms(generators, size + max_depth * width + 1).to(device)
+            node_tokens, node_q, node_ok = drafter.propose(tokens, committed, uniforms[:, :size])
+            accept_u = uniforms[:, size : size + max_depth * width].view(batch, max_depth, width)
+            # nodes past the image's end are never verified: the deepest usable depth leaves room for one more token
+            node_ok &= depths[None] <= (num_tokens - 1 - committed)[:, None]
+
+            chain = target.chain(tokens, fed, committed)
+            ids = torch.arange(1, size, device=device)
+            nodes = target.nodes(ids, node_tokens[:, 1:], committed)
+            logits = target.run(*(torch.cat([a, b], 1) for a, b in zip(chain, nodes, strict=True)))
+            fed = committed.clone()
+            probs = logits_to_probs(split_cfg(logits[:, chain[0].shape[1] - 1 :], params), params)  # [B, T + 1, V]
+
+            node = torch.zeros(batch, dtype=torch.long, device=device)
+            current = probs[:, 0]
+            alive = active.clone()
+            path = torch.zeros(batch, max_depth + 1, dtype=torch.long, device=device)
+            accepted = torch.zeros(batch, dtype=torch.long, device=device)
+            for depth in range(max_depth):
+                moved = torch.zeros(batch, dtype=torch.bool, device=device)
+                for rank in range(width):
+                    kid = children[node, rank]  # [B]
+                    kid_id = kid.clamp(min=0)
+                    tried = alive & ~moved & (kid >= 0) & node_ok[rows, kid_id]
+                    if not bool(tried.any()):
+                        continue
+                    x, q = node_tokens[rows, kid_id], node_q[rows, kid_id]
+                    goal = current if relax is None else relax(current, q, x)
+                    p_x, q_x = goal.gather(1, x[:, None])[:, 0], q.gather(1, x[:, None])[:, 0]
+                    ok = tried & (accept_u[:, depth, rank] * q_x < p_x)
+                    current = torch.where((tried & ~ok)[:, None], speculative_residual(goal, q), current)
+                    node = torch.where(ok, kid, node)
+                    moved |= ok
+                path[:, depth] = torch.where(moved, node_tokens[rows, node], 0)
+                accepted += moved.long()
+                alive &= moved
+                current = torch.where(moved[:, None], probs[rows, node], current)
+            extra = sample_from_probs(current, uniforms[:, -1])
+            path.scatter_(1, accepted[:, None], extra[:, None])
+            commit = torch.where(active, accepted + 1, 0)
+            tokens.scatter_(1, committed[:, None] + torch.arange(max_depth + 1, device=device), path)
+            accepted_total += torch.where(active, accepted, 0).sum()
+            passes_per_image += active.long()
+            committed = committed + commit
+            if progress:
+                bar.update(int(committed.clamp(max=num_tokens).min()) - bar.n)
+    finally:
+        bar.close()
+        model.clear_cache()
+        drafter.close()
+    passes = int(passes_per_image.max())
+    stats = {
+        "forward_passes": passes,
+        "tokens_per_forward": float((num_tokens / passes_per_image.double()).mean()),
+        "latency_s": time.perf_counter() - start_time,
+        "forward_passes_per_image": passes_per_image.tolist(),
+        "mean_accepted_per_pass": float(accepted_total) / max(int((passes_per_image - 1).sum()), 1),
+        "draft_forward_passes": drafter.forward_passes,
+        "tree_nodes": tree.num_nodes,
+        "tree_depth": max_depth,
+    }
+    return tokens[:, :num_tokens], stats

@@ -18,7 +18,12 @@ def test_sweep_end_to_end(tmp_path, capsys, monkeypatch):
     report = json.loads(js.read_text())
     assert [r["method"] for r in report["rows"]] == ["ar", "gsd group_size=1", "gsd group_size=14"]
     assert [r.get("group_size") for r in report["rows"]] == [None, 1, 14]
-    assert report["sweep"] == {"method": "gsd", "option": "group_size", "values": [1, 14]}
+    assert report["sweep"] == {
+        "method": "gsd",
+        "option": "group_size",
+        "values": [1, 14],
+        "options": {"max_distance": 4},
+    }
     assert all(r["frechet_vs_ar"] is not None and r["step_compression"] >= 1 for r in report["rows"])
     assert report["settings"]["options"] == {"ar": {}}
     # the random model has no class names, so only the Frechet panel is drawn

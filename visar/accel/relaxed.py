@@ -19,6 +19,9 @@ the verification, through an `AcceptanceRule` (the rules themselves live in acce
 - lantern: verify against a relaxed target that moves mass of the draft's nearest codebook
   neighbours onto it, at most delta in total, so that every position's output law is within
   TV delta of p; reject to the residual of that same target.
+- lantern++ (Jang, Park et al., ICLR-W SCOPE 2025, arXiv 2502.06352; upstream `--static_tree`):
+  the same test with LANTERN++'s multiplicative cap (a draft's probability at most lambda_cap
+  times its own) on a static draft tree from a draft model, verified in one pass (tree.py).
 
 Deliberate differences from the upstream code:
 - GSD measures visual equivalence with the tokenizer's code vectors (what decoding looks up),

@@ -54,7 +54,7 @@ def sweep(
     for row, value in zip(report["rows"][1:], values, strict=True):
         row[option] = value
         row["method"] = f"{method} {option}={value}"
-    report["sweep"] = {"method": method, "option": option, "values": values}
+    report["sweep"] = {"method": method, "option": option, "values": values, "options": base}
     return report
 
 

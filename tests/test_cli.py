@@ -15,27 +15,8 @@ def run_cli(*args):
 
 def test_generate_writes_images_and_stats(tmp_path):
     out = tmp_path / "gen"
-    assert (
-        main(
-            [
-                "generate",
-                "--class",
-                "3",
-                "5",
-                "--n",
-                "3",
-                "--batch-size",
-                "2",
-                "--seed",
-                "4",
-                "--top-k",
-                "20",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    args = "generate --model visar-tiny-random --class 3 5 --n 3 --batch-size 2 --seed 4 --top-k 20 --out"
+    assert main([*args.split(), str(out)]) == 0
     assert sorted(p.name for p in out.glob("*.png")) == ["00000.png", "00001.png", "00002.png"]
     stats = json.loads((out / "stats.json").read_text())
     assert stats["n"] == 3 and stats["method"] == "ar" and stats["model"] == "visar-tiny-random"

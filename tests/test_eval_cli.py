@@ -22,14 +22,17 @@ def test_frechet_distance_basics():
 
 def test_eval_shapes_json(tmp_path):
     path = tmp_path / "score.json"
-    assert main(["eval", "shapes", "--n", "4", "--batch-size", "2", "--json", str(path)]) == 0
+    assert (
+        main(["eval", "shapes", "--model", "visar-tiny-random", "--n", "4", "--batch-size", "2", "--json", str(path)])
+        == 0
+    )
     record = json.loads(path.read_text())
     assert set(record) == {"model", "method", "n", "accuracy"} and record["n"] == 4
     assert 0 <= record["accuracy"] <= 1
 
 
 def test_eval_shapes_is_batch_invariant():
-    pipe = visar.load("default", device="cpu")
+    pipe = visar.load("visar-tiny-random", device="cpu")
     # the random model's images are noise: the score is a deterministic function of the seeds
     a = evaluate_shapes(pipe, n=3, batch_size=1, progress=False)
     b = evaluate_shapes(pipe, n=3, batch_size=3, progress=False)
@@ -38,21 +41,54 @@ def test_eval_shapes_is_batch_invariant():
 
 def test_caption_metadata_interleaves_tasks_and_ground_truth_scores():
     metadata = caption_metadata(12)
-    assert [m["tag"] for m in metadata[:6]] == ["single_object", "two_object", "counting", "colors", "position",
-                                                "color_attr"]
+    assert [m["tag"] for m in metadata[:6]] == [
+        "single_object",
+        "two_object",
+        "counting",
+        "colors",
+        "position",
+        "color_attr",
+    ]
     assert ground_truth_scores(12, class_conditional=False)["overall"] == 1.0
     assert ground_truth_scores(8, class_conditional=True)["accuracy"] == 1.0
 
 
 def test_bench_table_and_json(tmp_path, capsys):
     js, md = tmp_path / "b.json", tmp_path / "b.md"
-    assert main(["bench", "--n", "2", "--quality-n", "4", "--json", str(js), "--md", str(md)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                "visar-tiny-random",
+                "--n",
+                "2",
+                "--quality-n",
+                "4",
+                "--json",
+                str(js),
+                "--md",
+                str(md),
+            ]
+        )
+        == 0
+    )
     report = json.loads(js.read_text())
     row = report["rows"][0]
     assert row["method"] == "ar" and row["lossless"] and row["forward_passes"] == 256
     assert row["step_compression"] == 1.0 and row["latency_ratio_vs_ar"] == 1.0
-    assert set(row) == {"method", "lossless", "forward_passes", "tokens_per_forward", "step_compression",
-                        "latency_ratio_vs_ar", "images_per_s", "peak_mem_mb", "detector_accuracy", "frechet_vs_ar"}
+    assert set(row) == {
+        "method",
+        "lossless",
+        "forward_passes",
+        "tokens_per_forward",
+        "step_compression",
+        "latency_ratio_vs_ar",
+        "images_per_s",
+        "peak_mem_mb",
+        "detector_accuracy",
+        "frechet_vs_ar",
+    }
     assert "| ar | yes | 256.0" in md.read_text() and "| ar | yes" in capsys.readouterr().out
 
 

@@ -83,7 +83,7 @@ def test_tokenizer_roundtrip_shapes(pipe):
 
 def test_load_default_alias_and_dtype():
     pipe16 = visar.load("default", device="cpu", dtype="bf16")
-    assert pipe16.name == "visar-tiny-random" and pipe16.dtype == torch.bfloat16
+    assert pipe16.name == visar.registry.DEFAULT_MODEL and pipe16.dtype == torch.bfloat16
     out = pipe16.generate(class_labels=[0], output_type="tokens")
     assert out.tokens.shape == (1, 16, 16)
 

@@ -17,7 +17,7 @@ from .models.llamagen import GPT_SIZES, preset_config
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 
 # What `visar.load("default")` and every command without --model use.
-DEFAULT_MODEL = "visar-tiny-random"
+DEFAULT_MODEL = "visar-tiny-c2i"
 
 
 @dataclass(frozen=True)

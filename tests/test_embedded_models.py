@@ -1,0 +1,43 @@
+"""The models shipped inside the package: they load strictly, stay small, record their recipe, and work."""
+
+import json
+
+import pytest
+import torch
+
+import visar
+from visar.registry import DEFAULT_MODEL, WEIGHTS_DIR, embedded_models
+
+TRAINED = ["visar-tiny-c2i", "visar-tiny-c2i-draft", "visar-tiny-t2i"]
+
+
+def test_default_is_the_trained_class_conditional_model():
+    assert DEFAULT_MODEL == "visar-tiny-c2i"
+    assert visar.load("default", device="cpu").name == "visar-tiny-c2i"
+
+
+def test_shipped_weights_are_small_fp16_and_reproducible_by_recipe():
+    files = [p for p in WEIGHTS_DIR.rglob("*.safetensors")]
+    assert sum(p.stat().st_size for p in files) < 40 * 2**20
+    for name in TRAINED:
+        config = json.loads((embedded_models()[name] / "config.json").read_text())
+        assert config["recipe"]["name"] == name and "seed" in config["recipe"]
+        assert config["tokenizer_recipe"]["name"] == "visar-tiny-vq"
+    from safetensors.torch import load_file
+
+    assert all(t.dtype == torch.float16 for p in files for t in load_file(str(p)).values())
+
+
+def test_draft_is_at_most_a_quarter_of_the_target():
+    target = visar.load("visar-tiny-c2i", device="cpu").model
+    draft = visar.load("visar-tiny-c2i-draft", device="cpu").model
+    assert draft.num_parameters() * 4 <= target.num_parameters()
+    assert draft.vocab_size == target.vocab_size and draft.grid_size == target.grid_size
+
+
+@pytest.mark.parametrize("name", TRAINED)
+def test_trained_models_load_and_generate(name):
+    pipe = visar.load(name, device="cpu")
+    kwargs = {"class_labels": [0, 13]} if pipe.is_class_conditional else {"prompts": ["a photo of a blue square"] * 2}
+    out = pipe.generate(**kwargs, output_type="np")
+    assert out.images.shape == (2, 64, 64, 3)

@@ -13,7 +13,8 @@ from visar.eval.sweep import nice_ticks, parse_sweep, plot_sweep
 def test_sweep_end_to_end(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("VISAR_CACHE", str(tmp_path / "cache"))
     png, js = tmp_path / "sweep.png", tmp_path / "sweep.json"
-    args = ["bench", "--methods", "gsd", "--sweep", "group_size=1,14", "--opt", "gsd.max_distance=4"]
+    args = ["bench", "--model", "visar-tiny-random", "--methods", "gsd", "--sweep", "group_size=1,14"]
+    args += ["--opt", "gsd.max_distance=4"]
     assert main([*args, "--n", "1", "--quality-n", "3", "--plot", str(png), "--json", str(js)]) == 0
     report = json.loads(js.read_text())
     assert [r["method"] for r in report["rows"]] == ["ar", "gsd group_size=1", "gsd group_size=14"]

@@ -198,7 +198,8 @@ def grouped_accept(
     speculative rule. For a fixed partition of the vocabulary the paper's Theorem 1 gives an
     acceptance rate >= 1 - TV(p, q); the dynamic group depends on p and x, and paired (as
     upstream) with the token-level residual norm((p - q)+) the output law is not p, with no
-    bound on the distortion.
+    bound on the distortion. A draft the target rules out (p(x) = 0: top-k, top-p) is never
+    accepted (upstream accepts it when its group holds mass).
 
     target_probs, draft_probs [..., V]; draft_tokens, uniforms [...]; -> accept_mask [...] bool.
     """
@@ -220,7 +221,8 @@ def grouped_accept(
         keep |= offsets == 0  # the draft itself, whatever rounding says
     p_group = (target_probs.gather(-1, group) * keep).sum(-1)
     q_group = (draft_probs.gather(-1, group) * keep).sum(-1)
-    return uniforms.to(p_group.device) * q_group < p_group
+    accept = uniforms.to(p_group.device) * q_group < p_group
+    return accept & (target_probs.gather(-1, index).squeeze(-1) > 0)
 
 
 def _prefix_moves(mass_of_neighbours: Tensor, budget: Tensor) -> Tensor:
@@ -258,7 +260,7 @@ def lantern_relax_per_draft(
     exactly p~_x when the draft is deterministic (q one-hot, as EAGLE-2 top-k drafts). For a
     sampled draft (q not one-hot: Jacobi carry-overs, draft-model samples) the output law is the
     q-average of per-draft kernels and its TV to p can exceed delta by far (about 0.26 at
-    delta = 0.2 on a 7-token example; see tests/test_relaxed.py): `lantern_relax_mixture` keeps it.
+    delta = 0.2 on a 7-token example; see tests/test_relaxed.py): `lantern_relax_bounded` keeps it.
 
     neighbours [V, k] code ids sorted by distance; -> p~ [..., V] for the draft of each slot.
     """
@@ -271,7 +273,7 @@ def lantern_relax_per_draft(
 
 
 @lossless(False)
-def lantern_relax_mixture(
+def lantern_relax_bounded(
     target_probs: Tensor,
     draft_probs: Tensor,
     draft_tokens: Tensor,
@@ -282,25 +284,39 @@ def lantern_relax_mixture(
 ) -> Tensor:
     r"""LANTERN's relaxation with its delta bound kept for sampled drafts: one target for every draft.
 
-        s = (p - q)+                                  (the mass p has beyond q)
-        A(z) = longest prefix of B_k(z) with s(A(z)) <= delta   (and <= (lambda - 1) p(z))
-        p~_z = p + s(A(z)) e_z - s 1_{A(z)}          (LANTERN's move onto z, of surplus mass)
-        p^ = sum_z q(z) p~_z
+    Mass moves, as in LANTERN, from a token's nearest codebook neighbours onto it, but only where
+    it raises acceptance: onto tokens q over-drafts, from tokens p has in excess.
 
-    p^ does not depend on which draft was drawn, so verifying x ~ q with u < p^(x)/q(x) and the
-    residual norm((p^ - q)+) outputs exactly p^ (speculative sampling against p^), and
-    TV(p^, p) <= sum_z q(z) TV(p~_z, p) <= delta. For a deterministic draft (q one-hot at x,
-    s = p off x) p^ = p~_x: the paper's rule. Moving only surplus mass never lowers
-    min(p^(y), q(y)), so acceptance min(1, p(x)/q(x) + s(A(x))) is at least the exact rule's;
-    no rule that keeps TV <= delta can raise the acceptance rate by more than delta.
+        s = (p - q)+,  d = (q - p)+                      (surplus, deficit)
+        b(z) = min(delta, d(z)) where p(z) > 0, else 0   (and <= (lambda - 1) p(z), LANTERN++)
+        pull_z(y_j) = min(s(y_j), (b(z) - s(y_1..y_{j-1}))+)   along B_k(z) = (y_1, .., y_k), nearest first
+        c(y) = sum_z pull_z(y);  each claim is served at the rate min(1, s(y) / c(y))
+        t(z) = sum_j pull_z(y_j) min(1, s(y_j)/c(y_j)),   r(y) = min(s(y), c(y))   (sum t = sum r = R)
+        p^ = p + theta (t - r),   theta = min(1, delta / R)
 
-    neighbours [V, k]; costs [..., V, k] memory per call.
+    p^ >= 0 (r <= s <= p), sums to 1, and does not depend on which draft was drawn, so verifying
+    x ~ q with u < p^(x)/q(x) and the residual norm((p^ - q)+) outputs exactly p^, with
+    TV(p^, p) = theta R <= delta. Mass lands only where p^ <= q and leaves only where p^ >= q, so
+    all of it turns into acceptance: sum_x min(p^, q) = 1 - TV(p, q) + theta R. No rule that keeps
+    TV <= delta can gain more than delta. For a deterministic draft (q one-hot at x) this is
+    LANTERN's move onto x of min(delta, p(B_k(x))), nearest first, the last neighbour in part (the
+    paper moves whole neighbours only, p(A) <= delta). Nothing moves onto a token the target
+    rules out (p(z) = 0: top-k, top-p), so the relaxation never overrides the truncation.
+
+    neighbours [V, k] code ids sorted by distance; costs [..., V, k] memory per call.
     """
     surplus = (target_probs - draft_probs).clamp(min=0)
+    budget = torch.minimum((draft_probs - target_probs).clamp(min=0), _move_budget(target_probs, delta, lambda_cap))
+    budget = torch.where(target_probs > 0, budget, 0.0)
     near = neighbours.to(target_probs.device)  # [V, k]
-    budget = _move_budget(target_probs, delta, lambda_cap).unsqueeze(-1)  # [..., V, 1]
-    moved = _prefix_moves(surplus[..., near], budget)  # [..., V, k]: given by near[z, j] to z
-    weighted = draft_probs.unsqueeze(-1) * moved
+    near_surplus = surplus[..., near]  # [..., V, k]: surplus of the j-th neighbour of z
+    before = near_surplus.cumsum(-1) - near_surplus
+    pull = torch.minimum((budget.unsqueeze(-1) - before).clamp(min=0), near_surplus)
     index = near.reshape(-1).expand(*target_probs.shape[:-1], -1)
-    taken = torch.zeros_like(target_probs).scatter_add(-1, index, weighted.flatten(-2))
-    return (target_probs + weighted.sum(-1) - taken).clamp(min=0)
+    claims = torch.zeros_like(target_probs).scatter_add(-1, index, pull.flatten(-2))  # [..., V]
+    rate = torch.where(claims > 0, (surplus / claims.clamp(min=torch.finfo(claims.dtype).tiny)).clamp(max=1), 0.0)
+    granted = (pull * rate[..., near]).sum(-1)  # t [..., V]
+    removed = claims * rate  # r [..., V]
+    total = granted.sum(-1, keepdim=True)  # R
+    theta = (delta / total.clamp(min=torch.finfo(total.dtype).tiny)).clamp(max=1.0)
+    return (target_probs + theta * (granted - removed)).clamp(min=0)

@@ -32,9 +32,14 @@ Deliberate differences from the upstream code:
   relaxed target. Beyond that, the paper's per-draft target p~_x keeps the bound only for
   deterministic drafts (EAGLE-2's top-k, q one-hot); every draft here is sampled (Jacobi
   carry-overs, draft-model samples), and then the paper's rule can move the law by much more
-  than delta. The default `form="bounded"` verifies against the q-average of LANTERN's targets,
-  which is the paper's target for a one-hot q and keeps TV <= delta for every q
-  (`lantern_relax_mixture`); `form="paper"` is the paper's per-draft target, for comparison.
+  than delta (with uniform random drafts it accepts nearly anything, even tokens top-k removed).
+  The default `form="bounded"` verifies every draft against one relaxed target that moves, as
+  LANTERN does, mass of a token's nearest codes onto it, but only onto tokens q over-drafts and
+  from tokens p has in excess, at most delta in all (`lantern_relax_bounded`): the output law is
+  that target, within TV delta of p for any q, and it is LANTERN's move (nearest first, the last
+  neighbour in part) when the draft is deterministic. `form="paper"` keeps the paper's
+  per-draft target, for comparison. No rule that keeps TV <= delta can raise a slot's
+  acceptance by more than delta, so with the bound kept the gain over sjd is modest.
 
 Neighbour tables (each code's nearest codes by squared distance of the code vectors) are
 computed once per codebook and cached on disk under $VISAR_CACHE (default ~/.cache/visar),
@@ -57,7 +62,7 @@ from ..errors import VisarError
 from .acceptance import (
     AcceptanceRule,
     grouped_accept,
-    lantern_relax_mixture,
+    lantern_relax_bounded,
     lantern_relax_per_draft,
     lossless,
     speculative_accept,
@@ -75,7 +80,7 @@ from .jacobi import (
 )
 from .sampling import SamplingParams
 
-LANTERN_FORMS: dict[str, Callable] = {"bounded": lantern_relax_mixture, "paper": lantern_relax_per_draft}
+LANTERN_FORMS: dict[str, Callable] = {"bounded": lantern_relax_bounded, "paper": lantern_relax_per_draft}
 TABLE_MIN_WIDTH = 256  # neighbours stored per code, so that other k reuse the same file
 
 # -- the codebook and its neighbour tables -------------------------------------------------------------

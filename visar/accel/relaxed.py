@@ -267,7 +267,7 @@ def lantern(
     progress: bool = False,
     tokenizer=None,
     delta: float = 0.1,
-    k: int = 32,
+    k: int = 64,
     form: str = "bounded",
     draft=None,
     window: int | None = None,

@@ -309,13 +309,17 @@ def lantern_relax_bounded(
     budget = torch.minimum((draft_probs - target_probs).clamp(min=0), _move_budget(target_probs, delta, lambda_cap))
     budget = torch.where(target_probs > 0, budget, 0.0)
     near = neighbours.to(target_probs.device)  # [V, k]
-    near_surplus = surplus[..., near]  # [..., V, k]: surplus of the j-th neighbour of z
+    flat, shape = near.reshape(-1), (*target_probs.shape, near.shape[1])
+
+    def at_neighbours(values: Tensor) -> Tensor:  # [..., V] -> [..., V, k] (index_select: fast on CPU)
+        return values.index_select(-1, flat).view(shape)
+
+    near_surplus = at_neighbours(surplus)  # surplus of the j-th neighbour of z
     before = near_surplus.cumsum(-1) - near_surplus
     pull = torch.minimum((budget.unsqueeze(-1) - before).clamp(min=0), near_surplus)
-    index = near.reshape(-1).expand(*target_probs.shape[:-1], -1)
-    claims = torch.zeros_like(target_probs).scatter_add(-1, index, pull.flatten(-2))  # [..., V]
+    claims = torch.zeros_like(target_probs).index_add_(-1, flat, pull.flatten(-2))  # [..., V]
     rate = torch.where(claims > 0, (surplus / claims.clamp(min=torch.finfo(claims.dtype).tiny)).clamp(max=1), 0.0)
-    granted = (pull * rate[..., near]).sum(-1)  # t [..., V]
+    granted = (pull * at_neighbours(rate)).sum(-1)  # t [..., V]
     removed = claims * rate  # r [..., V]
     total = granted.sum(-1, keepdim=True)  # R
     theta = (delta / total.clamp(min=torch.finfo(total.dtype).tiny)).clamp(max=1.0)

@@ -113,15 +113,17 @@ def _panel(draw: ImageDraw.ImageDraw, box, points, reference, floor, title, font
         _, py = at(xt[0], floor)
         for x0 in range(int(plot[0]), int(plot[2]), 12):
             draw.line([(x0, py), (min(x0 + 6, plot[2]), py)], fill="#888888")
-        draw.text((plot[2] - 4, py - 3), "AR noise floor", fill="#666666", font=small, anchor="rd")
+        draw.text((plot[0] + 4, py - 3), "AR noise floor", fill="#666666", font=small, anchor="ld")
     pixels = [at(x, y) for x, y, _ in points]
     if len(pixels) > 1:
         draw.line(pixels, fill="#1f77b4", width=2)
     placed: list[tuple[float, float]] = []
     for (px, py), (_, _, label) in zip(pixels, points, strict=True):
         draw.ellipse([px - 4, py - 4, px + 4, py + 4], fill="#1f77b4")
-        below = sum(abs(px - qx) < 40 and abs(py - qy) < 14 for qx, qy in placed)  # stack equal points' labels
-        draw.text((px + 6, py - 6 + 14 * below), label, fill="#1f4e79", font=small, anchor="ld")
+        below = sum(abs(px - qx) < 40 and abs(py - qy) < 14 for qx, qy in placed)  # stack near points' labels
+        right = px > plot[2] - 110  # near the right edge: the label goes to the left of its point
+        anchor, dx = ("rd", -6) if right else ("ld", 6)
+        draw.text((px + dx, py - 6 + 14 * below), label, fill="#1f4e79", font=small, anchor=anchor)
         placed.append((px, py))
     rx, ry = at(*reference)
     draw.rectangle([rx - 4, ry - 4, rx + 4, ry + 4], fill="#d62728")

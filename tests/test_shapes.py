@@ -141,6 +141,33 @@ def test_class_renders_hold_one_object_of_the_label():
         assert_satisfies_metadata(sample)
 
 
+def background_swing(sample) -> float:
+    """Luminance range of a one-object render outside the object's box (plus its blur margin)."""
+    (obj,) = sample.objects
+    x0, y0, x1, y1 = obj.box
+    background = np.ones((IMAGE_SIZE, IMAGE_SIZE), dtype=bool)
+    background[max(0, y0 - 2) : y1 + 2, max(0, x0 - 2) : x1 + 2] = False
+    return float(np.ptp(sample.image.mean(-1)[background]))
+
+
+def test_easy_class_renders_keep_their_size_and_calm_background():
+    options = shapes.class_render_options(json.loads(json.dumps({"render": shapes.CLASS_RENDER_EASY})))
+    assert options == shapes.CLASS_RENDER_EASY  # survives a config.json round trip (lists back to tuples)
+    easy, default = [], []
+    for label in range(NUM_CLASSES):
+        sample = render_class(label, seed=label, **options)
+        (obj,) = sample.objects
+        assert (obj.shape, obj.color) == shape_and_color(label)
+        assert min(obj.box[2] - obj.box[0], obj.box[3] - obj.box[1]) >= options["min_size"]
+        easy.append(background_swing(sample))
+        default.append(background_swing(render_class(label, seed=label)))
+    assert np.median(easy) < 0.75 * np.median(default)
+    with pytest.raises(ValueError, match="min_size"):
+        render_class(0, 0, min_size=40)
+    with pytest.raises(ValueError, match="background_amplitude"):
+        render_class(0, 0, background_amplitude=(10.0, 5.0))
+
+
 @pytest.mark.parametrize("task", TASKS)
 def test_caption_renders_satisfy_their_metadata(task):
     for seed in range(120):

@@ -69,13 +69,17 @@ def evaluate_shapes(
     return record
 
 
-def ground_truth_scores(n: int, class_conditional: bool) -> dict:
-    """The detector's score on n ground-truth renders laid out as `evaluate_shapes` lays out images."""
+def ground_truth_scores(n: int, class_conditional: bool, class_render: dict | None = None) -> dict:
+    """The detector's score on n ground-truth renders laid out as `evaluate_shapes` lays out images.
+
+    class_render: `render_class` options of the model's training data (`Pipeline.class_render`).
+    """
     from ..data.shapes import NUM_CLASSES, render_class, render_from_metadata
     from .detector import detect, score_class, score_geneval, summarize
 
     if class_conditional:
-        correct = [score_class(detect(render_class(i % NUM_CLASSES, i).image), i % NUM_CLASSES) for i in range(n)]
+        renders = (render_class(i % NUM_CLASSES, i, **(class_render or {})) for i in range(n))
+        correct = [score_class(detect(r.image), r.class_label) for r in renders]
         return {"accuracy": sum(correct) / n, "n": n}
     rows = []
     for i, meta in enumerate(caption_metadata(n)):

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 import visar
 from visar.apps.cli import main
@@ -69,10 +70,13 @@ def test_bench_table_and_json(tmp_path, capsys):
                 str(js),
                 "--md",
                 str(md),
+                "--report",
+                str(tmp_path / "report"),
             ]
         )
         == 0
     )
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["frontier.png", "report.json", "report.md"]
     report = json.loads(js.read_text())
     row = report["rows"][0]
     assert row["method"] == "ar" and row["lossless"] and row["forward_passes"] == 256
@@ -89,7 +93,81 @@ def test_bench_table_and_json(tmp_path, capsys):
         "detector_accuracy",
         "frechet_vs_ar",
     }
-    assert "| ar | yes | 256.0" in md.read_text() and "| ar | yes" in capsys.readouterr().out
+    assert "| ar | yes | 256.0 | 1.00 |" in md.read_text() and "| ar | yes" in capsys.readouterr().out
+    assert "step compression" in md.read_text().splitlines()[0]
+
+
+def synthetic_report():
+    def row(method, lossless, passes, ratio, accuracy, frechet):
+        return {
+            "method": method,
+            "lossless": lossless,
+            "forward_passes": passes,
+            "tokens_per_forward": 256 / passes,
+            "step_compression": 256 / passes,
+            "latency_ratio_vs_ar": ratio,
+            "images_per_s": 1 / ratio,
+            "peak_mem_mb": 500.0,
+            "detector_accuracy": accuracy,
+            "frechet_vs_ar": frechet,
+        }
+
+    rows = [
+        row("ar", True, 256, 1.0, 0.50, 3.0),
+        row("sjd", True, 100, 0.8, 0.51, 3.1),
+        row("zipar", False, 76, 0.4, 0.30, 9.0),
+        row("slow-lossy", False, 200, 1.5, 0.20, 12.0),
+    ]
+    settings = {"n": 8, "batch_size": 1, "quality_n": 100, "device": "cpu", "dtype": "float32", "sampling": {}}
+    return {"model": "m", "settings": settings, "rows": rows}
+
+
+def test_bench_report_folder(tmp_path):
+    from PIL import Image
+
+    from visar.eval.bench import write_bench_report
+
+    files = write_bench_report(synthetic_report(), tmp_path / "report")
+    md = files["md"].read_text()
+    assert "| zipar | no | 76.0 | 3.37 |" in md and "| sjd | yes | 100.0 | 2.56 |" in md
+    assert "Lossless methods (yes)" in md and "(frontier.png)" in md
+    assert json.loads(files["json"].read_text())["rows"][2]["lossless"] is False
+    with Image.open(files["png"]) as image:  # 2 speed axes x 2 quality columns
+        assert image.size == (1040, 60 + 2 * 440)
+    no_quality = synthetic_report()
+    for r in no_quality["rows"]:
+        r["detector_accuracy"] = r["frechet_vs_ar"] = None
+    with Image.open(write_bench_report(no_quality, tmp_path / "speed")["png"]) as image:
+        assert image.size == (520, 60 + 440)
+
+
+def test_pareto_front():
+    from visar.eval.sweep import pareto_front
+
+    points = [(2.0, 0.5, "a"), (3.0, 0.4, "b"), (1.0, 0.6, "c"), (1.5, 0.45, "d"), (3.0, 0.3, "e"), (0.5, 0.1, "f")]
+    assert pareto_front(points, lower_is_better=False) == [2, 0, 1]  # d is beaten by a, e by b, f by c
+    assert pareto_front(points, lower_is_better=True) == [5, 4]  # e beats a, b, c and d; none beats f on y
+
+
+def test_compile_option_on_every_generating_command(monkeypatch):
+    from visar.apps.cli import build_parser, load_pipeline
+
+    parser = build_parser()
+    for command in (["generate"], ["bench"], ["eval", "shapes"], ["eval", "fid", "--out", "x"]):
+        assert parser.parse_args([*command, "--compile"]).compile is True
+        assert parser.parse_args(command).compile is False
+    assert parser.parse_args(["eval", "geneval", "--out", "x", "--no-compile", "--dtype", "bf16"]).dtype == "bf16"
+    compiled = []
+    monkeypatch.setattr(visar.pipeline.Pipeline, "compile", lambda self, **kw: compiled.append(self.name) or self)
+    args = parser.parse_args(["eval", "shapes", "--model", "visar-tiny-random", "--device", "cpu", "--compile"])
+    assert load_pipeline(args).name == "visar-tiny-random" and compiled == ["visar-tiny-random"]
+
+
+def test_compiled_pipeline_generates_the_same_images():
+    pipe = visar.load("visar-tiny-random", device="cpu")
+    eager = pipe.generate(class_labels=[3, 5], seed=1, output_type="tokens").tokens
+    compiled = pipe.compile(backend="eager").generate(class_labels=[3, 5], seed=1, output_type="tokens").tokens
+    assert torch.equal(eager, compiled)
 
 
 def test_bench_bad_options():

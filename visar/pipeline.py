@@ -81,6 +81,15 @@ class Pipeline:
         self.class_names = class_names
         self.text_encoder = text_encoder
 
+    def compile(self, **compile_kwargs) -> Pipeline:
+        """torch.compile the generator in place (`nn.Module.compile`), so every method's forward passes use it.
+
+        Each new input shape (batch size, window, cache length) compiles on its first call; outputs
+        match eager mode up to kernel numerics. compile_kwargs go to torch.compile.
+        """
+        self.model.compile(**compile_kwargs)
+        return self
+
     @property
     def device(self) -> torch.device:
         return self.model.output.weight.device

@@ -40,6 +40,23 @@ def add_model_args(parser: argparse.ArgumentParser):
     group.add_argument("--vq-checkpoint", help="official VQ checkpoint file (e.g. vq_ds16_c2i.pt)")
     group.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
     group.add_argument("--dtype", default="fp32", help="generator dtype: fp32, bf16 or fp16 (default fp32)")
+    group.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="torch.compile the generator (each new input shape compiles on first use; on CPU this needs a C++ "
+        "compiler); default --no-compile",
+    )
+
+
+def load_pipeline(args):
+    """The model of --model/--checkpoint/--vq-checkpoint on --device in --dtype, compiled with --compile."""
+    from .. import load
+
+    pipe = load(
+        args.model, device=args.device, dtype=args.dtype, checkpoint=args.checkpoint, vq_checkpoint=args.vq_checkpoint
+    )
+    return pipe.compile() if args.compile else pipe
 
 
 def add_sampling_args(parser: argparse.ArgumentParser):
@@ -60,11 +77,7 @@ def add_sampling_args(parser: argparse.ArgumentParser):
 
 
 def cmd_generate(args) -> int:
-    from .. import load
-
-    pipe = load(
-        args.model, device=args.device, dtype=args.dtype, checkpoint=args.checkpoint, vq_checkpoint=args.vq_checkpoint
-    )
+    pipe = load_pipeline(args)
     options = dict(parse_option(o) for o in args.opt)
     if pipe.is_class_conditional:
         if args.prompt:
@@ -163,12 +176,9 @@ def cmd_methods(args) -> int:
 
 
 def cmd_eval_shapes(args) -> int:
-    from .. import load
     from ..eval.shapes_eval import evaluate_shapes, ground_truth_scores
 
-    pipe = load(
-        args.model, device=args.device, dtype=args.dtype, checkpoint=args.checkpoint, vq_checkpoint=args.vq_checkpoint
-    )
+    pipe = load_pipeline(args)
     options = dict(parse_option(o) for o in args.opt)
     if args.batch_size < 1:
         raise VisarError("--batch-size must be >= 1")
@@ -201,13 +211,138 @@ def cmd_eval_shapes(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
-    from .. import load
-    from ..eval.bench import bench, markdown_table, write_report
+def sampling_settings(pipe, args) -> dict:
+    """The resolved sampling settings of --cfg/--temperature/--top-k/--top-p (unset: the model's defaults)."""
+    params = pipe.sampling_params(args.guidance_scale, args.temperature, args.top_k, args.top_p)
+    return {k: getattr(params, k) for k in ("guidance_scale", "temperature", "top_k", "top_p")}
 
-    pipe = load(
-        args.model, device=args.device, dtype=args.dtype, checkpoint=args.checkpoint, vq_checkpoint=args.vq_checkpoint
+
+def generate_kwargs(args) -> dict:
+    return dict(
+        guidance_scale=args.guidance_scale,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        **dict(parse_option(o) for o in args.opt),
     )
+
+
+def cmd_eval_fid(args) -> int:
+    from ..eval.fid import evaluate_fid, format_metrics, parse_shard, read_prompts
+
+    shard = parse_shard(args.shard)
+    if args.ref is None and shard == (0, 1) and args.images is None:
+        print("no --ref given: the sample set and its .npz are written, no metrics", file=sys.stderr)
+    metric_kwargs = dict(
+        feature_extractor=args.feature_extractor,
+        weights=args.inception_weights,
+        isc=args.isc,
+        prc=args.prc,
+        batch_size=args.fidelity_batch_size,
+    )
+    if args.images is not None:
+        from ..pipeline import resolve_device
+
+        metric_kwargs["device"] = resolve_device(args.device)
+        record = evaluate_fid(args.out, images=args.images, ref=args.ref, metric_kwargs=metric_kwargs)
+    else:
+        if args.n is None:
+            raise VisarError("eval fid needs --n (the number of images), or --images DIR|NPZ")
+        pipe = load_pipeline(args)
+        metric_kwargs["device"] = pipe.device
+        options = dict(parse_option(o) for o in args.opt)
+        prompts = None if pipe.is_class_conditional else read_prompts(args.metadata)
+        identity = {
+            "checkpoint": args.checkpoint,
+            "vq_checkpoint": args.vq_checkpoint,
+            "options": options,
+            "sampling": sampling_settings(pipe, args),
+        }
+        record = evaluate_fid(
+            args.out,
+            pipe=pipe,
+            n=args.n,
+            ref=args.ref,
+            method=args.method,
+            seed=args.seed,
+            shard=shard,
+            batch_size=args.batch_size,
+            prompts=prompts,
+            identity=identity,
+            generate_kwargs=generate_kwargs(args),
+            metric_kwargs=metric_kwargs,
+        )
+        print(
+            f"{record['model']} / {record['method']}: shard {record['shard']}: {record['generated']} images generated, "
+            f"{record['reused']} already there ({record['generation_s']:.1f} s)"
+        )
+        if shard != (0, 1):
+            print(f"shard done: run again without --shard to pack {args.out}/samples.npz and compute metrics")
+            return 0
+    if "npz" in record:
+        print(f"ADM sample pack: {record['npz']}")
+    if "metrics" in record:
+        print(format_metrics(record))
+        for note in record["notes"]:
+            print(f"note: {note}")
+        print(f"wrote {Path(args.out) / 'metrics.json'}")
+    return 0
+
+
+def cmd_eval_renders(args) -> int:
+    from ..eval.fid import render_options_of, write_renders
+
+    class_render = render_options_of(args.model) if args.model else None
+    written = write_renders(
+        args.out, args.n, text=args.text, metadata=args.metadata, seed=args.seed, class_render=class_render
+    )
+    print(f"{args.out}: {written} renders written, {args.n - written} already there")
+    return 0
+
+
+def cmd_eval_geneval(args) -> int:
+    from ..eval.geneval import evaluate_geneval, format_summary
+    from ..registry import embedded_models
+
+    pipe = load_pipeline(args)
+    score = args.score if args.score is not None else pipe.name in embedded_models()
+    identity = {
+        "checkpoint": args.checkpoint,
+        "vq_checkpoint": args.vq_checkpoint,
+        "options": dict(parse_option(o) for o in args.opt),
+        "sampling": sampling_settings(pipe, args),
+    }
+    record = evaluate_geneval(
+        pipe,
+        args.out,
+        metadata=args.metadata,
+        n_samples=args.n_samples,
+        method=args.method,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        score=score,
+        identity=identity,
+        generate_kwargs=generate_kwargs(args),
+    )
+    print(
+        f"{record['model']} / {record['method']}: {record['n_prompts']} prompts x {record['n_samples']} images in "
+        f"{args.out} ({record['generated']} generated, {record['reused']} already there)"
+    )
+    if score:
+        print(format_summary(record["summary"]))
+        print(f"wrote {Path(args.out) / 'results.jsonl'} and summary.json (shapes-world detector, GenEval's rules)")
+    else:
+        print(
+            "not scored here: run GenEval's evaluator on the folder, e.g. `python evaluation/evaluate_images.py "
+            f"{args.out} --outfile results.jsonl --model-path <DETECTOR_DIR>` (docs/EVALUATION.md)"
+        )
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from ..eval.bench import bench, markdown_table, write_bench_report, write_report
+
+    pipe = load_pipeline(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     options: dict[str, dict] = {}
     for text in args.opt:
@@ -236,12 +371,18 @@ def cmd_bench(args) -> int:
         print(markdown_table(report))
         print(f"plot: {plot_sweep(report, args.plot)}")
         write_report(report, args.json, args.md)
+        if args.report:
+            files = write_bench_report(report, args.report)
+            print(f"report: {files['md']}, {files['json']}, {files['png']}")
         return 0
     report = bench(
         pipe, methods, n=args.n, batch_size=args.batch_size, quality_n=args.quality_n, method_options=options
     )
     print(markdown_table(report))
     write_report(report, args.json, args.md)
+    if args.report:
+        files = write_bench_report(report, args.report)
+        print(f"report: {files['md']}, {files['json']}, {files['png']}")
     return 0
 
 
@@ -300,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("-v", "--verbose", action="store_true", help="also show default sampling settings")
     models.set_defaults(func=cmd_models)
 
-    evaluate = sub.add_parser("eval", help="evaluate a model (shapes-world detector score)")
+    evaluate = sub.add_parser("eval", help="evaluate a model: shapes-world score, FID, GenEval")
     eval_sub = evaluate.add_subparsers(dest="eval_command", required=True)
     shapes = eval_sub.add_parser(
         "shapes",
@@ -322,14 +463,103 @@ def build_parser() -> argparse.ArgumentParser:
     )
     shapes.set_defaults(func=cmd_eval_shapes)
 
+    fid = eval_sub.add_parser(
+        "fid",
+        help="generate (resumable) or read N images, pack the ADM .npz, and compute FID / IS / precision-recall",
+        description="Image g of N has class g mod C (N a multiple of the C classes) or prompt g mod P, and seed "
+        "SEED + g, so the set is the same for any batch size, any --shard split and any interruption (complete "
+        "files are kept). Writes OUT/samples/000000.png ..., OUT/config.json, OUT/samples.npz (arr_0, uint8 "
+        "[N, H, W, 3], the ADM evaluator's format) and, with --ref, OUT/metrics.json, using torch-fidelity "
+        "(pip install 'visar-ar[eval]').",
+    )
+    add_model_args(fid)
+    add_sampling_args(fid)
+    fid.add_argument("--n", type=int, help="number of images (e.g. 50000)")
+    fid.add_argument("--out", required=True, help="output folder (samples/, samples.npz, config.json, metrics.json)")
+    fid.add_argument(
+        "--ref",
+        help="reference: a folder of images, a torch-fidelity registered input (e.g. cifar10-train), or an .npz "
+        "with mu/sigma statistics (ADM's VIRTUAL_imagenet256_labeled.npz) or with arr_0 images",
+    )
+    fid.add_argument(
+        "--feature-extractor",
+        default="inception-v3-compat",
+        choices=["inception-v3-compat", "visar-shapes-vq"],
+        help="inception-v3-compat (Inception FID/IS, needs its weights file) or visar-shapes-vq (offline "
+        "shapes-world features; NOT Inception, named so in the output); default inception-v3-compat",
+    )
+    fid.add_argument(
+        "--inception-weights",
+        metavar="FILE",
+        help="weights-inception-2015-12-05-6726825d.pth (torch-fidelity's feature_extractor_weights_path); "
+        "default: torch hub's cache, $TORCH_HOME/hub/checkpoints/",
+    )
+    fid.add_argument("--isc", action=argparse.BooleanOptionalAction, default=True, help="Inception Score (default on)")
+    fid.add_argument(
+        "--prc", action=argparse.BooleanOptionalAction, default=True, help="precision/recall, k = 3 (default on)"
+    )
+    fid.add_argument("--shard", metavar="I/K", help="generate only the images g with g mod K = I (no metrics)")
+    fid.add_argument("--batch-size", type=int, default=16, help="images per generation batch (default 16)")
+    fid.add_argument("--fidelity-batch-size", type=int, default=64, help="images per feature batch (default 64)")
+    fid.add_argument(
+        "--metadata", help="text-conditional models: GenEval-format prompts (default: the shipped shapes-world set)"
+    )
+    fid.add_argument("--images", metavar="DIR|NPZ", help="score these images instead of generating (no model used)")
+    fid.set_defaults(func=cmd_eval_fid)
+
+    renders = eval_sub.add_parser(
+        "renders",
+        help="write N ground-truth shapes-world renders, a reference folder for eval fid",
+        description="Write OUT/000000.png ...: image g is a render of class g mod 40 (or, with --text, of prompt "
+        "g mod P of --metadata) with render seed SEED + g, in the world --model was trained on. Complete files "
+        "are kept.",
+    )
+    renders.add_argument("--n", type=int, required=True, help="number of renders")
+    renders.add_argument("--out", required=True, help="output folder")
+    renders.add_argument("--seed", type=int, default=0, help="render g uses seed SEED + g (default 0)")
+    renders.add_argument(
+        "--text", action="store_true", help="render prompts (the text-conditional layout) instead of classes"
+    )
+    renders.add_argument("--metadata", help="with --text: GenEval-format prompts (default: the shipped set)")
+    renders.add_argument(
+        "--model",
+        help="draw class renders as this shapes-world model's training data (its recipe's render options, e.g. "
+        "larger objects on calmer backgrounds); default: the full world",
+    )
+    renders.set_defaults(func=cmd_eval_renders)
+
+    geneval = eval_sub.add_parser(
+        "geneval",
+        help="write GenEval's image layout for a prompt file; score it on shapes-world models",
+        description="From GenEval-format metadata (one JSON object a line), write OUT/00000/metadata.jsonl and "
+        "OUT/00000/samples/00000.png ... (--n-samples per prompt; image j of prompt i with seed SEED + i * "
+        "N_SAMPLES + j), resuming an interrupted run. Shapes-world models (the embedded ones) are scored with the "
+        "shapes detector and GenEval's rules: OUT/results.jsonl, OUT/summary.json and GenEval's summary "
+        "(overall = mean of the six task accuracies). Other models: run GenEval's evaluator on OUT.",
+    )
+    add_model_args(geneval)
+    add_sampling_args(geneval)
+    geneval.add_argument("--metadata", help="evaluation_metadata.jsonl (default: the shipped shapes-world prompts)")
+    geneval.add_argument("--out", required=True, help="output folder (GenEval's layout)")
+    geneval.add_argument("--n-samples", type=int, default=4, help="images per prompt (default 4, GenEval's)")
+    geneval.add_argument("--batch-size", type=int, default=16, help="images per generation batch (default 16)")
+    geneval.add_argument(
+        "--score",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="score with the shapes detector (default: on for embedded shapes-world models, off otherwise)",
+    )
+    geneval.set_defaults(func=cmd_eval_geneval)
+
     bench_parser = sub.add_parser(
         "bench",
         help="benchmark methods against plain AR in one run (speed and quality table)",
         description="Run plain AR and each requested method in one process on the same images (image i: "
-        "condition i, seed i) and print a table: lossless flag, forward passes per image, tokens per forward "
-        "(step compression), latency / AR (< 1 is faster), images per second, peak memory (CUDA: allocated; "
-        "CPU: process peak RSS) and, with --quality-n, the shapes-world detector accuracy and a Frechet "
-        "distance to AR's images in the tokenizer-latent feature space (see visar.eval.bench).",
+        "condition i, seed i) and print a table: lossless flag, forward passes per image, step compression "
+        "(image tokens / forward passes), tokens per forward, latency / AR (< 1 is faster), images per second, "
+        "peak memory (CUDA: allocated; CPU: process peak RSS) and, with --quality-n, the shapes-world detector "
+        "accuracy and a Frechet distance to AR's images in the tokenizer-latent feature space (see "
+        "visar.eval.bench). --report DIR also writes the run's report.md, report.json and frontier.png.",
     )
     add_model_args(bench_parser)
     bench_parser.add_argument("--methods", default="", help="comma-separated methods besides ar (default: none)")
@@ -357,6 +587,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--plot", default="bench-sweep.png", help="the sweep's PNG (default bench-sweep.png)")
     bench_parser.add_argument("--json", help="write the report as JSON")
     bench_parser.add_argument("--md", help="write the markdown table")
+    bench_parser.add_argument(
+        "--report",
+        metavar="DIR",
+        help="write the run's report to DIR: report.md (table, lossless flags, notes), report.json and "
+        "frontier.png (speed against each quality column; lossless filled, lossy open)",
+    )
     bench_parser.set_defaults(func=cmd_bench)
 
     train = sub.add_parser(

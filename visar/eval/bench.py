@@ -57,12 +57,16 @@ def frechet_distance(feats_a: np.ndarray, feats_b: np.ndarray) -> float:
     return float(((mu_a - mu_b) ** 2).sum() + np.trace(cov_a + cov_b - 2 * covmean.real))
 
 
+def pooled_latents(tokenizer, images: torch.Tensor) -> torch.Tensor:
+    """images [B, 3, H, W] in [-1, 1] -> pre-quantisation latents average-pooled to 4x4 [B, C * 16]."""
+    return F.adaptive_avg_pool2d(tokenizer.pre_quant(images), 4).flatten(1)
+
+
 @torch.no_grad()
 def latent_features(pipe, images: torch.Tensor) -> np.ndarray:
     """images [B, 3, H, W] in [0, 1] -> tokenizer-latent features [B, C * 16]."""
     device = next(pipe.tokenizer.parameters()).device
-    latents = pipe.tokenizer.pre_quant(images.to(device) * 2 - 1)
-    return F.adaptive_avg_pool2d(latents, 4).flatten(1).cpu().double().numpy()
+    return pooled_latents(pipe.tokenizer, images.to(device) * 2 - 1).cpu().double().numpy()
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -183,10 +187,10 @@ def bench(
 
 def markdown_table(report: dict) -> str:
     header = (
-        "| method | lossless | forward passes | tokens/forward | latency / AR | images/s | peak MB "
-        "| detector acc. | Frechet vs AR |"
+        "| method | lossless | forward passes | step compression | tokens/forward | latency / AR | images/s "
+        "| peak MB | detector acc. | Frechet vs AR |"
     )
-    lines = [header, "|" + "---|" * 9]
+    lines = [header, "|" + "---|" * 10]
     for r in report["rows"]:
 
         def fmt(value, spec):
@@ -194,7 +198,8 @@ def markdown_table(report: dict) -> str:
 
         lines.append(
             f"| {r['method']} | {'yes' if r['lossless'] else 'no'} | {r['forward_passes']:.1f} "
-            f"| {r['tokens_per_forward']:.2f} | {r['latency_ratio_vs_ar']:.2f} | {r['images_per_s']:.2f} "
+            f"| {r['step_compression']:.2f} | {r['tokens_per_forward']:.2f} | {r['latency_ratio_vs_ar']:.2f} "
+            f"| {r['images_per_s']:.2f} "
             f"| {r['peak_mem_mb']:.0f} | {fmt(r['detector_accuracy'], '.1%')} | {fmt(r['frechet_vs_ar'], '.3f')} |"
         )
     s = report["settings"]
@@ -204,6 +209,33 @@ def markdown_table(report: dict) -> str:
         f"({s['dtype']}), quality over {s['quality_n']} images per method, sampling {s['sampling']}"
     )
     return "\n".join(lines)
+
+
+REPORT_NOTES = (
+    "Lossless methods (yes) sample exactly AR's distribution: their quality columns differ from AR's only by "
+    "Monte-Carlo noise (read the Frechet column against the AR row's, AR against a second AR sample set). Lossy "
+    "methods (no) trade quality for speed by design: compare their quality columns with AR's.",
+    "Step compression = image tokens / forward passes per image; latency / AR < 1 is faster (token sampling "
+    "time, this run, same images and seeds); peak MB: CUDA peak allocated, or the CPU process's peak RSS.",
+    "Frechet vs AR is measured in the tokenizer-latent feature space (visar.eval.bench), not Inception.",
+)
+
+
+def write_bench_report(report: dict, folder) -> dict[str, Path]:
+    """A run's report in one folder: report.json, report.md (table, notes, plot) and frontier.png."""
+    from .sweep import plot_frontier
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"json": folder / "report.json", "md": folder / "report.md", "png": folder / "frontier.png"}
+    plot_frontier(report, files["png"])
+    files["json"].write_text(json.dumps(report, indent=1))
+    notes = "\n".join(f"- {note}" for note in REPORT_NOTES)
+    files["md"].write_text(
+        f"# visar bench: {report['model']}\n\n{markdown_table(report)}\n\n{notes}\n\n"
+        f"![speed against quality, lossless filled, lossy open]({files['png'].name})\n"
+    )
+    return files
 
 
 def write_report(report: dict, json_path: str | None, md_path: str | None):

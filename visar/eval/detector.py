@@ -405,16 +405,21 @@ def score_class(detections: Sequence[Detection], label: int) -> bool:
     tolerated, as GenEval tolerates extra objects outside its clauses.
     """
     shape, color = shape_and_color(label)  # raises ValueError for a label out of range
+    main = largest(detections)
+    return main is not None and main.shape == shape and main.color == color
+
+
+def largest(detections: Sequence[Detection]) -> Detection | None:
+    """The detection with the largest box (ties to the higher score), None when there is none."""
     if not detections:
-        return False
-    largest = max(
+        return None
+    return max(
         detections,
         key=lambda detection: (
             (detection.box[2] - detection.box[0]) * (detection.box[3] - detection.box[1]),
             detection.score,
         ),
     )
-    return largest.shape == shape and largest.color == color
 
 
 def summarize(results: Iterable[Mapping[str, Any]]) -> dict[str, float]:

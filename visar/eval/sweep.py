@@ -82,8 +82,28 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     return [round(t, 10) for t in ticks]
 
 
-def _panel(draw: ImageDraw.ImageDraw, box, points, reference, floor, title, font, small):
-    """Scatter of (x, y, label) joined in order, AR's point, an optional horizontal noise floor."""
+STEP_COMPRESSION = "step compression (tokens / forward pass)"
+
+
+def _panel(
+    draw: ImageDraw.ImageDraw,
+    box,
+    points,
+    reference,
+    floor,
+    title,
+    font,
+    small,
+    *,
+    xlabel: str = STEP_COMPRESSION,
+    path: list[int] | None = None,
+    hollow: list[bool] | None = None,
+):
+    """Scatter of (x, y, label), AR's point, an optional horizontal noise floor.
+
+    path: indices of the points joined by a line, in order (default: all of them, the sweep's
+    curve); hollow: per point, True draws an open marker (the frontier's lossy methods).
+    """
     left, top, right, bottom = box
     plot = (left + 70, top + 30, right - 20, bottom - 50)
     xs = [p[0] for p in points] + [reference[0]]
@@ -107,7 +127,6 @@ def _panel(draw: ImageDraw.ImageDraw, box, points, reference, floor, title, font
         draw.line([(plot[0] - 5, py), (plot[0], py)], fill="black")
         draw.line([(plot[0], py), (plot[2], py)], fill="#e6e6e6")
         draw.text((plot[0] - 8, py), f"{y:g}", fill="black", font=small, anchor="rm")
-    xlabel = "step compression (tokens / forward pass)"
     draw.text(((plot[0] + plot[2]) / 2, plot[3] + 28), xlabel, fill="black", font=small, anchor="ma")
     if floor is not None:
         _, py = at(xt[0], floor)
@@ -115,11 +134,15 @@ def _panel(draw: ImageDraw.ImageDraw, box, points, reference, floor, title, font
             draw.line([(x0, py), (min(x0 + 6, plot[2]), py)], fill="#888888")
         draw.text((plot[0] + 4, py - 3), "AR noise floor", fill="#666666", font=small, anchor="ld")
     pixels = [at(x, y) for x, y, _ in points]
-    if len(pixels) > 1:
-        draw.line(pixels, fill="#1f77b4", width=2)
+    joined = [pixels[i] for i in (range(len(pixels)) if path is None else path)]
+    if len(joined) > 1:
+        draw.line(joined, fill="#1f77b4", width=2)
     placed: list[tuple[float, float]] = []
-    for (px, py), (_, _, label) in zip(pixels, points, strict=True):
-        draw.ellipse([px - 4, py - 4, px + 4, py + 4], fill="#1f77b4")
+    for i, ((px, py), (_, _, label)) in enumerate(zip(pixels, points, strict=True)):
+        if hollow is not None and hollow[i]:
+            draw.ellipse([px - 4, py - 4, px + 4, py + 4], fill="white", outline="#1f77b4", width=2)
+        else:
+            draw.ellipse([px - 4, py - 4, px + 4, py + 4], fill="#1f77b4")
         below = sum(abs(px - qx) < 40 and abs(py - qy) < 14 for qx, qy in placed)  # stack near points' labels
         right = px > plot[2] - 110  # near the right edge: the label goes to the left of its point
         anchor, dx = ("rd", -6) if right else ("ld", 6)
@@ -153,6 +176,84 @@ def plot_sweep(report: dict, path) -> Path:
         reference = (ar_row["step_compression"], 0.0 if key == "frechet_vs_ar" else ar_row[key])
         floor = ar_row[key] if key == "frechet_vs_ar" else None
         _panel(draw, (520 * i, 30, 520 * (i + 1), height), points, reference, floor, title, font, small)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
+    return path
+
+
+# -- the bench report's frontier ---------------------------------------------------------------------
+
+SPEED_UP = "speed-up vs AR (AR latency / method latency)"
+
+
+def pareto_front(points: list[tuple[float, float, str]], lower_is_better: bool) -> list[int]:
+    """Indices of the points that no other point beats on both x (higher is better) and y, by x."""
+    sign = -1.0 if lower_is_better else 1.0
+
+    def beaten(i):
+        x, y, _ = points[i]
+        return any(
+            qx >= x and sign * qy >= sign * y and (qx > x or sign * qy > sign * y)
+            for j, (qx, qy, _) in enumerate(points)
+            if j != i
+        )
+
+    return sorted((i for i in range(len(points)) if not beaten(i)), key=lambda i: points[i][0])
+
+
+def plot_frontier(report: dict, path) -> Path:
+    """Write the bench report's PNG: every method's speed against each quality column, AR as reference.
+
+    One panel per (speed axis, quality column): x is the wall-clock speed-up over AR (1 / latency
+    ratio) or the step compression, y a quality column the run measured (with no quality column,
+    one panel: speed-up against step compression). Filled markers are lossless methods, open
+    markers lossy ones; the line joins the methods on the Pareto frontier (no other method both
+    faster and better).
+    """
+    ar_row, method_rows = report["rows"][0], report["rows"][1:]
+    columns = [(k, t) for k, t in QUALITY_COLUMNS if all(r.get(k) is not None for r in report["rows"])]
+    speed = {"speed_up": lambda r: 1.0 / r["latency_ratio_vs_ar"], "step_compression": lambda r: r["step_compression"]}
+    if columns:
+        grid = [[(x, key, title) for key, title in columns] for x in ("speed_up", "step_compression")]
+    else:
+        grid = [[("step_compression", "speed_up", "speed-up vs AR")]]
+    width, height = 520 * len(grid[0]), 60 + 440 * len(grid)
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    font, small = _font(16), _font(12)
+    s = report["settings"]
+    header = f"{report['model']}: {len(method_rows)} methods vs AR ({s['n']} images, batch {s['batch_size']})"
+    draw.text((width / 2, 8), header, fill="black", font=font, anchor="ma")
+    legend_y = 36
+    draw.ellipse([20, legend_y - 4, 28, legend_y + 4], fill="#1f77b4")
+    draw.text((34, legend_y), "lossless", fill="black", font=small, anchor="lm")
+    draw.ellipse([110, legend_y - 4, 118, legend_y + 4], fill="white", outline="#1f77b4", width=2)
+    draw.text((124, legend_y), "lossy", fill="black", font=small, anchor="lm")
+    draw.rectangle([190, legend_y - 4, 198, legend_y + 4], fill="#d62728")
+    draw.text((204, legend_y), "AR", fill="black", font=small, anchor="lm")
+    draw.line([(240, legend_y), (262, legend_y)], fill="#1f77b4", width=2)
+    draw.text((268, legend_y), "Pareto frontier", fill="black", font=small, anchor="lm")
+    for row_index, row in enumerate(grid):
+        for col_index, (x_key, y_key, title) in enumerate(row):
+            y_of = speed[y_key] if y_key in speed else (lambda r, key=y_key: r[key])
+            points = [(speed[x_key](r), y_of(r), r["method"]) for r in method_rows]
+            reference = (speed[x_key](ar_row), 0.0 if y_key == "frechet_vs_ar" else y_of(ar_row))
+            floor = ar_row[y_key] if y_key == "frechet_vs_ar" else None
+            box = (520 * col_index, 50 + 440 * row_index, 520 * (col_index + 1), 50 + 440 * (row_index + 1))
+            _panel(
+                draw,
+                box,
+                points,
+                reference,
+                floor,
+                title,
+                font,
+                small,
+                xlabel=SPEED_UP if x_key == "speed_up" else STEP_COMPRESSION,
+                path=pareto_front(points, lower_is_better=y_key == "frechet_vs_ar"),
+                hollow=[not r["lossless"] for r in method_rows],
+            )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     image.save(path)

@@ -1,0 +1,149 @@
+"""Sample sets on disk that resume: one PNG per image, written atomically, never generated twice.
+
+`eval fid` and `eval geneval` both lay out a list of jobs (file, condition, seed) fixed by each
+image's index alone, then call `generate_missing`: files that exist and are complete are
+skipped, the rest are generated in batches and written through a temporary file renamed into
+place, so an interrupted run leaves only whole images (and ignorable `.tmp` files) behind.
+
+Bitwise stability: every image draws its tokens from its own generator (seeded by its index),
+so its tokens do not depend on the batch it is sampled in; it is then decoded alone, because a
+batched convolution can differ in the last bit from an unbatched one. On CPU an image's file is
+therefore the same for any batch size and any split into shards; on GPU, kernels that change
+with the batch shape can still flip a near-tie.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm.auto import tqdm
+
+from ..errors import VisarError
+
+PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk every complete PNG ends with
+
+
+@dataclass(frozen=True)
+class SampleJob:
+    """One image to produce: where it goes, what it is conditioned on and its generator's seed."""
+
+    path: Path
+    condition: Any  # class id (int) or prompt (str)
+    seed: int
+
+
+def is_complete_png(path: Path) -> bool:
+    """True when `path` is a PNG file that ends with its IEND chunk (so it was written to the end)."""
+    try:
+        with open(path, "rb") as file:
+            size = file.seek(0, os.SEEK_END)
+            if size < len(PNG_END) + 8:
+                return False
+            file.seek(-len(PNG_END), os.SEEK_END)
+            return file.read() == PNG_END
+    except OSError:
+        return False
+
+
+def write_atomic(path: Path, write) -> None:
+    """Call `write(file)` on a temporary file beside `path`, then rename it onto `path`.
+
+    The temporary name starts with a dot, so no reader of the layout (torch-fidelity's folder
+    glob, GenEval's `\\d+\\.png` match) takes it for an image.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as file:
+            write(file)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save_png(array: np.ndarray, path: Path) -> None:
+    """uint8 [H, W, 3] -> PNG at `path`, atomically."""
+    write_atomic(path, lambda file: Image.fromarray(array).save(file, format="PNG"))
+
+
+def write_json_atomic(path: Path, data) -> None:
+    write_atomic(path, lambda file: file.write(json.dumps(data, indent=1).encode()))
+
+
+def check_run_config(path: Path, identity: dict) -> None:
+    """Record what makes a run's images what they are, or check a resumed run matches it.
+
+    identity: the settings that decide each image's pixels (model, method, options, sampling,
+    seed, dtype, conditions). Batch size, device, N and shards are not part of it: an image's
+    file does not depend on them.
+    """
+    if path.is_file():
+        try:
+            recorded = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise VisarError(f"cannot read {path}: {err}; remove it or use another output folder") from err
+        for key in sorted(set(recorded) | set(identity)):
+            if recorded.get(key) != identity.get(key):
+                raise VisarError(
+                    f"{path.parent} holds images of another run ({key}: {recorded.get(key)!r} there, "
+                    f"{identity.get(key)!r} now): resume with the same settings or use another output folder"
+                )
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, identity)
+
+
+def _batches(jobs: list[SampleJob], size: int) -> Iterator[list[SampleJob]]:
+    for first in range(0, len(jobs), size):
+        yield jobs[first : first + size]
+
+
+def generate_missing(
+    pipe,
+    jobs: list[SampleJob],
+    *,
+    method: str = "ar",
+    batch_size: int = 16,
+    progress: bool = True,
+    desc: str = "generate",
+    **generate_kwargs,
+) -> dict:
+    """Generate the jobs whose file is missing or incomplete; returns {"generated", "reused", stats}.
+
+    Class-conditional models take each job's condition as a class id, text-conditional ones as a
+    prompt. generate_kwargs go to `Pipeline.generate` (sampling settings, method options).
+    """
+    if batch_size < 1:
+        raise VisarError("--batch-size must be >= 1")
+    missing = [job for job in jobs if not is_complete_png(job.path)]
+    totals = {"forward_passes": 0, "latency_s": 0.0}
+    image_passes = 0
+    key = "class_labels" if pipe.is_class_conditional else "prompts"
+    with tqdm(total=len(missing), desc=desc, unit="img", disable=not progress) as bar:
+        for chunk in _batches(missing, batch_size):
+            generators = [torch.Generator().manual_seed(job.seed) for job in chunk]
+            out = pipe.generate(
+                **{key: [job.condition for job in chunk]},
+                method=method,
+                generator=generators,
+                output_type="tokens",
+                **generate_kwargs,
+            )
+            for job, tokens in zip(chunk, out.tokens, strict=True):
+                job.path.parent.mkdir(parents=True, exist_ok=True)
+                save_png(pipe.to_output(pipe.decode(tokens[None]), "np")[0], job.path)  # decoded alone, see above
+            totals["forward_passes"] += out.stats["forward_passes"]
+            totals["latency_s"] += out.stats["latency_s"]
+            image_passes += out.stats["forward_passes"] * len(chunk)
+            bar.update(len(chunk))
+    stats = {"generated": len(missing), "reused": len(jobs) - len(missing), **totals}
+    if missing:
+        stats["tokens_per_forward"] = len(missing) * pipe.model.num_image_tokens / max(image_passes, 1)
+    return stats

@@ -17,6 +17,7 @@ from . import registry
 from .accel import get_method
 from .accel.sampling import SamplingParams, make_generators
 from .checkpoints import load_strict, read_state_dict
+from .data.shapes import class_render_options
 from .errors import VisarError
 from .models.llamagen import GPT_SIZES, LlamaGen, LlamaGenConfig, preset_config
 from .models.text import CaptionEncoder, CaptionEncoderConfig
@@ -73,6 +74,7 @@ class Pipeline:
         defaults: dict | None = None,
         class_names: list[str] | None = None,
         text_encoder=None,
+        class_render: dict | None = None,
     ):
         self.model = model.eval()
         self.tokenizer = tokenizer.eval() if tokenizer is not None else None
@@ -80,6 +82,8 @@ class Pipeline:
         self.defaults = {"guidance_scale": 1.0, "temperature": 1.0, "top_k": None, "top_p": 1.0, **(defaults or {})}
         self.class_names = class_names
         self.text_encoder = text_encoder
+        # render_class options of the shapes-world data the model was trained on (ground truth to compare with)
+        self.class_render = dict(class_render or {})
 
     def compile(self, **compile_kwargs) -> Pipeline:
         """torch.compile the generator in place (`nn.Module.compile`), so every method's forward passes use it.
@@ -376,4 +380,5 @@ def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None) -> Pipeline:
         defaults=config.get("defaults"),
         class_names=config.get("class_names"),
         text_encoder=text_encoder,
+        class_render=class_render_options(config.get("recipe")),
     )

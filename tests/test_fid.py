@@ -232,6 +232,12 @@ def test_statistics_registered_and_npz_references_agree(renders, tmp_path):
         assert set(other) == set(folder)
         for key in folder:
             assert other[key] == pytest.approx(folder[key], rel=1e-4, abs=1e-6), key
+    # statistics alone (as MAR's adm_in256_stats.npz): FID, and a note instead of precision/recall
+    np.savez(tmp_path / "mu_sigma.npz", mu=features.mean(0), sigma=np.cov(features, rowvar=False))
+    only = compute_metrics(set_a, str(tmp_path / "mu_sigma.npz"), feature_extractor=SHAPES, isc=False)
+    assert set(only["metrics"]) == {"frechet_distance_visar_shapes_vq"} and "statistics only" in only["notes"][-1]
+    fd = "frechet_distance_visar_shapes_vq"
+    assert only["metrics"][fd] == pytest.approx(folder[fd], rel=1e-4)
 
 
 def test_cli_fid_end_to_end_and_images_npz(tiny_folder, renders, tmp_path, capsys):

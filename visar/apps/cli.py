@@ -211,10 +211,16 @@ def cmd_eval_shapes(args) -> int:
     return 0
 
 
-def sampling_settings(pipe, args) -> dict:
-    """The resolved sampling settings of --cfg/--temperature/--top-k/--top-p (unset: the model's defaults)."""
+def run_settings(pipe, args) -> dict:
+    """What of the command line decides a run's pixels besides model, method and seed (recorded for resuming):
+    checkpoint files, method options and the resolved sampling settings (unset: the model's defaults)."""
     params = pipe.sampling_params(args.guidance_scale, args.temperature, args.top_k, args.top_p)
-    return {k: getattr(params, k) for k in ("guidance_scale", "temperature", "top_k", "top_p")}
+    return {
+        "checkpoint": args.checkpoint,
+        "vq_checkpoint": args.vq_checkpoint,
+        "options": dict(parse_option(o) for o in args.opt),
+        "sampling": {k: getattr(params, k) for k in ("guidance_scale", "temperature", "top_k", "top_p")},
+    }
 
 
 def generate_kwargs(args) -> dict:
@@ -250,14 +256,7 @@ def cmd_eval_fid(args) -> int:
             raise VisarError("eval fid needs --n (the number of images), or --images DIR|NPZ")
         pipe = load_pipeline(args)
         metric_kwargs["device"] = pipe.device
-        options = dict(parse_option(o) for o in args.opt)
         prompts = None if pipe.is_class_conditional else read_prompts(args.metadata)
-        identity = {
-            "checkpoint": args.checkpoint,
-            "vq_checkpoint": args.vq_checkpoint,
-            "options": options,
-            "sampling": sampling_settings(pipe, args),
-        }
         record = evaluate_fid(
             args.out,
             pipe=pipe,
@@ -268,7 +267,7 @@ def cmd_eval_fid(args) -> int:
             shard=shard,
             batch_size=args.batch_size,
             prompts=prompts,
-            identity=identity,
+            identity=run_settings(pipe, args),
             generate_kwargs=generate_kwargs(args),
             metric_kwargs=metric_kwargs,
         )
@@ -306,12 +305,6 @@ def cmd_eval_geneval(args) -> int:
 
     pipe = load_pipeline(args)
     score = args.score if args.score is not None else pipe.name in embedded_models()
-    identity = {
-        "checkpoint": args.checkpoint,
-        "vq_checkpoint": args.vq_checkpoint,
-        "options": dict(parse_option(o) for o in args.opt),
-        "sampling": sampling_settings(pipe, args),
-    }
     record = evaluate_geneval(
         pipe,
         args.out,
@@ -321,7 +314,7 @@ def cmd_eval_geneval(args) -> int:
         seed=args.seed,
         batch_size=args.batch_size,
         score=score,
-        identity=identity,
+        identity=run_settings(pipe, args),
         generate_kwargs=generate_kwargs(args),
     )
     print(

@@ -406,9 +406,9 @@ def compute_metrics(
             layers = {"fid": "2048" if feature_extractor == INCEPTION else "vq_latent"}
             if isc:
                 layers["isc"] = "logits_unbiased" if feature_extractor == INCEPTION else "detector_logits"
-            prc = prc and reference["images"] is not None
-            if not prc:
+            if prc and reference["images"] is None:
                 notes.append("no precision/recall: the reference .npz holds statistics only (no arr_0 images)")
+                prc = False
             extractor = create_feature_extractor(feature_extractor, sorted(set(layers.values())), **kwargs)
 
             def features(dataset):

@@ -185,7 +185,7 @@ def cmd_eval_shapes(args) -> int:
     if args.n < 1:
         raise VisarError("--n must be >= 1")
     if args.ground_truth:
-        scores = ground_truth_scores(args.n, pipe.is_class_conditional)
+        scores = ground_truth_scores(args.n, pipe.is_class_conditional, pipe.class_render)
         record = {"model": "ground-truth renders", "method": "-", **scores}
     else:
         record = evaluate_shapes(

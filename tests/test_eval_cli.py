@@ -92,7 +92,10 @@ def test_bench_table_and_json(tmp_path, capsys):
         "peak_mem_mb",
         "detector_accuracy",
         "frechet_vs_ar",
+        "ms_per_forward",
+        "acceptance_rate",
     }
+    assert row["acceptance_rate"] is None and row["ms_per_forward"] > 0  # AR drafts nothing
     assert "| ar | yes | 256.0 | 1.00 |" in md.read_text() and "| ar | yes" in capsys.readouterr().out
     assert "step compression" in md.read_text().splitlines()[0]
 

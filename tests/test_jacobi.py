@@ -306,6 +306,11 @@ def test_stats_and_window_clipping(model16):
         assert key in stats
     per_image = stats["forward_passes_per_image"]
     assert stats["forward_passes"] == max(per_image)
+    # every pass commits its accepted drafts plus one token: accepted drafts = tokens - passes,
+    # counted by the image row they sit in (a 4x4 grid here)
+    assert len(stats["drafts_accepted_by_row"]) == 4
+    assert sum(stats["drafts_accepted_by_row"]) == 2 * 16 - sum(per_image)
+    assert all(a <= t for a, t in zip(stats["drafts_accepted_by_row"], stats["drafts_tested_by_row"], strict=True))
     assert stats["tokens_per_forward"] == pytest.approx(np.mean([16 / p for p in per_image]))
     # plain-AR spans: window 1 everywhere is exactly AR, one token per pass
     _, ar_stats = jacobi.sjd(model16, cond, SamplingParams(), make_generators(2, 0), warmup=16)

@@ -361,6 +361,10 @@ def score_window(model, state: DecodeState, draft_tokens: Tensor, full_cond: Ten
     return model(tokens, input_pos=input_pos)
 
 
+def ratios(hits: Tensor, trials: Tensor) -> list[float | None]:
+    return [float(a) / int(t) if int(t) else None for a, t in zip(hits.tolist(), trials.tolist(), strict=True)]
+
+
 @torch.no_grad()
 def speculative_decode(
     model,
@@ -399,6 +403,10 @@ def speculative_decode(
     tested_by_slot = torch.zeros(window, dtype=torch.long, device=device)
     accepted_by_slot = torch.zeros(window, dtype=torch.long, device=device)
     drafted_passes = torch.zeros((), dtype=torch.long, device=device)
+    # Where in the image drafts are tested and accepted (by grid row): tells where windows break.
+    grid_width = state.grid_size[1]
+    tested_by_row = torch.zeros(num_tokens // grid_width + 1, dtype=torch.long, device=device)
+    accepted_by_row = torch.zeros_like(tested_by_row)
     slot_range = torch.arange(window, device=device)
     forward_passes = 0
     bar = tqdm(total=num_tokens, disable=not progress, desc="speculative", leave=False)
@@ -441,6 +449,14 @@ def speculative_decode(
             state.tokens.scatter_(1, state.committed[:, None] + slots, slot_tokens)
             tested_by_slot[:num_drafts] += (has_draft & (slots[:num_drafts] <= num_accepted[:, None])).sum(0)
             accepted_by_slot[:num_drafts] += (slots[:num_drafts] < num_accepted[:, None]).sum(0)
+            draft_rows = ((state.committed[:, None] + slots[:num_drafts]) // grid_width).clamp(
+                max=len(tested_by_row) - 1
+            )
+            tested = has_draft & (slots[:num_drafts] <= num_accepted[:, None])
+            tested_by_row.scatter_add_(0, draft_rows.flatten(), tested.flatten().long())
+            accepted_by_row.scatter_add_(
+                0, draft_rows.flatten(), (slots[:num_drafts] < num_accepted[:, None]).flatten().long()
+            )
             drafted_passes += (step.num_drafts > 0).sum()
             passes_per_image += active.long()
 
@@ -465,10 +481,10 @@ def speculative_decode(
         "window": window,
         "mean_accepted_per_pass": float(accepted_by_slot.sum()) / max(int(drafted_passes), 1),
         "acceptance_rate": float(accepted_by_slot.sum()) / max(tested_total, 1),
-        "acceptance_by_slot": [
-            float(a) / int(t) if int(t) else None
-            for a, t in zip(accepted_by_slot.tolist(), tested_by_slot.tolist(), strict=True)
-        ],
+        "acceptance_by_slot": ratios(accepted_by_slot, tested_by_slot),
+        # Drafts tested / accepted per image grid row (counts, so that runs can be pooled).
+        "drafts_tested_by_row": tested_by_row[: num_tokens // grid_width].tolist(),
+        "drafts_accepted_by_row": accepted_by_row[: num_tokens // grid_width].tolist(),
     }
     if not isinstance(proposer, JacobiProposer):
         stats["draft_forward_passes"] = proposer.forward_passes

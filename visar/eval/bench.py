@@ -99,6 +99,23 @@ def quality_images(pipe, method, conds, options, seed=0) -> torch.Tensor:
     return torch.cat([o.images for o in run_images(pipe, method, conds, 16, options, "pt", seed)])
 
 
+def acceptance_columns(stats: list[dict]) -> dict:
+    """Pooled draft acceptance of a method's runs: overall, and by image row where the engine counts it."""
+    if not all("acceptance_rate" in st for st in stats):
+        return {"acceptance_rate": None}
+    columns = {"acceptance_rate": float(np.mean([st["acceptance_rate"] for st in stats]))}
+    if all("drafts_tested_by_row" in st for st in stats):
+        tested = np.sum([st["drafts_tested_by_row"] for st in stats], 0)
+        accepted = np.sum([st["drafts_accepted_by_row"] for st in stats], 0)
+        columns["acceptance_by_row"] = [float(a / t) if t else None for a, t in zip(accepted, tested, strict=True)]
+    if all("acceptance_by_slot" in st for st in stats):  # mean over runs of each window slot's rate
+        by_slot = [
+            [v for v in slot if v is not None] for slot in zip(*(st["acceptance_by_slot"] for st in stats), strict=True)
+        ]
+        columns["acceptance_by_slot"] = [float(np.mean(v)) if v else None for v in by_slot]
+    return columns
+
+
 def bench(
     pipe,
     methods: list[str],
@@ -148,6 +165,9 @@ def bench(
             "peak_mem_mb": peak_memory_mb(pipe.device),
             "detector_accuracy": None,
             "frechet_vs_ar": None,
+            # Why a method is as fast as it is: cost of one pass, and where its drafts are accepted.
+            "ms_per_forward": 1000 * latency / sum(o.stats["forward_passes"] for o in outs),
+            **acceptance_columns([o.stats for o in outs]),
         }
         if name == "ar":
             ar_latency = latency
@@ -188,9 +208,9 @@ def bench(
 def markdown_table(report: dict) -> str:
     header = (
         "| method | lossless | forward passes | step compression | tokens/forward | latency / AR | images/s "
-        "| peak MB | detector acc. | Frechet vs AR |"
+        "| peak MB | detector acc. | Frechet vs AR | ms/forward | draft acceptance |"
     )
-    lines = [header, "|" + "---|" * 10]
+    lines = [header, "|" + "---|" * 12]
     for r in report["rows"]:
 
         def fmt(value, spec):
@@ -200,7 +220,8 @@ def markdown_table(report: dict) -> str:
             f"| {r['method']} | {'yes' if r['lossless'] else 'no'} | {r['forward_passes']:.1f} "
             f"| {r['step_compression']:.2f} | {r['tokens_per_forward']:.2f} | {r['latency_ratio_vs_ar']:.2f} "
             f"| {r['images_per_s']:.2f} "
-            f"| {r['peak_mem_mb']:.0f} | {fmt(r['detector_accuracy'], '.1%')} | {fmt(r['frechet_vs_ar'], '.3f')} |"
+            f"| {r['peak_mem_mb']:.0f} | {fmt(r['detector_accuracy'], '.1%')} | {fmt(r['frechet_vs_ar'], '.3f')} "
+            f"| {fmt(r.get('ms_per_forward'), '.1f')} | {fmt(r.get('acceptance_rate'), '.1%')} |"
         )
     s = report["settings"]
     lines.append("")
@@ -218,6 +239,8 @@ REPORT_NOTES = (
     "Step compression = image tokens / forward passes per image; latency / AR < 1 is faster (token sampling "
     "time, this run, same images and seeds); peak MB: CUDA peak allocated, or the CPU process's peak RSS.",
     "Frechet vs AR is measured in the tokenizer-latent feature space (visar.eval.bench), not Inception.",
+    "ms/forward: token-sampling time per forward pass (a Jacobi window's pass costs more than AR's one token); "
+    "draft acceptance: accepted / tested drafts, by window slot and image row in report.json.",
 )
 
 

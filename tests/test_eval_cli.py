@@ -177,3 +177,21 @@ def test_bench_bad_options():
     assert main(["bench", "--methods", "nope"]) == 2
     assert main(["bench", "--opt", "window=3"]) == 2
     assert main(["bench", "--opt", "ar.window=3"]) == 2
+    assert main(["bench", "--methods", "sjd", "--opt", "mc-sjd.window=3"]) == 2  # a method not run
+
+
+def test_bench_options_reach_methods_with_dashes(monkeypatch):
+    """METHOD.KEY=VALUE keeps the method's dashes (zipar-mc-sjd) and normalises only the key."""
+    import visar.eval.bench as bench_module
+
+    seen = {}
+
+    def fake_bench(pipe, methods, **kw):
+        seen.update(kw["method_options"])
+        return {"model": "m", "settings": {}, "rows": []}
+
+    monkeypatch.setattr(bench_module, "bench", fake_bench)
+    monkeypatch.setattr(bench_module, "markdown_table", lambda report: "")
+    args = ["bench", "--model", "visar-tiny-random", "--methods", "zipar-mc-sjd,sjd"]
+    assert main([*args, "--opt", "zipar-mc-sjd.s=2", "--opt", "zipar-mc-sjd.cross-row=false"]) == 0
+    assert seen == {"zipar-mc-sjd": {"s": 2, "cross_row": False}}

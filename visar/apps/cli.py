@@ -339,10 +339,12 @@ def cmd_bench(args) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     options: dict[str, dict] = {}
     for text in args.opt:
-        key, value = parse_option(text)
-        if "." not in key:
+        if "." not in text.split("=", 1)[0]:
             raise VisarError(f"bench options are METHOD.KEY=VALUE (e.g. sjd.window=16), got {text!r}")
-        method, option = key.split(".", 1)
+        method, rest = text.split(".", 1)  # the method keeps its dashes (zipar-mc-sjd); the key is normalised
+        option, value = parse_option(rest)
+        if method not in ["ar", *methods]:
+            raise VisarError(f"--opt {text!r} names method {method!r}, which --methods does not run")
         options.setdefault(method, {})[option] = value
     if args.sweep:
         from ..eval.sweep import parse_sweep, plot_sweep, sweep
@@ -395,7 +397,9 @@ def cmd_train(args) -> int:
     else:
         if not args.tokenizer:
             raise VisarError("visar train ar needs --tokenizer (a folder made by `visar train tokenizer`, its export/)")
-        export = train.train_ar(args.recipe or "visar-tiny-c2i", args.out, args.tokenizer, steps=args.steps)
+        export = train.train_ar(
+            args.recipe or "visar-tiny-c2i", args.out, args.tokenizer, device=args.device, steps=args.steps
+        )
     print(f"exported to {export}")
     return 0
 
@@ -606,6 +610,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", help="run folder (checkpoints, dataset cache, export/)")
     train.add_argument("--tokenizer", help="for ar: the tokenizer export folder (OUT/export of a tokenizer run)")
     train.add_argument("--steps", type=int, help="override the recipe's step count (for quick trials)")
+    train.add_argument(
+        "--device", default="cpu", help="for ar: where the arithmetic runs (cpu, cuda, cuda:1; default cpu)"
+    )
     train.add_argument("--export", help="for ship: the export/ folder of an ar run")
     train.add_argument("--name", help="for ship: the registered name (e.g. visar-tiny-c2i)")
     train.add_argument("--description", help="for ship: the one-line description shown by `visar models`")

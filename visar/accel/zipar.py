@@ -153,6 +153,7 @@ class PassPlan:
     # its prediction needs no draft, or for row 0 and row starts).
     above_start: Tensor | None = None  # [B, M] image index of row r - 1's first draft (N when none)
     above_drafts: Tensor | None = None  # [B, H] drafts row r - 1 feeds in this pass
+    leans: Tensor | None = None  # [B, M] bool: predicts (r, c) with c + s - 1 past row r - 1's generated tokens
 
 
 def plan_pass(
@@ -203,9 +204,11 @@ def plan_pass(
     predicts = real & (length > 0)
     has_draft = predicts & (slot < length - 1)
     draft_start = torch.where(predicts, row * width + done, num_tokens)
+    above_count = above.gather(1, row)
     above_start = torch.where(
-        predicts & (row > 0) & (above_drafts.gather(1, row) > 0), (row - 1) * width + above.gather(1, row), num_tokens
+        predicts & (row > 0) & (above_drafts.gather(1, row) > 0), (row - 1) * width + above_count, num_tokens
     )
+    leans = predicts & (above_count < width) & ((input_index + 1) % width + s > above_count)
     return PassPlan(
         row,
         slot,
@@ -219,6 +222,7 @@ def plan_pass(
         true_start,
         above_start,
         above_drafts,
+        leans,
     )
 
 
@@ -277,7 +281,7 @@ def valid_commits(plan: PassPlan, accept: Tensor, count: Tensor, width: int, s: 
     """
     batch, height = count.shape
     never = plan.slot.shape[1] + 1
-    if plan.above_drafts is None or not bool((plan.above_drafts > 0).any()):  # no front leans on drafts
+    if plan.leans is None or not bool(plan.leans.any()):  # no slot leans on the row above's drafts
         stop = plan.predicts & ~accept
         first = torch.full_like(count, never).scatter_reduce(
             1, plan.row, torch.where(stop, plan.slot, never), reduce="amin"
@@ -292,7 +296,7 @@ def valid_commits(plan: PassPlan, accept: Tensor, count: Tensor, width: int, s: 
         lane = plan.row == r
         if r > 0:
             held = count[:, r - 1] + good[:, r - 1]  # row r - 1's columns known after this pass, as fed
-            holds = (count[:, r - 1, None] >= width) | (column + s <= held[:, None])
+            holds = ~plan.leans | (column + s <= held[:, None])
             valid &= ~lane | holds
         stop = lane & plan.predicts & ~(accept & valid)
         first = torch.where(stop, plan.slot, never).amin(1)  # [B]
@@ -470,11 +474,9 @@ def decode_fronts(
                 )
                 # Slots that leaned on the row above's drafts carry nothing (the initialiser refills them
                 # from the rows above, which they follow more closely than a draw from a guessed context).
-                above_count = count.gather(1, (plan.row - 1).clamp(min=0))
-                leaned = (plan.row > 0) & (above_count < width) & (target % width + s > above_count)
-                after = torch.where(plan.predicts & ~leaned & (plan.slot >= lane_commits), target, num_tokens)
+                after = torch.where(plan.predicts & ~plan.leans & (plan.slot >= lane_commits), target, num_tokens)
                 carried.store(after, updater(request), target_probs)
-                carried.drop(torch.where(plan.predicts & leaned, target, num_tokens))
+                carried.drop(torch.where(plan.leans, target, num_tokens))
 
             # KV cached by this pass: a front's input and its accepted drafts, a fed-only newest token,
             # a row's true last token fed by the next row's start.

@@ -37,7 +37,9 @@ def test_ar_resume_is_exact_and_export_loads(tmp_path, quick_tokenizer):
     assert torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=True)["step"] == 2
     split = train_ar("visar-tiny-c2i", tmp_path / "split", quick_tokenizer, steps=3, **QUICK_AR)
     a, b = load_file(str(whole / "model.safetensors")), load_file(str(split / "model.safetensors"))
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the recipe's weight average resumes too
+    last = load_file(str(tmp_path / "whole" / "export-last" / "model.safetensors"))
+    assert any(not torch.equal(a[k], last[k]) for k in a), "export/ should hold the average, not the last step"
     pipe = visar.load(str(whole), device="cpu")
     assert pipe.class_names[0] == "red circle"
     out = pipe.generate(class_labels=[0, 39], output_type="np")

@@ -398,7 +398,12 @@ def cmd_train(args) -> int:
         if not args.tokenizer:
             raise VisarError("visar train ar needs --tokenizer (a folder made by `visar train tokenizer`, its export/)")
         export = train.train_ar(
-            args.recipe or "visar-tiny-c2i", args.out, args.tokenizer, device=args.device, steps=args.steps
+            args.recipe or "visar-tiny-c2i",
+            args.out,
+            args.tokenizer,
+            device=args.device,
+            compile=args.compile,
+            steps=args.steps,
         )
     print(f"exported to {export}")
     return 0
@@ -612,6 +617,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=int, help="override the recipe's step count (for quick trials)")
     train.add_argument(
         "--device", default="cpu", help="for ar: where the arithmetic runs (cpu, cuda, cuda:1; default cpu)"
+    )
+    train.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="for ar: torch.compile the training step (~10%% faster on CPU, needs a C++ compiler); "
+        "default --no-compile",
     )
     train.add_argument("--export", help="for ship: the export/ folder of an ar run")
     train.add_argument("--name", help="for ship: the registered name (e.g. visar-tiny-c2i)")

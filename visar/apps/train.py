@@ -62,8 +62,8 @@ AR_RECIPES = {
         # Small batches, many steps: at this size the step count, not the batch, limits how soon
         # the class is used (800 x 32 at lr 1e-3 left the class unused: 0.006 nats of gain).
         # 3 layers x 5,400 steps beat 4 layers x 4,400 at the same CPU time (GPU sweep, n = 200,
-        # cfg 2: 80.0% vs 62.0%; tools/recipe_sweep.py, docs/MODELS.md). 0.50 s/step on 2 threads
-        # with --compile (0.55 without): 6,400 steps fit the hour with the 4.5 min of tokenizing.
+        # cfg 2: 80.0% vs 62.0%; tools/recipe_sweep.py, docs/MODELS.md). 2.04 steps/s on 2 threads
+        # with --compile (1.74 eager): 6,400 steps fit the hour with the 4.5 min of tokenizing.
         steps=6400,
         batch_size=16,
         lr=3e-3,
@@ -93,7 +93,7 @@ AR_RECIPES = {
         condition="class",
         seed=2,
         data_seed=1,  # the target's training set (same render settings): the draft learns the same data
-        steps=5400,  # the target's schedule at under a third of its cost per step
+        steps=5400,  # the target's first schedule (it now runs 6,400 compiled steps) at under a third of its cost
         batch_size=16,
         lr=3e-3,
         warmup=100,

@@ -457,7 +457,7 @@ def train_ar(
             # Warm-up of the average (timm, LlamaGen): early weights are forgotten quickly.
             decay = min(recipe["ema_decay"], (1 + step) / (10 + step))
             with torch.no_grad():
-                for average, p in zip(ema, params):
+                for average, p in zip(ema, params, strict=True):
                     average.lerp_(p, 1 - decay)
         step += 1
         bar.update(1)
@@ -482,7 +482,7 @@ def train_ar(
         return export_ar(recipe_name, recipe, model, text_encoder, tokenizer, vq_config, out)
     export_ar(recipe_name, recipe, model, text_encoder, tokenizer, vq_config, out, folder="export-last")
     with torch.no_grad():
-        for average, p in zip(ema, params):
+        for average, p in zip(ema, params, strict=True):
             p.copy_(average)
     return export_ar(recipe_name, recipe, model, text_encoder, tokenizer, vq_config, out)
 

@@ -622,8 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="for ar: torch.compile the training step (~10%% faster on CPU, needs a C++ compiler); "
-        "default --no-compile",
+        help="for ar: torch.compile the training step (visar-tiny-c2i: 2.04 against 1.74 steps/s on 2 CPU "
+        "threads; needs a C++ compiler); default --no-compile",
     )
     train.add_argument("--export", help="for ship: the export/ folder of an ar run")
     train.add_argument("--name", help="for ship: the registered name (e.g. visar-tiny-c2i)")

@@ -164,6 +164,33 @@ def test_each_pass_feeds_and_shows_the_intended_sets(block_size, s, params):
     assert all(last_fed[(b, k)] == tokens[b, k] for b in range(len(cond)) for k in range(num_tokens - 1))
 
 
+@pytest.mark.parametrize("block_size, s", [(36, 2), (64, 3), (36, 6)])
+def test_training_mask_is_what_each_predicting_input_sees(block_size, s):
+    """ZipAR-aware training (apps/train.py) must show a position what generation shows it."""
+    model = tiny_llamagen(block_size=block_size, seed=3)
+    height, width = model.grid_size
+    num_cond = model.num_condition_tokens
+    train_mask = zipar.lag_training_mask((height, width), s, num_cond)
+    length = num_cond + block_size - 1
+    assert train_mask.shape == (length, length)
+    with Recorder(model) as rec:
+        zipar.zipar(model, torch.tensor([0, 2]), SAMPLED, make_generators(2, 1), s=s)
+    produced = [schedule_pass(i, width, s) for i in range(block_size)]
+    checked = 0
+    for step, (_, input_pos, mask) in enumerate(rec.calls, start=2):
+        for m, k in enumerate((input_pos[0] - num_cond).tolist()):
+            if k + 1 < block_size and produced[k + 1] == step:  # this input predicts token k + 1
+                assert torch.equal(mask[:, m, :length], train_mask[num_cond + k].expand(mask.shape[0], -1))
+                assert not mask[:, m, length:].any()
+                checked += 1
+    assert checked == block_size - 1
+    # the condition position that predicts token 0 sees only the condition, as in raster order
+    assert train_mask[num_cond - 1].nonzero().flatten().tolist() == list(range(num_cond))
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    assert torch.equal(zipar.lag_training_mask((height, width), width, num_cond), causal)
+    assert torch.equal(train_mask, causal) == (s >= width)
+
+
 def test_plan_of_jacobi_fronts():
     """A hand-made state of one 4x6 image at s = 2, window 3: row 0 complete (last token not yet
     fed), row 1 waiting for row 0 (full window), row 2 lag-clipped, row 3 starting with a stand-in."""

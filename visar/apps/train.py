@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from ..accel.zipar import lag_training_mask
 from ..data.shapes import CLASS_RENDER_EASY, class_render_options
 from ..errors import VisarError
 from ..models.llamagen import LlamaGen, LlamaGenConfig
@@ -69,6 +70,10 @@ AR_RECIPES = {
         lr=3e-3,
         warmup=100,
         ema_decay=0.999,  # the lr ends at 10% of its peak: the average smooths the last steps' noise
+        # ZipAR-aware training: half the sequences see only what zipar at lag 2, 3 or 4 lets a
+        # position see, so next-set decoding asks the model for conditionals it was trained on.
+        zipar_lags=(2, 3, 4),
+        zipar_fraction=0.5,
         checkpoint_every=100,
         dataset_size=20_000,
         render=CLASS_RENDER_EASY,  # one 28-px object on a calm background (visar/data/shapes.py)
@@ -431,8 +436,10 @@ def train_ar(
             torch.cuda.set_rng_state(state["cuda_rng_state"], device)
     model.train()
 
-    def next_token_loss(batch_tokens: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        logits = model(batch_tokens[:, :-1], cond)[:, model.num_condition_tokens - 1 :]
+    lag_masks = lag_mask_table(recipe, model, device)
+
+    def next_token_loss(batch_tokens: torch.Tensor, cond: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        logits = model(batch_tokens[:, :-1], cond, mask=mask)[:, model.num_condition_tokens - 1 :]
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch_tokens.reshape(-1))
 
     loss_of = torch.compile(next_token_loss) if compile else next_token_loss
@@ -441,6 +448,11 @@ def train_ar(
         gen = step_generator(recipe["seed"], step)
         index = torch.randint(0, tokens.shape[0], (recipe["batch_size"],), generator=gen)
         batch_tokens = tokens[index].to(device)
+        lag_mask = None
+        if lag_masks is not None:  # drawn after the batch, from the same generator: a resumed run draws the same
+            lagged = torch.rand(len(index), generator=gen) < recipe["zipar_fraction"]
+            which = torch.randint(1, lag_masks.shape[0], (len(index),), generator=gen)
+            lag_mask = lag_masks[torch.where(lagged, which, 0).to(device)]
         if text_encoder is None:
             cond = labels[index].to(device)
         else:
@@ -448,7 +460,7 @@ def train_ar(
             cond = text_encoder(ids, mask)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, recipe)
-        loss = loss_of(batch_tokens, cond)
+        loss = loss_of(batch_tokens, cond, lag_mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -485,6 +497,24 @@ def train_ar(
         for average, p in zip(ema, params, strict=True):
             p.copy_(average)
     return export_ar(recipe_name, recipe, model, text_encoder, tokenizer, vq_config, out)
+
+
+def lag_mask_table(recipe: dict, model: LlamaGen, device: torch.device) -> torch.Tensor | None:
+    """[1 + len(zipar_lags), L, L] training masks: plain causal, then zipar's at each lag.
+
+    A recipe with `zipar_lags` trains a `zipar_fraction` of its sequences under zipar's
+    visibility at one of those lags (accel/zipar.py, `lag_training_mask`), so the model learns
+    the conditionals that next-set decoding asks of it; the rest stay plain causal."""
+    lags = recipe.get("zipar_lags")
+    if not lags:
+        return None
+    fraction = recipe.get("zipar_fraction")
+    if not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+        raise VisarError(f"zipar_fraction must be in (0, 1] when zipar_lags is set, got {fraction!r}")
+    num_cond = model.num_condition_tokens
+    masks = [lag_training_mask(model.grid_size, model.grid_size[1], num_cond)]  # s = W: causal
+    masks += [lag_training_mask(model.grid_size, s, num_cond) for s in lags]
+    return torch.stack(masks).to(device)
 
 
 def init_llamagen(model: LlamaGen, std: float = 0.02):

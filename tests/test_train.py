@@ -47,12 +47,13 @@ def test_ar_resume_is_exact_and_export_loads(tmp_path, quick_tokenizer):
 
 
 def test_zipar_aware_training_uses_the_lag_masks(tmp_path, quick_tokenizer):
-    lagged = train_ar("visar-tiny-c2i", tmp_path / "lagged", quick_tokenizer, steps=2, zipar_fraction=1.0, **QUICK_AR)
-    causal = train_ar("visar-tiny-c2i", tmp_path / "causal", quick_tokenizer, steps=2, zipar_lags=(), **QUICK_AR)
+    zipar = "visar-tiny-c2i-zipar"
+    lagged = train_ar(zipar, tmp_path / "lagged", quick_tokenizer, steps=2, zipar_fraction=1.0, **QUICK_AR)
+    causal = train_ar(zipar, tmp_path / "causal", quick_tokenizer, steps=2, zipar_lags=(), **QUICK_AR)
     a, b = load_file(str(lagged / "model.safetensors")), load_file(str(causal / "model.safetensors"))
     assert any(not torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(VisarError, match="zipar_fraction"):
-        train_ar("visar-tiny-c2i", tmp_path / "bad", quick_tokenizer, steps=1, zipar_fraction=1.5, **QUICK_AR)
+        train_ar(zipar, tmp_path / "bad", quick_tokenizer, steps=1, zipar_fraction=1.5, **QUICK_AR)
 
 
 def test_t2i_export_generates_from_prompts(tmp_path, quick_tokenizer):

@@ -8,7 +8,7 @@ import torch
 import visar
 from visar.registry import DEFAULT_MODEL, WEIGHTS_DIR, embedded_models
 
-TRAINED = ["visar-tiny-c2i", "visar-tiny-c2i-draft", "visar-tiny-t2i"]
+TRAINED = ["visar-tiny-c2i", "visar-tiny-c2i-draft", "visar-tiny-c2i-zipar", "visar-tiny-t2i"]
 
 
 def test_default_is_the_trained_class_conditional_model():
@@ -62,3 +62,31 @@ def test_default_model_follows_its_class():
 
     record = evaluate_shapes(visar.load("default", device="cpu"), n=80, batch_size=40, progress=False)
     assert record["accuracy"] >= 0.60
+
+
+@torch.no_grad()
+def test_zipar_aware_model_predicts_better_from_zipar_contexts():
+    """visar-tiny-c2i-zipar was trained on the contexts zipar gives (lag masks): on held-out renders its
+    next-token loss under those masks is lower than the default's, and the masks matter to it less."""
+    import torch.nn.functional as F
+
+    from visar.accel.zipar import lag_training_mask
+    from visar.apps.train import AR_RECIPES, class_render_options, images_to_tensor
+    from visar.data.shapes import render_class
+
+    render = class_render_options(AR_RECIPES["visar-tiny-c2i-zipar"])
+    labels = torch.arange(0, 40, 3)  # 14 classes, renders no recipe trains on
+    default, aware = visar.load("visar-tiny-c2i", device="cpu"), visar.load("visar-tiny-c2i-zipar", device="cpu")
+    images = [render_class(int(c), 424_242 + i, **render).image for i, c in enumerate(labels)]
+    codes = aware.tokenizer.encode(images_to_tensor(images)).reshape(len(labels), -1)
+
+    def loss(pipe, s):
+        model = pipe.model
+        mask = lag_training_mask(model.grid_size, s, model.num_condition_tokens).expand(len(labels), -1, -1)
+        logits = model(codes[:, :-1], labels, mask=mask)[:, model.num_condition_tokens - 1 :]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), codes.reshape(-1)).item()
+
+    width = aware.model.grid_size[1]
+    for s in (2, 3):
+        assert loss(aware, s) < loss(default, s)
+        assert loss(aware, s) - loss(aware, width) < loss(default, s) - loss(default, width)

@@ -140,7 +140,7 @@ def lag_training_mask(grid: tuple[int, int], s: int, num_condition_tokens: int =
     c' < c + (r - r') * s above it, all of its own row to the left, and the condition. Its KV
     is cached with that context, so a model trained under this mask meets at generation the
     contexts it was trained on (ZipAR-aware training; the one difference: a row's last token
-    is fed again for its KV once its row is complete, with the full row above visible).
+    is fed again for its KV once its row is complete, seeing its whole row).
     With s >= W the mask is plain causal.
     """
     height, width = grid

@@ -604,7 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoints to OUT/checkpoint.pt and resumes from it when started again with the same --out; the "
         "result is exported as fp16 safetensors in OUT/export/. Recipes: tokenizer: visar-tiny-vq; ar: "
         "visar-tiny-c2i, visar-tiny-c2i-draft, visar-tiny-t2i, and visar-tiny-c2i-zipar (the default's recipe "
-        "with ZipAR-aware training; not shipped). `ship` copies an ar export into visar/weights/ "
+        "with ZipAR-aware training, for zipar decoding). `ship` copies an ar export into visar/weights/ "
         "(the tokenizer into a shared folder named after its recipe).",
     )
     train.add_argument(

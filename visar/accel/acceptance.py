@@ -305,22 +305,28 @@ def lantern_relax_bounded(
 
     neighbours [V, k] code ids sorted by distance; costs [..., V, k] memory per call.
     """
-    surplus = (target_probs - draft_probs).clamp(min=0)
-    budget = torch.minimum((draft_probs - target_probs).clamp(min=0), _move_budget(target_probs, delta, lambda_cap))
-    budget = torch.where(target_probs > 0, budget, 0.0)
-    near = neighbours.to(target_probs.device)  # [V, k]
-    flat, shape = near.reshape(-1), (*target_probs.shape, near.shape[1])
+    shape = target_probs.shape
+    vocab = shape[-1]
+    # Work on [V, N] (the slots last): gathering rows of a [V, N] tensor by the neighbour ids is
+    # ~15x faster on CPU than index_select along the last dim of [N, V] (2.8 against 42 ms at k = 511).
+    p = target_probs.reshape(-1, vocab).t().contiguous()
+    q = draft_probs.reshape(-1, vocab).t().contiguous()
+    surplus = (p - q).clamp(min=0)
+    budget = torch.minimum((q - p).clamp(min=0), _move_budget(p, delta, lambda_cap))
+    budget = torch.where(p > 0, budget, 0.0)
+    near = neighbours.to(p.device)  # [V, k]
+    flat, k = near.reshape(-1), near.shape[1]
 
-    def at_neighbours(values: Tensor) -> Tensor:  # [..., V] -> [..., V, k] (index_select: fast on CPU)
-        return values.index_select(-1, flat).view(shape)
+    def at_neighbours(values: Tensor) -> Tensor:  # [V, N] -> [V, k, N]: the j-th neighbour's value
+        return values.index_select(0, flat).view(vocab, k, -1)
 
     near_surplus = at_neighbours(surplus)  # surplus of the j-th neighbour of z
-    before = near_surplus.cumsum(-1) - near_surplus
-    pull = torch.minimum((budget.unsqueeze(-1) - before).clamp(min=0), near_surplus)
-    claims = torch.zeros_like(target_probs).index_add_(-1, flat, pull.flatten(-2))  # [..., V]
+    before = near_surplus.cumsum(1) - near_surplus
+    pull = torch.minimum((budget.unsqueeze(1) - before).clamp(min=0), near_surplus)
+    claims = torch.zeros_like(p).index_add_(0, flat, pull.view(vocab * k, -1))  # [V, N]
     rate = torch.where(claims > 0, (surplus / claims.clamp(min=torch.finfo(claims.dtype).tiny)).clamp(max=1), 0.0)
-    granted = (pull * at_neighbours(rate)).sum(-1)  # t [..., V]
-    removed = claims * rate  # r [..., V]
-    total = granted.sum(-1, keepdim=True)  # R
+    granted = (pull * at_neighbours(rate)).sum(1)  # t [V, N]
+    removed = claims * rate  # r [V, N]
+    total = granted.sum(0, keepdim=True)  # R [1, N]
     theta = (delta / total.clamp(min=torch.finfo(total.dtype).tiny)).clamp(max=1.0)
-    return (target_probs + theta * (granted - removed)).clamp(min=0)
+    return (p + theta * (granted - removed)).clamp(min=0).t().reshape(shape)

@@ -210,6 +210,14 @@ class OneHotDrafts(jacobi.JacobiProposer):
         return tokens, F.one_hot(tokens, state.vocab_size).float()
 
 
+class CoupledDrafts(jacobi.JacobiProposer):
+    """MC-SJD's carry (the slot's verified-or-resampled token kept as the next draft), whatever
+    updater is asked for: its recorded law must be p~, not p, for the bound to hold."""
+
+    def __init__(self, initialiser, _updater):
+        super().__init__(initialiser, jacobi.maximal_coupling_carry)
+
+
 DELTA, K = 0.15, 2
 
 
@@ -221,6 +229,7 @@ def lantern_runs(model):
     runs = {}
     for name, relax, proposer, neighbours in [
         ("bounded", lantern_relax_bounded, jacobi.JacobiProposer, table[:, :K]),
+        ("bounded coupled", lantern_relax_bounded, CoupledDrafts, table[:, :K]),
         ("bounded one-hot", lantern_relax_bounded, OneHotDrafts, table[:, :K]),
         ("paper one-hot", lantern_relax_per_draft, OneHotDrafts, table[:, :K]),
         ("official one-hot", official_relax, OneHotDrafts, table),
@@ -251,7 +260,7 @@ def report(name, cells, stats):
     )
 
 
-@pytest.mark.parametrize("name", ["bounded", "bounded one-hot", "paper one-hot"])
+@pytest.mark.parametrize("name", ["bounded", "bounded coupled", "bounded one-hot", "paper one-hot"])
 def test_lantern_law_stays_within_delta_of_the_exact_law(lantern_runs, name):
     runs, law = lantern_runs
     tokens, stats = runs[name]
@@ -284,14 +293,21 @@ def test_no_relaxation_gives_the_tokens_of_sjd(model16, params):
     for name, options in [
         ("gsd", dict(group_size=1)),
         ("gsd", dict(group_size=14, prob_gap=0.0, max_distance=0.0)),
-        ("lantern", dict(delta=0.0, k=8)),
-        ("lantern", dict(delta=0.0, k=8, form="paper")),
+        ("lantern", dict(delta=0.0, k=8, coupling="none")),
+        ("lantern", dict(delta=0.0, k=8, form="paper", coupling="none")),
     ]:
         tokens, stats = get_method(name).fn(
             model16, cond, params, make_generators(4, 5), tokenizer=book, window=6, **options
         )
         assert torch.equal(tokens, reference), (name, options)
         assert stats["forward_passes_per_image"] == ref_stats["forward_passes_per_image"]
+    # with MC-SJD's coupled carry, lantern at delta 0 is mc-sjd
+    for coupling in ("maximal", "gumbel"):
+        reference, _ = jacobi.mc_sjd(model16, cond, params, make_generators(4, 5), window=6, coupling=coupling)
+        tokens, _ = relaxed.lantern(
+            model16, cond, params, make_generators(4, 5), tokenizer=book, window=6, delta=0.0, coupling=coupling
+        )
+        assert torch.equal(tokens, reference), coupling
     # with a draft model: lantern at delta 0 is spec
     draft = perturbed(model16, seed=5, scale=0.1)
     reference, _ = jacobi.spec(model16, cond, params, make_generators(4, 5), draft=draft, window=4)
@@ -306,8 +322,9 @@ def test_relaxed_methods_take_no_more_passes_than_sjd(model16):
     sjd_passes = sum(jacobi.sjd(model16, cond, params, make_generators(64, 0), window=8)[1]["forward_passes_per_image"])
     for name, options in [
         ("gsd", dict(max_distance=1.0)),
-        ("lantern", dict(delta=0.1, k=8)),
-        ("lantern", dict(delta=0.1, k=8, form="paper")),
+        ("lantern", dict(delta=0.1, k=8, coupling="none")),
+        ("lantern", dict(delta=0.1, k=8, coupling="maximal")),
+        ("lantern", dict(delta=0.1, k=8, form="paper", coupling="none")),
         ("lantern++", dict(draft=perturbed(model16, seed=5, scale=0.1), lambda_cap=5.0, k=8)),
     ]:
         options = {"window": 8, **options} if name != "lantern++" else options
@@ -366,7 +383,7 @@ def test_neighbour_table_is_computed_once_and_cached_by_codebook(tmp_path, monke
 def test_methods_are_registered_lossy_with_their_options():
     assert not any(METHODS[m].lossless for m in ("gsd", "lantern", "lantern++"))
     assert METHODS["gsd"].options == ["group_size", "prob_gap", "max_distance", "window", "warmup", "tail", "init"]
-    assert METHODS["lantern"].options == ["delta", "k", "form", "draft", "window", "warmup", "tail", "init"]
+    assert METHODS["lantern"].options == ["delta", "k", "form", "draft", "coupling", "window", "warmup", "tail", "init"]
     assert METHODS["lantern++"].options == ["draft", "tree", "lambda_cap", "delta", "k", "form"]
     assert all(METHODS[m].takes_tokenizer for m in ("gsd", "lantern", "lantern++"))
 
@@ -397,6 +414,12 @@ class ContinuousTokenizer(torch.nn.Module):
         ("lantern", dict(delta=float("nan")), "delta must be a number >= 0"),
         ("lantern", dict(k=0), "k must be an integer >= 1"),
         ("lantern", dict(form="official"), "unknown lantern form"),
+        ("lantern", dict(coupling="exact"), "unknown coupling 'exact'"),
+        (
+            "lantern",
+            dict(coupling="maximal", draft=tiny_llamagen(vocab=32, block_size=16, seed=9)),
+            "coupling applies to Jacobi",
+        ),
         ("gsd", dict(group_size=0), "group_size must be an integer >= 1"),
         ("gsd", dict(group_size=2.5), "group_size must be an integer >= 1"),
         ("gsd", dict(prob_gap=-1), "prob_gap must be a number >= 0"),

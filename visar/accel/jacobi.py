@@ -137,18 +137,24 @@ class CarryRequest:
     state: DecodeState
     target_probs: Tensor  # [B, L, V] this pass's p at every slot
     slot_tokens: Tensor  # [B, L] the verified-or-resampled token of every slot (maximal coupling of (q, p))
+    slot_laws: Tensor  # [B, L, V] the law each slot token follows: p, or LANTERN's p~ at a verified draft
     slot_index: Tensor  # [B, L] absolute image-token index each slot predicts
     uniforms: Tensor  # [B, L] this iteration's carry uniforms of each image
 
 
-def independent_carry(request: CarryRequest) -> Tensor:
+# An updater returns the next drafts [B, L] and the law each was drawn from [B, L, V]: the next
+# pass verifies a draft against the q recorded for it, so that q must be its true law.
+
+
+def independent_carry(request: CarryRequest) -> tuple[Tensor, Tensor]:
     """SJD: a fresh draw from p at every slot, independent of the old draft."""
-    return sample_from_probs(request.target_probs, request.uniforms)
+    return sample_from_probs(request.target_probs, request.uniforms), request.target_probs
 
 
-def maximal_coupling_carry(request: CarryRequest) -> Tensor:
-    """MC-SJD (pi_MC): the speculative test at every slot, no break; P(keep old draft) = 1 - TV(p, q)."""
-    return request.slot_tokens
+def maximal_coupling_carry(request: CarryRequest) -> tuple[Tensor, Tensor]:
+    """MC-SJD (pi_MC): the speculative test at every slot, no break; P(keep old draft) = 1 - TV(p, q).
+    Under a relaxed rule (LANTERN) the slot token follows p~, and p~ is recorded as its law."""
+    return request.slot_tokens, request.slot_laws
 
 
 class GumbelCarry:
@@ -178,7 +184,7 @@ class GumbelCarry:
             self.noise[b, rows[b, slot]] = fresh
             self.row_position[b, rows[b, slot]] = positions
         noise = self.noise.gather(1, rows[..., None].expand(-1, -1, vocab))
-        return gumbel_coupling(request.target_probs, noise)
+        return gumbel_coupling(request.target_probs, noise), request.target_probs
 
 
 COUPLINGS = {"maximal": maximal_coupling_carry, "gumbel": GumbelCarry}
@@ -224,16 +230,17 @@ class JacobiProposer:
             draft_probs = torch.where(from_carry[..., None], draft_probs, fill_probs.to(draft_probs.dtype))
         return draft_tokens, draft_probs
 
-    def after_commit(self, state, window, target_probs, slot_tokens, commit_count):
+    def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws=None):
         length = target_probs.shape[1]
         slot_index = state.committed[:, None] + torch.arange(length, device=target_probs.device)
-        request = CarryRequest(state, target_probs, slot_tokens, slot_index, window.uniforms[:, CARRY, :length])
-        carry = self.updater(request)  # [B, L]
+        slot_laws = target_probs if slot_laws is None else slot_laws
+        uniforms = window.uniforms[:, CARRY, :length]
+        carry, law = self.updater(CarryRequest(state, target_probs, slot_tokens, slot_laws, slot_index, uniforms))
         # Slots commit_count .. window_len - 1 become drafts for the indices right after the new commit.
         shift = (commit_count[:, None] + torch.arange(length, device=carry.device)).clamp(max=length - 1)
         self.carry_tokens[:, :length] = carry.gather(1, shift)
         vocab = target_probs.shape[-1]
-        self.carry_probs[:, :length] = target_probs.gather(1, shift[..., None].expand(-1, -1, vocab))
+        self.carry_probs[:, :length] = law.gather(1, shift[..., None].expand(-1, -1, vocab))
         self.carry_count = (window.window_len - commit_count).clamp(min=0)
 
     def close(self):
@@ -300,7 +307,7 @@ class DraftModelProposer:
                 logits = self._run(token[:, None], position[:, None])[:, -1]
         return torch.stack(draft_tokens, 1), torch.stack(draft_probs, 1)
 
-    def after_commit(self, state, window, target_probs, slot_tokens, commit_count):
+    def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws=None):
         num_drafts = window.max_drafts
         if num_drafts == 0 or self.draft_len is None:
             return
@@ -431,7 +438,7 @@ def speculative_decode(
             # Verify every drafted slot at once; only the run of leading accepts commits. Each slot's
             # output is its draft if accepted, else a draw from the residual (from p at the bonus slot).
             drafted_p = target_probs[:, :num_drafts]
-            # A relaxed rule (LANTERN) verifies against p~; the bonus slot and the carry keep p.
+            # A relaxed rule (LANTERN) verifies against p~; the bonus slot and an independent carry keep p.
             verified_p = drafted_p if rule.relax is None else rule.relax(drafted_p, draft_probs, draft_tokens)
             accept = rule.accept(verified_p, draft_probs, draft_tokens, step.uniforms[:, ACCEPT, :num_drafts])
             accept &= has_draft
@@ -460,7 +467,12 @@ def speculative_decode(
             drafted_passes += (step.num_drafts > 0).sum()
             passes_per_image += active.long()
 
-            proposer.after_commit(state, step, target_probs, slot_tokens, commit_count)
+            # A relaxed rule's verified slots follow p~, not p: a coupled carry must record that.
+            slot_laws = None
+            if rule.relax is not None:
+                verified_law = torch.where(has_draft[..., None], verified_p, drafted_p)
+                slot_laws = torch.cat([verified_law, target_probs[:, num_drafts:]], 1)
+            proposer.after_commit(state, step, target_probs, slot_tokens, commit_count, slot_laws)
             state.committed = state.committed + commit_count
             # The cache keeps every committed token but the newest, which the next window feeds.
             lengths = num_cond + state.committed - 1

@@ -69,6 +69,7 @@ from .acceptance import (
     speculative_residual,
 )
 from .jacobi import (
+    COUPLINGS,
     DraftModelProposer,
     JacobiProposer,
     check_draft,
@@ -195,12 +196,25 @@ def check_number(name: str, value, minimum: float, *, integer: bool = False, all
         raise VisarError(f"{name} must be {kind} >= {minimum}, got {value!r}")
 
 
-def jacobi_or_draft_proposer(model, cond, cond_mask, params, tokenizer, draft, init):
+def jacobi_or_draft_proposer(model, cond, cond_mask, params, tokenizer, draft, init, coupling=None):
     if draft is None:
-        return JacobiProposer(resolve_initialiser(init), independent_carry)
+        return JacobiProposer(resolve_initialiser(init), carry_updater(coupling or "none"))
+    if coupling is not None:
+        raise VisarError("coupling applies to Jacobi drafts (carried over between passes); a draft model drafts afresh")
     draft_model, draft_tokenizer = resolve_draft(model, draft)
     check_draft(model, draft_model, draft_tokenizer, tokenizer if not isinstance(tokenizer, Tensor) else None)
     return DraftModelProposer(draft_model, cond, cond_mask, params)
+
+
+def carry_updater(coupling: str) -> Callable:
+    """How Jacobi drafts carry over between passes: "none" (SJD: fresh draws from p) or MC-SJD's
+    couplings ("maximal", "gumbel"; jacobi.COUPLINGS), which keep the old draft when it still fits."""
+    if coupling == "none":
+        return independent_carry
+    if coupling not in COUPLINGS:
+        raise VisarError(f"unknown coupling {coupling!r}; use one of none, {', '.join(COUPLINGS)}")
+    updater = COUPLINGS[coupling]
+    return updater() if isinstance(updater, type) else updater
 
 
 # -- the registered methods -----------------------------------------------------------------------------
@@ -270,6 +284,7 @@ def lantern(
     k: int = 64,
     form: str = "bounded",
     draft=None,
+    coupling: str | None = None,
     window: int | None = None,
     warmup: int = 0,
     tail: int = 0,
@@ -283,8 +298,11 @@ def lantern(
     paper's per-draft target, whose bound holds only for deterministic drafts (here it can be
     exceeded). k: neighbours per code (clipped to V - 1; the bounded form costs [B, L, V, k]
     memory per pass). draft: None for Jacobi drafts (as `sjd`, window 16 by default), or a draft
-    model as in `spec` (window 5 by default). tokenizer: the model's VQ tokenizer (or its
-    codebook [V, C]); Pipeline.generate passes it. Other options as `sjd`.
+    model as in `spec` (window 5 by default). coupling (Jacobi drafts only): how drafts carry
+    over between passes, "none" (SJD's fresh draws from p, the default) or MC-SJD's "maximal" /
+    "gumbel"; a maximally coupled carry keeps each slot's verified token, whose law is p~, and
+    records p~ as its q, so the bound holds with it too. tokenizer: the model's VQ tokenizer (or
+    its codebook [V, C]); Pipeline.generate passes it. Other options as `sjd`.
     """
     window = (16 if draft is None else 5) if window is None else window
     check_spans(window, warmup, tail)
@@ -295,7 +313,7 @@ def lantern(
     book = codebook_of(tokenizer, model.vocab_size, "lantern")
     table = neighbour_table(book, min(k, model.vocab_size - 1)).to(model.output.weight.device)
     relax = lossless(False)(partial(LANTERN_FORMS[form], neighbours=table, delta=float(delta)))
-    proposer = jacobi_or_draft_proposer(model, cond, cond_mask, params, tokenizer, draft, init)
+    proposer = jacobi_or_draft_proposer(model, cond, cond_mask, params, tokenizer, draft, init, coupling)
     tokens, stats = speculative_decode(
         model,
         cond,
@@ -309,7 +327,8 @@ def lantern(
         cond_mask=cond_mask,
         progress=progress,
     )
-    return tokens, {**stats, "delta": delta, "k": table.shape[1], "form": form}
+    used = (coupling or "none") if draft is None else "draft model"
+    return tokens, {**stats, "delta": delta, "k": table.shape[1], "form": form, "coupling": used}
 
 
 def lantern_pp(

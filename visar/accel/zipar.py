@@ -498,13 +498,14 @@ def decode_fronts(
             passes_per_image += (count[:, -1] < width).long()
 
             if speculative:  # the slots after a front's commit become drafts for the same indices
-                request = CarryRequest(
-                    state, target_probs, slot_tokens, target.clamp(max=num_tokens - 1), uniforms[:, CARRY]
+                request = CarryRequest(  # no relaxed rule here: every slot token follows p
+                    state, target_probs, slot_tokens, target_probs, target.clamp(max=num_tokens - 1), uniforms[:, CARRY]
                 )
                 # Slots that leaned on the row above's drafts carry nothing (the initialiser refills them
                 # from the rows above, which they follow more closely than a draw from a guessed context).
                 after = torch.where(plan.predicts & ~plan.leans & (plan.slot >= lane_commits), target, num_tokens)
-                carried.store(after, updater(request), target_probs)
+                next_drafts, laws = updater(request)
+                carried.store(after, next_drafts, laws)
                 carried.drop(torch.where(plan.leans, target, num_tokens))
 
             # KV cached by this pass: a front's input and its accepted drafts, a fed-only newest token,

@@ -8,7 +8,7 @@ import torch
 import visar
 from visar.registry import DEFAULT_MODEL, WEIGHTS_DIR, embedded_models
 
-TRAINED = ["visar-tiny-c2i", "visar-tiny-c2i-draft", "visar-tiny-c2i-zipar", "visar-tiny-t2i"]
+TRAINED = ["visar-tiny-c2i", "visar-tiny-c2i-causal", "visar-tiny-c2i-draft", "visar-tiny-t2i"]
 
 
 def test_default_is_the_trained_class_conditional_model():
@@ -56,8 +56,9 @@ def test_shipped_config_records_the_current_recipe(name):
 
 
 def test_default_model_follows_its_class():
-    """The trained default draws the class's shape and colour far above chance (2.5%): 78.6% at
-    n = 500. At a true 75%, 80 images fall below 60% with probability about 0.1%."""
+    """The trained default draws the class's shape and colour far above chance (2.5%): 73.0% at
+    n = 500. At a true 73%, 80 images fall below 60% with probability 0.4% (the draw is seeded:
+    a pass or a failure repeats)."""
     from visar.eval.shapes_eval import evaluate_shapes
 
     record = evaluate_shapes(visar.load("default", device="cpu"), n=80, batch_size=40, progress=False)
@@ -66,17 +67,17 @@ def test_default_model_follows_its_class():
 
 @torch.no_grad()
 def test_zipar_aware_model_predicts_better_from_zipar_contexts():
-    """visar-tiny-c2i-zipar was trained on the contexts zipar gives (lag masks): on held-out renders its
-    next-token loss under those masks is lower than the default's, and the masks matter to it less."""
+    """The default was trained on the contexts zipar gives (lag masks): on held-out renders its
+    next-token loss under those masks is lower than the causal model's, and the masks matter to it less."""
     import torch.nn.functional as F
 
     from visar.accel.zipar import lag_training_mask
     from visar.apps.train import AR_RECIPES, class_render_options, images_to_tensor
     from visar.data.shapes import render_class
 
-    render = class_render_options(AR_RECIPES["visar-tiny-c2i-zipar"])
+    render = class_render_options(AR_RECIPES["visar-tiny-c2i"])
     labels = torch.arange(0, 40, 3)  # 14 classes, renders no recipe trains on
-    default, aware = visar.load("visar-tiny-c2i", device="cpu"), visar.load("visar-tiny-c2i-zipar", device="cpu")
+    causal, aware = visar.load("visar-tiny-c2i-causal", device="cpu"), visar.load("visar-tiny-c2i", device="cpu")
     images = [render_class(int(c), 424_242 + i, **render).image for i, c in enumerate(labels)]
     codes = aware.tokenizer.encode(images_to_tensor(images)).reshape(len(labels), -1)
 
@@ -88,5 +89,5 @@ def test_zipar_aware_model_predicts_better_from_zipar_contexts():
 
     width = aware.model.grid_size[1]
     for s in (2, 3):
-        assert loss(aware, s) < loss(default, s)
-        assert loss(aware, s) - loss(aware, width) < loss(default, s) - loss(default, width)
+        assert loss(aware, s) < loss(causal, s)
+        assert loss(aware, s) - loss(aware, width) < loss(causal, s) - loss(causal, width)

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-BASE = "visar-tiny-c2i"
+BASE = "visar-tiny-c2i-causal"  # the sweep predates zipar-aware training
 WEIGHTS = Path(__file__).resolve().parents[1] / "visar" / "weights"
 
 # name -> recipe overrides. "render" replaces the recipe's render settings; "model_args" is merged.

@@ -603,8 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train visar's embedded models on the offline shapes world by their fixed recipes. A run "
         "checkpoints to OUT/checkpoint.pt and resumes from it when started again with the same --out; the "
         "result is exported as fp16 safetensors in OUT/export/. Recipes: tokenizer: visar-tiny-vq; ar: "
-        "visar-tiny-c2i, visar-tiny-c2i-draft, visar-tiny-t2i, and visar-tiny-c2i-zipar (the default's recipe "
-        "with ZipAR-aware training, for zipar decoding). `ship` copies an ar export into visar/weights/ "
+        "visar-tiny-c2i (the default, with ZipAR-aware training), visar-tiny-c2i-causal (the same without it), "
+        "visar-tiny-c2i-draft, visar-tiny-t2i. `ship` copies an ar export into visar/weights/ "
         "(the tokenizer into a shared folder named after its recipe).",
     )
     train.add_argument(

@@ -188,6 +188,16 @@ class GumbelCarry:
 
 
 COUPLINGS = {"maximal": maximal_coupling_carry, "gumbel": GumbelCarry}
+CARRIES = {"none": independent_carry, **COUPLINGS}  # what a relaxed method may carry over with
+
+
+def carry_updater(coupling: str, method: str, choices: dict = COUPLINGS) -> Callable:
+    """The carry-over updater named by a method's `coupling` option (a fresh one per decode: the
+    Gumbel carry keeps its noise rows)."""
+    if coupling not in choices:
+        raise VisarError(f"unknown coupling {coupling!r} for {method}; use one of {', '.join(choices)}")
+    updater = choices[coupling]
+    return updater() if isinstance(updater, type) else updater
 
 
 class JacobiProposer:
@@ -569,11 +579,7 @@ def mc_sjd(
     noise keyed to image and absolute position, pi_GS). Other options as `sjd`.
     """
     check_spans(window, warmup, tail)
-    if coupling not in COUPLINGS:
-        raise VisarError(f"unknown coupling {coupling!r} for mc-sjd; use one of {', '.join(COUPLINGS)}")
-    updater = COUPLINGS[coupling]
-    updater = updater() if isinstance(updater, type) else updater
-    proposer = JacobiProposer(resolve_initialiser(init), updater)
+    proposer = JacobiProposer(resolve_initialiser(init), carry_updater(coupling, "mc-sjd"))
     tokens, stats = speculative_decode(
         model,
         cond,

@@ -69,9 +69,10 @@ from .acceptance import (
     speculative_residual,
 )
 from .jacobi import (
-    COUPLINGS,
+    CARRIES,
     DraftModelProposer,
     JacobiProposer,
+    carry_updater,
     check_draft,
     check_spans,
     independent_carry,
@@ -198,23 +199,12 @@ def check_number(name: str, value, minimum: float, *, integer: bool = False, all
 
 def jacobi_or_draft_proposer(model, cond, cond_mask, params, tokenizer, draft, init, coupling=None):
     if draft is None:
-        return JacobiProposer(resolve_initialiser(init), carry_updater(coupling or "none"))
+        return JacobiProposer(resolve_initialiser(init), carry_updater(coupling or "none", "lantern", CARRIES))
     if coupling is not None:
         raise VisarError("coupling applies to Jacobi drafts (carried over between passes); a draft model drafts afresh")
     draft_model, draft_tokenizer = resolve_draft(model, draft)
     check_draft(model, draft_model, draft_tokenizer, tokenizer if not isinstance(tokenizer, Tensor) else None)
     return DraftModelProposer(draft_model, cond, cond_mask, params)
-
-
-def carry_updater(coupling: str) -> Callable:
-    """How Jacobi drafts carry over between passes: "none" (SJD: fresh draws from p) or MC-SJD's
-    couplings ("maximal", "gumbel"; jacobi.COUPLINGS), which keep the old draft when it still fits."""
-    if coupling == "none":
-        return independent_carry
-    if coupling not in COUPLINGS:
-        raise VisarError(f"unknown coupling {coupling!r}; use one of none, {', '.join(COUPLINGS)}")
-    updater = COUPLINGS[coupling]
-    return updater() if isinstance(updater, type) else updater
 
 
 # -- the registered methods -----------------------------------------------------------------------------

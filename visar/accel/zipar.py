@@ -84,13 +84,13 @@ from .ar import with_null_condition
 from .jacobi import (
     ACCEPT,
     CARRY,
-    COUPLINGS,
     DRAFT,
     NUM_PURPOSES,
     RESIDUAL,
     CarryRequest,
     DecodeState,
     FillRequest,
+    carry_updater,
     check_spans,
     independent_carry,
     random_init,
@@ -619,10 +619,7 @@ def zipar_mc_sjd(
     """
     token_grid(model, "zipar-mc-sjd")
     initialiser = resolve_initialiser(init)
-    if coupling not in COUPLINGS:
-        raise VisarError(f"unknown coupling {coupling!r} for zipar-mc-sjd; use one of {', '.join(COUPLINGS)}")
-    updater = COUPLINGS[coupling]
-    updater = updater() if isinstance(updater, type) else updater
+    updater = carry_updater(coupling, "zipar-mc-sjd")
     tokens, stats = decode_fronts(
         model,
         cond,

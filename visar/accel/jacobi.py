@@ -240,10 +240,9 @@ class JacobiProposer:
             draft_probs = torch.where(from_carry[..., None], draft_probs, fill_probs.to(draft_probs.dtype))
         return draft_tokens, draft_probs
 
-    def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws=None):
+    def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws):
         length = target_probs.shape[1]
         slot_index = state.committed[:, None] + torch.arange(length, device=target_probs.device)
-        slot_laws = target_probs if slot_laws is None else slot_laws
         uniforms = window.uniforms[:, CARRY, :length]
         carry, law = self.updater(CarryRequest(state, target_probs, slot_tokens, slot_laws, slot_index, uniforms))
         # Slots commit_count .. window_len - 1 become drafts for the indices right after the new commit.
@@ -317,7 +316,7 @@ class DraftModelProposer:
                 logits = self._run(token[:, None], position[:, None])[:, -1]
         return torch.stack(draft_tokens, 1), torch.stack(draft_probs, 1)
 
-    def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws=None):
+    def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws):
         num_drafts = window.max_drafts
         if num_drafts == 0 or self.draft_len is None:
             return
@@ -478,7 +477,7 @@ def speculative_decode(
             passes_per_image += active.long()
 
             # A relaxed rule's verified slots follow p~, not p: a coupled carry must record that.
-            slot_laws = None
+            slot_laws = target_probs
             if rule.relax is not None:
                 verified_law = torch.where(has_draft[..., None], verified_p, drafted_p)
                 slot_laws = torch.cat([verified_law, target_probs[:, num_drafts:]], 1)

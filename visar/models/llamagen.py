@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import VisarError
+from .base import ConditionLayout
 
 
 @dataclass(frozen=True)
@@ -277,7 +278,12 @@ def apply_rope(x: Tensor, rope: Tensor) -> Tensor:
 
 
 class LlamaGen(nn.Module):
-    """The LlamaGen GPT, with state_dict keys identical to the official `Transformer`."""
+    """The LlamaGen GPT, with state_dict keys identical to the official `Transformer`.
+
+    Implements `visar.models.base.RasterModel`, the interface every raster decoding method uses.
+    """
+
+    model_kind = "raster"
 
     def __init__(self, config: LlamaGenConfig):
         super().__init__()
@@ -300,7 +306,22 @@ class LlamaGen(nn.Module):
         )
         self.cache_key_valid: Tensor | None = None  # [B, S] bool, set by setup_cache
 
-    # -- properties the decoding methods rely on -------------------------------------------
+    # -- the RasterModel interface ----------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.output.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.output.weight.dtype
+
+    @property
+    def condition_layout(self) -> ConditionLayout:
+        config = self.config
+        if config.model_type == "c2i":
+            return ConditionLayout("class", config.cls_token_num, num_classes=config.num_classes)
+        return ConditionLayout("text", config.cls_token_num, embed_dim=config.caption_dim)
+
     @property
     def num_condition_tokens(self) -> int:
         return self.config.cls_token_num
@@ -383,7 +404,8 @@ class LlamaGen(nn.Module):
         The positions fed are [condition (if cond) ; tokens]; input_pos ([L] or [B, L]) gives
         their absolute sequence positions (default 0..L-1 with cond, else T..T+N-1), which
         select both the RoPE entry and, with a cache, the slot written.
-        mask [B, L, S] bool (True = visible): S is the cache length with a cache, else L.
+        mask [B, L, S] bool (True = visible): S is the cache length with a cache, else L; with a
+        cache, the invalid caption keys of `setup_cache`'s cond_mask are hidden from it too.
         Default: causal by position, minus invalid caption keys (cond_mask [B, T] without a
         cache; the cache's own `key_valid` with one). Row l predicts the token after position
         input_pos[l]. cache_pos ([L] or [B, L]): the cache slots to write instead of input_pos,
@@ -407,6 +429,8 @@ class LlamaGen(nn.Module):
         )
         if input_pos.dim() == 1:
             input_pos = input_pos[None].expand(bsz, -1)
+        if mask is not None and cached:
+            mask = mask & self.cache_key_valid[:, None, :]  # padded caption slots stay hidden
         if mask is None and not plain_causal:
             if cached:
                 key_pos = torch.arange(self.cache_key_valid.shape[1], device=h.device)[None].expand(bsz, -1)

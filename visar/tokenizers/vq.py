@@ -245,6 +245,8 @@ class VectorQuantizer(nn.Module):
 
 
 class VQModel(nn.Module):
+    """LlamaGen's VQ tokenizer; implements `visar.tokenizers.base.TokenGridTokenizer`."""
+
     def __init__(self, config: VQConfig):
         super().__init__()
         self.config = config
@@ -265,6 +267,10 @@ class VQModel(nn.Module):
     @property
     def downsample(self) -> int:
         return self.config.downsample
+
+    def codebook(self) -> Tensor:
+        """The code vectors [V, C] that token ids decode through."""
+        return self.quantize.codebook()
 
     def pre_quant(self, images: Tensor) -> Tensor:
         return self.quant_conv(self.encoder(images))

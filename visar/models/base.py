@@ -1,0 +1,116 @@
+"""The written interfaces between models and decoding methods: one `Protocol` per kind of model.
+
+A decoding method in `visar/accel` sees a model only through the interface of its kind, never a
+concrete model class, so a new family (a Hugging Face decoder, another LlamaGen-like GPT) joins
+every method of its kind by implementing the interface in its own file. Today one kind exists:
+
+- `RasterModel` ("raster"): next-token prediction over an H x W grid of image tokens in raster
+  order, after a condition (a class id or caption embeddings), with a KV cache that methods set
+  up, write at explicit positions, truncate per sample and clear.
+
+The interfaces of next-scale (VAR), masked (MaskGIT) and continuous-token (MAR) models join here
+with their families. A model declares its kind in `model_kind`; a method declares the kind it
+decodes (`visar.accel.Method.model_kind`) and refuses any other with one clear error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class ConditionLayout:
+    """What a model is conditioned on and how many sequence positions the condition takes.
+
+    kind "class": cond is a LongTensor [B] of ids 0 .. num_classes - 1. kind "text": cond is
+    caption embeddings [B, num_tokens, embed_dim] (with an optional validity mask [B, num_tokens]
+    for padded captions). Two models can share drafts or images only with equal layouts.
+    """
+
+    kind: Literal["class", "text"]
+    num_tokens: int  # condition positions before image token 0
+    num_classes: int = 0  # kind "class"
+    embed_dim: int = 0  # kind "text": width of one caption embedding
+
+
+@runtime_checkable
+class RasterModel(Protocol):
+    """A next-token image model over an H x W token grid in raster order, with a KV cache.
+
+    Sequence layout: [T condition positions | N = H * W image tokens]; image token i sits at
+    position T + i, and the output at position T + i - 1 predicts it (the last condition
+    position predicts token 0).
+
+    Calls (`model(tokens, cond, input_pos=..., mask=..., cache_pos=...)`) return float32
+    logits [B, L, V] for the L inputs fed, [condition (if cond) ; tokens (if tokens)]:
+    - input_pos ([L] shared, or [B, L] per sample): the absolute position of each input; with a
+      cache it is also the slot the input's keys and values are written to, unless cache_pos
+      ([L] or [B, L]) names other slots (inputs that share a position, such as draft-tree nodes).
+    - mask ([B, L, S] bool, True = visible; S = the cache length): which cached slots each input
+      attends to. The model hides the condition positions that `setup_cache`'s cond_mask marks
+      invalid (padded captions) from every query, whatever the mask says. mask None: causal by
+      position over the cache.
+    A method never reads the cache or any attribute outside this interface; the cache holds what
+    was written at a slot until `truncate_cache` forgets it.
+    """
+
+    model_kind: ClassVar[str]  # "raster"
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """(H, W) of the image-token grid."""
+        ...
+
+    @property
+    def num_image_tokens(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def num_condition_tokens(self) -> int:
+        """T, the condition positions before image token 0."""
+        ...
+
+    @property
+    def condition_layout(self) -> ConditionLayout: ...
+
+    def null_condition(self, cond: Tensor) -> Tensor:
+        """The unconditional counterpart of `cond` (same shape), for classifier-free guidance."""
+        ...
+
+    def setup_cache(self, batch_size: int, max_seq_len: int, cond_mask: Tensor | None = None) -> None:
+        """Allocate an empty cache of max_seq_len slots for batch_size rows; cond_mask [B, T] bool
+        marks the valid condition positions of each row (None: all valid)."""
+        ...
+
+    def truncate_cache(self, lengths: Tensor) -> None:
+        """Forget every slot at or beyond lengths[b] in row b ([B] long)."""
+        ...
+
+    def clear_cache(self) -> None: ...
+
+    def __call__(
+        self,
+        tokens: Tensor | None = None,
+        cond: Tensor | None = None,
+        *,
+        input_pos: Tensor | None = None,
+        mask: Tensor | None = None,
+        cache_pos: Tensor | None = None,
+    ) -> Tensor: ...
+
+
+def model_kind(model) -> str | None:
+    """The interface a model declares (`model_kind`), or None for an object that declares none."""
+    return getattr(model, "model_kind", None)

@@ -6,8 +6,8 @@ from safetensors.torch import save_file
 
 import visar
 from visar.errors import CheckpointMismatchError, VisarError
+from visar.families.llamagen import load_model_weights
 from visar.models.llamagen import LlamaGen, LlamaGenConfig, preset_config
-from visar.pipeline import load_model_weights
 
 TINY = dict(dim=64, n_layer=2, n_head=4, vocab_size=64, num_classes=10, block_size=16)
 

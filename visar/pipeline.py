@@ -1,9 +1,14 @@
-"""`visar.load` and the `Pipeline` every command, benchmark and demo goes through."""
+"""`visar.load` and the `Pipeline` every command, benchmark and demo goes through.
+
+The pipeline holds a model (implementing its kind's interface, `visar.models.base`), the tokenizer
+its family pairs it with, and default sampling settings. It resolves everything a decoding method
+must not know about (model names, draft models, tokenizers) before the method runs. Loading
+dispatches on the family (`visar.families`): config.json's "family" key, or an official preset's.
+"""
 
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,12 +21,13 @@ from torch import Tensor
 from . import registry
 from .accel import get_method
 from .accel.sampling import SamplingParams, make_generators
+from .accel.timing import synchronized_clock
 from .checkpoints import load_strict, read_state_dict
-from .data.shapes import class_render_options
 from .errors import VisarError
-from .models.llamagen import GPT_SIZES, LlamaGen, LlamaGenConfig, preset_config
+from .families import Family, get_family, official_presets
+from .models.base import RasterModel
 from .models.text import CaptionEncoder, CaptionEncoderConfig
-from .tokenizers.vq import VQ_PRESETS, VQConfig, VQModel
+from .tokenizers.base import TokenGridTokenizer
 
 DTYPES = {
     "fp32": torch.float32,
@@ -57,24 +63,42 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 @dataclass
 class GenerationOutput:
+    """images: per output_type (None for "tokens"). tokens, per model kind: raster models give the
+    token grid, a LongTensor [B, h, w] (h, w = the model's grid_size). stats: see Pipeline.generate."""
+
     images: list[Image.Image] | Tensor | np.ndarray | None
-    tokens: Tensor  # [B, h, w]
+    tokens: Tensor
     stats: dict[str, Any] = field(default_factory=dict)
 
 
+def same_tokenizer(a: TokenGridTokenizer, b: TokenGridTokenizer) -> bool:
+    """Do token ids mean the same images under both? Same object, or equal weights (codebook and decoder)."""
+    if a is b:
+        return True
+    if a.vocab_size != b.vocab_size or not torch.equal(a.codebook().detach().cpu(), b.codebook().detach().cpu()):
+        return False
+    state_a, state_b = a.state_dict(), b.state_dict()
+    return state_a.keys() == state_b.keys() and all(
+        torch.equal(state_a[k].detach().cpu(), state_b[k].detach().cpu()) for k in state_a
+    )
+
+
+LOADED_DRAFTS: dict[tuple, Pipeline] = {}  # (name, device, dtype) -> loaded draft pipeline
+
+
 class Pipeline:
-    """A generator (LlamaGen-family) with its tokenizer and default sampling settings."""
+    """A generator (a model of a registered family) with its tokenizer and default sampling settings."""
 
     def __init__(
         self,
-        model: LlamaGen,
-        tokenizer: VQModel | None,
+        model: RasterModel,
+        tokenizer: TokenGridTokenizer | None,
         *,
         name: str,
         defaults: dict | None = None,
         class_names: list[str] | None = None,
         text_encoder=None,
-        class_render: dict | None = None,
+        recipe: dict | None = None,
     ):
         self.model = model.eval()
         self.tokenizer = tokenizer.eval() if tokenizer is not None else None
@@ -82,8 +106,9 @@ class Pipeline:
         self.defaults = {"guidance_scale": 1.0, "temperature": 1.0, "top_k": None, "top_p": 1.0, **(defaults or {})}
         self.class_names = class_names
         self.text_encoder = text_encoder
-        # render_class options of the shapes-world data the model was trained on (ground truth to compare with)
-        self.class_render = dict(class_render or {})
+        # The recipe the model was trained by (config.json "recipe"), for evaluations that compare
+        # with its training data; the pipeline itself does not read it.
+        self.recipe = dict(recipe or {})
 
     def compile(self, **compile_kwargs) -> Pipeline:
         """torch.compile the generator in place (`nn.Module.compile`), so every method's forward passes use it.
@@ -96,19 +121,19 @@ class Pipeline:
 
     @property
     def device(self) -> torch.device:
-        return self.model.output.weight.device
+        return self.model.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.output.weight.dtype
+        return self.model.dtype
 
     @property
     def is_class_conditional(self) -> bool:
-        return self.model.config.model_type == "c2i"
+        return self.model.condition_layout.kind == "class"
 
     @property
     def num_classes(self) -> int:
-        return self.model.config.num_classes
+        return self.model.condition_layout.num_classes
 
     # -- conditions -------------------------------------------------------------------------
     def class_condition(self, class_labels) -> Tensor:
@@ -131,9 +156,10 @@ class Pipeline:
         if prompts is None:
             raise VisarError("a text-conditional model needs prompts= (or caption_embeds=)")
         if self.text_encoder is None:
+            layout = self.model.condition_layout
             raise VisarError(
-                f"{self.name} has no text encoder: pass caption_embeds= [B, {self.model.config.cls_token_num}, "
-                f"{self.model.config.caption_dim}] (for official LlamaGen: flan-t5-xl embeddings, left-padded)"
+                f"{self.name} has no text encoder: pass caption_embeds= [B, {layout.num_tokens}, "
+                f"{layout.embed_dim}] (for official LlamaGen: flan-t5-xl embeddings, left-padded)"
             )
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         embeds, mask = self.text_encoder.encode(prompts)
@@ -179,13 +205,20 @@ class Pipeline:
         batch draws from its own generator, seeded `seed + i` unless `generator` (one per image,
         or a single one for a single image) is given. output_type: "pil" (list of PIL images),
         "pt" (float tensor [B, 3, H, W] in [0, 1]), "np" (uint8 [B, H, W, 3]) or "tokens".
-        stats: forward_passes, tokens_per_forward, latency_s (token sampling wall time),
-        decode_s, method, lossless, plus what the method reports.
+        A method's `draft` option may be a registered name or folder (loaded once per process), a
+        Pipeline, or a model; its tokenizer must be this pipeline's.
+        stats (every method, `visar.accel.stats`): forward_passes (the batch's target passes),
+        forward_passes_per_image, tokens_per_forward, latency_s (token sampling wall time), draft_tokens
+        (drafts tested), accepted_tokens, acceptance_rate (None without drafts), draft_forward_passes,
+        draft_tokens_by_row / accepted_tokens_by_row (per grid row); plus decode_s, method,
+        lossless (for these options: some lossy methods are exact at some settings), batch_size
+        and what the method reports.
         """
         if output_type not in ("pil", "pt", "np", "tokens"):
             raise VisarError(f"output_type must be 'pil', 'pt', 'np' or 'tokens', got {output_type!r}")
         spec = get_method(method)
         spec.check_options(method_options)
+        spec.check_model(self.model)
         params = self.sampling_params(guidance_scale, temperature, top_k, top_p)
         cond, cond_mask = self.condition(class_labels, prompts, caption_embeds, caption_mask)
         batch = cond.shape[0]
@@ -195,19 +228,44 @@ class Pipeline:
             generators = [generator] if isinstance(generator, torch.Generator) else list(generator)
             if len(generators) != batch:
                 raise VisarError(f"got {len(generators)} generators for {batch} images: pass one per image")
-        if spec.takes_tokenizer:  # methods that compare models (spec's draft) check tokenizers too
+        if method_options.get("draft") is not None:
+            method_options["draft"] = self.resolve_draft(method_options["draft"])
+        if spec.takes_tokenizer:  # methods that compare tokens by their code vectors (gsd, lantern)
             method_options["tokenizer"] = self.tokenizer
         tokens, stats = spec.fn(
             self.model, cond, params, generators, cond_mask=cond_mask, progress=progress, **method_options
         )
         tokens = tokens.reshape(batch, *self.model.grid_size)
-        stats = {**stats, "method": method, "lossless": spec.lossless, "batch_size": batch}
+        lossless = spec.is_lossless(method_options, self.model)
+        stats = {**stats, "method": method, "lossless": lossless, "batch_size": batch}
         images = None
         if output_type != "tokens":
-            start = time.perf_counter()
+            start = synchronized_clock(self.device)
             images = self.to_output(self.decode(tokens), output_type)
-            stats["decode_s"] = time.perf_counter() - start
+            stats["decode_s"] = synchronized_clock(self.device) - start
         return GenerationOutput(images=images, tokens=tokens, stats=stats)
+
+    def resolve_draft(self, draft) -> RasterModel:
+        """A draft given as a registered name or folder, a Pipeline, or a model -> the draft model.
+
+        Names load once per (name, device, dtype) in this process, so a batch loop does not reload
+        the draft. A draft with a tokenizer must share this pipeline's: its token ids mean images.
+        """
+        draft_tokenizer = None
+        if isinstance(draft, (str, os.PathLike)):
+            key = (str(draft), str(self.device), self.dtype)
+            if key not in LOADED_DRAFTS:
+                LOADED_DRAFTS[key] = load(draft, device=self.device, dtype=self.dtype)
+            draft = LOADED_DRAFTS[key]
+        if isinstance(draft, Pipeline):
+            draft, draft_tokenizer = draft.model, draft.tokenizer
+        if draft_tokenizer is not None and self.tokenizer is not None:
+            if not same_tokenizer(draft_tokenizer, self.tokenizer):
+                raise VisarError(
+                    "the draft model's tokenizer differs from the target's (codebook or decoder): its token ids "
+                    "mean other images, so it cannot draft for this model"
+                )
+        return draft
 
     def decode(self, tokens: Tensor) -> Tensor:
         """tokens [B, h, w] -> images [B, 3, H, W] in [0, 1]."""
@@ -229,45 +287,17 @@ class Pipeline:
         """Teacher-forced conditional next-token logits [B, N, V]: row i predicts tokens[:, i]."""
         cond, cond_mask = self.condition(class_labels, prompts, caption_embeds, caption_mask)
         tokens = torch.as_tensor(tokens).reshape(cond.shape[0], -1).to(self.device)
-        out = self.model(tokens[:, :-1], cond, cond_mask=cond_mask)
-        return out[:, self.model.num_condition_tokens - 1 :]
+        num_cond = self.model.num_condition_tokens
+        length = num_cond + tokens.shape[1] - 1
+        self.model.setup_cache(cond.shape[0], length, cond_mask)
+        try:
+            out = self.model(tokens[:, :-1], cond, input_pos=torch.arange(length, device=self.device))
+        finally:
+            self.model.clear_cache()
+        return out[:, num_cond - 1 :]
 
 
 # -- loading -------------------------------------------------------------------------------------
-
-
-def build_model(model_args: dict) -> LlamaGen:
-    return LlamaGen(LlamaGenConfig.from_dict(model_args))
-
-
-def gpt_presets(config: LlamaGenConfig) -> dict:
-    """Builders of every official size with this config's type, vocabulary and condition layout."""
-    shared = dict(
-        vocab_size=config.vocab_size,
-        num_classes=config.num_classes,
-        cls_token_num=config.cls_token_num,
-        caption_dim=config.caption_dim,
-    )
-    return {
-        f"llamagen-{size.lower()}-{config.model_type}": (
-            lambda size=size: LlamaGen(preset_config(size, config.model_type, config.block_size, **shared))
-        )
-        for size in GPT_SIZES
-    }
-
-
-def load_model_weights(model: LlamaGen, path, source: str) -> LlamaGen:
-    state = read_state_dict(path)
-    # Official files may carry the RoPE table or, saved after generation, KV-cache buffers:
-    # neither is a weight (the official loaders drop/ignore them too).
-    state = {k: v for k, v in state.items() if k != "freqs_cis" and ".kv_cache." not in k}
-    meta = any(p.is_meta for p in model.parameters())  # built on meta: take the loaded tensors
-    return load_strict(model, state, source=source, presets=gpt_presets(model.config), assign=meta)
-
-
-def load_tokenizer_weights(tokenizer: VQModel, path, source: str) -> VQModel:
-    presets = {name: (lambda c=c: VQModel(c)) for name, c in VQ_PRESETS.items()}
-    return load_strict(tokenizer, read_state_dict(path), source=source, presets=presets)
 
 
 def seeded_init(module: torch.nn.Module, seed: int, std: float = 0.02):
@@ -302,10 +332,11 @@ def load(
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     name = registry.resolve_name(str(name_or_path))
     embedded = registry.embedded_models()
+    generic = registry.generic_names()
     if name in embedded or (Path(name).is_dir() and (Path(name) / "config.json").is_file()):
         folder = embedded.get(name, Path(name))
         pipe = load_folder(folder, checkpoint=checkpoint, vq_checkpoint=vq_checkpoint)
-    elif name in registry.OFFICIAL_PRESETS or name == "llamagen":
+    elif name in registry.OFFICIAL_PRESETS or name in generic:
         pipe = load_official(name, checkpoint, vq_checkpoint, model_args, vq_args)
     elif Path(name).exists():
         raise VisarError(
@@ -326,30 +357,43 @@ def load(
 
 
 def load_official(name, checkpoint, vq_checkpoint, model_args, vq_args) -> Pipeline:
+    """An official preset, or a family's generic name with the official constructor arguments."""
     if checkpoint is None:
         raise VisarError(f"{name} needs the official checkpoint file: visar.load({name!r}, checkpoint=PATH, ...)")
-    if name == "llamagen":
-        if model_args is None:
-            raise VisarError("visar.load('llamagen', ...) needs model_args= (the official ModelArgs fields)")
-        preset_args, defaults, vq_config = model_args, {}, VQConfig.from_dict(vq_args or {})
-    else:
-        preset = registry.OFFICIAL_PRESETS[name]
+    presets = official_presets()
+    if name in presets:
+        preset = presets[name]
+        family = get_family(preset.family)
         preset_args, defaults = {**preset.model_args, **(model_args or {})}, preset.defaults
-        vq_config = VQConfig.from_dict({**VQ_PRESETS[preset.vq_preset].to_dict(), **(vq_args or {})})
-    with torch.device("meta"):
-        model = build_model(preset_args)
-    model = load_model_weights(model, checkpoint, f"checkpoint {checkpoint}")
+        tokenizer_args = {**preset.tokenizer_args, **(vq_args or {})}
+    else:
+        family = registry.generic_names()[name]
+        if model_args is None:
+            raise VisarError(f"visar.load({name!r}, ...) needs model_args= (the official constructor arguments)")
+        preset_args, defaults, tokenizer_args = model_args, {}, vq_args or {}
+    with torch.device("meta"):  # official files are large: take their tensors instead of initialising
+        model = family.build_model(preset_args)
+    model = family.load_model_weights(model, checkpoint, f"checkpoint {checkpoint}")
     tokenizer = None
     if vq_checkpoint is not None:
-        tokenizer = load_tokenizer_weights(VQModel(vq_config), vq_checkpoint, f"VQ checkpoint {vq_checkpoint}")
+        tokenizer = family.load_tokenizer_weights(
+            family.build_tokenizer(tokenizer_args), vq_checkpoint, f"VQ checkpoint {vq_checkpoint}"
+        )
     return Pipeline(model, tokenizer, name=name, defaults=defaults)
 
 
+def folder_family(config: dict, folder: Path) -> Family:
+    if "family" not in config:
+        raise VisarError(f'{folder / "config.json"} names no model family ("family": e.g. "llamagen")')
+    return get_family(config["family"])
+
+
 def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None) -> Pipeline:
-    """A folder with config.json: model_args, vq_args, defaults, weights (file names), init."""
+    """A folder with config.json: family, model_args, vq_args, defaults, weights (file names), init."""
     config = registry.read_config(folder)
-    model = build_model(config["model_args"])
-    tokenizer = VQModel(VQConfig.from_dict(config["vq_args"])) if "vq_args" in config else None
+    family = folder_family(config, folder)
+    model = family.build_model(config["model_args"])
+    tokenizer = family.build_tokenizer(config["vq_args"]) if "vq_args" in config else None
     weights = config.get("weights", {})
     init_seed = config.get("init", {}).get("random_seed")
     if init_seed is not None:
@@ -357,13 +401,13 @@ def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None) -> Pipeline:
         if tokenizer is not None:
             with torch.random.fork_rng(devices=[]):  # PyTorch's default conv init, seeded
                 torch.manual_seed(init_seed)
-                tokenizer = VQModel(tokenizer.config)
+                tokenizer = family.build_tokenizer(config["vq_args"])
     model_file = checkpoint or (folder / weights["model"] if "model" in weights else None)
     if model_file is not None:
-        load_model_weights(model, model_file, f"{folder.name} weights {model_file}")
+        family.load_model_weights(model, model_file, f"{folder.name} weights {model_file}")
     vq_file = vq_checkpoint or (folder / weights["tokenizer"] if "tokenizer" in weights else None)
     if vq_file is not None and tokenizer is not None:
-        load_tokenizer_weights(tokenizer, vq_file, f"{folder.name} tokenizer {vq_file}")
+        family.load_tokenizer_weights(tokenizer, vq_file, f"{folder.name} tokenizer {vq_file}")
     if model_file is None and init_seed is None:
         raise VisarError(f"{folder} names no weights and no random init seed in config.json")
     text_encoder = None
@@ -380,5 +424,5 @@ def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None) -> Pipeline:
         defaults=config.get("defaults"),
         class_names=config.get("class_names"),
         text_encoder=text_encoder,
-        class_render=class_render_options(config.get("recipe")),
+        recipe=config.get("recipe"),
     )

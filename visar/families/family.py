@@ -1,0 +1,63 @@
+"""A model family's registration record, and the registry of families (see visar/families/__init__.py)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from ..errors import VisarError
+
+WeightLoader = Callable[[nn.Module, "str | os.PathLike", str], nn.Module]
+
+
+@dataclass(frozen=True)
+class OfficialPreset:
+    """A released checkpoint layout: the family's constructor arguments and its sampling defaults."""
+
+    name: str
+    family: str
+    description: str
+    model_args: dict
+    tokenizer_args: dict
+    defaults: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_kind: str  # the interface its models implement (visar.models.base)
+    build_model: Callable[[dict], nn.Module]
+    load_model_weights: WeightLoader
+    build_tokenizer: Callable[[dict], nn.Module]
+    load_tokenizer_weights: WeightLoader
+    official_presets: dict[str, OfficialPreset]
+    tiny_model_args: dict
+    tiny_tokenizer_args: dict
+    generic_name: str | None = None  # visar.load(generic_name, checkpoint=, model_args=) for any size
+    generic_description: str = ""
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register_family(family: Family):
+    FAMILIES[family.name] = family
+
+
+def get_family(name: str) -> Family:
+    if name not in FAMILIES:
+        raise VisarError(f"unknown model family {name!r}; registered families: {', '.join(sorted(FAMILIES))}")
+    return FAMILIES[name]
+
+
+def official_presets() -> dict[str, OfficialPreset]:
+    """Every registered family's released checkpoints, by name."""
+    return {name: preset for family in FAMILIES.values() for name, preset in family.official_presets.items()}
+
+
+def generic_names() -> dict[str, Family]:
+    """Names that load any checkpoint of a family from its constructor arguments (e.g. "llamagen")."""
+    return {f.generic_name: f for f in FAMILIES.values() if f.generic_name}

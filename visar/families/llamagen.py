@@ -1,0 +1,104 @@
+"""The LlamaGen family: LlamaGen GPT (class- and text-conditional raster AR) with LlamaGen's VQ tokenizer.
+
+Official releases (FoundationVision/LlamaGen): GPT-B .. GPT-3B class-conditional at 256 and 384
+px, GPT-XL text-to-image at 256 and 512 px, each with VQ-16. Their files load strictly; the
+RoPE table or KV-cache buffers some files carry are not weights and are dropped, as the
+official loaders do.
+"""
+
+from __future__ import annotations
+
+from ..checkpoints import load_strict, read_state_dict
+from ..models.llamagen import GPT_SIZES, LlamaGen, LlamaGenConfig, preset_config
+from ..tokenizers.vq import VQ_PRESETS, VQConfig, VQModel
+from .family import Family, OfficialPreset, register_family
+
+
+def build_model(model_args: dict) -> LlamaGen:
+    return LlamaGen(LlamaGenConfig.from_dict(model_args))
+
+
+def size_presets(config: LlamaGenConfig) -> dict:
+    """Builders of every official size with this config's type, vocabulary and condition layout."""
+    shared = dict(
+        vocab_size=config.vocab_size,
+        num_classes=config.num_classes,
+        cls_token_num=config.cls_token_num,
+        caption_dim=config.caption_dim,
+    )
+    return {
+        f"llamagen-{size.lower()}-{config.model_type}": (
+            lambda size=size: LlamaGen(preset_config(size, config.model_type, config.block_size, **shared))
+        )
+        for size in GPT_SIZES
+    }
+
+
+def load_model_weights(model: LlamaGen, path, source: str) -> LlamaGen:
+    state = read_state_dict(path)
+    # Official files may carry the RoPE table or, saved after generation, KV-cache buffers:
+    # neither is a weight (the official loaders drop/ignore them too).
+    state = {k: v for k, v in state.items() if k != "freqs_cis" and ".kv_cache." not in k}
+    meta = any(p.is_meta for p in model.parameters())  # built on meta: take the loaded tensors
+    return load_strict(model, state, source=source, presets=size_presets(model.config), assign=meta)
+
+
+def build_tokenizer(tokenizer_args: dict) -> VQModel:
+    return VQModel(VQConfig.from_dict(tokenizer_args))
+
+
+def load_tokenizer_weights(tokenizer: VQModel, path, source: str) -> VQModel:
+    presets = {name: (lambda c=c: VQModel(c)) for name, c in VQ_PRESETS.items()}
+    return load_strict(tokenizer, read_state_dict(path), source=source, presets=presets)
+
+
+def official_presets() -> dict[str, OfficialPreset]:
+    presets = {}
+    vq16 = VQ_PRESETS["VQ-16"].to_dict()
+    for size in GPT_SIZES:
+        for px, tokens in ((256, 256), (384, 576)):
+            name = f"llamagen-{size.lower()}-c2i-{px}"
+            presets[name] = OfficialPreset(
+                name,
+                "llamagen",
+                f"LlamaGen {size} class-conditional ImageNet {px}px (official checkpoint + VQ-16 required)",
+                preset_config(size, "c2i", tokens).to_dict(),
+                vq16,
+                # LlamaGen's sample_c2i.py defaults.
+                {"guidance_scale": 4.0, "temperature": 1.0, "top_k": None, "top_p": 1.0},
+            )
+    for px, tokens in ((256, 256), (512, 1024)):
+        name = f"llamagen-gpt-xl-t2i-{px}"
+        presets[name] = OfficialPreset(
+            name,
+            "llamagen",
+            f"LlamaGen GPT-XL text-to-image {px}px (official checkpoint + VQ-16 required; captions as "
+            "flan-t5-xl embeddings [B, 120, 2048])",
+            preset_config("GPT-XL", "t2i", tokens).to_dict(),
+            vq16,
+            {"guidance_scale": 7.5, "temperature": 1.0, "top_k": None, "top_p": 1.0},
+        )
+    return presets
+
+
+# A 4x4-token, 8-code model and a matching 16 px VQ: enough for every raster method's mechanics.
+TINY_MODEL_ARGS = dict(dim=32, n_layer=2, n_head=2, multiple_of=32, vocab_size=8, num_classes=4, block_size=16)
+TINY_TOKENIZER_ARGS = dict(
+    codebook_size=8, codebook_embed_dim=4, ch=8, encoder_ch_mult=[1, 1, 2], decoder_ch_mult=[1, 1, 2], z_channels=8
+)
+
+register_family(
+    Family(
+        name="llamagen",
+        model_kind="raster",
+        build_model=build_model,
+        load_model_weights=load_model_weights,
+        build_tokenizer=build_tokenizer,
+        load_tokenizer_weights=load_tokenizer_weights,
+        official_presets=official_presets(),
+        tiny_model_args=TINY_MODEL_ARGS,
+        tiny_tokenizer_args=TINY_TOKENIZER_ARGS,
+        generic_name="llamagen",
+        generic_description="any LlamaGen checkpoint: pass checkpoint=, model_args= (official ModelArgs), vq_*",
+    )
+)

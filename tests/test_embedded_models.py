@@ -71,9 +71,9 @@ def test_zipar_aware_model_predicts_better_from_zipar_contexts():
     next-token loss under those masks is lower than the causal model's, and the masks matter to it less."""
     import torch.nn.functional as F
 
-    from visar.accel.zipar import lag_training_mask
     from visar.apps.train import AR_RECIPES, class_render_options, images_to_tensor
     from visar.data.shapes import render_class
+    from visar.models.lag_mask import lag_training_mask
 
     render = class_render_options(AR_RECIPES["visar-tiny-c2i"])
     labels = torch.arange(0, 40, 3)  # 14 classes, renders no recipe trains on

@@ -94,8 +94,11 @@ def test_bench_table_and_json(tmp_path, capsys):
         "frechet_vs_ar",
         "ms_per_forward",
         "acceptance_rate",
+        "acceptance_by_row",
+        "acceptance_by_slot",
     }
     assert row["acceptance_rate"] is None and row["ms_per_forward"] > 0  # AR drafts nothing
+    assert row["acceptance_by_row"] == [None] * 16 and row["acceptance_by_slot"] == []
     assert "| ar | yes | 256.0 | 1.00 |" in md.read_text() and "| ar | yes" in capsys.readouterr().out
     assert "step compression" in md.read_text().splitlines()[0]
 

@@ -20,6 +20,7 @@ import visar
 from visar.accel import METHODS, ar, get_method, jacobi
 from visar.accel.acceptance import AcceptanceRule, lossless, speculative_accept
 from visar.accel.sampling import SamplingParams, logits_to_probs, make_generators, split_cfg
+from visar.accel.stats import COMMON_STATS
 from visar.errors import VisarError
 from visar.models.llamagen import LlamaGen, LlamaGenConfig
 
@@ -169,7 +170,7 @@ def test_joint_law_with_a_full_window_of_8(coupling):
     pvalue, tv, tolerance = compare_laws(sequence_index(tokens, 2), exact_law(model, label, params))
     print(f"mc-sjd {coupling} 3x3 w=8: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
     assert pvalue > 1e-3 and tv < tolerance
-    assert stats["acceptance_by_slot"][6] is not None  # the last draft slot of the window was verified
+    assert stats["draft_tokens_by_slot"][6] > 0  # the last draft slot of the window was verified
 
 
 def repeat_left_init(request: jacobi.FillRequest):
@@ -302,15 +303,17 @@ def test_stats_and_window_clipping(model16):
     cond = torch.tensor([0, 1])
     tokens, stats = jacobi.mc_sjd(model16, cond, SamplingParams(), make_generators(2, 0), window=100)
     assert tokens.shape == (2, 16)
-    for key in ("forward_passes", "tokens_per_forward", "latency_s", "mean_accepted_per_pass", "acceptance_by_slot"):
-        assert key in stats
+    assert set(COMMON_STATS) <= set(stats) and stats["window"] == 16
     per_image = stats["forward_passes_per_image"]
     assert stats["forward_passes"] == max(per_image)
     # every pass commits its accepted drafts plus one token: accepted drafts = tokens - passes,
-    # counted by the image row they sit in (a 4x4 grid here)
-    assert len(stats["drafts_accepted_by_row"]) == 4
-    assert sum(stats["drafts_accepted_by_row"]) == 2 * 16 - sum(per_image)
-    assert all(a <= t for a, t in zip(stats["drafts_accepted_by_row"], stats["drafts_tested_by_row"], strict=True))
+    # counted by the image row they sit in (a 4x4 grid here) and by window slot
+    assert len(stats["accepted_tokens_by_row"]) == 4
+    assert stats["accepted_tokens"] == sum(stats["accepted_tokens_by_row"]) == 2 * 16 - sum(per_image)
+    assert sum(stats["accepted_tokens_by_slot"]) == stats["accepted_tokens"]
+    assert stats["draft_tokens"] == sum(stats["draft_tokens_by_row"]) == sum(stats["draft_tokens_by_slot"])
+    assert all(a <= t for a, t in zip(stats["accepted_tokens_by_row"], stats["draft_tokens_by_row"], strict=True))
+    assert stats["acceptance_rate"] == stats["accepted_tokens"] / stats["draft_tokens"]
     assert stats["tokens_per_forward"] == pytest.approx(np.mean([16 / p for p in per_image]))
     # plain-AR spans: window 1 everywhere is exactly AR, one token per pass
     _, ar_stats = jacobi.sjd(model16, cond, SamplingParams(), make_generators(2, 0), warmup=16)
@@ -367,8 +370,10 @@ def test_bad_coupling_and_draft(model16):
         jacobi.spec(*args, draft=model16)
     with pytest.raises(VisarError, match="grid"):
         jacobi.spec(*args, draft=tiny_llamagen(vocab=32, block_size=4))
-    with pytest.raises(VisarError, match="unknown model"):
-        jacobi.spec(*args, draft="no-such-model")
+    with pytest.raises(VisarError, match="must be a raster model"):  # names are resolved by the pipeline
+        jacobi.spec(*args, draft="visar-tiny-random")
+    with pytest.raises(VisarError, match="condition"):
+        jacobi.spec(*args, draft=tiny_llamagen(vocab=32, block_size=16, num_classes=5))
 
 
 def test_draft_with_another_tokenizer_is_rejected():
@@ -376,12 +381,14 @@ def test_draft_with_another_tokenizer_is_rejected():
     other = visar.load("visar-tiny-random", device="cpu")
     with torch.no_grad():
         other.tokenizer.quantize.embedding.weight.add_(1.0)
-    args = (pipe.model, torch.tensor([0]), SamplingParams(top_k=1), make_generators(1, 0))
+    options = dict(method="spec", output_type="tokens", top_k=1)
     with pytest.raises(VisarError, match="tokenizer differs"):
-        jacobi.spec(*args, draft=other, tokenizer=pipe.tokenizer)
+        pipe.generate(class_labels=[0], draft=other, **options)
+    with pytest.raises(VisarError, match="unknown model"):
+        pipe.generate(class_labels=[0], draft="no-such-model", **options)
     # by name: the registered model's tokenizer is the same one, so it drafts (it is the same network here)
-    tokens, stats = jacobi.spec(*args, draft="visar-tiny-random", tokenizer=pipe.tokenizer, window=8)
-    assert stats["acceptance_rate"] == 1.0
+    out = pipe.generate(class_labels=[0], draft="visar-tiny-random", window=8, **options)
+    assert out.stats["acceptance_rate"] == 1.0
 
 
 def test_pipeline_and_unknown_option():

@@ -393,9 +393,10 @@ def test_pipeline_passes_its_tokenizer():
     exact = pipe.generate(class_labels=[1, 2], method="sjd", output_type="tokens", seed=3)
     for method, options in [("gsd", dict(group_size=1)), ("lantern", dict(delta=0.0))]:
         out = pipe.generate(class_labels=[1, 2], method=method, output_type="tokens", seed=3, **options)
-        assert torch.equal(out.tokens, exact.tokens) and not out.stats["lossless"]
+        # exact at these settings, and said so: lossless is a property of the options
+        assert torch.equal(out.tokens, exact.tokens) and out.stats["lossless"]
     out = pipe.generate(class_labels=[1, 2], method="lantern", output_type="tokens", seed=3)
-    assert out.stats["delta"] == 0.1 and out.stats["form"] == "bounded"
+    assert out.stats["delta"] == 0.1 and out.stats["form"] == "bounded" and not out.stats["lossless"]
 
 
 class ContinuousTokenizer(torch.nn.Module):
@@ -427,7 +428,7 @@ class ContinuousTokenizer(torch.nn.Module):
         ("lantern", dict(tokenizer=ContinuousTokenizer()), "needs a VQ tokenizer with a codebook"),
         ("lantern", dict(tokenizer=None), "pass tokenizer="),
         ("gsd", dict(tokenizer=unit_codebook(48, 4, 0)), "does not fit the model's 32-token vocabulary"),
-        ("lantern++", dict(), "drafts its tree with a draft model"),
+        ("lantern++", dict(), "needs a draft model"),
         ("lantern++", dict(lambda_cap=0.5), "lambda_cap must be a number >= 1"),
         ("lantern++", dict(delta=-1.0), "delta must be a number >= 0"),
         ("lantern++", dict(tree=[[1]]), "without gaps"),
@@ -461,7 +462,7 @@ def test_tree_without_relaxation_is_exact(model):
         f"lantern++ lambda 1: p={pvalue:.3g} tv={tv_all:.4f} tol={tolerance:.4f} tpf={stats['tokens_per_forward']:.3f}"
     )
     assert pvalue > 1e-3 and tv_all < tolerance
-    assert stats["mean_accepted_per_pass"] > 0.3  # the tree was used
+    assert stats["accepted_tokens"] > 0.3 * (stats["forward_passes"] - 1)  # the tree was used
     # batch composition does not matter
     alone, _ = relaxed.lantern_pp(model, cond[:1], CFG_TOPK, make_generators(1, 4), **options)
     assert torch.equal(alone[0], tokens[1])

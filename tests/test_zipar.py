@@ -22,6 +22,7 @@ from visar.accel import METHODS, ar, drafts, get_method, jacobi, zipar
 from visar.accel.sampling import SamplingParams, logits_to_probs, make_generators, split_cfg
 from visar.apps.cli import main
 from visar.errors import VisarError
+from visar.models.lag_mask import lag_training_mask
 from visar.models.llamagen import LlamaGen, LlamaGenConfig
 
 SAMPLES = 20_000
@@ -170,7 +171,7 @@ def test_training_mask_is_what_each_predicting_input_sees(block_size, s):
     model = tiny_llamagen(block_size=block_size, seed=3)
     height, width = model.grid_size
     num_cond = model.num_condition_tokens
-    train_mask = zipar.lag_training_mask((height, width), s, num_cond)
+    train_mask = lag_training_mask((height, width), s, num_cond)
     length = num_cond + block_size - 1
     assert train_mask.shape == (length, length)
     with Recorder(model) as rec:
@@ -187,7 +188,7 @@ def test_training_mask_is_what_each_predicting_input_sees(block_size, s):
     # the condition position that predicts token 0 sees only the condition, as in raster order
     assert train_mask[num_cond - 1].nonzero().flatten().tolist() == list(range(num_cond))
     causal = torch.ones(length, length, dtype=torch.bool).tril()
-    assert torch.equal(zipar.lag_training_mask((height, width), width, num_cond), causal)
+    assert torch.equal(lag_training_mask((height, width), width, num_cond), causal)
     assert torch.equal(train_mask, causal) == (s >= width)
 
 
@@ -500,7 +501,7 @@ class LocalLlamaGen(LlamaGen):
 
     dependency_reach = 1
 
-    def forward(self, tokens=None, cond=None, *, input_pos=None, mask=None, cond_mask=None):
+    def forward(self, tokens=None, cond=None, *, input_pos=None, mask=None, cond_mask=None, cache_pos=None):
         num_cond = self.num_condition_tokens
         height, width = self.grid_size
         batch = (tokens if tokens is not None else cond).shape[0]
@@ -523,7 +524,7 @@ class LocalLlamaGen(LlamaGen):
         if tokens is not None:
             token_pos = input_pos[:, -tokens.shape[1] :] - num_cond
             tokens = torch.where(token_pos % width == width - 1, 0, tokens)
-        return super().forward(tokens, cond, input_pos=input_pos, mask=mask)
+        return super().forward(tokens, cond, input_pos=input_pos, mask=mask, cache_pos=cache_pos)
 
 
 @pytest.fixture(scope="module")

@@ -1,36 +1,71 @@
-"""Decoding methods: one file per method, registered here by name.
+"""Decoding methods: one file per method family, registered here by name.
 
 A method is a function `fn(model, cond, params, generators, *, cond_mask=None, progress=False,
-**options) -> (tokens [B, N], stats)`; its keyword options are what `Pipeline.generate` and the
-CLI accept for it.
+**options) -> (tokens, stats)`: `model` implements the interface of the kind the method decodes
+(`visar.models.base`, e.g. `RasterModel`), tokens are [B, N] for raster models, and stats hold
+`stats.COMMON_STATS`. Its keyword options are what `Pipeline.generate` and the CLI accept for it.
+Anything the method must not resolve itself (a draft given by name, the tokenizer) is resolved by
+the pipeline before the call.
+
+Lossless is a property of the options: a method registered lossy may name the settings at which
+it is exact (`exact_when`, e.g. gsd with group_size=1 is sjd); `Method.is_lossless(options, model)`
+says which, and tests/test_conformance.py checks each such claim against the exact law.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import VisarError
+from ..models.base import model_kind
 from . import ar, drafts, jacobi, relaxed, zipar
+
+# Arguments every method takes from the caller, not from the user; `tokenizer` is handed over by
+# Pipeline.generate to methods that compare tokens by their code vectors.
+CALLER_ARGUMENTS = {"model", "cond", "params", "generators", "cond_mask", "progress", "tokenizer"}
 
 
 @dataclass(frozen=True)
 class Method:
     name: str
     fn: Callable
-    lossless: bool
+    lossless: bool  # exact at every setting of its options
     description: str
+    model_kind: str = "raster"  # the model interface it decodes (visar.models.base)
+    # (options with defaults filled in, model) -> exact at these settings; with `exact_when_text`
+    # saying which, and `exact_example`, options that make it exact on any model (for the tests).
+    exact_when: Callable[[dict, object], bool] | None = None
+    exact_when_text: str = ""
+    exact_example: dict = field(default_factory=dict)
+    needs_draft: bool = False  # drafts with a second model of the same family (option `draft`)
 
     @property
     def options(self) -> list[str]:
-        # `tokenizer` is handed over by the caller when a method compares tokenizers (spec), not set by users.
-        common = {"model", "cond", "params", "generators", "cond_mask", "progress", "tokenizer"}
-        return [p for p in inspect.signature(self.fn).parameters if p not in common]
+        return [p for p in inspect.signature(self.fn).parameters if p not in CALLER_ARGUMENTS]
+
+    @property
+    def defaults(self) -> dict:
+        parameters = inspect.signature(self.fn).parameters
+        return {name: parameters[name].default for name in self.options}
 
     @property
     def takes_tokenizer(self) -> bool:
         return "tokenizer" in inspect.signature(self.fn).parameters
+
+    @property
+    def lossless_label(self) -> str:
+        """ "lossless", "lossy", or "lossy (exact when ...)" for listings."""
+        if self.lossless:
+            return "lossless"
+        return f"lossy (exact when {self.exact_when_text})" if self.exact_when else "lossy"
+
+    def is_lossless(self, options: dict, model) -> bool:
+        """Whether the method samples the model's exact law with these options on this model."""
+        if self.lossless:
+            return True
+        return self.exact_when is not None and bool(self.exact_when({**self.defaults, **options}, model))
 
     def check_options(self, options: dict):
         unknown = sorted(set(options) - set(self.options))
@@ -38,12 +73,22 @@ class Method:
             known = ", ".join(self.options) or "none"
             raise VisarError(f"unknown option(s) {unknown} for method {self.name!r}; its options: {known}")
 
+    def check_model(self, model):
+        """One clear error when the model is not of the kind this method decodes."""
+        kind = model_kind(model)
+        if kind != self.model_kind:
+            what = f"a {kind} model" if kind else "a model of no declared kind (no model_kind)"
+            raise VisarError(
+                f"method {self.name!r} decodes {self.model_kind} models; {type(model).__name__} is {what}: "
+                f"see `visar methods` for the methods of each kind"
+            )
+
 
 METHODS: dict[str, Method] = {}
 
 
-def register_method(name: str, fn: Callable, *, lossless: bool, description: str):
-    METHODS[name] = Method(name, fn, lossless, description)
+def register_method(name: str, fn: Callable, *, lossless: bool, description: str, **properties):
+    METHODS[name] = Method(name, fn, lossless, description, **properties)
 
 
 def get_method(name: str) -> Method:
@@ -73,28 +118,39 @@ register_method(
     "spec",
     jacobi.spec,
     lossless=True,
-    description="speculative sampling with a draft model of the same family (draft=name, folder or module)",
+    description="speculative sampling with a draft model of the same family (draft=name, folder or model)",
+    needs_draft=True,
 )
 register_method(
     "gsd",
     relaxed.gsd,
     lossless=False,
     description="grouped speculative Jacobi decoding (So et al. 2025): accepts a draft by its group of "
-    "visually equivalent tokens (lossy)",
+    "visually equivalent tokens",
+    exact_when=relaxed.gsd_is_exact,
+    exact_when_text="group_size=1",
+    exact_example={"group_size": 1},
 )
 register_method(
     "lantern",
     relaxed.lantern,
     lossless=False,
     description="LANTERN relaxed speculative decoding (Jang et al. 2025): mass of the draft's codebook "
-    "neighbours moved onto it, output within TV delta of the target per position (lossy)",
+    "neighbours moved onto it, output within TV delta of the target per position",
+    exact_when=relaxed.lantern_is_exact,
+    exact_when_text="delta=0",
+    exact_example={"delta": 0.0},
 )
 register_method(
     "lantern++",
     relaxed.lantern_pp,
     lossless=False,
     description="LANTERN++ (Jang et al. 2025): a static draft tree from a draft model (draft=), verified in one "
-    "pass with tree attention, LANTERN's relaxed test with a multiplicative cap (lambda_cap=1: exact)",
+    "pass with tree attention, LANTERN's relaxed test with a multiplicative cap",
+    exact_when=relaxed.lantern_pp_is_exact,
+    exact_when_text="lambda_cap=1 or delta=0",
+    exact_example={"lambda_cap": 1.0},
+    needs_draft=True,
 )
 
 # 2-D draft initialisers (token above / to the left) for every Jacobi-style method's `init` option.
@@ -105,29 +161,41 @@ register_method(
     zipar.zipar,
     lossless=False,
     description="ZipAR next-set decoding (He et al. 2025): row r+1 starts once row r has s tokens, every row "
-    "front advances in one pass, W + (H-1)s passes (lossy for s < W: unfinished rows above are not seen)",
+    "front advances in one pass, W + (H-1)s passes (unfinished rows above are not seen)",
+    exact_when=zipar.covers_rows,
+    exact_when_text="s >= the grid width",
+    exact_example={"s": 1024},
 )
 register_method(
     "zipar-sjd",
     zipar.zipar_sjd,
     lossless=False,
-    description="zipar whose row fronts each run a speculative Jacobi window (lossy as zipar; exact for s >= W)",
+    description="zipar whose row fronts each run a speculative Jacobi window",
+    exact_when=zipar.covers_rows,
+    exact_when_text="s >= the grid width",
+    exact_example={"s": 1024},
 )
 register_method(
     "zipar-mc-sjd",
     zipar.zipar_mc_sjd,
     lossless=False,
-    description="zipar whose row fronts each run a coupled speculative Jacobi window (lossy as zipar)",
+    description="zipar whose row fronts each run a coupled speculative Jacobi window",
+    exact_when=zipar.covers_rows,
+    exact_when_text="s >= the grid width",
+    exact_example={"s": 1024},
 )
 register_method(
     "zipar-gsd",
     zipar.zipar_gsd,
     lossless=False,
-    description="zipar whose row fronts each run a GSD window (grouped acceptance; lossy even for s >= W)",
+    description="zipar whose row fronts each run a GSD window (grouped acceptance)",
+    exact_when=zipar.covers_rows_in_groups_of_one,
+    exact_when_text="s >= the grid width and group_size=1",
+    exact_example={"s": 1024, "group_size": 1},
 )
 register_method(
     "wavefront",
     zipar.wavefront,
     lossless=True,
-    description="exact wavefront decoding for a model that declares local dependence (model.dependency_reach)",
+    description="exact wavefront decoding for models that declare local dependence (model.dependency_reach)",
 )

@@ -40,20 +40,21 @@ do not depend on the rest of its batch.
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..errors import VisarError
+from ..models.base import RasterModel
 from .acceptance import SPECULATIVE, AcceptanceRule, gumbel_coupling, keyed_uniforms
-from .ar import with_null_condition
-from .sampling import SamplingParams, draw_uniforms, logits_to_probs, sample_from_probs, split_cfg
+from .sampling import SamplingParams, draw_uniforms, sample_from_probs
+from .scoring import GuidedScorer
+from .stats import DraftTally, decode_stats
+from .timing import synchronized_clock
 
 # Rows of the per-iteration uniform block [B, 4, window] each image draws from its generator.
 ACCEPT, RESIDUAL, CARRY, DRAFT = range(4)
@@ -263,23 +264,34 @@ class DraftModelProposer:
     that were committed, and the next proposal first feeds it what it has not seen.
     """
 
-    def __init__(self, draft: nn.Module, cond: Tensor, cond_mask: Tensor | None, params: SamplingParams):
-        self.draft, self.params = draft, params
-        self.full_cond, self.full_mask = with_null_condition(draft, cond, cond_mask, params)
+    def __init__(self, draft: RasterModel, cond: Tensor, cond_mask: Tensor | None, params: SamplingParams):
+        self.scorer = GuidedScorer(draft, cond, cond_mask, params)
         self.num_cond = draft.num_condition_tokens
-        self.forward_passes = 0
+
+    @property
+    def forward_passes(self) -> int:
+        return self.scorer.forward_passes
 
     def start(self, state: DecodeState):
         self.max_pos = self.num_cond + state.num_tokens - 1
-        self.draft.setup_cache(self.full_cond.shape[0], self.max_pos + 1, self.full_mask)
+        self.scorer.open_cache(self.max_pos + 1)
         self.draft_len: Tensor | None = None  # [B] valid cache length; None before the prefill
-        self.pending: Tensor | None = None  # [B(x2), V] prefill logits (predict image index 0)
+        self.pending: Tensor | None = None  # [B, V] the prefill's law of image token 0
 
-    def _run(self, tokens: Tensor | None, input_pos: Tensor, cond: Tensor | None = None) -> Tensor:
-        self.forward_passes += 1
-        if self.params.uses_cfg and tokens is not None:
-            tokens, input_pos = torch.cat([tokens, tokens]), torch.cat([input_pos, input_pos])
-        return self.draft(tokens, cond, input_pos=input_pos)
+    def catch_up(self, state: DecodeState) -> Tensor:
+        """Feed the draft what it has not seen (positions draft_len .. T + committed - 1).
+
+        -> q of the next token [B, V]."""
+        device = state.tokens.device
+        catch_up = self.num_cond + state.committed - self.draft_len  # [B] >= 0
+        if not bool((catch_up > 0).any()):
+            return self.pending
+        steps = int(catch_up.max())
+        positions = self.draft_len[:, None] + torch.arange(steps, device=device)  # [B, C]
+        feed = state.tokens.gather(1, (positions - self.num_cond).clamp(0, state.tokens.shape[1] - 1))
+        logits = self.scorer.logits(feed, positions.clamp(max=self.max_pos))
+        last = logits[torch.arange(len(catch_up), device=device), (catch_up - 1).clamp(min=0)]  # [B, V]
+        return torch.where((catch_up > 0)[:, None], self.scorer.target_probs(last), self.pending)
 
     def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
         batch, device = state.tokens.shape[0], state.tokens.device
@@ -287,33 +299,18 @@ class DraftModelProposer:
         if num_drafts == 0:
             return state.tokens[:, :0], torch.zeros(batch, 0, state.vocab_size, device=device)
         if self.draft_len is None:  # prefill the condition once
-            input_pos = torch.arange(self.num_cond, device=device)
-            self.pending = self._run(None, input_pos, cond=self.full_cond)[:, -1]
+            self.pending = self.scorer.prefill()
             self.draft_len = torch.full((batch,), self.num_cond, dtype=torch.long, device=device)
         self.base = state.committed.clone()
-        # Feed what the draft has not seen yet: positions draft_len .. num_cond + committed - 1.
-        catch_up = self.num_cond + state.committed - self.draft_len  # [B] >= 0
-        logits = self.pending
-        if bool((catch_up > 0).any()):
-            steps = int(catch_up.max())
-            positions = self.draft_len[:, None] + torch.arange(steps, device=device)  # [B, C]
-            feed = state.tokens.gather(1, (positions - self.num_cond).clamp(0, state.tokens.shape[1] - 1))
-            out = self._run(feed, positions.clamp(max=self.max_pos))
-            last = (catch_up - 1).clamp(min=0)
-            if self.params.uses_cfg:
-                last = torch.cat([last, last])
-            fed_logits = out[torch.arange(out.shape[0], device=device), last]  # [B(x2), V]
-            has_fed = torch.cat([catch_up, catch_up]) if self.params.uses_cfg else catch_up
-            logits = torch.where((has_fed > 0)[:, None], fed_logits, logits)
+        draft_q = self.catch_up(state)
         draft_tokens, draft_probs = [], []
         for k in range(num_drafts):
-            draft_q = logits_to_probs(split_cfg(logits, self.params), self.params)  # [B, V]
             token = sample_from_probs(draft_q, window.uniforms[:, DRAFT, k])
             draft_tokens.append(token)
             draft_probs.append(draft_q)
             if k + 1 < num_drafts:
                 position = (self.num_cond + state.committed + k).clamp(max=self.max_pos)
-                logits = self._run(token[:, None], position[:, None])[:, -1]
+                draft_q = self.scorer.target_probs(self.scorer.logits(token[:, None], position[:, None])[:, -1])
         return torch.stack(draft_tokens, 1), torch.stack(draft_probs, 1)
 
     def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws):
@@ -325,11 +322,10 @@ class DraftModelProposer:
         accepted = (commit_count - 1).clamp(min=0, max=num_drafts - 1)
         valid = self.num_cond + self.base + accepted
         self.draft_len = torch.where(commit_count > 0, valid, self.draft_len)
-        lengths = torch.cat([self.draft_len, self.draft_len]) if self.params.uses_cfg else self.draft_len
-        self.draft.truncate_cache(lengths)
+        self.scorer.truncate_cache(self.draft_len)
 
     def close(self):
-        self.draft.clear_cache()
+        self.scorer.close_cache()
 
 
 # -- the engine ----------------------------------------------------------------------------------------
@@ -350,40 +346,70 @@ def window_lengths(committed: Tensor, window: int, warmup: int, tail: int, num_t
     return torch.where(committed < num_tokens, length, torch.zeros_like(committed))
 
 
-def score_window(model, state: DecodeState, draft_tokens: Tensor, full_cond: Tensor | None, params) -> Tensor:
-    """One target forward over [last committed token, drafts] for every image -> logits [B(x2), G + 1, V].
+def score_window(scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor, first: bool) -> Tensor:
+    """One target forward over [last committed token, drafts] for every image -> target probs [B, G + 1, V].
 
     Slot j predicts image index committed + j. The first pass (nothing committed yet) feeds the
     condition instead of a last token. Slots past an image's window are padding: their positions
     lie after its real ones (clamped to the last position), so no real query sees them, and the
     truncation after the pass forgets them.
     """
-    num_cond = model.num_condition_tokens
+    num_cond = scorer.model.num_condition_tokens
     num_slots = draft_tokens.shape[1] + 1
     device = draft_tokens.device
-    if full_cond is not None:
+    if first:
         input_pos = torch.arange(num_cond + num_slots - 1, device=device)
         tokens = draft_tokens if num_slots > 1 else None
-        if tokens is not None and params.uses_cfg:
-            tokens = torch.cat([tokens, tokens])
-        return model(tokens, full_cond, input_pos=input_pos)[:, num_cond - 1 :]
-    last = state.tokens.gather(1, (state.committed - 1).clamp(min=0)[:, None])
-    tokens = torch.cat([last, draft_tokens], 1)  # [B, L]
-    max_pos = num_cond + state.num_tokens - 1
-    input_pos = (num_cond + state.committed - 1)[:, None] + torch.arange(num_slots, device=device)
-    input_pos = input_pos.clamp(max=max_pos)
-    if params.uses_cfg:
-        tokens, input_pos = torch.cat([tokens, tokens]), torch.cat([input_pos, input_pos])
-    return model(tokens, input_pos=input_pos)
+        logits = scorer.logits(tokens, input_pos, with_condition=True)[:, num_cond - 1 :]
+    else:
+        last = state.tokens.gather(1, (state.committed - 1).clamp(min=0)[:, None])
+        tokens = torch.cat([last, draft_tokens], 1)  # [B, L]
+        input_pos = (num_cond + state.committed - 1)[:, None] + torch.arange(num_slots, device=device)
+        logits = scorer.logits(tokens, input_pos.clamp(max=num_cond + state.num_tokens - 1))
+    return scorer.target_probs(logits)
 
 
-def ratios(hits: Tensor, trials: Tensor) -> list[float | None]:
-    return [float(a) / int(t) if int(t) else None for a, t in zip(hits.tolist(), trials.tolist(), strict=True)]
+@dataclass
+class Verdict:
+    """The outcome of verifying one window."""
+
+    slot_tokens: Tensor  # [B, L] every slot's output: its draft if accepted, else a residual (or p) draw
+    slot_laws: Tensor  # [B, L, V] the law each slot token follows: p, or a relaxed rule's p~ at a verified draft
+    has_draft: Tensor  # [B, G] slot j holds a draft of image b (slot num_drafts[b] is the bonus slot)
+    num_accepted: Tensor  # [B] leading accepted drafts
+
+
+def verify_window(
+    rule: AcceptanceRule, target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor, step: Window
+) -> Verdict:
+    """Verify every drafted slot at once; only the run of leading accepts commits. Each slot's
+    output is its draft if accepted, else a draw from the residual (from p at the bonus slot)."""
+    num_drafts = step.max_drafts
+    has_draft = torch.arange(num_drafts, device=draft_tokens.device) < step.num_drafts[:, None]  # [B, G]
+    drafted_p = target_probs[:, :num_drafts]
+    # A relaxed rule (LANTERN) verifies against p~; the bonus slot and an independent carry keep p.
+    verified_p = drafted_p if rule.relax is None else rule.relax(drafted_p, draft_probs, draft_tokens)
+    accept = rule.accept(verified_p, draft_probs, draft_tokens, step.uniforms[:, ACCEPT, :num_drafts])
+    accept &= has_draft
+    residual = torch.where(has_draft[..., None], rule.residual(verified_p, draft_probs), drafted_p)
+    slot_probs = torch.cat([residual, target_probs[:, num_drafts:]], 1)
+    drawn = sample_from_probs(slot_probs, step.uniforms[:, RESIDUAL, : num_drafts + 1])
+    slot_tokens = torch.cat([torch.where(accept, draft_tokens, drawn[:, :num_drafts]), drawn[:, num_drafts:]], 1)
+    slot_laws = target_probs
+    if rule.relax is not None:  # the verified slots follow p~, not p: a coupled carry must record that
+        verified_law = torch.where(has_draft[..., None], verified_p, drafted_p)
+        slot_laws = torch.cat([verified_law, target_probs[:, num_drafts:]], 1)
+    return Verdict(slot_tokens, slot_laws, has_draft, accept.long().cumprod(1).sum(1))
+
+
+def image_keys(generators: list[torch.Generator], device) -> Tensor:
+    """[B] one 32-bit key per image, the first draw of its generator (for position-keyed noise)."""
+    return torch.stack([torch.randint(0, 2**32, (1,), generator=g) for g in generators])[:, 0].to(device)
 
 
 @torch.no_grad()
 def speculative_decode(
-    model,
+    model: RasterModel,
     cond: Tensor,
     params: SamplingParams,
     generators: list[torch.Generator],
@@ -398,118 +424,66 @@ def speculative_decode(
 ) -> tuple[Tensor, dict]:
     """The engine: propose, score, verify, commit (ragged), truncate, carry over. -> (tokens [B, N], stats)."""
     check_spans(window, warmup, tail)
-    start_time = time.perf_counter()
+    device = model.device
+    start_time = synchronized_clock(device)
     batch = cond.shape[0]
-    num_cond, num_tokens, vocab = model.num_condition_tokens, model.num_image_tokens, model.vocab_size
+    num_cond, num_tokens = model.num_condition_tokens, model.num_image_tokens
     window = min(window, num_tokens)  # a longer window is clipped, here once and for all
-    device = model.output.weight.device
-    keys = torch.stack([torch.randint(0, 2**32, (1,), generator=g) for g in generators])[:, 0].to(device)
     state = DecodeState(
         tokens=torch.zeros(batch, num_tokens + window, dtype=torch.long, device=device),
         committed=torch.zeros(batch, dtype=torch.long, device=device),
-        keys=keys,
+        keys=image_keys(generators, device),
         num_tokens=num_tokens,
-        vocab_size=vocab,
+        vocab_size=model.vocab_size,
         grid_size=tuple(model.grid_size),
         window=window,
     )
-    full_cond, full_mask = with_null_condition(model, cond, cond_mask, params)
-    model.setup_cache(full_cond.shape[0], num_cond + num_tokens, full_mask)
+    scorer = GuidedScorer(model, cond, cond_mask, params)
+    tally = DraftTally(state.grid_size, window, device)
     passes_per_image = torch.zeros(batch, dtype=torch.long, device=device)
-    tested_by_slot = torch.zeros(window, dtype=torch.long, device=device)
-    accepted_by_slot = torch.zeros(window, dtype=torch.long, device=device)
-    drafted_passes = torch.zeros((), dtype=torch.long, device=device)
-    # Where in the image drafts are tested and accepted (by grid row): tells where windows break.
-    grid_width = state.grid_size[1]
-    tested_by_row = torch.zeros(num_tokens // grid_width + 1, dtype=torch.long, device=device)
-    accepted_by_row = torch.zeros_like(tested_by_row)
-    slot_range = torch.arange(window, device=device)
-    forward_passes = 0
     bar = tqdm(total=num_tokens, disable=not progress, desc="speculative", leave=False)
-    try:
+    with scorer.cache(num_cond + num_tokens):
         proposer.start(state)
-        while True:
-            window_len = window_lengths(state.committed, window, warmup, tail, num_tokens)
-            num_slots = int(window_len.max())  # the one host sync of the loop the engine needs
-            if num_slots == 0:
-                break
-            num_drafts = num_slots - 1
-            active = window_len > 0
-            uniforms = draw_uniforms(generators, NUM_PURPOSES * window).view(batch, NUM_PURPOSES, window)
-            step = Window(window_len, (window_len - 1).clamp(min=0), uniforms.to(device), num_drafts)
-            draft_tokens, draft_probs = proposer.propose(state, step)  # [B, G], [B, G, V]
-            logits = score_window(model, state, draft_tokens, full_cond if forward_passes == 0 else None, params)
-            forward_passes += 1
-            target_probs = logits_to_probs(split_cfg(logits, params), params)  # [B, L, V], L = G + 1
-            slots = slot_range[:num_slots]
-            has_draft = slots[:num_drafts] < step.num_drafts[:, None]  # [B, G]; slot num_drafts[b] is the bonus slot
+        try:
+            while True:
+                window_len = window_lengths(state.committed, window, warmup, tail, num_tokens)
+                num_slots = int(window_len.max())  # the one host sync of the loop the engine needs
+                if num_slots == 0:
+                    break
+                uniforms = draw_uniforms(generators, NUM_PURPOSES * window).view(batch, NUM_PURPOSES, window)
+                step = Window(window_len, (window_len - 1).clamp(min=0), uniforms.to(device), num_slots - 1)
+                draft_tokens, draft_probs = proposer.propose(state, step)  # [B, G], [B, G, V]
+                target_probs = score_window(scorer, state, draft_tokens, first=scorer.forward_passes == 0)
+                verdict = verify_window(rule, target_probs, draft_tokens, draft_probs, step)
+                commit_count = torch.where(window_len > 0, verdict.num_accepted + 1, 0)
 
-            # Verify every drafted slot at once; only the run of leading accepts commits. Each slot's
-            # output is its draft if accepted, else a draw from the residual (from p at the bonus slot).
-            drafted_p = target_probs[:, :num_drafts]
-            # A relaxed rule (LANTERN) verifies against p~; the bonus slot and an independent carry keep p.
-            verified_p = drafted_p if rule.relax is None else rule.relax(drafted_p, draft_probs, draft_tokens)
-            accept = rule.accept(verified_p, draft_probs, draft_tokens, step.uniforms[:, ACCEPT, :num_drafts])
-            accept &= has_draft
-            residual = torch.where(has_draft[..., None], rule.residual(verified_p, draft_probs), drafted_p)
-            slot_probs = torch.cat([residual, target_probs[:, num_drafts:]], 1)
-            drawn = sample_from_probs(slot_probs, step.uniforms[:, RESIDUAL, :num_slots])
-            slot_tokens = torch.cat(
-                [torch.where(accept, draft_tokens, drawn[:, :num_drafts]), drawn[:, num_drafts:]], 1
-            )
-            num_accepted = accept.long().cumprod(1).sum(1)  # [B] leading accepts
-            commit_count = torch.where(active, num_accepted + 1, 0)
-
-            # Write every slot's token after the committed ones; only the first commit_count count
-            # (the buffer has `window` spare columns, and what lies past `committed` is scratch).
-            state.tokens.scatter_(1, state.committed[:, None] + slots, slot_tokens)
-            tested_by_slot[:num_drafts] += (has_draft & (slots[:num_drafts] <= num_accepted[:, None])).sum(0)
-            accepted_by_slot[:num_drafts] += (slots[:num_drafts] < num_accepted[:, None]).sum(0)
-            draft_rows = ((state.committed[:, None] + slots[:num_drafts]) // grid_width).clamp(
-                max=len(tested_by_row) - 1
-            )
-            tested = has_draft & (slots[:num_drafts] <= num_accepted[:, None])
-            tested_by_row.scatter_add_(0, draft_rows.flatten(), tested.flatten().long())
-            accepted_by_row.scatter_add_(
-                0, draft_rows.flatten(), (slots[:num_drafts] < num_accepted[:, None]).flatten().long()
-            )
-            drafted_passes += (step.num_drafts > 0).sum()
-            passes_per_image += active.long()
-
-            # A relaxed rule's verified slots follow p~, not p: a coupled carry must record that.
-            slot_laws = target_probs
-            if rule.relax is not None:
-                verified_law = torch.where(has_draft[..., None], verified_p, drafted_p)
-                slot_laws = torch.cat([verified_law, target_probs[:, num_drafts:]], 1)
-            proposer.after_commit(state, step, target_probs, slot_tokens, commit_count, slot_laws)
-            state.committed = state.committed + commit_count
-            # The cache keeps every committed token but the newest, which the next window feeds.
-            lengths = num_cond + state.committed - 1
-            model.truncate_cache(torch.cat([lengths, lengths]) if params.uses_cfg else lengths)
-            if progress:
-                bar.update(int(state.committed.min()) - bar.n)
-    finally:
-        bar.close()
-        model.clear_cache()
-        proposer.close()
-    elapsed = time.perf_counter() - start_time
-    tested_total = int(tested_by_slot.sum())
-    stats = {
-        "forward_passes": forward_passes,
-        "tokens_per_forward": float((num_tokens / passes_per_image.double()).mean()),
-        "latency_s": elapsed,
-        "forward_passes_per_image": passes_per_image.tolist(),
-        "window": window,
-        "mean_accepted_per_pass": float(accepted_by_slot.sum()) / max(int(drafted_passes), 1),
-        "acceptance_rate": float(accepted_by_slot.sum()) / max(tested_total, 1),
-        "acceptance_by_slot": ratios(accepted_by_slot, tested_by_slot),
-        # Drafts tested / accepted per image grid row (counts, so that runs can be pooled).
-        "drafts_tested_by_row": tested_by_row[: num_tokens // grid_width].tolist(),
-        "drafts_accepted_by_row": accepted_by_row[: num_tokens // grid_width].tolist(),
-    }
-    if not isinstance(proposer, JacobiProposer):
-        stats["draft_forward_passes"] = proposer.forward_passes
-    return state.tokens[:, :num_tokens], stats
+                # Write every slot's token after the committed ones; only the first commit_count count
+                # (the buffer has `window` spare columns, and what lies past `committed` is scratch).
+                slots = torch.arange(num_slots, device=device)
+                state.tokens.scatter_(1, state.committed[:, None] + slots, verdict.slot_tokens)
+                drafted = slots[: num_slots - 1].expand(batch, -1)
+                tested = verdict.has_draft & (drafted <= verdict.num_accepted[:, None])  # up to the first rejection
+                tally.add(state.committed[:, None] + drafted, drafted, tested, drafted < verdict.num_accepted[:, None])
+                passes_per_image += (window_len > 0).long()
+                proposer.after_commit(state, step, target_probs, verdict.slot_tokens, commit_count, verdict.slot_laws)
+                state.committed = state.committed + commit_count
+                # The cache keeps every committed token but the newest, which the next window feeds.
+                scorer.truncate_cache(num_cond + state.committed - 1)
+                if progress:
+                    bar.update(int(state.committed.min()) - bar.n)
+        finally:
+            bar.close()
+            proposer.close()
+    stats = decode_stats(
+        start=start_time,
+        device=device,
+        num_tokens=num_tokens,
+        passes_per_image=passes_per_image,
+        forward_passes=scorer.forward_passes,
+        tally=tally,
+        draft_forward_passes=proposer.forward_passes,
+    )
+    return state.tokens[:, :num_tokens], {**stats, "window": window}
 
 
 # -- the registered methods ----------------------------------------------------------------------------
@@ -594,104 +568,63 @@ def mc_sjd(
     return tokens, {**stats, "coupling": coupling}
 
 
-def check_draft(model, draft, draft_tokenizer=None, tokenizer=None):
-    """One clear VisarError if `draft` cannot draft for `model` (same vocabulary, tokenizer, grid, condition)."""
+def check_draft(model: RasterModel, draft, method: str = "spec") -> RasterModel:
+    """The draft model, or one clear VisarError if it cannot draft for `model` (same vocabulary, grid,
+    condition; a separate instance on the same device). Names and folders are resolved before the
+    method runs (`Pipeline.generate`, which also checks that both share a tokenizer)."""
+    if draft is None:
+        raise VisarError(
+            f"method {method!r} needs a draft model: draft=<a model of the same family, or (through "
+            "Pipeline.generate) a registered model name or folder>"
+        )
+    if not isinstance(draft, RasterModel):
+        raise VisarError(
+            f"draft= must be a raster model (resolve a name or folder with Pipeline.generate or visar.load), "
+            f"got {type(draft).__name__}"
+        )
     if draft is model:
         raise VisarError("the draft model must be a separate model instance from the target (each keeps a KV cache)")
-    if draft.output.weight.device != model.output.weight.device:
-        raise VisarError(
-            f"draft model is on {draft.output.weight.device}, the target on {model.output.weight.device}: "
-            "put both on the same device"
-        )
+    if draft.device != model.device:
+        raise VisarError(f"draft model is on {draft.device}, the target on {model.device}: put both on the same device")
     if draft.vocab_size != model.vocab_size:
         raise VisarError(
             f"draft model vocabulary ({draft.vocab_size} tokens) differs from the target's ({model.vocab_size}): "
             "a draft must use the target's tokenizer"
         )
-    for theirs in (draft_tokenizer, tokenizer):
-        if theirs is not None and theirs.vocab_size != model.vocab_size:
-            raise VisarError(
-                f"a tokenizer with {theirs.vocab_size} codes cannot decode the target's {model.vocab_size}-token "
-                "vocabulary: the draft must use the target's tokenizer"
-            )
-    if draft_tokenizer is not None and tokenizer is not None:
-        same = draft_tokenizer.config == tokenizer.config and torch.equal(
-            draft_tokenizer.quantize.embedding.weight.detach().cpu(), tokenizer.quantize.embedding.weight.detach().cpu()
-        )
-        if not same:
-            raise VisarError(
-                "the draft model's tokenizer differs from the target's (config or codebook): its token ids mean "
-                "other images, so it cannot draft for this model"
-            )
     if tuple(draft.grid_size) != tuple(model.grid_size):
         raise VisarError(
             f"draft model grid {tuple(draft.grid_size)} differs from the target's {tuple(model.grid_size)}"
         )
-    kind, draft_kind = model.config.model_type, draft.config.model_type
-    if kind != draft_kind:
-        raise VisarError(f"draft model is {draft_kind} but the target is {kind}: they must share the condition")
-    if kind == "c2i" and draft.config.num_classes != model.config.num_classes:
+    if draft.condition_layout != model.condition_layout:
         raise VisarError(
-            f"draft model has {draft.config.num_classes} classes, the target {model.config.num_classes}: "
-            "they must share the class set"
+            f"the draft model's condition {draft.condition_layout} differs from the target's "
+            f"{model.condition_layout}: they must share the condition (kind, classes, caption layout)"
         )
-    if kind == "t2i" and (draft.config.caption_dim, draft.num_condition_tokens) != (
-        model.config.caption_dim,
-        model.num_condition_tokens,
-    ):
-        raise VisarError("draft model's caption layout (caption_dim, cls_token_num) differs from the target's")
-
-
-LOADED_DRAFTS: dict[tuple, tuple] = {}  # (name, device, dtype) -> (draft module, its tokenizer)
-
-
-def resolve_draft(model, draft) -> tuple[nn.Module, object | None]:
-    """A draft given as a module, a Pipeline, or a name / folder for `visar.load` -> (module, its tokenizer)."""
-    if draft is None:
-        raise VisarError(
-            "method 'spec' needs a draft model: draft=<a LlamaGen module, or a registered model name or folder>"
-        )
-    if isinstance(draft, (str, os.PathLike)):
-        from ..pipeline import load  # here, not at import: the pipeline imports this package
-
-        weight = model.output.weight
-        key = (str(draft), str(weight.device), weight.dtype)
-        if key not in LOADED_DRAFTS:  # a batch loop would otherwise reload the draft for every batch
-            pipe = load(draft, device=weight.device, dtype=weight.dtype)
-            LOADED_DRAFTS[key] = (pipe.model.eval(), pipe.tokenizer)
-        return LOADED_DRAFTS[key]
-    if isinstance(getattr(draft, "model", None), nn.Module):  # a Pipeline
-        return draft.model, getattr(draft, "tokenizer", None)
-    if isinstance(draft, nn.Module) and hasattr(draft, "vocab_size"):
-        return draft, None
-    raise VisarError(f"draft= must be a LlamaGen model, a Pipeline or a model name/folder, got {type(draft).__name__}")
+    return draft
 
 
 def spec(
-    model,
+    model: RasterModel,
     cond: Tensor,
     params: SamplingParams,
     generators: list[torch.Generator],
     *,
     cond_mask: Tensor | None = None,
     progress: bool = False,
-    tokenizer=None,
-    draft=None,
+    draft: RasterModel | None = None,
     window: int = 5,
     warmup: int = 0,
     tail: int = 0,
 ) -> tuple[Tensor, dict]:
     """Speculative sampling with a draft model of the same family (Leviathan et al. 2023).
 
-    draft: a LlamaGen module, a Pipeline, or a registered name / folder loaded with `visar.load`;
-    it must share the target's vocabulary and tokenizer. window: target slots per pass (the draft
-    proposes window - 1 tokens autoregressively, sampled with the same CFG / temperature / top-k /
-    top-p). tokenizer: the target's tokenizer, when the caller has it, to compare with the draft's.
+    draft: a model sharing the target's vocabulary, tokenizer, grid and condition (through
+    Pipeline.generate also a Pipeline or a registered name / folder). window: target slots per
+    pass (the draft proposes window - 1 tokens autoregressively, sampled with the same CFG /
+    temperature / top-k / top-p).
     """
     check_spans(window, warmup, tail)
-    draft_model, draft_tokenizer = resolve_draft(model, draft)
-    check_draft(model, draft_model, draft_tokenizer, tokenizer)
-    proposer = DraftModelProposer(draft_model, cond, cond_mask, params)
+    proposer = DraftModelProposer(check_draft(model, draft), cond, cond_mask, params)
     return speculative_decode(
         model,
         cond,

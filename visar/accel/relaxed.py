@@ -59,6 +59,7 @@ import torch
 from torch import Tensor
 
 from ..errors import VisarError
+from ..tokenizers.base import TokenGridTokenizer
 from .acceptance import (
     AcceptanceRule,
     grouped_accept,
@@ -76,7 +77,6 @@ from .jacobi import (
     check_draft,
     check_spans,
     independent_carry,
-    resolve_draft,
     resolve_initialiser,
     speculative_decode,
 )
@@ -105,14 +105,13 @@ def codebook_of(tokenizer, vocab_size: int, method: str) -> Tensor:
     if isinstance(tokenizer, Tensor):
         book = tokenizer
     else:
-        quantize = getattr(tokenizer, "quantize", None)
-        if not callable(getattr(quantize, "codebook", None)):
+        if not isinstance(tokenizer, TokenGridTokenizer):
             raise VisarError(
                 f"method {method!r} needs a VQ tokenizer with a codebook; {type(tokenizer).__name__} has none "
                 "(a continuous tokenizer has no code neighbours to relax towards)"
             )
         with torch.no_grad():
-            book = quantize.codebook()
+            book = tokenizer.codebook()
     book = book.detach().float().cpu()
     if book.dim() != 2 or book.shape[0] != vocab_size:
         raise VisarError(
@@ -197,14 +196,12 @@ def check_number(name: str, value, minimum: float, *, integer: bool = False, all
         raise VisarError(f"{name} must be {kind} >= {minimum}, got {value!r}")
 
 
-def jacobi_or_draft_proposer(model, cond, cond_mask, params, tokenizer, draft, init, coupling=None):
+def jacobi_or_draft_proposer(model, cond, cond_mask, params, draft, init, coupling=None):
     if draft is None:
         return JacobiProposer(resolve_initialiser(init), carry_updater(coupling or "none", "lantern", CARRIES))
     if coupling is not None:
         raise VisarError("coupling applies to Jacobi drafts (carried over between passes); a draft model drafts afresh")
-    draft_model, draft_tokenizer = resolve_draft(model, draft)
-    check_draft(model, draft_model, draft_tokenizer, tokenizer if not isinstance(tokenizer, Tensor) else None)
-    return DraftModelProposer(draft_model, cond, cond_mask, params)
+    return DraftModelProposer(check_draft(model, draft, "lantern"), cond, cond_mask, params)
 
 
 # -- the registered methods -----------------------------------------------------------------------------
@@ -240,7 +237,7 @@ def gsd(
     check_number("group_size", group_size, 1, integer=True)
     check_number("prob_gap", prob_gap, 0)
     check_number("max_distance", max_distance, 0)
-    book = codebook_of(tokenizer, model.vocab_size, "gsd").to(model.output.weight.device)
+    book = codebook_of(tokenizer, model.vocab_size, "gsd").to(model.device)
     accept = lossless(False)(
         partial(grouped_accept, codebook=book, group_size=group_size, prob_gap=prob_gap, max_distance=max_distance)
     )
@@ -301,9 +298,9 @@ def lantern(
     if form not in LANTERN_FORMS:
         raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")
     book = codebook_of(tokenizer, model.vocab_size, "lantern")
-    table = neighbour_table(book, min(k, model.vocab_size - 1)).to(model.output.weight.device)
+    table = neighbour_table(book, min(k, model.vocab_size - 1)).to(model.device)
     relax = lossless(False)(partial(LANTERN_FORMS[form], neighbours=table, delta=float(delta)))
-    proposer = jacobi_or_draft_proposer(model, cond, cond_mask, params, tokenizer, draft, init, coupling)
+    proposer = jacobi_or_draft_proposer(model, cond, cond_mask, params, draft, init, coupling)
     tokens, stats = speculative_decode(
         model,
         cond,
@@ -357,15 +354,9 @@ def lantern_pp(
     check_number("k", k, 1, integer=True)
     if form not in LANTERN_FORMS:
         raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")
-    if draft is None:
-        raise VisarError(
-            "method 'lantern++' drafts its tree with a draft model: draft=<a LlamaGen module, or a registered "
-            "model name or folder>"
-        )
+    draft_model = check_draft(model, draft, "lantern++")  # the tree is drafted by a draft model
     book = codebook_of(tokenizer, model.vocab_size, "lantern++")
-    table = neighbour_table(book, min(k, model.vocab_size - 1)).to(model.output.weight.device)
-    draft_model, draft_tokenizer = resolve_draft(model, draft)
-    check_draft(model, draft_model, draft_tokenizer, tokenizer if not isinstance(tokenizer, Tensor) else None)
+    table = neighbour_table(book, min(k, model.vocab_size - 1)).to(model.device)
     budget = 1.0 if delta is None else float(delta)  # all mass is <= 1: no additive cap
     relax = lossless(lambda_cap == 1 or budget == 0)(
         partial(LANTERN_FORMS[form], neighbours=table, delta=budget, lambda_cap=float(lambda_cap))
@@ -374,3 +365,21 @@ def lantern_pp(
         model, cond, params, generators, draft_model, static_tree, relax=relax, cond_mask=cond_mask, progress=progress
     )
     return tokens, {**stats, "lambda_cap": lambda_cap, "delta": delta, "k": table.shape[1], "form": form}
+
+
+# -- the settings at which a relaxed method is exact (visar.accel.Method.exact_when) ----------------------
+
+
+def gsd_is_exact(options: dict, model) -> bool:
+    """Groups of one: the grouped test is the speculative test, and gsd is sjd."""
+    return options["group_size"] == 1
+
+
+def lantern_is_exact(options: dict, model) -> bool:
+    """No mass moved: p~ = p, and lantern is sjd, mc-sjd or spec by its drafts."""
+    return options["delta"] == 0
+
+
+def lantern_pp_is_exact(options: dict, model) -> bool:
+    """A cap of 1 (or no budget) moves no mass: the tree is verified against p (EAGLE's lossless trees)."""
+    return options["lambda_cap"] == 1 or options["delta"] == 0

@@ -32,18 +32,20 @@ writes to). The draft model's cache works the same way.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..errors import VisarError
+from ..models.base import RasterModel
 from .acceptance import speculative_residual
-from .ar import with_null_condition
-from .sampling import SamplingParams, draw_uniforms, logits_to_probs, sample_from_probs, split_cfg
+from .sampling import SamplingParams, draw_uniforms, sample_from_probs
+from .scoring import GuidedScorer
+from .stats import DraftTally, decode_stats
+from .timing import synchronized_clock
 
 # Each path lists child ranks from the root: [0] is the root's first child, [0, 1] that child's second.
 NAIVE_EXTEND_57 = (
@@ -118,34 +120,31 @@ def resolve_tree(tree) -> StaticTree:
 class TreeAttention:
     """Inputs, slots and masks of a cache laid out as [condition ; image tokens ; T scratch ; 1 trash]."""
 
-    def __init__(self, model, tree: StaticTree, batch: int, full_cond: Tensor, full_mask: Tensor | None, cfg: bool):
-        self.model, self.tree, self.cfg = model, tree, cfg
+    def __init__(self, scorer: GuidedScorer, tree: StaticTree):
+        self.scorer, self.tree = scorer, tree
+        model = scorer.model
         self.num_cond, self.num_tokens = model.num_condition_tokens, model.num_image_tokens
         self.max_pos = self.num_cond + self.num_tokens - 1
         self.scratch = self.num_cond + self.num_tokens  # slot of node 1; node i at scratch + i - 1
         self.trash = self.scratch + tree.num_nodes
         self.size = self.trash + 1
-        model.setup_cache(full_cond.shape[0], self.size, full_mask)
-        self.device = model.output.weight.device
+        scorer.open_cache(self.size)
+        self.device = model.device
         self.slots = torch.arange(self.size, device=self.device)
         # [T + 1, S]: the scratch slots each node sees (its ancestors and itself; the root has none)
         self.node_scratch = torch.zeros(tree.num_nodes + 1, self.size, dtype=torch.bool, device=self.device)
         self.node_scratch[:, self.scratch : self.trash] = tree.ancestors[:, 1:].to(self.device)
-        self.forward_passes = 0
 
-    def run(self, tokens: Tensor | None, input_pos: Tensor, cache_pos: Tensor, mask: Tensor, cond=None) -> Tensor:
-        """One pass; the batch is doubled here under CFG. -> logits [B(x2), L, V]."""
-        self.forward_passes += 1
-        if self.cfg:
-            tokens = None if tokens is None else torch.cat([tokens, tokens])
-            input_pos, cache_pos, mask = (torch.cat([t, t]) for t in (input_pos, cache_pos, mask))
-        mask = mask & self.model.cache_key_valid[:, None, :]
-        return self.model(tokens, cond, input_pos=input_pos, cache_pos=cache_pos, mask=mask)
+    @property
+    def forward_passes(self) -> int:
+        return self.scorer.forward_passes
 
-    def prefill(self, full_cond: Tensor) -> Tensor:
-        """The condition, at its slots -> logits of its last position [B(x2), V]."""
-        self.forward_passes += 1
-        return self.model(None, full_cond, input_pos=torch.arange(self.num_cond, device=self.device))[:, -1]
+    def run(self, tokens: Tensor, input_pos: Tensor, cache_pos: Tensor, mask: Tensor) -> Tensor:
+        """One pass over inputs at explicit positions, slots and visibility -> guided logits [B, L, V]."""
+        return self.scorer.logits(tokens, input_pos, mask=mask, cache_pos=cache_pos)
+
+    def close(self):
+        self.scorer.close_cache()
 
     def chain(self, tokens: Tensor, fed: Tensor, committed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Committed tokens fed .. committed - 1 of each image, at their true slots, left-padded.
@@ -181,12 +180,11 @@ class TreeAttention:
 class TreeDrafter:
     """The draft model's side: catch up on committed tokens, then one pass per tree depth."""
 
-    def __init__(self, draft: nn.Module, tree: StaticTree, cond, cond_mask, params: SamplingParams, batch: int):
-        self.tree, self.params = tree, params
-        full_cond, full_mask = with_null_condition(draft, cond, cond_mask, params)
-        self.attention = TreeAttention(draft, tree, batch, full_cond, full_mask, params.uses_cfg)
-        self.attention.prefill(full_cond)  # the condition into the cache (token 0 is the target's AR step)
-        self.fed = torch.zeros(batch, dtype=torch.long, device=self.attention.device)
+    def __init__(self, draft: RasterModel, tree: StaticTree, cond, cond_mask, params: SamplingParams):
+        self.tree = tree
+        self.attention = TreeAttention(GuidedScorer(draft, cond, cond_mask, params), tree)
+        self.attention.scorer.prefill()  # the condition into the cache (token 0 is the target's AR step)
+        self.fed = torch.zeros(cond.shape[0], dtype=torch.long, device=self.attention.device)
         depth = tree.depth.tolist()
         has_children = (tree.children >= 0).any(1).tolist()
         self.levels = [
@@ -199,7 +197,7 @@ class TreeDrafter:
         return self.attention.forward_passes
 
     def q(self, logits: Tensor) -> Tensor:
-        return logits_to_probs(split_cfg(logits, self.params), self.params)
+        return self.attention.scorer.target_probs(logits)
 
     def propose(self, tokens: Tensor, committed: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """-> node_tokens [B, T + 1], node_q [B, T + 1, V] (the law each node was drawn from),
@@ -239,16 +237,65 @@ class TreeDrafter:
         return node_tokens, node_q, node_ok
 
     def close(self):
-        self.attention.model.clear_cache()
+        self.attention.close()
+
+
+@dataclass
+class TreeWalk:
+    """The outcome of verifying every image's tree from the root down."""
+
+    path: Tensor  # [B, D + 1] the accepted nodes' tokens, then the final draw
+    accepted: Tensor  # [B] accepted depth
+    tried_at: Tensor  # [B, D] bool: a child was tested at this depth
+
+
+def walk_tree(
+    tree: StaticTree, probs: Tensor, node_tokens, node_q, node_ok, accept_u, final_u, active, relax
+) -> TreeWalk:
+    """Try each node's children in rank order with the (relaxed) speculative test, follow the first
+    accepted one; after all are rejected, or at a leaf, draw one more token from the current
+    residual (or p). probs [B, T + 1, V]: the target at every node; accept_u [B, D, C]; final_u [B]."""
+    batch, device = probs.shape[0], probs.device
+    rows = torch.arange(batch, device=device)
+    children = tree.children.to(device)
+    max_depth, width = tree.max_depth, children.shape[1]
+    node = torch.zeros(batch, dtype=torch.long, device=device)
+    current = probs[:, 0]
+    alive = active.clone()
+    path = torch.zeros(batch, max_depth + 1, dtype=torch.long, device=device)
+    accepted = torch.zeros(batch, dtype=torch.long, device=device)
+    tried_at = torch.zeros(batch, max_depth, dtype=torch.bool, device=device)
+    for depth in range(max_depth):
+        moved = torch.zeros(batch, dtype=torch.bool, device=device)
+        for rank in range(width):
+            kid = children[node, rank]  # [B]
+            kid_id = kid.clamp(min=0)
+            tried = alive & ~moved & (kid >= 0) & node_ok[rows, kid_id]
+            if not bool(tried.any()):
+                continue
+            tried_at[:, depth] |= tried
+            x, q = node_tokens[rows, kid_id], node_q[rows, kid_id]
+            goal = current if relax is None else relax(current, q, x)
+            p_x, q_x = goal.gather(1, x[:, None])[:, 0], q.gather(1, x[:, None])[:, 0]
+            ok = tried & (accept_u[:, depth, rank] * q_x < p_x)
+            current = torch.where((tried & ~ok)[:, None], speculative_residual(goal, q), current)
+            node = torch.where(ok, kid, node)
+            moved |= ok
+        path[:, depth] = torch.where(moved, node_tokens[rows, node], 0)
+        accepted += moved.long()
+        alive &= moved
+        current = torch.where(moved[:, None], probs[rows, node], current)
+    path.scatter_(1, accepted[:, None], sample_from_probs(current, final_u)[:, None])
+    return TreeWalk(path, accepted, tried_at)
 
 
 @torch.no_grad()
 def tree_decode(
-    model,
+    model: RasterModel,
     cond: Tensor,
     params: SamplingParams,
     generators: list[torch.Generator],
-    draft: nn.Module,
+    draft: RasterModel,
     tree: StaticTree,
     *,
     relax: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None,
@@ -260,23 +307,20 @@ def tree_decode(
     relax(p, q, x) -> p~: the target each child is tested against (None: p itself, lossless);
     a rejection continues from norm((p~ - q)+).
     """
-    start_time = time.perf_counter()
+    device = model.device
+    start_time = synchronized_clock(device)
     batch, num_tokens = cond.shape[0], model.num_image_tokens
-    device = model.output.weight.device
-    full_cond, full_mask = with_null_condition(model, cond, cond_mask, params)
-    target = TreeAttention(model, tree, batch, full_cond, full_mask, params.uses_cfg)
-    drafter = TreeDrafter(draft, tree, cond, cond_mask, params, batch)
+    target = TreeAttention(GuidedScorer(model, cond, cond_mask, params), tree)
+    drafter = TreeDrafter(draft, tree, cond, cond_mask, params)
     size, max_depth, width = tree.num_nodes + 1, tree.max_depth, tree.children.shape[1]
-    children, depths = tree.children.to(device), tree.depth.to(device)
-    rows = torch.arange(batch, device=device)
+    depths = tree.depth.to(device)
     tokens = torch.zeros(batch, num_tokens + max_depth + 1, dtype=torch.long, device=device)
     passes_per_image = torch.ones(batch, dtype=torch.long, device=device)
-    accepted_total = torch.zeros((), dtype=torch.long, device=device)
+    tally = DraftTally(model.grid_size, max_depth, device)
     bar = tqdm(total=num_tokens, disable=not progress, desc="tree", leave=False)
     try:
         # token 0 from the condition alone: a plain AR step (the first tree grows from it)
-        first = logits_to_probs(split_cfg(target.prefill(full_cond), params), params)
-        tokens[:, 0] = sample_from_probs(first, draw_uniforms(generators, 1)[:, 0].to(device))
+        tokens[:, 0] = sample_from_probs(target.scorer.prefill(), draw_uniforms(generators, 1)[:, 0].to(device))
         committed = torch.ones(batch, dtype=torch.long, device=device)
         fed = torch.zeros(batch, dtype=torch.long, device=device)
         while bool((committed < num_tokens).any()):
@@ -289,58 +333,29 @@ def tree_decode(
             node_ok &= depths[None] <= (num_tokens - 1 - committed)[:, None]
 
             chain = target.chain(tokens, fed, committed)
-            ids = torch.arange(1, size, device=device)
-            nodes = target.nodes(ids, node_tokens[:, 1:], committed)
+            nodes = target.nodes(torch.arange(1, size, device=device), node_tokens[:, 1:], committed)
             logits = target.run(*(torch.cat([a, b], 1) for a, b in zip(chain, nodes, strict=True)))
             fed = committed.clone()
-            probs = logits_to_probs(split_cfg(logits[:, chain[0].shape[1] - 1 :], params), params)  # [B, T + 1, V]
-
-            node = torch.zeros(batch, dtype=torch.long, device=device)
-            current = probs[:, 0]
-            alive = active.clone()
-            path = torch.zeros(batch, max_depth + 1, dtype=torch.long, device=device)
-            accepted = torch.zeros(batch, dtype=torch.long, device=device)
-            for depth in range(max_depth):
-                moved = torch.zeros(batch, dtype=torch.bool, device=device)
-                for rank in range(width):
-                    kid = children[node, rank]  # [B]
-                    kid_id = kid.clamp(min=0)
-                    tried = alive & ~moved & (kid >= 0) & node_ok[rows, kid_id]
-                    if not bool(tried.any()):
-                        continue
-                    x, q = node_tokens[rows, kid_id], node_q[rows, kid_id]
-                    goal = current if relax is None else relax(current, q, x)
-                    p_x, q_x = goal.gather(1, x[:, None])[:, 0], q.gather(1, x[:, None])[:, 0]
-                    ok = tried & (accept_u[:, depth, rank] * q_x < p_x)
-                    current = torch.where((tried & ~ok)[:, None], speculative_residual(goal, q), current)
-                    node = torch.where(ok, kid, node)
-                    moved |= ok
-                path[:, depth] = torch.where(moved, node_tokens[rows, node], 0)
-                accepted += moved.long()
-                alive &= moved
-                current = torch.where(moved[:, None], probs[rows, node], current)
-            extra = sample_from_probs(current, uniforms[:, -1])
-            path.scatter_(1, accepted[:, None], extra[:, None])
-            commit = torch.where(active, accepted + 1, 0)
-            tokens.scatter_(1, committed[:, None] + torch.arange(max_depth + 1, device=device), path)
-            accepted_total += torch.where(active, accepted, 0).sum()
+            probs = target.scorer.target_probs(logits[:, chain[0].shape[1] - 1 :])  # [B, T + 1, V]
+            walk = walk_tree(tree, probs, node_tokens, node_q, node_ok, accept_u, uniforms[:, -1], active, relax)
+            tokens.scatter_(1, committed[:, None] + torch.arange(max_depth + 1, device=device), walk.path)
+            slot = torch.arange(max_depth, device=device).expand(batch, -1)
+            tally.add(committed[:, None] + slot, slot, walk.tried_at, slot < walk.accepted[:, None])
             passes_per_image += active.long()
-            committed = committed + commit
+            committed = committed + torch.where(active, walk.accepted + 1, 0)
             if progress:
                 bar.update(int(committed.clamp(max=num_tokens).min()) - bar.n)
     finally:
         bar.close()
-        model.clear_cache()
+        target.close()
         drafter.close()
-    passes = int(passes_per_image.max())
-    stats = {
-        "forward_passes": passes,
-        "tokens_per_forward": float((num_tokens / passes_per_image.double()).mean()),
-        "latency_s": time.perf_counter() - start_time,
-        "forward_passes_per_image": passes_per_image.tolist(),
-        "mean_accepted_per_pass": float(accepted_total) / max(int((passes_per_image - 1).sum()), 1),
-        "draft_forward_passes": drafter.forward_passes,
-        "tree_nodes": tree.num_nodes,
-        "tree_depth": max_depth,
-    }
-    return tokens[:, :num_tokens], stats
+    stats = decode_stats(
+        start=start_time,
+        device=device,
+        num_tokens=num_tokens,
+        passes_per_image=passes_per_image,
+        forward_passes=int(passes_per_image.max()),
+        tally=tally,
+        draft_forward_passes=drafter.forward_passes,
+    )
+    return tokens[:, :num_tokens], {**stats, "tree_nodes": tree.num_nodes, "tree_depth": max_depth}

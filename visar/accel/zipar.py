@@ -69,7 +69,6 @@ image's own generator. Either way an image's tokens do not depend on the rest of
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -79,8 +78,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..errors import VisarError
+from ..models.base import RasterModel
+from ..models.lag_mask import check_lag
 from .acceptance import SPECULATIVE, AcceptanceRule, grouped_accept, lossless, speculative_residual
-from .ar import with_null_condition
 from .jacobi import (
     ACCEPT,
     CARRY,
@@ -92,12 +92,16 @@ from .jacobi import (
     FillRequest,
     carry_updater,
     check_spans,
+    image_keys,
     independent_carry,
     random_init,
     resolve_initialiser,
 )
 from .relaxed import check_number, codebook_of
-from .sampling import SamplingParams, draw_uniforms, logits_to_probs, sample_from_probs, split_cfg
+from .sampling import SamplingParams, draw_uniforms, sample_from_probs
+from .scoring import GuidedScorer
+from .stats import DraftTally, decode_stats
+from .timing import synchronized_clock
 
 
 def token_grid(model, method: str) -> tuple[int, int]:
@@ -120,43 +124,6 @@ def check_flag(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise VisarError(f"{name} must be true or false, got {value!r}")
     return value
-
-
-def check_lag(s) -> int:
-    if isinstance(s, bool) or not isinstance(s, int) or s < 1:
-        raise VisarError(
-            f"s (the ZipAR window: tokens of a row before the next starts) must be an integer >= 1, got {s!r}"
-        )
-    return s
-
-
-def lag_training_mask(grid: tuple[int, int], s: int, num_condition_tokens: int = 1) -> Tensor:
-    """zipar's visibility at lag s as one static [L, L] bool mask over a training sequence.
-
-    The sequence is the teacher-forced one (L = T + N - 1: T condition positions, then image
-    tokens 0 .. N - 2; position T - 1 + t predicts token t). Under zipar's schedule token
-    (r, c) is drawn in pass c + r * s (plus the prefill), and the input that predicts it, fed
-    in that pass, sees exactly the earlier tokens drawn in earlier passes: (r', c') with
-    c' < c + (r - r') * s above it, all of its own row to the left, and the condition. Its KV
-    is cached with that context, so a model trained under this mask meets at generation the
-    contexts it was trained on (ZipAR-aware training; the one difference: a row's last token
-    is fed again for its KV once its row is complete, seeing its whole row).
-    With s >= W the mask is plain causal.
-    """
-    height, width = grid
-    s = check_lag(s)
-    num_tokens = height * width
-    length = num_condition_tokens + num_tokens - 1
-    token = torch.arange(num_tokens)
-    drawn_in = token % width + (token // width) * min(s, width)  # the pass that draws each token
-    position = torch.arange(length)
-    predicted = (position - num_condition_tokens + 1).clamp(min=0)  # token each position predicts
-    held = (position - num_condition_tokens).clamp(min=0)  # token each position holds
-    earlier = drawn_in[held][None, :] < drawn_in[predicted][:, None]
-    earlier |= (position < num_condition_tokens)[None, :]  # the condition is always there
-    earlier |= (position < num_condition_tokens - 1)[:, None]  # condition queries predict nothing
-    causal = position[None, :] <= position[:, None]
-    return causal & (earlier | (position[None, :] == position[:, None]))
 
 
 # -- one pass: which inputs, and what each may see -------------------------------------------------------
@@ -384,9 +351,57 @@ class CarriedDrafts:
         self.valid[:, self.num_tokens] = False
 
 
+def pass_uniforms(generators: list[torch.Generator], plan: PassPlan, height: int, window: int) -> Tensor:
+    """Jacobi fronts: each image's block [4, H, window] for this pass, read at (purpose, row, slot) of
+    every input -> [B, 4, M]."""
+    device = plan.row.device
+    block = draw_uniforms(generators, NUM_PURPOSES * height * window).to(device).view(len(generators), NUM_PURPOSES, -1)
+    lane = (plan.row * window + plan.slot.clamp(max=window - 1))[:, None].expand(-1, NUM_PURPOSES, -1)
+    return block.gather(2, lane)
+
+
+def score_fronts(
+    scorer: GuidedScorer, plan: PassPlan, tokens: Tensor, count: Tensor, generated: Tensor, s: int, drafts, first: bool
+) -> Tensor:
+    """One pass over every front's inputs -> target probs [B, M, V] (the first pass: the condition
+    prefill, which predicts token 0: [B, 1, V])."""
+    if first:
+        return scorer.prefill()[:, None]
+    width = generated.shape[1] // count.shape[1]
+    feed = pass_inputs(plan, tokens, count, generated, width, drafts)
+    visible = visibility(plan, generated, s)  # [B, M, N]
+    num_cond = scorer.model.num_condition_tokens
+    condition = torch.ones(*visible.shape[:2], num_cond, dtype=torch.bool, device=visible.device)
+    mask = torch.cat([condition, visible], -1)
+    return scorer.target_probs(scorer.logits(feed, num_cond + plan.input_index, mask=mask))
+
+
+def front_outputs(
+    rule: AcceptanceRule, plan: PassPlan, target_probs: Tensor, draft_tokens, draft_probs, uniforms, draws
+) -> tuple[Tensor, Tensor]:
+    """Every predicting slot's output: its draft if the test accepts it, else a draw from the
+    residual (from p where no draft follows). -> (slot_tokens [B, M], accept [B, M])."""
+    if draft_tokens is None:  # plain fronts, or no slot with a draft: a draw with each input's uniform
+        return sample_from_probs(target_probs, draws), torch.zeros_like(plan.predicts)
+    # A relaxed rule (LANTERN) verifies against p~; slots without a draft and the carry keep p.
+    verified = target_probs if rule.relax is None else rule.relax(target_probs, draft_probs, draft_tokens)
+    accept = plan.has_draft & rule.accept(verified, draft_probs, draft_tokens, uniforms[:, ACCEPT])
+    residual = torch.where(plan.has_draft[..., None], rule.residual(verified, draft_probs), target_probs)
+    return torch.where(accept, draft_tokens, sample_from_probs(residual, uniforms[:, RESIDUAL])), accept
+
+
+def fed_after_pass(plan: PassPlan, fed: Tensor, count: Tensor, commits: Tensor, width: int) -> Tensor:
+    """[B, H] tokens of each row with their KV cached after this pass: a front's input and its
+    accepted drafts, a fed-only newest token, a row's true last token fed by the next row's start."""
+    fed = torch.where(plan.window_len > 0, count + commits - 1, fed)
+    fed = torch.where(plan.feed_only, count, fed)
+    fed_by_next = torch.cat([plan.true_start[:, 1:], torch.zeros_like(plan.true_start[:, :1])], 1)
+    return torch.where(fed_by_next, width, fed)
+
+
 @torch.no_grad()
 def decode_fronts(
-    model,
+    model: RasterModel,
     cond: Tensor,
     params: SamplingParams,
     generators: list[torch.Generator],
@@ -404,18 +419,19 @@ def decode_fronts(
     """Decode all row fronts of every image together; window 1 = plain zipar. -> (tokens [B, N], stats).
 
     cross_row (Jacobi fronts only): a front may also predict past its plain reach from the drafts
-    the row above feeds in the same pass (kept only if those drafts are accepted)."""
-    start_time = time.perf_counter()
+    the row above feeds in the same pass (kept only if those drafts are accepted).
+    Longer than 80 lines: one pass is plan, draw, score, verify, commit, carry, and splitting the
+    loop further would hand a dozen tensors between pieces that are each a few lines."""
     height, width = token_grid(model, method)
+    device = model.device
+    start_time = synchronized_clock(device)
     check_lag(s)
     check_spans(window, 0, 0)
     window = min(window, width)
-    batch = cond.shape[0]
-    num_cond, num_tokens, vocab = model.num_condition_tokens, model.num_image_tokens, model.vocab_size
-    device = model.output.weight.device
+    batch, num_tokens, vocab = cond.shape[0], model.num_image_tokens, model.vocab_size
     speculative = window > 1
     if speculative:
-        keys = torch.stack([torch.randint(0, 2**32, (1,), generator=g) for g in generators])[:, 0].to(device)
+        keys = image_keys(generators, device)
         carried = CarriedDrafts(batch, num_tokens, vocab, device)
     else:
         keys = torch.zeros(batch, dtype=torch.long, device=device)
@@ -426,17 +442,14 @@ def decode_fronts(
     # What initialisers and updaters read; window = N because one pass spans up to the whole grid
     # (GumbelCarry's noise ring then holds one row per position).
     state = DecodeState(tokens, count.sum(1), keys, num_tokens, vocab, (height, width), num_tokens)
-    full_cond, full_mask = with_null_condition(model, cond, cond_mask, params)
-    model.setup_cache(full_cond.shape[0], num_cond + num_tokens, full_mask)
+    scorer = GuidedScorer(model, cond, cond_mask, params)
+    tally = DraftTally((height, width), window, device)
     passes_per_image = torch.zeros(batch, dtype=torch.long, device=device)
-    drafts_tested = torch.zeros((), dtype=torch.long, device=device)
-    drafts_accepted = torch.zeros((), dtype=torch.long, device=device)
-    forward_passes = 0
     max_fronts = torch.zeros((), dtype=torch.long, device=device)
     bar = tqdm(total=num_tokens, disable=not progress, desc=method, leave=False)
-    try:
+    with scorer.cache(model.num_condition_tokens + num_tokens):
         while True:
-            first = forward_passes == 0
+            first = scorer.forward_passes == 0
             plan = plan_pass(count, fed, (height, width), s, 1 if first else window, cross_row and not first)
             if plan.row.shape[1] == 0:
                 break
@@ -444,57 +457,26 @@ def decode_fronts(
             generated = generated_mask(count, width)
             state.committed = count.sum(1)
             target = plan.input_index + 1  # [B, M] image index each input predicts (N: scratch)
-
-            draft_tokens = draft_probs = None
-            if speculative:  # each image's block [4, H, window], read at (purpose, row, slot) of every input
-                block = (
-                    draw_uniforms(generators, NUM_PURPOSES * height * window).to(device).view(batch, NUM_PURPOSES, -1)
-                )
-                lane = (plan.row * window + plan.slot.clamp(max=window - 1))[:, None].expand(-1, NUM_PURPOSES, -1)
-                uniforms = block.gather(2, lane)  # [B, 4, M]
+            draft_tokens = draft_probs = uniforms = None
+            if speculative:
+                uniforms = pass_uniforms(generators, plan, height, window)
+                draws = uniforms[:, RESIDUAL]
                 if bool(plan.has_draft.any()):
                     draft_tokens, draft_probs = carried.propose(
                         plan, state, target, generated, initialiser, uniforms[:, DRAFT]
                     )
-
-            if first:  # the condition prefill predicts token 0
-                logits = model(cond=full_cond, input_pos=torch.arange(num_cond, device=device))[:, -1:]
             else:
-                feed = pass_inputs(plan, tokens, count, generated, width, draft_tokens)
-                visible = visibility(plan, generated, s)  # [B, M, N]
-                condition = torch.ones(*visible.shape[:2], num_cond, dtype=torch.bool, device=device)
-                mask = torch.cat([condition, visible], -1)
-                input_pos = num_cond + plan.input_index
-                if params.uses_cfg:
-                    feed, input_pos, mask = (torch.cat([x, x]) for x in (feed, input_pos, mask))
-                mask = mask & model.cache_key_valid[:, None, :]  # padded caption slots stay hidden
-                logits = model(feed, input_pos=input_pos, mask=mask)
-            forward_passes += 1
-            target_probs = logits_to_probs(split_cfg(logits, params), params)  # [B, M, V]
-
-            # Every predicting slot's output: its draft if the test accepts it, else a draw from the
-            # residual (from p where no draft follows). Plain fronts: a draw with the position's uniform.
-            if draft_tokens is not None:
-                # A relaxed rule (LANTERN) verifies against p~; slots without a draft and the carry keep p.
-                verified = target_probs if rule.relax is None else rule.relax(target_probs, draft_probs, draft_tokens)
-                accept = plan.has_draft & rule.accept(verified, draft_probs, draft_tokens, uniforms[:, ACCEPT])
-                residual = torch.where(plan.has_draft[..., None], rule.residual(verified, draft_probs), target_probs)
-                slot_tokens = torch.where(accept, draft_tokens, sample_from_probs(residual, uniforms[:, RESIDUAL]))
-            else:
-                accept = torch.zeros_like(plan.predicts)
-                if speculative:
-                    draw = uniforms[:, RESIDUAL]
-                else:
-                    draw = position_uniforms.gather(1, target.clamp(max=num_tokens - 1))
-                slot_tokens = sample_from_probs(target_probs, draw)
+                draws = position_uniforms.gather(1, target.clamp(max=num_tokens - 1))
+            target_probs = score_fronts(scorer, plan, tokens, count, generated, s, draft_tokens, first)  # [B, M, V]
+            slot_tokens, accept = front_outputs(rule, plan, target_probs, draft_tokens, draft_probs, uniforms, draws)
 
             # A front commits its leading accepted drafts and one token more (its first slot not accepted).
             valid, commits, good = valid_commits(plan, accept, count, width, s)
-            lane_commits = commits.gather(1, plan.row)
+            lane_commits, lane_good = commits.gather(1, plan.row), good.gather(1, plan.row)
             keep = plan.predicts & (plan.slot < lane_commits)
             tokens.scatter_(1, torch.where(keep, target, num_tokens), slot_tokens)
-            drafts_tested += (plan.has_draft & valid & (plan.slot <= good.gather(1, plan.row))).sum()
-            drafts_accepted += (plan.has_draft & (plan.slot < good.gather(1, plan.row))).sum()
+            tested = plan.has_draft & valid & (plan.slot <= lane_good)
+            tally.add(target, plan.slot, tested, plan.has_draft & (plan.slot < lane_good))
             passes_per_image += (count[:, -1] < width).long()
 
             if speculative:  # the slots after a front's commit become drafts for the same indices
@@ -507,32 +489,23 @@ def decode_fronts(
                 next_drafts, laws = updater(request)
                 carried.store(after, next_drafts, laws)
                 carried.drop(torch.where(plan.leans, target, num_tokens))
-
-            # KV cached by this pass: a front's input and its accepted drafts, a fed-only newest token,
-            # a row's true last token fed by the next row's start.
-            fed = torch.where(plan.window_len > 0, count + commits - 1, fed)
-            fed = torch.where(plan.feed_only, count, fed)
-            fed_by_next = torch.cat([plan.true_start[:, 1:], torch.zeros_like(plan.true_start[:, :1])], 1)
-            fed = torch.where(fed_by_next, width, fed)
+            fed = fed_after_pass(plan, fed, count, commits, width)
             count = count + commits
             if progress:
                 bar.update(int(count.sum(1).min()) - bar.n)
-    finally:
-        bar.close()
-        model.clear_cache()
-    elapsed = time.perf_counter() - start_time
-    stats = {
-        "forward_passes": forward_passes,
-        "tokens_per_forward": float((num_tokens / passes_per_image.double()).mean()),
-        "latency_s": elapsed,
-        "forward_passes_per_image": passes_per_image.tolist(),
-        "s": s,
-        "max_fronts": int(max_fronts),
-    }
+    bar.close()
+    stats = decode_stats(
+        start=start_time,
+        device=device,
+        num_tokens=num_tokens,
+        passes_per_image=passes_per_image,
+        forward_passes=scorer.forward_passes,
+        tally=tally if speculative else None,
+        grid_rows=height,
+    )
+    stats.update(s=s, max_fronts=int(max_fronts))
     if speculative:
-        stats["window"] = window
-        stats["cross_row"] = cross_row
-        stats["acceptance_rate"] = float(drafts_accepted) / max(int(drafts_tested), 1)
+        stats.update(window=window, cross_row=cross_row)
     return tokens[:, :num_tokens], stats
 
 
@@ -665,7 +638,7 @@ def zipar_gsd(
     check_number("prob_gap", prob_gap, 0)
     check_number("max_distance", max_distance, 0)
     initialiser = resolve_initialiser(init)
-    book = codebook_of(tokenizer, model.vocab_size, "zipar-gsd").to(model.output.weight.device)
+    book = codebook_of(tokenizer, model.vocab_size, "zipar-gsd").to(model.device)
     accept = lossless(False)(
         partial(grouped_accept, codebook=book, group_size=group_size, prob_gap=prob_gap, max_distance=max_distance)
     )
@@ -714,3 +687,17 @@ def wavefront(
         model, cond, params, generators, s=reach + 1, cond_mask=cond_mask, progress=progress, method="wavefront"
     )
     return tokens, {**stats, "dependency_reach": reach}
+
+
+# -- the settings at which a zipar method is exact (visar.accel.Method.exact_when) -----------------------
+
+
+def covers_rows(options: dict, model) -> bool:
+    """s >= W: a row starts only once the row above is complete, so every token sees its raster
+    context (zipar is plain AR; Jacobi fronts sample the exact law)."""
+    return options["s"] >= token_grid(model, "zipar")[1]
+
+
+def covers_rows_in_groups_of_one(options: dict, model) -> bool:
+    """zipar-gsd: s >= W, and groups of one (the speculative test)."""
+    return covers_rows(options, model) and options["group_size"] == 1

@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from ..accel.zipar import lag_training_mask
 from ..data.shapes import CLASS_RENDER_EASY, class_render_options
 from ..errors import VisarError
+from ..models.lag_mask import lag_training_mask
 from ..models.llamagen import LlamaGen, LlamaGenConfig
 from ..models.text import PAD, UNK, CaptionEncoder, CaptionEncoderConfig
 from ..tokenizers.vq import VQConfig, VQModel
@@ -508,7 +508,7 @@ def lag_mask_table(recipe: dict, model: LlamaGen, device: torch.device) -> torch
     """[1 + len(zipar_lags), L, L] training masks: plain causal, then zipar's at each lag.
 
     A recipe with `zipar_lags` trains a `zipar_fraction` of its sequences under zipar's
-    visibility at one of those lags (accel/zipar.py, `lag_training_mask`), so the model learns
+    visibility at one of those lags (models/lag_mask.py, `lag_training_mask`), so the model learns
     the conditionals that next-set decoding asks of it; the rest stay plain causal."""
     lags = recipe.get("zipar_lags")
     if not lags:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import resource
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..accel import get_method
+from ..accel.timing import synchronized_clock
 from ..errors import VisarError
 
 ROW_KEYS = (
@@ -100,20 +100,20 @@ def quality_images(pipe, method, conds, options, seed=0) -> torch.Tensor:
 
 
 def acceptance_columns(stats: list[dict]) -> dict:
-    """Pooled draft acceptance of a method's runs: overall, and by image row where the engine counts it."""
-    if not all("acceptance_rate" in st for st in stats):
-        return {"acceptance_rate": None}
-    columns = {"acceptance_rate": float(np.mean([st["acceptance_rate"] for st in stats]))}
-    if all("drafts_tested_by_row" in st for st in stats):
-        tested = np.sum([st["drafts_tested_by_row"] for st in stats], 0)
-        accepted = np.sum([st["drafts_accepted_by_row"] for st in stats], 0)
-        columns["acceptance_by_row"] = [float(a / t) if t else None for a, t in zip(accepted, tested, strict=True)]
-    if all("acceptance_by_slot" in st for st in stats):  # mean over runs of each window slot's rate
-        by_slot = [
-            [v for v in slot if v is not None] for slot in zip(*(st["acceptance_by_slot"] for st in stats), strict=True)
-        ]
-        columns["acceptance_by_slot"] = [float(np.mean(v)) if v else None for v in by_slot]
-    return columns
+    """Pooled draft acceptance of a method's runs (every method reports the counts; None without drafts):
+    overall, by image row and by slot past the committed prefix."""
+
+    def rates(tested_key: str, accepted_key: str) -> list[float | None]:
+        tested = np.sum([st[tested_key] for st in stats], 0)
+        accepted = np.sum([st[accepted_key] for st in stats], 0)
+        return [float(a / t) if t else None for a, t in zip(accepted, tested, strict=True)]
+
+    tested = sum(st["draft_tokens"] for st in stats)
+    return {
+        "acceptance_rate": sum(st["accepted_tokens"] for st in stats) / tested if tested else None,
+        "acceptance_by_row": rates("draft_tokens_by_row", "accepted_tokens_by_row"),
+        "acceptance_by_slot": rates("draft_tokens_by_slot", "accepted_tokens_by_slot") if tested else [],
+    }
 
 
 def bench(
@@ -144,19 +144,18 @@ def bench(
     conds = conditions(pipe, max(n, quality_n))
     rows, ar_latency, ar_feats = [], None, None
     for name, options in tqdm(plan, desc="bench", disable=not progress):
-        spec = get_method(name)
         run_images(pipe, name, conds[:batch_size], batch_size, options, "tokens")  # warm-up
         if pipe.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pipe.device)
-        start = time.perf_counter()
+        start = synchronized_clock(pipe.device)
         outs = run_images(pipe, name, conds[:n], batch_size, options, "tokens")
-        wall = time.perf_counter() - start
+        wall = synchronized_clock(pipe.device) - start
         latency = sum(o.stats["latency_s"] for o in outs)
         per_image_passes = sum(o.stats["forward_passes"] * o.tokens.shape[0] for o in outs) / n
         tokens_per_forward = float(np.mean([o.stats["tokens_per_forward"] for o in outs]))
         row = {
             "method": name,
-            "lossless": spec.lossless,
+            "lossless": all(o.stats["lossless"] for o in outs),  # at these options (gsd group_size=1 is exact)
             "forward_passes": per_image_passes,
             "tokens_per_forward": tokens_per_forward,
             "step_compression": pipe.model.num_image_tokens / per_image_passes,

@@ -1,0 +1,94 @@
+"""Guided scoring: the one place where a model is called under classifier-free guidance.
+
+Every engine (ar, jacobi, zipar, tree) and every draft model calls its model through a
+`GuidedScorer`. With CFG on, the batch is laid out [cond ; null condition]: inputs, per-sample
+positions, masks, cache slots and cache lengths are doubled here, and the two halves of the
+logits are mixed here (`sampling.split_cfg`) before `sampling.logits_to_probs`, the function plain
+AR samples from, turns them into the target distribution. Nothing else in `visar/accel` knows
+about the doubled layout, so a lossless method verifies against exactly what AR samples from.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+from ..models.base import RasterModel
+from .sampling import SamplingParams, logits_to_probs, split_cfg
+
+
+class GuidedScorer:
+    """A raster model, a batch of B conditions and the sampling settings: guided logits and target laws [B, ...]."""
+
+    def __init__(self, model: RasterModel, cond: Tensor, cond_mask: Tensor | None, params: SamplingParams):
+        self.model, self.params = model, params
+        self.guided = params.uses_cfg
+        self.batch = cond.shape[0]
+        if self.guided:
+            cond = torch.cat([cond, model.null_condition(cond)])
+            cond_mask = None if cond_mask is None else torch.cat([cond_mask, cond_mask])  # shared by both halves
+        self.cond, self.cond_mask = cond, cond_mask  # [B(x2), ...]
+        self.forward_passes = 0
+
+    def open_cache(self, length: int):
+        """An empty KV cache of `length` slots for this batch (both halves under CFG)."""
+        self.model.setup_cache(self.cond.shape[0], length, self.cond_mask)
+
+    def close_cache(self):
+        self.model.clear_cache()
+
+    @contextmanager
+    def cache(self, length: int):
+        """`open_cache` for the block, cleared on exit (an exception included)."""
+        self.open_cache(length)
+        try:
+            yield self
+        finally:
+            self.close_cache()
+
+    def doubled(self, x: Tensor | None) -> Tensor | None:
+        """A per-sample tensor [B, ...] laid out for the model's batch ([B ; B] under CFG)."""
+        return torch.cat([x, x]) if self.guided and x is not None else x
+
+    def logits(
+        self,
+        tokens: Tensor | None = None,
+        input_pos: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        cache_pos: Tensor | None = None,
+        with_condition: bool = False,
+    ) -> Tensor:
+        """One forward pass -> guided logits [B, L, V] (float32).
+
+        tokens [B, L']; input_pos and cache_pos [L] (shared) or [B, L] (per image); mask [B, L, S].
+        with_condition: feed the condition first (the prefill), so L = T + L'.
+        """
+
+        def per_image(x):  # shared [L] positions serve both halves as they are
+            return self.doubled(x) if x is not None and x.dim() >= 2 else x
+
+        out = self.model(
+            self.doubled(tokens),
+            self.cond if with_condition else None,
+            input_pos=per_image(input_pos),
+            mask=self.doubled(mask),
+            cache_pos=per_image(cache_pos),
+        )
+        self.forward_passes += 1
+        return split_cfg(out, self.params)
+
+    def target_probs(self, logits: Tensor) -> Tensor:
+        """Guided logits [..., V] -> the target distribution [..., V] (temperature, top-k, top-p)."""
+        return logits_to_probs(logits, self.params)
+
+    def prefill(self) -> Tensor:
+        """The condition alone, at positions 0 .. T - 1 -> the target law of image token 0 [B, V]."""
+        input_pos = torch.arange(self.model.num_condition_tokens, device=self.model.device)
+        return self.target_probs(self.logits(input_pos=input_pos, with_condition=True)[:, -1])
+
+    def truncate_cache(self, lengths: Tensor):
+        """Keep the first lengths[b] cache slots of image b ([B])."""
+        self.model.truncate_cache(self.doubled(lengths))

@@ -1,0 +1,159 @@
+"""The design's dependency rules, read from every module's imports (relative and lazy ones included) with ast.
+
+apps -> pipeline -> accel, models, tokenizers; eval -> pipeline. A decoding method sees only the
+written interfaces (visar.models.base, visar.tokenizers.base), never a concrete model file, the
+loader, eval or apps; the pipeline knows no training data; training code imports no decoding
+method; models and tokenizers import nothing above them; and no module imports itself back
+through others. (Importing a subpackage and looking at sys.modules would not do: visar/__init__.py
+imports the pipeline, which imports nearly everything.)
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import visar
+
+PACKAGE = Path(visar.__file__).parent
+
+
+def module_of(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_of(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def resolve(module: str, is_package: bool, level: int, name: str | None) -> str:
+    """The absolute name of `from <level dots><name> import ...` written in `module`."""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (level - 1)] if level > 1 else base
+    return ".".join(base + ([name] if name else []))
+
+
+def imports_of(module: str) -> set[str]:
+    """Every visar module `module` imports, at the top or inside functions."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(), str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            source = (
+                node.module if node.level == 0 else resolve(module, path.name == "__init__.py", node.level, node.module)
+            )
+            for alias in node.names:  # `from . import x` imports the submodule x when there is one
+                submodule = f"{source}.{alias.name}"
+                found.add(submodule if submodule in MODULES else source)
+    return {name for name in found if name == "visar" or name.startswith("visar.")}
+
+
+GRAPH = {module: imports_of(module) for module in MODULES}
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+INTERFACES = {"visar.models.base", "visar.tokenizers.base", "visar.models.lag_mask"}
+# (who, what it must not import); a module matches a rule when it is the name or lies inside it.
+RULES = [
+    ("visar.accel", "visar.pipeline"),
+    ("visar.accel", "visar.registry"),
+    ("visar.accel", "visar.families"),
+    ("visar.accel", "visar.checkpoints"),
+    ("visar.accel", "visar.eval"),
+    ("visar.accel", "visar.apps"),
+    ("visar.accel", "visar.data"),
+    ("visar.accel", "visar.models"),  # but for INTERFACES
+    ("visar.accel", "visar.tokenizers"),  # but for INTERFACES
+    ("visar.pipeline", "visar.data"),
+    ("visar.pipeline", "visar.eval"),
+    ("visar.pipeline", "visar.apps"),
+    ("visar.apps.train", "visar.accel"),
+    ("visar.apps.train", "visar.pipeline"),
+    *[
+        (low, high)
+        for low in ("visar.models", "visar.tokenizers", "visar.families")
+        for high in ("visar.accel", "visar.eval", "visar.apps", "visar.pipeline", "visar.data")
+    ],
+    *[(low, high) for low in ("visar.models", "visar.tokenizers") for high in ("visar.registry", "visar.families")],
+]
+
+
+def violations() -> list[str]:
+    found = []
+    for module, imported in GRAPH.items():
+        for who, forbidden in RULES:
+            if not within(module, who):
+                continue
+            for name in imported:
+                if within(name, forbidden) and not (who == "visar.accel" and name in INTERFACES):
+                    found.append(f"{module} imports {name} (rule: {who} must not import {forbidden})")
+    return found
+
+
+def cycles() -> list[list[str]]:
+    """Import cycles among modules (a package importing its own submodules, and a submodule its
+    package's __init__ back, counts)."""
+    found, state = [], {}
+
+    def visit(module, stack):
+        state[module] = "open"
+        stack.append(module)
+        for name in sorted(GRAPH.get(module, ())):
+            if name == module or name not in GRAPH or name == "visar":
+                continue  # the top package only re-exports (visar/__init__.py)
+            if state.get(name) == "open":
+                found.append(stack[stack.index(name) :] + [name])
+            elif name not in state:
+                visit(name, stack)
+        stack.pop()
+        state[module] = "done"
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module, [])
+    return found
+
+
+def test_the_import_reader_sees_relative_and_lazy_imports():
+    """The reader must see what the rules talk about, or every rule passes vacuously."""
+    assert "visar.accel.scoring" in GRAPH["visar.accel.jacobi"]  # from .scoring import ...
+    assert "visar.models.base" in GRAPH["visar.accel.jacobi"]  # from ..models.base import ...
+    assert "visar.accel.tree" in GRAPH["visar.accel.relaxed"]  # imported inside lantern_pp
+    assert "visar.registry" in GRAPH["visar.pipeline"]  # from . import registry
+    assert {"visar.accel.jacobi", "visar.accel.zipar"} <= GRAPH["visar.accel"]  # from . import jacobi, ...
+
+
+def test_dependency_rules():
+    assert violations() == []
+
+
+def test_no_import_cycles():
+    assert cycles() == []
+
+
+@pytest.mark.parametrize(
+    "module, extra, expected",
+    [
+        ("visar.accel.jacobi", "visar.pipeline", "visar.accel.jacobi imports visar.pipeline"),
+        ("visar.accel.zipar", "visar.models.llamagen", "rule: visar.accel must not import visar.models"),
+        ("visar.pipeline", "visar.data.shapes", "visar.pipeline imports visar.data.shapes"),
+        ("visar.apps.train", "visar.accel.zipar", "visar.apps.train imports visar.accel.zipar"),
+        ("visar.models.llamagen", "visar.eval.bench", "visar.models.llamagen imports visar.eval.bench"),
+    ],
+)
+def test_each_rule_catches_its_violation(monkeypatch, module, extra, expected):
+    """Negative control: one forbidden import added to the graph is reported."""
+    monkeypatch.setitem(GRAPH, module, GRAPH[module] | {extra})
+    assert any(expected in line for line in violations())
+
+
+def test_a_cycle_is_caught(monkeypatch):
+    monkeypatch.setitem(GRAPH, "visar.eval.sweep", GRAPH["visar.eval.sweep"] | {"visar.eval.fid"})
+    monkeypatch.setitem(GRAPH, "visar.eval.fid", GRAPH["visar.eval.fid"] | {"visar.eval.sweep"})
+    assert any({"visar.eval.sweep", "visar.eval.fid"} <= set(cycle) for cycle in cycles())

@@ -40,6 +40,7 @@ class Method:
     exact_when_text: str = ""
     exact_example: dict = field(default_factory=dict)
     needs_draft: bool = False  # drafts with a second model of the same family (option `draft`)
+    requires: tuple[str, ...] = ()  # model attributes it needs beyond its kind's interface
 
     @property
     def options(self) -> list[str]:
@@ -81,6 +82,12 @@ class Method:
             raise VisarError(
                 f"method {self.name!r} decodes {self.model_kind} models; {type(model).__name__} is {what}: "
                 f"see `visar methods` for the methods of each kind"
+            )
+        missing = [name for name in self.requires if getattr(model, name, None) is None]
+        if missing:
+            raise VisarError(
+                f"method {self.name!r} needs a model that declares {', '.join(missing)}; "
+                f"{type(model).__name__} does not (see `visar methods`)"
             )
 
 
@@ -198,4 +205,5 @@ register_method(
     zipar.wavefront,
     lossless=True,
     description="exact wavefront decoding for models that declare local dependence (model.dependency_reach)",
+    requires=("dependency_reach",),
 )

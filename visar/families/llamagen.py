@@ -81,10 +81,10 @@ def official_presets() -> dict[str, OfficialPreset]:
     return presets
 
 
-# A 4x4-token, 8-code model and a matching 16 px VQ: enough for every raster method's mechanics.
+# A 4x4-token, 8-code model and a matching 8 px VQ: enough for every raster method's mechanics.
 TINY_MODEL_ARGS = dict(dim=32, n_layer=2, n_head=2, multiple_of=32, vocab_size=8, num_classes=4, block_size=16)
 TINY_TOKENIZER_ARGS = dict(
-    codebook_size=8, codebook_embed_dim=4, ch=8, encoder_ch_mult=[1, 1, 2], decoder_ch_mult=[1, 1, 2], z_channels=8
+    codebook_size=8, codebook_embed_dim=4, ch=32, encoder_ch_mult=[1, 2], decoder_ch_mult=[1, 2], z_channels=32
 )
 
 register_family(

@@ -1,0 +1,168 @@
+"""Conformance, driven by the registries: every registered method x every registered family's tiny model.
+
+A new method (visar.accel.register_method) or family (visar.families.register_family) is covered
+here without a new test. For each pair whose kinds fit: token shapes and range, determinism for a
+seed, batch invariance (an image's tokens do not depend on its batch), the common statistics, and
+the lossless flag for the options; where the kinds do not fit, or the model lacks what the method
+needs, one clear VisarError. Then every "exact at these settings" claim of a lossy method is
+checked against the enumerated law of a tiny model (slow tier), with a negative control.
+"""
+
+import re
+
+import pytest
+import torch
+from test_jacobi import compare_laws, exact_law, perturbed, sequence_index, tiny_llamagen
+from test_relaxed import unit_codebook
+
+import visar
+from visar.accel import METHODS
+from visar.accel.sampling import SamplingParams, make_generators
+from visar.accel.stats import COMMON_STATS
+from visar.errors import VisarError
+from visar.families import FAMILIES
+from visar.pipeline import seeded_init
+
+# Options that keep a test-size run small, applied where a method has the option.
+SMALL = {"tree": [[0], [1], [0, 0]]}
+
+
+def tiny_pipeline(family_name: str, seed: int = 0) -> visar.Pipeline:
+    """The family's tiny random model and tokenizer, as a pipeline (what `visar.load` would build)."""
+    family = FAMILIES[family_name]
+    model = family.build_model(family.tiny_model_args)
+    seeded_init(model, seed, std=0.3)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tokenizer = family.build_tokenizer(family.tiny_tokenizer_args)
+    return visar.Pipeline(model, tokenizer, name=f"tiny-{family_name}", defaults={"guidance_scale": 2.0})
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family_pair(request):
+    """(target, draft) tiny pipelines of one family: the draft a second, differently seeded instance."""
+    return tiny_pipeline(request.param, 0), tiny_pipeline(request.param, 1)
+
+
+def options_for(method, draft_pipe) -> dict:
+    options = {k: v for k, v in SMALL.items() if k in method.options}
+    if method.needs_draft:
+        options["draft"] = draft_pipe.model
+    return options
+
+
+def conditions(pipe, n):
+    return {"class_labels": list(range(n))} if pipe.is_class_conditional else {"prompts": ["a red circle"] * n}
+
+
+def fits(method, pipe) -> bool:
+    return method.model_kind == pipe.model.model_kind and all(
+        getattr(pipe.model, capability, None) is not None for capability in method.requires
+    )
+
+
+@pytest.mark.parametrize("method_name", sorted(METHODS))
+def test_method_on_every_family(family_pair, method_name):
+    pipe, draft = family_pair
+    method = METHODS[method_name]
+    options = options_for(method, draft)
+    if not fits(method, pipe):
+        with pytest.raises(VisarError) as err:
+            pipe.generate(**conditions(pipe, 1), method=method_name, output_type="tokens", **options)
+        assert method_name in str(err.value) or any(c in str(err.value) for c in method.requires)
+        return
+    height, width = pipe.model.grid_size
+    run = dict(method=method_name, output_type="tokens", seed=5, **options)
+    out = pipe.generate(**conditions(pipe, 3), **run)
+    tokens, stats = out.tokens, out.stats
+    assert tokens.shape == (3, height, width) and tokens.dtype == torch.long
+    assert 0 <= int(tokens.min()) and int(tokens.max()) < pipe.model.vocab_size
+
+    # the common statistics, with values that make sense
+    assert set(COMMON_STATS) | {"method", "lossless", "batch_size"} <= set(stats)
+    assert stats["method"] == method_name and stats["batch_size"] == 3
+    assert len(stats["forward_passes_per_image"]) == 3 and stats["forward_passes"] >= max(
+        stats["forward_passes_per_image"]
+    )
+    assert stats["tokens_per_forward"] >= 1.0 and stats["latency_s"] > 0
+    assert len(stats["draft_tokens_by_row"]) == len(stats["accepted_tokens_by_row"]) == height
+    assert stats["draft_tokens"] == sum(stats["draft_tokens_by_row"]) >= stats["accepted_tokens"] >= 0
+    assert stats["acceptance_rate"] is None if stats["draft_tokens"] == 0 else 0 <= stats["acceptance_rate"] <= 1
+    assert stats["lossless"] == method.is_lossless(options, pipe.model)
+    assert (stats["draft_forward_passes"] > 0) == method.needs_draft or method_name == "lantern"
+
+    # determinism for a seed, and batch invariance: image i of the batch alone, with seed 5 + i
+    again = pipe.generate(**conditions(pipe, 3), **run)
+    assert torch.equal(again.tokens, tokens)
+    for i in range(3):
+        labels = {k: v[i : i + 1] for k, v in conditions(pipe, 3).items()}
+        alone = pipe.generate(**labels, **{**run, "seed": 5 + i})
+        assert torch.equal(alone.tokens[0], tokens[i]), f"image {i} depends on its batch"
+
+
+class MaskedStandIn(torch.nn.Module):
+    """A model of another kind (the masked-model interface arrives with its family)."""
+
+    model_kind = "masked"
+
+
+@pytest.mark.parametrize("method_name", sorted(METHODS))
+def test_every_method_refuses_a_model_of_another_kind(method_name):
+    pipe = visar.Pipeline(MaskedStandIn(), None, name="masked-stand-in")
+    message = f"method '{method_name}' decodes raster models; MaskedStandIn is a masked model"
+    with pytest.raises(VisarError, match=re.escape(message)):
+        pipe.generate(class_labels=[0], method=method_name, output_type="tokens")
+
+
+def test_lossless_labels_say_when_a_lossy_method_is_exact():
+    assert METHODS["sjd"].lossless_label == "lossless"
+    assert METHODS["gsd"].lossless_label == "lossy (exact when group_size=1)"
+    assert METHODS["zipar"].lossless_label == "lossy (exact when s >= the grid width)"
+    model = tiny_llamagen(vocab=8, block_size=16)  # a 4 x 4 grid
+    assert METHODS["zipar"].is_lossless({"s": 4}, model) and not METHODS["zipar"].is_lossless({"s": 3}, model)
+    assert not METHODS["gsd"].is_lossless({}, model) and METHODS["gsd"].is_lossless({"group_size": 1}, model)
+    assert METHODS["lantern++"].is_lossless({"delta": 0.0}, model)
+
+
+# -- every exactness claim, against the enumerated law ------------------------------------------------
+
+VOCAB, SAMPLES = 6, 20_000
+PARAMS = SamplingParams(guidance_scale=2.0, top_k=4)
+EXACT_CLAIMS = sorted(name for name, method in METHODS.items() if method.exact_when is not None)
+
+
+def law_options(method, model, **overrides) -> dict:
+    options = {k: v for k, v in SMALL.items() if k in method.options}
+    if method.needs_draft:
+        options["draft"] = perturbed(model, seed=1, scale=0.3)
+    if method.takes_tokenizer:
+        options["tokenizer"] = unit_codebook(VOCAB, 3, 0)
+    return {**options, **overrides}
+
+
+@pytest.fixture(scope="module")
+def law_model():
+    return tiny_llamagen(vocab=VOCAB, block_size=4)  # 2 x 2 tokens: 1,296 sequences
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method_name", EXACT_CLAIMS)
+def test_exact_settings_sample_the_exact_law(law_model, method_name):
+    method = METHODS[method_name]
+    assert method.is_lossless(method.exact_example, law_model)
+    options = law_options(method, law_model, **method.exact_example)
+    label, cond = 1, torch.full((SAMPLES,), 1)
+    tokens, _ = method.fn(law_model, cond, PARAMS, make_generators(SAMPLES, 9), **options)
+    pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(law_model, label, PARAMS))
+    print(f"{method_name} {method.exact_example}: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
+    assert pvalue > 1e-3 and tv < tolerance
+
+
+@pytest.mark.slow
+def test_the_law_test_catches_a_lossy_setting(law_model):
+    """Negative control: lantern moving up to half the mass is caught by the same comparison."""
+    method = METHODS["lantern"]
+    options = law_options(method, law_model, delta=0.5, k=4)
+    tokens, _ = method.fn(law_model, torch.full((SAMPLES,), 1), PARAMS, make_generators(SAMPLES, 9), **options)
+    pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(law_model, 1, PARAMS))
+    assert pvalue < 1e-3 and tv > tolerance

@@ -339,6 +339,19 @@ class CarriedDrafts:
             draft_probs = torch.where(needs_fill[..., None], fill_probs.to(draft_probs.dtype), draft_probs)
         return draft_tokens, draft_probs
 
+    def carry_over(self, updater, plan: PassPlan, state, target_probs, slot_tokens, lane_commits, uniforms):
+        """Store the updater's next drafts at the indices past each front's commit.
+
+        Slots that leaned on the row above's drafts carry nothing (the initialiser refills them from
+        the rows above, which they follow more closely than a draw from a guessed context)."""
+        target = plan.input_index + 1
+        index = target.clamp(max=self.num_tokens - 1)
+        # no relaxed rule on fronts: every slot token follows p
+        next_drafts, laws = updater(CarryRequest(state, target_probs, slot_tokens, target_probs, index, uniforms))
+        after = plan.predicts & ~plan.leans & (plan.slot >= lane_commits)
+        self.store(torch.where(after, target, self.num_tokens), next_drafts, laws)
+        self.drop(torch.where(plan.leans, target, self.num_tokens))
+
     def drop(self, index: Tensor):
         """index [B, M] (N: nowhere): forget the drafts there."""
         self.valid.scatter_(1, index, torch.zeros_like(index, dtype=torch.bool))
@@ -420,8 +433,8 @@ def decode_fronts(
 
     cross_row (Jacobi fronts only): a front may also predict past its plain reach from the drafts
     the row above feeds in the same pass (kept only if those drafts are accepted).
-    Longer than 80 lines: one pass is plan, draw, score, verify, commit, carry, and splitting the
-    loop further would hand a dozen tensors between pieces that are each a few lines."""
+    About 90 lines: one pass is plan, draw, score, verify, commit, carry (each a helper above);
+    splitting the loop further would hand a dozen tensors between pieces of a few lines each."""
     height, width = token_grid(model, method)
     device = model.device
     start_time = synchronized_clock(device)
@@ -480,15 +493,7 @@ def decode_fronts(
             passes_per_image += (count[:, -1] < width).long()
 
             if speculative:  # the slots after a front's commit become drafts for the same indices
-                request = CarryRequest(  # no relaxed rule here: every slot token follows p
-                    state, target_probs, slot_tokens, target_probs, target.clamp(max=num_tokens - 1), uniforms[:, CARRY]
-                )
-                # Slots that leaned on the row above's drafts carry nothing (the initialiser refills them
-                # from the rows above, which they follow more closely than a draw from a guessed context).
-                after = torch.where(plan.predicts & ~plan.leans & (plan.slot >= lane_commits), target, num_tokens)
-                next_drafts, laws = updater(request)
-                carried.store(after, next_drafts, laws)
-                carried.drop(torch.where(plan.leans, target, num_tokens))
+                carried.carry_over(updater, plan, state, target_probs, slot_tokens, lane_commits, uniforms[:, CARRY])
             fed = fed_after_pass(plan, fed, count, commits, width)
             count = count + commits
             if progress:

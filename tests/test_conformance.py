@@ -90,6 +90,13 @@ def test_method_on_every_family(family_pair, method_name):
     assert stats["acceptance_rate"] is None if stats["draft_tokens"] == 0 else 0 <= stats["acceptance_rate"] <= 1
     assert stats["lossless"] == method.is_lossless(options, pipe.model)
     assert (stats["draft_forward_passes"] > 0) == method.needs_draft or method_name == "lantern"
+    # the pass that committed each token: every token has one, within the image's passes
+    commit_pass = stats["commit_pass"]
+    assert commit_pass.shape == (3, height, width) and int(commit_pass.min()) >= 1
+    last_pass = commit_pass.flatten(1).max(1).values.tolist()
+    assert all(last <= passes for last, passes in zip(last_pass, stats["forward_passes_per_image"], strict=True))
+    if method_name == "ar":
+        assert torch.equal(commit_pass[0].flatten(), torch.arange(1, height * width + 1))
 
     # determinism for a seed, and batch invariance: image i of the batch alone, with seed 5 + i
     again = pipe.generate(**conditions(pipe, 3), **run)

@@ -210,7 +210,8 @@ class Pipeline:
         stats (every method, `visar.accel.stats`): forward_passes (the batch's target passes),
         forward_passes_per_image, tokens_per_forward, latency_s (token sampling wall time), draft_tokens
         (drafts tested), accepted_tokens, acceptance_rate (None without drafts), draft_forward_passes,
-        draft_tokens_by_row / accepted_tokens_by_row (per grid row); plus decode_s, method,
+        draft_tokens_by_row / accepted_tokens_by_row (per grid row), commit_pass (LongTensor
+        [B, h, w]: the forward pass that committed each token, 1 = the first); plus decode_s, method,
         lossless (for these options: some lossy methods are exact at some settings), batch_size
         and what the method reports.
         """
@@ -236,6 +237,7 @@ class Pipeline:
             self.model, cond, params, generators, cond_mask=cond_mask, progress=progress, **method_options
         )
         tokens = tokens.reshape(batch, *self.model.grid_size)
+        stats["commit_pass"] = stats["commit_pass"].reshape(batch, *self.model.grid_size)
         lossless = spec.is_lossless(method_options, self.model)
         stats = {**stats, "method": method, "lossless": lossless, "batch_size": batch}
         images = None

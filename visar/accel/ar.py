@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from ..models.base import RasterModel
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
-from .stats import decode_stats
+from .stats import CommitLog, decode_stats
 from .timing import synchronized_clock
 
 
@@ -43,7 +43,10 @@ def generate(
                 position = torch.tensor([n_cond + i], device=device)
                 probs = scorer.target_probs(scorer.logits(tokens[:, i : i + 1], position)[:, -1])
     passes = torch.full((batch,), n_tokens, dtype=torch.long)
+    commits = CommitLog(batch, n_tokens, device)
+    commits.passes[:, :n_tokens] = torch.arange(1, n_tokens + 1, device=device)  # token i from pass i + 1
     stats = decode_stats(
+        commits=commits,
         start=start,
         device=device,
         num_tokens=n_tokens,

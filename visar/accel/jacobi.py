@@ -53,7 +53,7 @@ from ..models.base import RasterModel
 from .acceptance import SPECULATIVE, AcceptanceRule, gumbel_coupling, keyed_uniforms
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
-from .stats import DraftTally, decode_stats
+from .stats import CommitLog, DraftTally, decode_stats
 from .timing import synchronized_clock
 
 # Rows of the per-iteration uniform block [B, 4, window] each image draws from its generator.
@@ -439,7 +439,7 @@ def speculative_decode(
         window=window,
     )
     scorer = GuidedScorer(model, cond, cond_mask, params)
-    tally = DraftTally(state.grid_size, window, device)
+    tally, commits = DraftTally(state.grid_size, window, device), CommitLog(batch, num_tokens, device)
     passes_per_image = torch.zeros(batch, dtype=torch.long, device=device)
     bar = tqdm(total=num_tokens, disable=not progress, desc="speculative", leave=False)
     with scorer.cache(num_cond + num_tokens):
@@ -464,6 +464,7 @@ def speculative_decode(
                 drafted = slots[: num_slots - 1].expand(batch, -1)
                 tested = verdict.has_draft & (drafted <= verdict.num_accepted[:, None])  # up to the first rejection
                 tally.add(state.committed[:, None] + drafted, drafted, tested, drafted < verdict.num_accepted[:, None])
+                commits.record(state.committed[:, None] + slots, slots < commit_count[:, None], scorer.forward_passes)
                 passes_per_image += (window_len > 0).long()
                 proposer.after_commit(state, step, target_probs, verdict.slot_tokens, commit_count, verdict.slot_laws)
                 state.committed = state.committed + commit_count
@@ -480,6 +481,7 @@ def speculative_decode(
         num_tokens=num_tokens,
         passes_per_image=passes_per_image,
         forward_passes=scorer.forward_passes,
+        commits=commits,
         tally=tally,
         draft_forward_passes=proposer.forward_passes,
     )

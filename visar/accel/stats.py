@@ -11,7 +11,9 @@ which method ran), then what is particular to the method (its options, window, .
   draft_tokens_by_row / accepted_tokens_by_row: the same counts by grid row of the drafted token;
   draft_tokens_by_slot / accepted_tokens_by_slot: by slot, how many tokens past the committed
   prefix the draft sat (slot 0 = the next token; empty for a method without drafts);
-- draft_forward_passes: passes of a draft model (0 without one).
+- draft_forward_passes: passes of a draft model (0 without one);
+- commit_pass: LongTensor [B, N] (Pipeline.generate: [B, h, w]), the target forward pass at which
+  each image token was committed (1 = the first pass, the condition prefill).
 """
 
 from __future__ import annotations
@@ -34,7 +36,20 @@ COMMON_STATS = (
     "draft_tokens_by_slot",
     "accepted_tokens_by_slot",
     "draft_forward_passes",
+    "commit_pass",
 )
+
+
+class CommitLog:
+    """The target forward pass (1-based) at which each image token was committed."""
+
+    def __init__(self, batch: int, num_tokens: int, device: torch.device):
+        self.num_tokens = num_tokens
+        self.passes = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)  # column N: scratch
+
+    def record(self, index: Tensor, committed: Tensor, forward_pass: int):
+        """index [B, M] image-token indices; committed [B, M] bool: which of them this pass committed."""
+        self.passes.scatter_(1, torch.where(committed, index, self.num_tokens).clamp(max=self.num_tokens), forward_pass)
 
 
 class DraftTally:
@@ -66,6 +81,7 @@ def decode_stats(
     num_tokens: int,
     passes_per_image: Tensor,
     forward_passes: int,
+    commits: CommitLog,
     tally: DraftTally | None = None,
     grid_rows: int = 0,
     draft_forward_passes: int = 0,
@@ -93,4 +109,5 @@ def decode_stats(
         "draft_tokens_by_slot": by_slot,
         "accepted_tokens_by_slot": by_slot_accepted,
         "draft_forward_passes": draft_forward_passes,
+        "commit_pass": commits.passes[:, : commits.num_tokens].cpu(),
     }

@@ -44,7 +44,7 @@ from ..models.base import RasterModel
 from .acceptance import speculative_residual
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
-from .stats import DraftTally, decode_stats
+from .stats import CommitLog, DraftTally, decode_stats
 from .timing import synchronized_clock
 
 # Each path lists child ranks from the root: [0] is the root's first child, [0, 1] that child's second.
@@ -316,12 +316,13 @@ def tree_decode(
     depths = tree.depth.to(device)
     tokens = torch.zeros(batch, num_tokens + max_depth + 1, dtype=torch.long, device=device)
     passes_per_image = torch.ones(batch, dtype=torch.long, device=device)
-    tally = DraftTally(model.grid_size, max_depth, device)
+    tally, commits = DraftTally(model.grid_size, max_depth, device), CommitLog(batch, num_tokens, device)
     bar = tqdm(total=num_tokens, disable=not progress, desc="tree", leave=False)
     try:
         # token 0 from the condition alone: a plain AR step (the first tree grows from it)
         tokens[:, 0] = sample_from_probs(target.scorer.prefill(), draw_uniforms(generators, 1)[:, 0].to(device))
         committed = torch.ones(batch, dtype=torch.long, device=device)
+        commits.passes[:, 0] = 1
         fed = torch.zeros(batch, dtype=torch.long, device=device)
         while bool((committed < num_tokens).any()):
             active = committed < num_tokens
@@ -338,7 +339,10 @@ def tree_decode(
             fed = committed.clone()
             probs = target.scorer.target_probs(logits[:, chain[0].shape[1] - 1 :])  # [B, T + 1, V]
             walk = walk_tree(tree, probs, node_tokens, node_q, node_ok, accept_u, uniforms[:, -1], active, relax)
-            tokens.scatter_(1, committed[:, None] + torch.arange(max_depth + 1, device=device), walk.path)
+            depth = torch.arange(max_depth + 1, device=device)
+            tokens.scatter_(1, committed[:, None] + depth, walk.path)
+            kept = active[:, None] & (depth <= walk.accepted[:, None]) & (committed[:, None] + depth < num_tokens)
+            commits.record(committed[:, None] + depth, kept, target.forward_passes)
             slot = torch.arange(max_depth, device=device).expand(batch, -1)
             tally.add(committed[:, None] + slot, slot, walk.tried_at, slot < walk.accepted[:, None])
             passes_per_image += active.long()
@@ -355,6 +359,7 @@ def tree_decode(
         num_tokens=num_tokens,
         passes_per_image=passes_per_image,
         forward_passes=int(passes_per_image.max()),
+        commits=commits,
         tally=tally,
         draft_forward_passes=drafter.forward_passes,
     )

@@ -100,7 +100,7 @@ from .jacobi import (
 from .relaxed import check_number, codebook_of
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
-from .stats import DraftTally, decode_stats
+from .stats import CommitLog, DraftTally, decode_stats
 from .timing import synchronized_clock
 
 
@@ -456,7 +456,7 @@ def decode_fronts(
     # (GumbelCarry's noise ring then holds one row per position).
     state = DecodeState(tokens, count.sum(1), keys, num_tokens, vocab, (height, width), num_tokens)
     scorer = GuidedScorer(model, cond, cond_mask, params)
-    tally = DraftTally((height, width), window, device)
+    tally, commit_log = DraftTally((height, width), window, device), CommitLog(batch, num_tokens, device)
     passes_per_image = torch.zeros(batch, dtype=torch.long, device=device)
     max_fronts = torch.zeros((), dtype=torch.long, device=device)
     bar = tqdm(total=num_tokens, disable=not progress, desc=method, leave=False)
@@ -488,6 +488,7 @@ def decode_fronts(
             lane_commits, lane_good = commits.gather(1, plan.row), good.gather(1, plan.row)
             keep = plan.predicts & (plan.slot < lane_commits)
             tokens.scatter_(1, torch.where(keep, target, num_tokens), slot_tokens)
+            commit_log.record(target, keep, scorer.forward_passes)
             tested = plan.has_draft & valid & (plan.slot <= lane_good)
             tally.add(target, plan.slot, tested, plan.has_draft & (plan.slot < lane_good))
             passes_per_image += (count[:, -1] < width).long()
@@ -505,6 +506,7 @@ def decode_fronts(
         num_tokens=num_tokens,
         passes_per_image=passes_per_image,
         forward_passes=scorer.forward_passes,
+        commits=commit_log,
         tally=tally if speculative else None,
         grid_rows=height,
     )

@@ -46,6 +46,14 @@ def test_user_errors_exit_2_without_traceback(tmp_path, args, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("n", ["0", "-3"])
+def test_generate_refuses_fewer_than_one_image(tmp_path, capsys, n):
+    out = tmp_path / "o"
+    assert main(["generate", "--model", "visar-tiny-random", "--n", n, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == "visar: error: --n must be >= 1\n"
+    assert not out.exists()
+
+
 def test_listing_commands(capsys):
     assert main(["models"]) == 0
     assert "visar-tiny-random" in capsys.readouterr().out

@@ -43,12 +43,12 @@ def run(args) -> int:
         if args.prompt:
             raise VisarError(f"{pipe.name} is class-conditional: use --class, not --prompt")
         classes = args.class_ids if args.class_ids else list(range(pipe.num_classes))
-        n = args.n or len(args.class_ids or [0])
+        n = len(args.class_ids or [0]) if args.n is None else args.n
         conditions = [classes[i % len(classes)] for i in range(n)]
     else:
         if not args.prompt:
             raise VisarError(f"{pipe.name} is text-conditional: give --prompt TEXT (repeatable)")
-        n = args.n or len(args.prompt)
+        n = len(args.prompt) if args.n is None else args.n
         conditions = [args.prompt[i % len(args.prompt)] for i in range(n)]
     if n < 1:
         raise VisarError("--n must be >= 1")

@@ -67,7 +67,8 @@ def run(args) -> int:
             raise VisarError(f"--opt {text!r} names method {method!r}, which --methods does not run")
         options.setdefault(method, {})[option] = value
     if args.sweep:
-        from ...eval.sweep import parse_sweep, plot_sweep, sweep
+        from ...eval.plots import plot_sweep
+        from ...eval.sweep import parse_sweep, sweep
 
         if len(methods) != 1:
             raise VisarError("--sweep runs exactly one method: give it with --methods (e.g. --methods lantern)")

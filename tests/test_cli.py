@@ -26,24 +26,41 @@ def test_generate_writes_images_and_stats(tmp_path):
     assert stats["sampling"]["top_k"] == 20
 
 
-@pytest.mark.parametrize(
-    "args,message",
-    [
-        (["generate", "--model", "nope"], "unknown model"),
-        (["generate", "--class", "400"], "out of range"),
-        (["generate", "--method", "nope"], "unknown method"),
-        (["generate", "--top-p", "2"], "top_p"),
-        (["generate", "--temperature", "0"], "temperature"),
-        (["generate", "--top-k", "-3"], "top_k"),
-        (["generate", "--cfg", "-1"], "guidance_scale"),
-        (["generate", "--opt", "window=3"], "unknown option"),
-        (["generate", "--model", "llamagen-gpt-b-c2i-256", "--checkpoint", "/no/such.pt"], "not found"),
-    ],
-)
+USER_ERRORS = [
+    (["generate", "--model", "nope"], "unknown model"),
+    (["generate", "--class", "400"], "out of range"),
+    (["generate", "--method", "nope"], "unknown method"),
+    (["generate", "--top-p", "2"], "top_p"),
+    (["generate", "--temperature", "0"], "temperature"),
+    (["generate", "--top-k", "-3"], "top_k"),
+    (["generate", "--cfg", "-1"], "guidance_scale"),
+    (["generate", "--opt", "window=3"], "unknown option"),
+    (["generate", "--model", "llamagen-gpt-b-c2i-256", "--checkpoint", "/no/such.pt"], "not found"),
+]
+
+
+@pytest.mark.parametrize("args,message", USER_ERRORS)
+def test_user_errors_exit_2_with_one_line(tmp_path, capsys, args, message):
+    """In-process, for the quick tier: the error is one `visar: error:` line (any progress bar comes before it)."""
+    assert main([*args, "--out", str(tmp_path / "o")]) == 2
+    last_line = capsys.readouterr().err.splitlines()[-1]
+    assert last_line.startswith("visar: error: ") and message in last_line
+
+
+@pytest.mark.slow  # a fresh interpreter per case (about 2 s each); the in-process test above checks the same lines
+@pytest.mark.parametrize("args,message", USER_ERRORS)
 def test_user_errors_exit_2_without_traceback(tmp_path, args, message):
     result = run_cli(*args, "--out", str(tmp_path / "o"))
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("n", ["0", "-3"])
+def test_generate_refuses_fewer_than_one_image(tmp_path, capsys, n):
+    out = tmp_path / "o"
+    assert main(["generate", "--model", "visar-tiny-random", "--n", n, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == "visar: error: --n must be >= 1\n"
+    assert not out.exists()
 
 
 def test_listing_commands(capsys):

@@ -37,16 +37,19 @@ def class_accuracy(seeds: range, degraded: bool) -> float:
 
 
 # Seeds start past 10_000 so these are not the seeds of the documented measurement.
+@pytest.mark.slow
 @pytest.mark.parametrize("task", TASKS)
 def test_detector_accuracy_on_clean_renders(task):
     assert task_accuracy(task, range(10_000, 10_200), degraded=False) >= CLEAN_ACCURACY
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", TASKS)
 def test_detector_accuracy_on_degraded_renders(task):
     assert task_accuracy(task, range(20_000, 20_100), degraded=True) >= DEGRADED_ACCURACY
 
 
+@pytest.mark.slow
 def test_detector_accuracy_on_class_renders():
     assert class_accuracy(range(10_000, 10_400), degraded=False) >= CLEAN_ACCURACY
     assert class_accuracy(range(20_000, 20_200), degraded=True) >= DEGRADED_ACCURACY

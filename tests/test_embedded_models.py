@@ -55,6 +55,7 @@ def test_shipped_config_records_the_current_recipe(name):
     assert {k: v for k, v in config["recipe"].items() if k != "name"} == recipe
 
 
+@pytest.mark.slow
 def test_default_model_follows_its_class():
     """The trained default draws the class's shape and colour far above chance (2.5%): 73.0% at
     n = 500. At a true 73%, 80 images fall below 60% with probability 0.4% (the draw is seeded:

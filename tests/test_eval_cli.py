@@ -148,7 +148,7 @@ def test_bench_report_folder(tmp_path):
 
 
 def test_pareto_front():
-    from visar.eval.sweep import pareto_front
+    from visar.eval.plots import pareto_front
 
     points = [(2.0, 0.5, "a"), (3.0, 0.4, "b"), (1.0, 0.6, "c"), (1.5, 0.45, "d"), (3.0, 0.3, "e"), (0.5, 0.1, "f")]
     assert pareto_front(points, lower_is_better=False) == [2, 0, 1]  # d is beaten by a, e by b, f by c

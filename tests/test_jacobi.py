@@ -130,6 +130,7 @@ CASES = [
 SPANS = {("sjd", 8): dict(warmup=1), ("mc-sjd", 2): dict(tail=1), ("spec", 4): dict(warmup=1, tail=1)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, options, window, params", CASES)
 def test_joint_law_is_exact(model, draft, name, options, window, params):
     options = dict(options, window=window, **SPANS.get((name, window), {}))
@@ -160,6 +161,7 @@ def test_joint_law_is_exact(model, draft, name, options, window, params):
     assert alone_stats["forward_passes_per_image"][0] == stats["forward_passes_per_image"][1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("coupling", ["maximal", "gumbel"])
 def test_joint_law_with_a_full_window_of_8(coupling):
     """Windows of 8 that are not clipped: a vocabulary-2 model with 3x3 tokens (512 sequences), so
@@ -185,6 +187,7 @@ def repeat_left_init(request: jacobi.FillRequest):
     return tokens, torch.where(known[..., None], one_hot, uniform)
 
 
+@pytest.mark.slow
 def test_pluggable_initialiser_keeps_the_law(model):
     params, label = CFG_TOPK, 1
     tokens, stats = draw("mc-sjd", model, label, params, SAMPLES, 5000, window=4, init=repeat_left_init)
@@ -193,6 +196,7 @@ def test_pluggable_initialiser_keeps_the_law(model):
     assert pvalue > 1e-3 and tv < tolerance
 
 
+@pytest.mark.slow
 def test_wrong_residual_is_detected(model):
     """Negative control: SJD resampling rejections from p (Lumina-mGPT 2.0) fails the same joint-law test."""
 

@@ -260,6 +260,7 @@ def report(name, cells, stats):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bounded", "bounded coupled", "bounded one-hot", "paper one-hot"])
 def test_lantern_law_stays_within_delta_of_the_exact_law(lantern_runs, name):
     runs, law = lantern_runs
@@ -272,6 +273,7 @@ def test_lantern_law_stays_within_delta_of_the_exact_law(lantern_runs, name):
         assert max(tv_cell - tolerance for _, _, tv_cell, tolerance in cells) > 0
 
 
+@pytest.mark.slow
 def test_official_rejection_path_is_caught_by_the_same_measurement(lantern_runs):
     """Negative control: the official path (zero all k + 1 neighbours on rejection) with the same
     deterministic drafts moves some conditional law by far more than delta."""
@@ -450,6 +452,7 @@ def test_bad_input(model16, name, options, message):
 SMALL_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 
 
+@pytest.mark.slow
 def test_tree_without_relaxation_is_exact(model):
     """lambda_cap = 1: recursive rejection over siblings drawn without replacement, tree attention
     over scratch slots, the accepted path re-fed next pass: the joint law is plain AR's."""

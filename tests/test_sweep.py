@@ -7,7 +7,8 @@ from PIL import Image
 
 from visar.apps.cli import main
 from visar.errors import VisarError
-from visar.eval.sweep import nice_ticks, parse_sweep, plot_sweep
+from visar.eval.plots import nice_ticks, plot_sweep
+from visar.eval.sweep import parse_sweep
 
 
 def test_sweep_end_to_end(tmp_path, capsys, monkeypatch):

@@ -8,6 +8,8 @@ import visar
 from visar.apps.train import train_ar, train_tokenizer
 from visar.errors import VisarError
 
+pytestmark = pytest.mark.slow  # every test here trains (or needs the module's trained tokenizer)
+
 QUICK_VQ = dict(batch_size=2, eval_images=4, checkpoint_every=1, dead_code_every=1)
 QUICK_AR = dict(batch_size=2, dataset_size=8, checkpoint_every=1)
 

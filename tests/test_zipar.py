@@ -412,6 +412,7 @@ def model4():
     return tiny_llamagen(vocab=6, block_size=4, seed=0, std=0.5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, options, params",
     [
@@ -433,6 +434,7 @@ def test_joint_law_is_exact(model4, name, options, params):
     assert stats["tokens_per_forward"] > 1.0  # drafts were accepted, so the initialiser's drafts were tested
 
 
+@pytest.mark.slow
 def test_a_copy_reported_with_the_wrong_q_is_detected(model4):
     """Negative control: the same copies reported as uniform draws (q = 1/V instead of one-hot) bias
     the law, and the joint-law test above sees it."""

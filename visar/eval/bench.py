@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from ..accel import get_method
 from ..accel.timing import synchronized_clock
 from ..errors import VisarError
+from .plots import plot_frontier
 
 ROW_KEYS = (
     "method",
@@ -245,8 +246,6 @@ REPORT_NOTES = (
 
 def write_bench_report(report: dict, folder) -> dict[str, Path]:
     """A run's report in one folder: report.json, report.md (table, notes, plot) and frontier.png."""
-    from .sweep import plot_frontier
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     files = {"json": folder / "report.json", "md": folder / "report.md", "png": folder / "frontier.png"}

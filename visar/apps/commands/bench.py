@@ -1,0 +1,102 @@
+"""`visar bench`: plain AR and other methods in one run, a speed and quality table; --sweep one option."""
+
+from __future__ import annotations
+
+from ...errors import VisarError
+from .common import add_model_args, load_pipeline, parse_option
+
+
+def add_parser(subparsers):
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark methods against plain AR in one run (speed and quality table)",
+        description="Run plain AR and each requested method in one process on the same images (image i: "
+        "condition i, seed i) and print a table: lossless flag, forward passes per image, step compression "
+        "(image tokens / forward passes), tokens per forward, latency / AR (< 1 is faster), images per second, "
+        "peak memory (CUDA: allocated; CPU: process peak RSS) and, with --quality-n, the shapes-world detector "
+        "accuracy and a Frechet distance to AR's images in the tokenizer-latent feature space (see "
+        "visar.eval.bench). --report DIR also writes the run's report.md, report.json and frontier.png.",
+    )
+    add_model_args(parser)
+    parser.add_argument("--methods", default="", help="comma-separated methods besides ar (default: none)")
+    parser.add_argument("--n", type=int, default=16, help="images for the speed columns (default 16)")
+    parser.add_argument("--batch-size", type=int, default=1, help="batch size of the speed run (default 1)")
+    parser.add_argument(
+        "--quality-n",
+        type=int,
+        default=0,
+        help="images per method for the quality columns (default 0 = skip; >= 500 for reported figures)",
+    )
+    parser.add_argument(
+        "--opt",
+        action="append",
+        default=[],
+        metavar="METHOD.KEY=VALUE",
+        help="a method option, repeatable (e.g. --opt sjd.window=16)",
+    )
+    parser.add_argument(
+        "--sweep",
+        metavar="OPTION=V1,V2,...",
+        help="run the one method of --methods once per value of OPTION (e.g. delta=0,0.05,0.1) and plot "
+        "step compression against quality (needs --quality-n)",
+    )
+    parser.add_argument("--plot", default="bench-sweep.png", help="the sweep's PNG (default bench-sweep.png)")
+    parser.add_argument("--json", help="write the report as JSON")
+    parser.add_argument("--md", help="write the markdown table")
+    parser.add_argument(
+        "--report",
+        metavar="DIR",
+        help="write the run's report to DIR: report.md (table, lossless flags, notes), report.json and "
+        "frontier.png (speed against each quality column; lossless filled, lossy open)",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ...eval.bench import bench, markdown_table, write_bench_report, write_report
+
+    pipe = load_pipeline(args)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    options: dict[str, dict] = {}
+    for text in args.opt:
+        if "." not in text.split("=", 1)[0]:
+            raise VisarError(f"bench options are METHOD.KEY=VALUE (e.g. sjd.window=16), got {text!r}")
+        method, rest = text.split(".", 1)  # the method keeps its dashes (zipar-mc-sjd); the key is normalised
+        option, value = parse_option(rest)
+        if method not in ["ar", *methods]:
+            raise VisarError(f"--opt {text!r} names method {method!r}, which --methods does not run")
+        options.setdefault(method, {})[option] = value
+    if args.sweep:
+        from ...eval.plots import plot_sweep
+        from ...eval.sweep import parse_sweep, sweep
+
+        if len(methods) != 1:
+            raise VisarError("--sweep runs exactly one method: give it with --methods (e.g. --methods lantern)")
+        option, values = parse_sweep(args.sweep)
+        report = sweep(
+            pipe,
+            methods[0],
+            option,
+            values,
+            options=options.get(methods[0], {}),
+            n=args.n,
+            batch_size=args.batch_size,
+            quality_n=args.quality_n,
+            method_options={"ar": options.get("ar", {})},
+        )
+        print(markdown_table(report))
+        print(f"plot: {plot_sweep(report, args.plot)}")
+        write_report(report, args.json, args.md)
+        if args.report:
+            files = write_bench_report(report, args.report)
+            print(f"report: {files['md']}, {files['json']}, {files['png']}")
+        return 0
+    report = bench(
+        pipe, methods, n=args.n, batch_size=args.batch_size, quality_n=args.quality_n, method_options=options
+    )
+    print(markdown_table(report))
+    write_report(report, args.json, args.md)
+    if args.report:
+        files = write_bench_report(report, args.report)
+        print(f"report: {files['md']}, {files['json']}, {files['png']}")
+    return 0

@@ -1,0 +1,90 @@
+"""What several commands share: the model and sampling flags, loading the model, reading --opt."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ...errors import VisarError
+
+
+def parse_option(text: str) -> tuple[str, object]:
+    """`key=value` -> (key, value) with value read as JSON when it parses (numbers, true, null)."""
+    if "=" not in text:
+        raise VisarError(f"--opt takes key=value, got {text!r}")
+    key, raw = text.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.replace("-", "_"), value
+
+
+def add_model_args(parser: argparse.ArgumentParser):
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--model",
+        default="default",
+        help="registered name (see `visar models`) or a model folder "
+        "with config.json; default: the embedded default model",
+    )
+    group.add_argument("--checkpoint", help="official checkpoint file, for official presets (e.g. c2i_B_256.pt)")
+    group.add_argument("--vq-checkpoint", help="official VQ checkpoint file (e.g. vq_ds16_c2i.pt)")
+    group.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
+    group.add_argument("--dtype", default="fp32", help="generator dtype: fp32, bf16 or fp16 (default fp32)")
+    group.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="torch.compile the generator (each new input shape compiles on first use; on CPU this needs a C++ "
+        "compiler); default --no-compile",
+    )
+
+
+def load_pipeline(args):
+    """The model of --model/--checkpoint/--vq-checkpoint on --device in --dtype, compiled with --compile."""
+    from ... import load
+
+    pipe = load(
+        args.model, device=args.device, dtype=args.dtype, checkpoint=args.checkpoint, vq_checkpoint=args.vq_checkpoint
+    )
+    return pipe.compile() if args.compile else pipe
+
+
+def add_sampling_args(parser: argparse.ArgumentParser):
+    group = parser.add_argument_group("sampling (unset values take the model's defaults, see `visar models -v`)")
+    group.add_argument("--method", default="ar", help="decoding method (see `visar methods`); default ar")
+    group.add_argument("--seed", type=int, default=0, help="image i uses seed + i (default 0)")
+    group.add_argument("--guidance-scale", "--cfg", type=float, help="classifier-free guidance scale (1 = off)")
+    group.add_argument("--temperature", type=float, help="softmax temperature (> 0)")
+    group.add_argument("--top-k", type=int, help="keep the k most likely tokens (0 = off)")
+    group.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
+    group.add_argument(
+        "--opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a method option, repeatable (e.g. --opt window=16); see `visar methods`",
+    )
+
+
+def run_settings(pipe, args) -> dict:
+    """What of the command line decides a run's pixels besides model, method and seed (recorded for resuming):
+    checkpoint files, method options and the resolved sampling settings (unset: the model's defaults)."""
+    params = pipe.sampling_params(args.guidance_scale, args.temperature, args.top_k, args.top_p)
+    return {
+        "checkpoint": args.checkpoint,
+        "vq_checkpoint": args.vq_checkpoint,
+        "options": dict(parse_option(o) for o in args.opt),
+        "sampling": {k: getattr(params, k) for k in ("guidance_scale", "temperature", "top_k", "top_p")},
+    }
+
+
+def generate_kwargs(args) -> dict:
+    return dict(
+        guidance_scale=args.guidance_scale,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        **dict(parse_option(o) for o in args.opt),
+    )

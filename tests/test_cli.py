@@ -67,7 +67,9 @@ def test_listing_commands(capsys):
     assert main(["models"]) == 0
     assert "visar-tiny-random" in capsys.readouterr().out
     assert main(["methods"]) == 0
-    assert "lossless" in capsys.readouterr().out
+    listing = capsys.readouterr().out
+    assert "sjd          lossless:" in listing and "gsd          lossy (exact when group_size=1):" in listing
+    assert "[raster models; options: window, warmup, tail, init]" in listing
 
 
 def test_help_documents_every_generate_option():

@@ -72,7 +72,7 @@ def evaluate_shapes(
 def ground_truth_scores(n: int, class_conditional: bool, class_render: dict | None = None) -> dict:
     """The detector's score on n ground-truth renders laid out as `evaluate_shapes` lays out images.
 
-    class_render: `render_class` options of the model's training data (`Pipeline.class_render`).
+    class_render: `render_class` options of the model's training data (`class_render_options(pipe.recipe)`).
     """
     from ..data.shapes import NUM_CLASSES, render_class, render_from_metadata
     from .detector import detect, score_class, score_geneval, summarize

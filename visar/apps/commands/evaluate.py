@@ -49,6 +49,7 @@ def add_shapes_parser(subparsers):
 
 
 def run_shapes(args) -> int:
+    from ...data.shapes import class_render_options
     from ...eval.shapes_eval import evaluate_shapes, ground_truth_scores
 
     pipe = load_pipeline(args)
@@ -58,7 +59,8 @@ def run_shapes(args) -> int:
     if args.n < 1:
         raise VisarError("--n must be >= 1")
     if args.ground_truth:
-        scores = ground_truth_scores(args.n, pipe.is_class_conditional, pipe.class_render)
+        # renders laid out as the model's training data was (its recipe's render options)
+        scores = ground_truth_scores(args.n, pipe.is_class_conditional, class_render_options(pipe.recipe))
         record = {"model": "ground-truth renders", "method": "-", **scores}
     else:
         record = evaluate_shapes(

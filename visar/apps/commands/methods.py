@@ -1,4 +1,4 @@
-"""`visar methods`: the decoding methods, whether each is lossless, and their options."""
+"""`visar methods`: the decoding methods, whether (or when) each is lossless, the models they decode, their options."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ def run(args) -> int:
     from ...accel import METHODS
 
     for method in METHODS.values():
-        flag = "lossless" if method.lossless else "lossy"
-        options = ", ".join(method.options) or "-"
-        print(f"{method.name:12s} {flag:9s} {method.description}  [options: {options}]")
+        where = f"{method.model_kind} models; options: {', '.join(method.options) or '-'}"
+        print(f"{method.name:12s} {method.lossless_label}: {method.description}  [{where}]")
     return 0

@@ -384,16 +384,16 @@ def load_official(name, checkpoint, vq_checkpoint, model_args, vq_args) -> Pipel
     return Pipeline(model, tokenizer, name=name, defaults=defaults)
 
 
-def folder_family(config: dict, folder: Path) -> Family:
-    if "family" not in config:
-        raise VisarError(f'{folder / "config.json"} names no model family ("family": e.g. "llamagen")')
-    return get_family(config["family"])
+def folder_family(config: dict) -> Family:
+    """config.json's "family"; a folder without one holds LlamaGen arguments (the one family visar
+    loaded before the key was read), so folders written then still load."""
+    return get_family(config.get("family", "llamagen"))
 
 
 def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None) -> Pipeline:
     """A folder with config.json: family, model_args, vq_args, defaults, weights (file names), init."""
     config = registry.read_config(folder)
-    family = folder_family(config, folder)
+    family = folder_family(config)
     model = family.build_model(config["model_args"])
     tokenizer = family.build_tokenizer(config["vq_args"]) if "vq_args" in config else None
     weights = config.get("weights", {})

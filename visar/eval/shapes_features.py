@@ -40,14 +40,14 @@ LOGIT_GAP = 20.0  # logit of the detected class over the others: p(other) ~ 2e-9
 
 def load_shapes_tokenizer(folder: str | Path | None = None):
     """The VQ tokenizer whose encoder gives `vq_latent` (a folder with tokenizer.json + tokenizer.safetensors)."""
-    from ..pipeline import load_tokenizer_weights
-    from ..tokenizers.vq import VQConfig, VQModel
+    from ..families import get_family
 
+    family = get_family("llamagen")  # visar's shapes-world VQ is LlamaGen's VQ
     folder = Path(folder) if folder is not None else TOKENIZER_DIR
     config = json.loads((folder / "tokenizer.json").read_text())
-    tokenizer = VQModel(VQConfig.from_dict(config["vq_args"]))
+    tokenizer = family.build_tokenizer(config["vq_args"])
     weights = folder / "tokenizer.safetensors"
-    return load_tokenizer_weights(tokenizer, weights, f"shapes feature tokenizer {weights}").eval()
+    return family.load_tokenizer_weights(tokenizer, weights, f"shapes feature tokenizer {weights}").eval()
 
 
 def weights_id(folder: str | Path | None = None) -> str:

@@ -14,8 +14,7 @@ from tqdm.auto import tqdm
 from ..models.base import RasterModel
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
-from .stats import CommitLog, decode_stats
-from .timing import synchronized_clock
+from .stats import DecodeLog
 
 
 @torch.no_grad()
@@ -30,8 +29,8 @@ def generate(
 ) -> tuple[Tensor, dict]:
     """Sample image tokens [B, N] in raster order; returns (tokens, stats)."""
     device = model.device
-    start = synchronized_clock(device)
     batch = cond.shape[0]
+    log = DecodeLog(batch, model.grid_size, 0, device)
     n_cond, n_tokens = model.num_condition_tokens, model.num_image_tokens
     scorer = GuidedScorer(model, cond, cond_mask, params)
     tokens = torch.empty(batch, n_tokens, dtype=torch.long, device=device)
@@ -42,16 +41,6 @@ def generate(
             if i + 1 < n_tokens:
                 position = torch.tensor([n_cond + i], device=device)
                 probs = scorer.target_probs(scorer.logits(tokens[:, i : i + 1], position)[:, -1])
-    passes = torch.full((batch,), n_tokens, dtype=torch.long)
-    commits = CommitLog(batch, n_tokens, device)
-    commits.passes[:, :n_tokens] = torch.arange(1, n_tokens + 1, device=device)  # token i from pass i + 1
-    stats = decode_stats(
-        commits=commits,
-        start=start,
-        device=device,
-        num_tokens=n_tokens,
-        passes_per_image=passes,
-        forward_passes=n_tokens,
-        grid_rows=model.grid_size[0],
-    )
-    return tokens, stats
+    log.passes_per_image[:] = n_tokens
+    log.commit_pass[:, :n_tokens] = torch.arange(1, n_tokens + 1, device=device)  # token i from pass i + 1
+    return tokens, log.stats(forward_passes=n_tokens)

@@ -53,8 +53,7 @@ from ..models.base import RasterModel
 from .acceptance import SPECULATIVE, AcceptanceRule, gumbel_coupling, keyed_uniforms
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
-from .stats import CommitLog, DraftTally, decode_stats
-from .timing import synchronized_clock
+from .stats import DecodeLog
 
 # Rows of the per-iteration uniform block [B, 4, window] each image draws from its generator.
 ACCEPT, RESIDUAL, CARRY, DRAFT = range(4)
@@ -425,10 +424,10 @@ def speculative_decode(
     """The engine: propose, score, verify, commit (ragged), truncate, carry over. -> (tokens [B, N], stats)."""
     check_spans(window, warmup, tail)
     device = model.device
-    start_time = synchronized_clock(device)
     batch = cond.shape[0]
     num_cond, num_tokens = model.num_condition_tokens, model.num_image_tokens
     window = min(window, num_tokens)  # a longer window is clipped, here once and for all
+    log = DecodeLog(batch, model.grid_size, window, device)
     state = DecodeState(
         tokens=torch.zeros(batch, num_tokens + window, dtype=torch.long, device=device),
         committed=torch.zeros(batch, dtype=torch.long, device=device),
@@ -439,8 +438,6 @@ def speculative_decode(
         window=window,
     )
     scorer = GuidedScorer(model, cond, cond_mask, params)
-    tally, commits = DraftTally(state.grid_size, window, device), CommitLog(batch, num_tokens, device)
-    passes_per_image = torch.zeros(batch, dtype=torch.long, device=device)
     bar = tqdm(total=num_tokens, disable=not progress, desc="speculative", leave=False)
     with scorer.cache(num_cond + num_tokens):
         proposer.start(state)
@@ -463,9 +460,9 @@ def speculative_decode(
                 state.tokens.scatter_(1, state.committed[:, None] + slots, verdict.slot_tokens)
                 drafted = slots[: num_slots - 1].expand(batch, -1)
                 tested = verdict.has_draft & (drafted <= verdict.num_accepted[:, None])  # up to the first rejection
-                tally.add(state.committed[:, None] + drafted, drafted, tested, drafted < verdict.num_accepted[:, None])
-                commits.record(state.committed[:, None] + slots, slots < commit_count[:, None], scorer.forward_passes)
-                passes_per_image += (window_len > 0).long()
+                log.drafts(state.committed[:, None] + drafted, drafted, tested, drafted < verdict.num_accepted[:, None])
+                log.commit(state.committed[:, None] + slots, slots < commit_count[:, None], scorer.forward_passes)
+                log.count_pass(window_len > 0)
                 proposer.after_commit(state, step, target_probs, verdict.slot_tokens, commit_count, verdict.slot_laws)
                 state.committed = state.committed + commit_count
                 # The cache keeps every committed token but the newest, which the next window feeds.
@@ -475,16 +472,7 @@ def speculative_decode(
         finally:
             bar.close()
             proposer.close()
-    stats = decode_stats(
-        start=start_time,
-        device=device,
-        num_tokens=num_tokens,
-        passes_per_image=passes_per_image,
-        forward_passes=scorer.forward_passes,
-        commits=commits,
-        tally=tally,
-        draft_forward_passes=proposer.forward_passes,
-    )
+    stats = log.stats(scorer.forward_passes, draft_forward_passes=proposer.forward_passes)
     return state.tokens[:, :num_tokens], {**stats, "window": window}
 
 

@@ -40,31 +40,34 @@ COMMON_STATS = (
 )
 
 
-class CommitLog:
-    """The target forward pass (1-based) at which each image token was committed."""
+class DecodeLog:
+    """What a decode records for its statistics: its start time, each image's passes, the pass that
+    committed each token, and the drafts tested and accepted by grid row and by slot."""
 
-    def __init__(self, batch: int, num_tokens: int, device: torch.device):
-        self.num_tokens = num_tokens
-        self.passes = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)  # column N: scratch
-
-    def record(self, index: Tensor, committed: Tensor, forward_pass: int):
-        """index [B, M] image-token indices; committed [B, M] bool: which of them this pass committed."""
-        self.passes.scatter_(1, torch.where(committed, index, self.num_tokens).clamp(max=self.num_tokens), forward_pass)
-
-
-class DraftTally:
-    """Drafts tested and accepted, counted by the grid row of the token drafted and by slot."""
-
-    def __init__(self, grid_size: tuple[int, int], max_slots: int, device: torch.device):
-        self.width = grid_size[1]
-        self.tested_by_row = torch.zeros(grid_size[0], dtype=torch.long, device=device)
+    def __init__(self, batch: int, grid_size: tuple[int, int], max_slots: int, device: torch.device):
+        self.device = device
+        self.start = synchronized_clock(device)
+        height, self.width = grid_size
+        self.num_tokens = height * self.width
+        self.passes_per_image = torch.zeros(batch, dtype=torch.long, device=device)
+        self.commit_pass = torch.zeros(batch, self.num_tokens + 1, dtype=torch.long, device=device)  # col N: scratch
+        self.tested_by_row = torch.zeros(height, dtype=torch.long, device=device)
         self.accepted_by_row = torch.zeros_like(self.tested_by_row)
         self.tested_by_slot = torch.zeros(max_slots, dtype=torch.long, device=device)
         self.accepted_by_slot = torch.zeros_like(self.tested_by_slot)
 
-    def add(self, index: Tensor, slot: Tensor, tested: Tensor, accepted: Tensor):
-        """index: image-token index each draft is for; slot: its distance past the committed prefix;
-        tested / accepted: bool masks, all of one shape ([B, M])."""
+    def count_pass(self, active: Tensor):
+        """active [B] bool: the images this pass worked for."""
+        self.passes_per_image += active.long()
+
+    def commit(self, index: Tensor, committed: Tensor, forward_pass: int):
+        """index [B, M] image-token indices; committed [B, M] bool: which of them this pass committed."""
+        index = torch.where(committed, index, self.num_tokens).clamp(max=self.num_tokens)
+        self.commit_pass.scatter_(1, index, forward_pass)
+
+    def drafts(self, index: Tensor, slot: Tensor, tested: Tensor, accepted: Tensor):
+        """index: the image-token index each draft is for; slot: its distance past the committed
+        prefix; tested / accepted: bool masks, all of one shape ([B, M])."""
         rows = (index // self.width).clamp(0, len(self.tested_by_row) - 1).flatten()
         slots = slot.clamp(0, len(self.tested_by_slot) - 1).flatten()
         tested, accepted = tested.flatten().long(), (accepted & tested).flatten().long()
@@ -73,41 +76,22 @@ class DraftTally:
         self.tested_by_slot.scatter_add_(0, slots, tested)
         self.accepted_by_slot.scatter_add_(0, slots, accepted)
 
-
-def decode_stats(
-    *,
-    start: float,
-    device: torch.device,
-    num_tokens: int,
-    passes_per_image: Tensor,
-    forward_passes: int,
-    commits: CommitLog,
-    tally: DraftTally | None = None,
-    grid_rows: int = 0,
-    draft_forward_passes: int = 0,
-) -> dict:
-    """The COMMON_STATS of a finished decode (start: `synchronized_clock` when it began)."""
-    latency = synchronized_clock(device) - start
-    if tally is None:
-        tested = accepted = 0
-        by_row = [0] * grid_rows
-        by_row_accepted, by_slot, by_slot_accepted = list(by_row), [], []
-    else:
-        tested, accepted = int(tally.tested_by_row.sum()), int(tally.accepted_by_row.sum())
-        by_row, by_row_accepted = tally.tested_by_row.tolist(), tally.accepted_by_row.tolist()
-        by_slot, by_slot_accepted = tally.tested_by_slot.tolist(), tally.accepted_by_slot.tolist()
-    return {
-        "forward_passes": forward_passes,
-        "forward_passes_per_image": passes_per_image.tolist(),
-        "tokens_per_forward": float((num_tokens / passes_per_image.double()).mean()),
-        "latency_s": latency,
-        "draft_tokens": tested,
-        "accepted_tokens": accepted,
-        "acceptance_rate": accepted / tested if tested else None,
-        "draft_tokens_by_row": by_row,
-        "accepted_tokens_by_row": by_row_accepted,
-        "draft_tokens_by_slot": by_slot,
-        "accepted_tokens_by_slot": by_slot_accepted,
-        "draft_forward_passes": draft_forward_passes,
-        "commit_pass": commits.passes[:, : commits.num_tokens].cpu(),
-    }
+    def stats(self, forward_passes: int, draft_forward_passes: int = 0) -> dict:
+        """The COMMON_STATS of the finished decode."""
+        latency = synchronized_clock(self.device) - self.start
+        tested, accepted = int(self.tested_by_row.sum()), int(self.accepted_by_row.sum())
+        return {
+            "forward_passes": forward_passes,
+            "forward_passes_per_image": self.passes_per_image.tolist(),
+            "tokens_per_forward": float((self.num_tokens / self.passes_per_image.double()).mean()),
+            "latency_s": latency,
+            "draft_tokens": tested,
+            "accepted_tokens": accepted,
+            "acceptance_rate": accepted / tested if tested else None,
+            "draft_tokens_by_row": self.tested_by_row.tolist(),
+            "accepted_tokens_by_row": self.accepted_by_row.tolist(),
+            "draft_tokens_by_slot": self.tested_by_slot.tolist() if tested else [],
+            "accepted_tokens_by_slot": self.accepted_by_slot.tolist() if tested else [],
+            "draft_forward_passes": draft_forward_passes,
+            "commit_pass": self.commit_pass[:, : self.num_tokens].cpu(),
+        }

@@ -44,8 +44,7 @@ from ..models.base import RasterModel
 from .acceptance import speculative_residual
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
-from .stats import CommitLog, DraftTally, decode_stats
-from .timing import synchronized_clock
+from .stats import DecodeLog
 
 # Each path lists child ranks from the root: [0] is the root's first child, [0, 1] that child's second.
 NAIVE_EXTEND_57 = (
@@ -308,21 +307,20 @@ def tree_decode(
     a rejection continues from norm((p~ - q)+).
     """
     device = model.device
-    start_time = synchronized_clock(device)
     batch, num_tokens = cond.shape[0], model.num_image_tokens
     target = TreeAttention(GuidedScorer(model, cond, cond_mask, params), tree)
     drafter = TreeDrafter(draft, tree, cond, cond_mask, params)
     size, max_depth, width = tree.num_nodes + 1, tree.max_depth, tree.children.shape[1]
     depths = tree.depth.to(device)
     tokens = torch.zeros(batch, num_tokens + max_depth + 1, dtype=torch.long, device=device)
-    passes_per_image = torch.ones(batch, dtype=torch.long, device=device)
-    tally, commits = DraftTally(model.grid_size, max_depth, device), CommitLog(batch, num_tokens, device)
+    log = DecodeLog(batch, model.grid_size, max_depth, device)
+    log.count_pass(torch.ones(batch, dtype=torch.bool, device=device))  # the prefill
     bar = tqdm(total=num_tokens, disable=not progress, desc="tree", leave=False)
     try:
         # token 0 from the condition alone: a plain AR step (the first tree grows from it)
         tokens[:, 0] = sample_from_probs(target.scorer.prefill(), draw_uniforms(generators, 1)[:, 0].to(device))
         committed = torch.ones(batch, dtype=torch.long, device=device)
-        commits.passes[:, 0] = 1
+        log.commit_pass[:, 0] = 1
         fed = torch.zeros(batch, dtype=torch.long, device=device)
         while bool((committed < num_tokens).any()):
             active = committed < num_tokens
@@ -342,10 +340,10 @@ def tree_decode(
             depth = torch.arange(max_depth + 1, device=device)
             tokens.scatter_(1, committed[:, None] + depth, walk.path)
             kept = active[:, None] & (depth <= walk.accepted[:, None]) & (committed[:, None] + depth < num_tokens)
-            commits.record(committed[:, None] + depth, kept, target.forward_passes)
+            log.commit(committed[:, None] + depth, kept, target.forward_passes)
             slot = torch.arange(max_depth, device=device).expand(batch, -1)
-            tally.add(committed[:, None] + slot, slot, walk.tried_at, slot < walk.accepted[:, None])
-            passes_per_image += active.long()
+            log.drafts(committed[:, None] + slot, slot, walk.tried_at, slot < walk.accepted[:, None])
+            log.count_pass(active)
             committed = committed + torch.where(active, walk.accepted + 1, 0)
             if progress:
                 bar.update(int(committed.clamp(max=num_tokens).min()) - bar.n)
@@ -353,14 +351,5 @@ def tree_decode(
         bar.close()
         target.close()
         drafter.close()
-    stats = decode_stats(
-        start=start_time,
-        device=device,
-        num_tokens=num_tokens,
-        passes_per_image=passes_per_image,
-        forward_passes=int(passes_per_image.max()),
-        commits=commits,
-        tally=tally,
-        draft_forward_passes=drafter.forward_passes,
-    )
+    stats = log.stats(int(log.passes_per_image.max()), draft_forward_passes=drafter.forward_passes)
     return tokens[:, :num_tokens], {**stats, "tree_nodes": tree.num_nodes, "tree_depth": max_depth}

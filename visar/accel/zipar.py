@@ -100,8 +100,7 @@ from .jacobi import (
 from .relaxed import check_number, codebook_of
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
-from .stats import CommitLog, DraftTally, decode_stats
-from .timing import synchronized_clock
+from .stats import DecodeLog
 
 
 def token_grid(model, method: str) -> tuple[int, int]:
@@ -437,7 +436,6 @@ def decode_fronts(
     splitting the loop further would hand a dozen tensors between pieces of a few lines each."""
     height, width = token_grid(model, method)
     device = model.device
-    start_time = synchronized_clock(device)
     check_lag(s)
     check_spans(window, 0, 0)
     window = min(window, width)
@@ -456,8 +454,7 @@ def decode_fronts(
     # (GumbelCarry's noise ring then holds one row per position).
     state = DecodeState(tokens, count.sum(1), keys, num_tokens, vocab, (height, width), num_tokens)
     scorer = GuidedScorer(model, cond, cond_mask, params)
-    tally, commit_log = DraftTally((height, width), window, device), CommitLog(batch, num_tokens, device)
-    passes_per_image = torch.zeros(batch, dtype=torch.long, device=device)
+    log = DecodeLog(batch, (height, width), window, device)
     max_fronts = torch.zeros((), dtype=torch.long, device=device)
     bar = tqdm(total=num_tokens, disable=not progress, desc=method, leave=False)
     with scorer.cache(model.num_condition_tokens + num_tokens):
@@ -488,10 +485,10 @@ def decode_fronts(
             lane_commits, lane_good = commits.gather(1, plan.row), good.gather(1, plan.row)
             keep = plan.predicts & (plan.slot < lane_commits)
             tokens.scatter_(1, torch.where(keep, target, num_tokens), slot_tokens)
-            commit_log.record(target, keep, scorer.forward_passes)
+            log.commit(target, keep, scorer.forward_passes)
             tested = plan.has_draft & valid & (plan.slot <= lane_good)
-            tally.add(target, plan.slot, tested, plan.has_draft & (plan.slot < lane_good))
-            passes_per_image += (count[:, -1] < width).long()
+            log.drafts(target, plan.slot, tested, plan.has_draft & (plan.slot < lane_good))
+            log.count_pass(count[:, -1] < width)
 
             if speculative:  # the slots after a front's commit become drafts for the same indices
                 carried.carry_over(updater, plan, state, target_probs, slot_tokens, lane_commits, uniforms[:, CARRY])
@@ -500,16 +497,7 @@ def decode_fronts(
             if progress:
                 bar.update(int(count.sum(1).min()) - bar.n)
     bar.close()
-    stats = decode_stats(
-        start=start_time,
-        device=device,
-        num_tokens=num_tokens,
-        passes_per_image=passes_per_image,
-        forward_passes=scorer.forward_passes,
-        commits=commit_log,
-        tally=tally if speculative else None,
-        grid_rows=height,
-    )
+    stats = log.stats(scorer.forward_passes)
     stats.update(s=s, max_fronts=int(max_fronts))
     if speculative:
         stats.update(window=window, cross_row=cross_row)

@@ -83,14 +83,24 @@ def test_ragged_batch_and_truncation_equal_fresh_forward():
         torch.testing.assert_close(out[b], fresh[0, length : length + 3], atol=1e-5, rtol=0)
 
 
-def test_truncate_zeroes_stale_slots():
+def test_truncated_slots_are_hidden_until_written_again():
+    """A mask that shows forgotten slots sees nothing there: the logits are those of a mask that hides them."""
     model = tiny_model()
+    labels, tokens = torch.tensor([0, 1]), torch.randint(0, 32, (2, 8))
     model.setup_cache(2)
-    model(torch.randint(0, 32, (2, 5)), torch.tensor([0, 1]), input_pos=torch.arange(6))
-    model.truncate_cache(torch.tensor([2, 6]))
-    cache = model.layers[0].attention.kv_cache
-    assert cache.k_cache[0, :, 2:].abs().sum() == 0 and cache.k_cache[0, :, :2].abs().sum() > 0
-    assert cache.k_cache[1, :, :6].abs().sum() > 0
+    model(tokens[:, :5], labels, input_pos=torch.arange(6))
+    model.truncate_cache(torch.tensor([2, 6]))  # sample 0 keeps cond + 1 token
+    query = tokens[:, 5:6]
+    everything = torch.ones(2, 1, 17, dtype=torch.bool)  # shows every slot, forgotten ones included
+    kept = torch.zeros(2, 1, 17, dtype=torch.bool)
+    kept[0, 0, [0, 1, 6]], kept[1, 0, :7] = True, True  # what survives, and the query's own slot
+    shown = model(query, input_pos=torch.tensor([[6], [6]]), mask=everything)
+    hidden = model(query, input_pos=torch.tensor([[6], [6]]), mask=kept)
+    torch.testing.assert_close(shown, hidden, atol=1e-6, rtol=0)
+    # written again (the token it held), a slot is visible again: sample 1 never lost it
+    model(tokens[:, 1:2], input_pos=torch.tensor([[2], [2]]))
+    again = model(query, input_pos=torch.tensor([[6], [6]]), mask=everything)
+    assert not torch.allclose(again[0], shown[0]) and torch.allclose(again[1], shown[1], atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -16,6 +16,26 @@ all the decoding methods see. A new family is new files: its model, its tokenize
 """
 
 from . import llamagen  # noqa: F401  (each family module registers itself)
-from .family import FAMILIES, Family, OfficialPreset, generic_names, get_family, official_presets, register_family
+from .family import (
+    FAMILIES,
+    Family,
+    FolderParts,
+    OfficialPreset,
+    generic_names,
+    get_family,
+    hf_family,
+    official_presets,
+    register_family,
+)
 
-__all__ = ["FAMILIES", "Family", "OfficialPreset", "generic_names", "get_family", "official_presets", "register_family"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "FolderParts",
+    "OfficialPreset",
+    "generic_names",
+    "get_family",
+    "hf_family",
+    "official_presets",
+    "register_family",
+]

@@ -236,3 +236,18 @@ def test_prompt_too_long_and_foreign_draft(pipe):
 
     with pytest.raises(VisarError, match="condition"):
         pipe.generate(prompts=PROMPTS[:1], method="spec", draft=tiny_llamagen(vocab=16, block_size=16), top_k=1)
+
+
+def test_cli_generates_from_the_folder(janus_folder, tmp_path, capsys):
+    from visar.apps.cli import main
+
+    out = tmp_path / "out"
+    args = ["generate", "--model", janus_folder, "--prompt", PROMPTS[0], "--prompt", PROMPTS[1], "--method", "sjd"]
+    assert main([*args, "--device", "cpu", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["00000.png", "00001.png", "stats.json"]
+    # a text-only transformers folder: one line, exit 2
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
+    assert main(["generate", "--model", str(llama), "--prompt", "a", "--out", str(out)]) == 2
+    assert "JanusForConditionalGeneration" in capsys.readouterr().err

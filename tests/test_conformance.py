@@ -30,12 +30,17 @@ SMALL = {"tree": [[0], [1], [0, 0]]}
 def tiny_pipeline(family_name: str, seed: int = 0) -> visar.Pipeline:
     """The family's tiny random model and tokenizer, as a pipeline (what `visar.load` would build)."""
     family = FAMILIES[family_name]
+    if family.architectures:  # a family over a transformers model
+        pytest.importorskip("transformers")
     model = family.build_model(family.tiny_model_args)
     seeded_init(model, seed, std=0.3)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         tokenizer = family.build_tokenizer(family.tiny_tokenizer_args)
-    return visar.Pipeline(model, tokenizer, name=f"tiny-{family_name}", defaults={"guidance_scale": 2.0})
+    text_encoder = family.build_text_encoder(family.tiny_text_encoder_args) if family.build_text_encoder else None
+    return visar.Pipeline(
+        model, tokenizer, name=f"tiny-{family_name}", defaults={"guidance_scale": 2.0}, text_encoder=text_encoder
+    )
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

@@ -24,7 +24,7 @@ from .accel.sampling import SamplingParams, make_generators
 from .accel.timing import synchronized_clock
 from .checkpoints import load_strict, read_state_dict
 from .errors import VisarError
-from .families import Family, get_family, official_presets
+from .families import Family, get_family, hf_family, official_presets
 from .models.base import RasterModel
 from .models.text import CaptionEncoder, CaptionEncoderConfig
 from .tokenizers.base import TokenGridTokenizer
@@ -163,7 +163,9 @@ class Pipeline:
             )
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         embeds, mask = self.text_encoder.encode(prompts)
-        return embeds.to(self.device, self.dtype), mask.to(self.device)
+        # Caption embeddings take the model's dtype; token ids (a Hugging Face model's prompt) stay ids.
+        embeds = embeds.to(self.device, self.dtype) if embeds.is_floating_point() else embeds.to(self.device)
+        return embeds, mask.to(self.device)
 
     def condition(self, class_labels=None, prompts=None, caption_embeds=None, caption_mask=None):
         if class_labels is not None:
@@ -324,6 +326,9 @@ def load(
     """Load a pipeline by registered name, from a folder with config.json, or from official files.
 
     - `visar.load("default")`: the embedded default model.
+    - `visar.load(FOLDER)`: a visar folder, or a transformers `save_pretrained` folder of a supported
+      architecture (Janus-Pro: JanusForConditionalGeneration), offline; `model_args=` then takes its
+      loading options (`{"max_prompt_tokens": N}`).
     - `visar.load("llamagen-gpt-b-c2i-256", checkpoint="c2i_B_256.pt", vq_checkpoint="vq_ds16_c2i.pt")`
     - `visar.load("llamagen", checkpoint=..., model_args={...}, vq_checkpoint=..., vq_args={...})` for
       sizes that match no preset (`model_args`: LlamaGen ModelArgs fields; `vq_args`: the VQ
@@ -337,7 +342,7 @@ def load(
     generic = registry.generic_names()
     if name in embedded or (Path(name).is_dir() and (Path(name) / "config.json").is_file()):
         folder = embedded.get(name, Path(name))
-        pipe = load_folder(folder, checkpoint=checkpoint, vq_checkpoint=vq_checkpoint)
+        pipe = load_folder(folder, checkpoint=checkpoint, vq_checkpoint=vq_checkpoint, model_args=model_args)
     elif name in registry.OFFICIAL_PRESETS or name in generic:
         pipe = load_official(name, checkpoint, vq_checkpoint, model_args, vq_args)
     elif Path(name).exists():
@@ -385,15 +390,29 @@ def load_official(name, checkpoint, vq_checkpoint, model_args, vq_args) -> Pipel
 
 
 def folder_family(config: dict) -> Family:
-    """config.json's "family"; a folder without one holds LlamaGen arguments (the one family visar
-    loaded before the key was read), so folders written then still load."""
+    """config.json's "family"; a transformers config (no "family" nor "model_args", but "architectures" or
+    "model_type") names its family by architecture; a folder without either holds LlamaGen arguments
+    (the one family visar loaded before the key was read), so folders written then still load."""
+    if "family" not in config and "model_args" not in config and ("architectures" in config or "model_type" in config):
+        return hf_family(config)
     return get_family(config.get("family", "llamagen"))
 
 
-def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None) -> Pipeline:
-    """A folder with config.json: family, model_args, vq_args, defaults, weights (file names), init."""
+def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None, model_args=None) -> Pipeline:
+    """A folder with config.json: family, model_args, vq_args, defaults, weights (file names), init.
+
+    A family that reads a whole folder its own way (a transformers save_pretrained folder) loads it
+    itself; model_args then carries its loading options (e.g. max_prompt_tokens).
+    """
     config = registry.read_config(folder)
     family = folder_family(config)
+    if family.load_folder is not None:
+        if checkpoint is not None or vq_checkpoint is not None:
+            raise VisarError(f"{folder} is a transformers folder: its weights load from it, not from checkpoint=")
+        parts = family.load_folder(folder, model_args)
+        return Pipeline(
+            parts.model, parts.tokenizer, name=folder.name, defaults=parts.defaults, text_encoder=parts.text_encoder
+        )
     model = family.build_model(config["model_args"])
     tokenizer = family.build_tokenizer(config["vq_args"]) if "vq_args" in config else None
     weights = config.get("weights", {})

@@ -15,7 +15,27 @@ The models a family builds implement the interface of their kind (`visar.models.
 all the decoding methods see. A new family is new files: its model, its tokenizer, its registration.
 """
 
-from . import llamagen  # noqa: F401  (each family module registers itself)
-from .family import FAMILIES, Family, OfficialPreset, generic_names, get_family, official_presets, register_family
+from . import hf_janus, llamagen  # noqa: F401  (each family module registers itself)
+from .family import (
+    FAMILIES,
+    Family,
+    FolderParts,
+    OfficialPreset,
+    generic_names,
+    get_family,
+    hf_family,
+    official_presets,
+    register_family,
+)
 
-__all__ = ["FAMILIES", "Family", "OfficialPreset", "generic_names", "get_family", "official_presets", "register_family"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "FolderParts",
+    "OfficialPreset",
+    "generic_names",
+    "get_family",
+    "hf_family",
+    "official_presets",
+    "register_family",
+]

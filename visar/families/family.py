@@ -13,6 +13,17 @@ from ..errors import VisarError
 WeightLoader = Callable[[nn.Module, "str | os.PathLike", str], nn.Module]
 
 
+@dataclass
+class FolderParts:
+    """What a family that reads a whole folder its own way (a transformers `save_pretrained` folder)
+    gives the pipeline: the model, its tokenizer, its text encoder and sampling defaults."""
+
+    model: nn.Module
+    tokenizer: nn.Module | None
+    text_encoder: object | None = None
+    defaults: dict = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class OfficialPreset:
     """A released checkpoint layout: the family's constructor arguments and its sampling defaults."""
@@ -38,6 +49,17 @@ class Family:
     tiny_tokenizer_args: dict
     generic_name: str | None = None  # visar.load(generic_name, checkpoint=, model_args=) for any size
     generic_description: str = ""
+    # Families over a transformers model: the architectures it loads (config.json "architectures",
+    # for `recognises` and error messages), `load_folder(folder, model_args)` for a save_pretrained
+    # folder, and a prompt encoder (`build_text_encoder(text_encoder_args)`, tiny args for the tests).
+    architectures: tuple[str, ...] = ()
+    load_folder: Callable[[os.PathLike, dict], FolderParts] | None = None
+    build_text_encoder: Callable[[dict], object] | None = None
+    tiny_text_encoder_args: dict = field(default_factory=dict)
+
+    def recognises(self, config: dict) -> bool:
+        """Is this config.json a transformers config of one of this family's architectures?"""
+        return bool(set(config.get("architectures") or ()) & set(self.architectures))
 
 
 FAMILIES: dict[str, Family] = {}
@@ -51,6 +73,19 @@ def get_family(name: str) -> Family:
     if name not in FAMILIES:
         raise VisarError(f"unknown model family {name!r}; registered families: {', '.join(sorted(FAMILIES))}")
     return FAMILIES[name]
+
+
+def hf_family(config: dict) -> Family:
+    """The family of a transformers config.json (no visar "family" key), or one sentence naming what loads."""
+    for family in FAMILIES.values():
+        if family.recognises(config):
+            return family
+    supported = sorted(a for f in FAMILIES.values() for a in f.architectures)
+    found = ", ".join(config.get("architectures") or ()) or config.get("model_type", "unknown")
+    raise VisarError(
+        f"this folder holds a transformers {found} model, which visar cannot generate images with: visar loads "
+        f'transformers folders of {", ".join(supported)} (and its own folders with a "family" key)'
+    )
 
 
 def official_presets() -> dict[str, OfficialPreset]:

@@ -28,7 +28,9 @@ class ConditionLayout:
 
     kind "class": cond is a LongTensor [B] of ids 0 .. num_classes - 1. kind "text": cond is
     caption embeddings [B, num_tokens, embed_dim] (with an optional validity mask [B, num_tokens]
-    for padded captions). Two models can share drafts or images only with equal layouts.
+    for padded captions), or, with embed_dim 0 (Hugging Face models, which embed their prompt
+    themselves), the prompt's token ids [B, num_tokens] of the model's own tokenizer, left-padded.
+    Two models can share drafts or images only with equal layouts.
     """
 
     kind: Literal["class", "text"]

@@ -1,0 +1,65 @@
+"""Prompts -> a Hugging Face model's condition: token ids [B, T] of its own tokenizer, left-padded.
+
+The pipeline's text encoder for Hugging Face raster models (`Pipeline.text_encoder`): the model's
+own processor formats each prompt as its image-generation code does (the chat template with the
+generation prompt, then the processor's image-generation call, e.g. Janus's
+`processor(text, generation_mode="image")`, which appends `<begin_of_image>`), and the ids are
+left-padded to the model's T condition positions with a validity mask (False on padding).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..errors import VisarError
+
+
+class HFPromptEncoder:
+    """processor: a transformers processor or tokenizer; call_kwargs: what its image-generation call takes."""
+
+    def __init__(self, processor, max_tokens: int, pad_token_id: int, call_kwargs: dict | None = None):
+        self.processor = processor
+        self.max_tokens = max_tokens
+        self.pad_token_id = pad_token_id
+        self.call_kwargs = dict(call_kwargs or {})
+
+    def format(self, prompt: str) -> str:
+        if getattr(self.processor, "chat_template", None) is None:
+            return prompt
+        messages = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
+        return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def encode(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+        """prompts -> (token ids [B, T], validity mask [B, T]), left-padded to T = max_tokens."""
+        if any(not p.strip() for p in prompts):
+            raise VisarError("empty prompt")
+        batch = self.processor(
+            text=[self.format(p) for p in prompts],
+            padding="longest",
+            padding_side="left",
+            return_tensors="pt",
+            **self.call_kwargs,
+        )
+        ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+        lengths = mask.sum(1)
+        if int(lengths.max()) > self.max_tokens:
+            raise VisarError(
+                f"a prompt takes {int(lengths.max())} tokens (with the chat template), more than this model's "
+                f"{self.max_tokens} condition positions: shorten it, or load with model_args={{'max_prompt_tokens': N}}"
+            )
+        ids, mask = ids[:, -self.max_tokens :], mask[:, -self.max_tokens :]  # drops padding only
+        pad = self.max_tokens - ids.shape[1]
+        ids = torch.nn.functional.pad(ids, (pad, 0), value=self.pad_token_id)
+        mask = torch.nn.functional.pad(mask, (pad, 0), value=False)
+        return ids.masked_fill(~mask, self.pad_token_id), mask
+
+    def to(self, *args, **kwargs) -> HFPromptEncoder:
+        """Nothing to move (ids are made on the CPU; the pipeline moves them); for Pipeline's loading."""
+        return self
+
+    def float(self) -> HFPromptEncoder:
+        return self
+
+    def eval(self) -> HFPromptEncoder:
+        return self

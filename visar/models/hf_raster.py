@@ -1,0 +1,202 @@
+"""What every Hugging Face raster adapter shares: a slot cache transformers' decoder layers write to,
+explicit 4-D masks, and the `RasterModel` call on top of a transformers decoder.
+
+transformers' `StaticCache` writes the inputs of one forward pass at one `cache_position` shared by
+the batch; visar's methods commit a ragged number of tokens per image and truncate each image's
+cache on its own. `SlotCache` is the cache transformers' attention layers see instead (it only
+needs `update(key_states, value_states, layer_idx, ...)`): preallocated keys and values
+[B, H_kv, S, D] per layer, written at per-sample slots (gpt-fast's cache, as in
+`visar.models.llamagen.KVCache`). The decoder is called with `position_ids` [B, L] and a ready
+4-D additive mask [B, 1, L, S], which transformers' mask builder passes through unchanged
+(`masking_utils._preprocess_mask_arguments`: "If the mask is already 4D, simply return as-is").
+
+A family's adapter (`hf_janus.py`) says how a condition and image tokens are embedded and how a
+hidden state becomes image-token logits; the cache, masks, positions and padding are here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .base import ConditionLayout
+
+
+class SlotCache:
+    """Keys and values [B, H_kv, S, D] per layer, written at `write_slots` [B, L] (set before each call)."""
+
+    def __init__(self, num_layers: int, batch_size: int, slots: int, kv_heads: int, head_dim: int, dtype, device):
+        shape = (batch_size, kv_heads, slots, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.write_slots: Tensor | None = None  # [B, L]
+        self.batch_index = torch.arange(batch_size, device=device)[:, None]
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
+        """transformers' Cache.update: write this call's keys/values [B, H_kv, L, D], return the whole cache."""
+        # Advanced indexing puts (B, L) first: the written value is [B, L, H_kv, D].
+        self.keys[layer_idx][self.batch_index, :, self.write_slots] = key_states.transpose(1, 2)
+        self.values[layer_idx][self.batch_index, :, self.write_slots] = value_states.transpose(1, 2)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def truncate(self, lengths: Tensor):
+        """Zero every slot at or beyond lengths[b] in row b."""
+        slots = torch.arange(self.keys[0].shape[2], device=lengths.device)
+        stale = (slots[None, :] >= lengths[:, None])[:, None, :, None]  # [B, 1, S, 1]
+        for keys, values in zip(self.keys, self.values, strict=True):
+            keys.masked_fill_(stale, 0)
+            values.masked_fill_(stale, 0)
+
+
+def additive_mask(visible: Tensor, dtype: torch.dtype) -> Tensor:
+    """Boolean visibility [B, L, S] -> transformers' additive 4-D mask [B, 1, L, S] (0 or the dtype's min).
+
+    The minimum rather than -inf, so that a row that sees nothing (a padding query) gives a uniform
+    average instead of NaN, as transformers' own masks do.
+    """
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return mask.masked_fill(~visible, torch.finfo(dtype).min)[:, None]
+
+
+class HFRasterAdapter(nn.Module):
+    """A transformers decoder behind visar's `RasterModel` interface (see visar/models/base.py).
+
+    Condition: the prompt's token ids [B, T] of the model's own tokenizer, LEFT-padded to T =
+    `max_prompt_tokens` (validity in the `cond_mask` given to `setup_cache`; padded positions are
+    hidden from every query). Image token i sits at position T + i; positions are also the cache
+    slots and the RoPE positions (transformers' image generation counts positions over the padded
+    prompt the same way). Subclasses give `embed_condition`, `embed_image_tokens`, `image_logits`,
+    `null_condition`, `decoder` (the transformers decoder module) and the grid and vocabulary.
+    """
+
+    model_kind = "raster"
+
+    def __init__(self, max_prompt_tokens: int):
+        super().__init__()
+        self.max_prompt_tokens = max_prompt_tokens
+        self.cache: SlotCache | None = None
+        self.cache_key_valid: Tensor | None = None  # [B, S] bool, set by setup_cache
+
+    # -- what a family gives -----------------------------------------------------------------
+    @property
+    def decoder(self) -> nn.Module:
+        raise NotImplementedError
+
+    def embed_condition(self, cond: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def embed_image_tokens(self, tokens: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def image_logits(self, hidden: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    # -- the RasterModel interface ------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return next(self.decoder.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.decoder.parameters()).dtype
+
+    @property
+    def num_condition_tokens(self) -> int:
+        return self.max_prompt_tokens
+
+    @property
+    def condition_layout(self) -> ConditionLayout:
+        return ConditionLayout("text", self.max_prompt_tokens)  # embed_dim 0: token ids of the model's tokenizer
+
+    @property
+    def num_image_tokens(self) -> int:
+        height, width = self.grid_size
+        return height * width
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.num_condition_tokens + self.num_image_tokens
+
+    def setup_cache(self, batch_size: int, max_seq_len: int | None = None, cond_mask: Tensor | None = None):
+        max_seq_len = max_seq_len or self.max_seq_len
+        config = self.decoder.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.cache = SlotCache(
+            config.num_hidden_layers,
+            batch_size,
+            max_seq_len,
+            config.num_key_value_heads,
+            head_dim,
+            self.dtype,
+            self.device,
+        )
+        self.cache_key_valid = torch.ones(batch_size, max_seq_len, dtype=torch.bool, device=self.device)
+        if cond_mask is not None:
+            self.cache_key_valid[:, : cond_mask.shape[1]] = cond_mask.bool()
+
+    def clear_cache(self):
+        self.cache = None
+        self.cache_key_valid = None
+
+    @torch.no_grad()
+    def truncate_cache(self, lengths: Tensor):
+        self.cache.truncate(lengths)
+
+    @staticmethod
+    def default_mask(input_pos: Tensor, key_pos: Tensor, key_valid: Tensor | None) -> Tensor:
+        """Causal by position: a query at p sees the valid keys at positions <= p, and itself."""
+        visible = key_pos[:, None, :] <= input_pos[:, :, None]  # [B, L, S]
+        if key_valid is not None:
+            visible = visible & key_valid[:, None, :]
+        return visible | (key_pos[:, None, :] == input_pos[:, :, None])
+
+    def forward(
+        self,
+        tokens: Tensor | None = None,
+        cond: Tensor | None = None,
+        *,
+        input_pos: Tensor | None = None,
+        mask: Tensor | None = None,
+        cond_mask: Tensor | None = None,
+        cache_pos: Tensor | None = None,
+    ) -> Tensor:
+        """Image-token logits [B, L, V] (float32) for [condition (if cond) ; tokens (if tokens)].
+
+        As `visar.models.llamagen.LlamaGen.forward`: input_pos [L] or [B, L] (default 0.. with cond,
+        else T..), mask [B, L, S] over the cache (or over the L inputs without one), cond_mask [B, T]
+        without a cache, cache_pos the slots to write when they are not the positions.
+        """
+        parts = []
+        if cond is not None:
+            parts.append(self.embed_condition(cond))
+        if tokens is not None:
+            parts.append(self.embed_image_tokens(tokens))
+        hidden = torch.cat(parts, dim=1)  # [B, L, D]
+        batch, length, _ = hidden.shape
+        if input_pos is None:
+            start = 0 if cond is not None else self.num_condition_tokens
+            input_pos = torch.arange(start, start + length, device=hidden.device)
+        if input_pos.dim() == 1:
+            input_pos = input_pos[None].expand(batch, -1)
+        if self.cache is not None:
+            key_valid = self.cache_key_valid
+            key_pos = torch.arange(key_valid.shape[1], device=hidden.device)[None].expand(batch, -1)
+            slots = input_pos if cache_pos is None else cache_pos
+            self.cache.write_slots = slots.expand(batch, -1) if slots.dim() == 1 else slots
+        else:
+            key_pos, key_valid = input_pos, None
+            if cond_mask is not None:
+                key_valid = torch.ones(batch, length, dtype=torch.bool, device=hidden.device)
+                key_valid[:, : cond_mask.shape[1]] = cond_mask.bool()
+        if mask is None:
+            mask = self.default_mask(input_pos, key_pos, key_valid)
+        elif key_valid is not None:
+            mask = mask & key_valid[:, None, :]  # padded prompt slots stay hidden
+        out = self.decoder(
+            inputs_embeds=hidden,
+            attention_mask=additive_mask(mask, hidden.dtype),
+            position_ids=input_pos,
+            cache=self.cache,
+            use_cache=self.cache is not None,
+        )
+        return self.image_logits(out.last_hidden_state).float()

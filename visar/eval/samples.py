@@ -7,16 +7,19 @@ place, so an interrupted run leaves only whole images (and ignorable `.tmp` file
 
 Bitwise stability: every image draws its tokens from its own generator (seeded by its index),
 so its tokens do not depend on the batch it is sampled in; it is then decoded alone, because a
-batched convolution can differ in the last bit from an unbatched one. On CPU an image's file is
-therefore the same for any batch size and any split into shards; on GPU, kernels that change
-with the batch shape can still flip a near-tie.
+batched convolution can differ in the last bit from an unbatched one, and on CPU on one thread,
+because a multi-threaded convolution sums in an order set by the thread count (which moves about
+one pixel value in a thousand by 1; torchrun gives each process one thread). On CPU an image's
+file is therefore the same for any batch size, thread count and split into shards or processes;
+on GPU, kernels that change with the batch shape can still flip a near-tie.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +103,19 @@ def check_run_config(path: Path, identity: dict) -> None:
     write_json_atomic(path, identity)
 
 
+def decode_alone(pipe, tokens: torch.Tensor) -> np.ndarray:
+    """One image's tokens [h, w] -> uint8 [H, W, 3], decoded alone (on CPU on one thread, see above)."""
+    on_cpu = pipe.tokenizer is not None and next(pipe.tokenizer.parameters()).device.type == "cpu"
+    threads = torch.get_num_threads()
+    if on_cpu:
+        torch.set_num_threads(1)
+    try:
+        return pipe.to_output(pipe.decode(tokens[None]), "np")[0]
+    finally:
+        if on_cpu:
+            torch.set_num_threads(threads)
+
+
 def _batches(jobs: list[SampleJob], size: int) -> Iterator[list[SampleJob]]:
     for first in range(0, len(jobs), size):
         yield jobs[first : first + size]
@@ -113,17 +129,22 @@ def generate_missing(
     batch_size: int = 16,
     progress: bool = True,
     desc: str = "generate",
+    is_done: Callable[[SampleJob], bool] | None = None,
+    on_image: Callable[[SampleJob, dict], None] | None = None,
     **generate_kwargs,
 ) -> dict:
     """Generate the jobs whose file is missing or incomplete; returns {"generated", "reused", stats}.
 
     Class-conditional models take each job's condition as a class id, text-conditional ones as a
     prompt. generate_kwargs go to `Pipeline.generate` (sampling settings, method options).
+    is_done(job): whether a job is finished (default: its PNG is complete); on_image(job, stats):
+    called once its PNG is in place, with that image's {"forward_passes"}.
     """
     if batch_size < 1:
         raise VisarError("--batch-size must be >= 1")
-    missing = [job for job in jobs if not is_complete_png(job.path)]
-    totals = {"forward_passes": 0, "latency_s": 0.0}
+    is_done = is_done or (lambda job: is_complete_png(job.path))
+    missing = [job for job in jobs if not is_done(job)]
+    totals = {"forward_passes": 0, "latency_s": 0.0, "decode_s": 0.0}
     image_passes = 0
     key = "class_labels" if pipe.is_class_conditional else "prompts"
     with tqdm(total=len(missing), desc=desc, unit="img", disable=not progress) as bar:
@@ -136,9 +157,13 @@ def generate_missing(
                 output_type="tokens",
                 **generate_kwargs,
             )
-            for job, tokens in zip(chunk, out.tokens, strict=True):
+            start = time.perf_counter()
+            for i, (job, tokens) in enumerate(zip(chunk, out.tokens, strict=True)):
                 job.path.parent.mkdir(parents=True, exist_ok=True)
-                save_png(pipe.to_output(pipe.decode(tokens[None]), "np")[0], job.path)  # decoded alone, see above
+                save_png(decode_alone(pipe, tokens), job.path)
+                if on_image is not None:
+                    on_image(job, {"forward_passes": out.stats["forward_passes_per_image"][i]})
+            totals["decode_s"] += time.perf_counter() - start
             totals["forward_passes"] += out.stats["forward_passes"]
             totals["latency_s"] += out.stats["latency_s"]
             image_passes += out.stats["forward_passes"] * len(chunk)

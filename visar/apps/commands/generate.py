@@ -1,114 +1,131 @@
-"""`visar generate`: images to a folder, PNG files and stats.json."""
+"""`visar generate`: images to a folder, resumable, on one process or many (torchrun).
+
+The work is done by `visar.apps.batch`; this module reads the command line into its items.
+"""
 
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
-
 from ...errors import VisarError
-from .common import add_model_args, add_sampling_args, load_pipeline, parse_option
+from .common import add_model_args, add_sampling_args, generate_kwargs, load_pipeline, run_settings
+
+DESCRIPTION = """Generate images with a model and decoding method into OUT: OUT/00000.png ...,
+OUT/images.jsonl (one record per image: index, file, class or prompt, seed, method, forward passes),
+OUT/settings.json (what decides the pixels) and OUT/stats.json (this run's counts and timings).
+Image g has item g mod P of the P items and seed SEED + g, so a set does not depend on the batch
+size or the number of processes. Rerunning the same command resumes: finished images are kept,
+the others generated; a rerun with other settings into the same folder is refused.
+Many processes: torchrun --nproc_per_node K -m visar generate -n N ... (each takes the images g
+with g mod K = its rank; NCCL on GPUs, one per process, gloo on CPU)."""
 
 
 def add_parser(subparsers):
     parser = subparsers.add_parser(
         "generate",
-        help="generate images to a folder (PNG files + stats.json)",
-        description="Generate images with a model and decoding method; writes OUT/00000.png ... "
-        "and OUT/stats.json (settings, forward passes, timings, per-image seed and condition).",
+        help="generate images to a folder (PNG files, images.jsonl, stats.json); resumable, torchrun-aware",
+        description=DESCRIPTION,
     )
     add_model_args(parser)
     add_sampling_args(parser)
-    parser.add_argument(
+    items = parser.add_argument_group("items (one of; class models default to all classes in turn)")
+    items.add_argument(
         "--class",
         dest="class_ids",
-        type=int,
         nargs="+",
-        metavar="ID",
-        help="class ids for class-conditional models (cycled over --n images; default: all classes in turn)",
+        metavar="ID|NAME",
+        help="class ids or class names (see `visar models -v`) for class-conditional models, cycled over --n images",
     )
-    parser.add_argument("--prompt", action="append", help="prompt for text-conditional models (repeatable, cycled)")
-    parser.add_argument("--n", type=int, help="number of images (default: one per --class / --prompt)")
+    items.add_argument("--prompt", action="append", help="prompt for text-conditional models (repeatable, cycled)")
+    items.add_argument(
+        "--classes-file",
+        metavar="FILE",
+        help="class ids or names, one a line (.txt), or .jsonl: one JSON value a line, an id, a name, or "
+        '{"class": ID|NAME, "folder": SUBFOLDER}; --n images per line',
+    )
+    items.add_argument(
+        "--prompts-file",
+        metavar="FILE",
+        help='prompts, one a line (.txt), or .jsonl: one JSON string a line or {"prompt": TEXT, "folder": '
+        "SUBFOLDER}; --n images per line",
+    )
+    parser.add_argument(
+        "-n",
+        "--n",
+        type=int,
+        help="with --classes-file / --prompts-file: images per item (default 1); otherwise the total number of "
+        "images, cycling over --class / --prompt (default: one per --class / --prompt). Under torchrun write -n: "
+        "torchrun's own parser takes --n for an abbreviation of its options",
+    )
     parser.add_argument("--batch-size", type=int, default=8, help="images per forward batch (default 8)")
     parser.add_argument("--out", default="visar_out", help="output folder (default ./visar_out)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
 
-def run(args) -> int:
-    from tqdm.auto import tqdm
+def read_command_items(pipe, args):
+    """The items and the total number of images, from the command line."""
+    from ..batch import read_items, resolve_class
 
-    pipe = load_pipeline(args)
-    options = dict(parse_option(o) for o in args.opt)
+    files = [f for f in (args.classes_file, args.prompts_file) if f]
+    if len(files) > 1 or (files and (args.class_ids or args.prompt)):
+        raise VisarError("give the items one way: --class, --prompt, --classes-file or --prompts-file")
+    if args.n is not None and args.n < 1:
+        raise VisarError("--n must be >= 1")
     if pipe.is_class_conditional:
-        if args.prompt:
-            raise VisarError(f"{pipe.name} is class-conditional: use --class, not --prompt")
-        classes = args.class_ids if args.class_ids else list(range(pipe.num_classes))
-        n = len(args.class_ids or [0]) if args.n is None else args.n
-        conditions = [classes[i % len(classes)] for i in range(n)]
-    else:
-        if not args.prompt:
-            raise VisarError(f"{pipe.name} is text-conditional: give --prompt TEXT (repeatable)")
-        n = len(args.prompt) if args.n is None else args.n
-        conditions = [args.prompt[i % len(args.prompt)] for i in range(n)]
-    if n < 1:
+        if args.prompt or args.prompts_file:
+            raise VisarError(f"{pipe.name} is class-conditional: use --class or --classes-file, not prompts")
+        if args.classes_file:
+            items = read_items(args.classes_file, "class", pipe)
+            return items, len(items) * (args.n or 1)
+        if args.class_ids:
+            items = [resolve_class(pipe, value, "--class: ") for value in args.class_ids]
+        else:
+            items = [resolve_class(pipe, c) for c in range(pipe.num_classes)]
+        return items, len(args.class_ids or [0]) if args.n is None else args.n
+    if args.class_ids or args.classes_file:
+        raise VisarError(f"{pipe.name} is text-conditional: use --prompt or --prompts-file, not classes")
+    if args.prompts_file:
+        items = read_items(args.prompts_file, "prompt", pipe)
+        return items, len(items) * (args.n or 1)
+    if not args.prompt:
+        raise VisarError(f"{pipe.name} is text-conditional: give --prompt TEXT (repeatable) or --prompts-file FILE")
+    from ..batch import Item
+
+    if any(not p.strip() for p in args.prompt):
+        raise VisarError("--prompt must not be empty")
+    return [Item(p.strip()) for p in args.prompt], len(args.prompt) if args.n is None else args.n
+
+
+def run(args) -> int:
+    from ..batch import run_batch, start_processes
+
+    if args.n is not None and args.n < 1:  # before loading anything
         raise VisarError("--n must be >= 1")
     if args.batch_size < 1:
         raise VisarError("--batch-size must be >= 1")
-    out = Path(args.out)
+    processes, args.device = start_processes(args.device)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise VisarError(f"cannot create output folder {out}: {err}") from err
-
-    records, totals = [], {"forward_passes": 0, "latency_s": 0.0, "decode_s": 0.0}
-    image_passes = 0  # forward passes each image went through, summed over images
-    start = time.perf_counter()
-    with tqdm(total=n, desc=f"{pipe.name} / {args.method}", unit="img") as bar:
-        for first in range(0, n, args.batch_size):
-            chunk = conditions[first : first + args.batch_size]
-            kwargs = {"class_labels": chunk} if pipe.is_class_conditional else {"prompts": chunk}
-            result = pipe.generate(
-                **kwargs,
-                method=args.method,
-                seed=args.seed + first,
-                guidance_scale=args.guidance_scale,
-                temperature=args.temperature,
-                top_k=args.top_k,
-                top_p=args.top_p,
-                **options,
-            )
-            for i, image in enumerate(result.images):
-                index = first + i
-                image.save(out / f"{index:05d}.png")
-                key = "class_label" if pipe.is_class_conditional else "prompt"
-                records.append({"index": index, "file": f"{index:05d}.png", key: chunk[i], "seed": args.seed + index})
-            for key in totals:
-                totals[key] += result.stats[key]
-            image_passes += result.stats["forward_passes"] * len(chunk)
-            bar.update(len(chunk))
-    wall = time.perf_counter() - start
-    params = pipe.sampling_params(args.guidance_scale, args.temperature, args.top_k, args.top_p)
-    stats = {
-        "model": pipe.name,
-        "method": args.method,
-        "options": options,
-        "sampling": {k: getattr(params, k) for k in ("guidance_scale", "temperature", "top_k", "top_p")},
-        "n": n,
-        "batch_size": args.batch_size,
-        "device": str(pipe.device),
-        "dtype": str(pipe.dtype).removeprefix("torch."),
-        "forward_passes": totals["forward_passes"],
-        "tokens_per_forward": n * pipe.model.num_image_tokens / max(image_passes, 1),
-        "sampling_s": totals["latency_s"],
-        "decode_s": totals["decode_s"],
-        "wall_s": wall,
-        "images_per_s": n / wall,
-        "images": records,
-    }
-    (out / "stats.json").write_text(json.dumps(stats, indent=1))
-    print(
-        f"wrote {n} images and stats.json to {out} "
-        f"({stats['forward_passes']} forward passes, {stats['tokens_per_forward']:.2f} tokens/forward, "
-        f"{wall:.1f} s)"
-    )
+        pipe = load_pipeline(args)
+        items, total = read_command_items(pipe, args)
+        identity = run_settings(pipe, args)
+        stats = run_batch(
+            pipe,
+            items,
+            total=total,
+            out=args.out,
+            method=args.method,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            identity=identity,
+            generate_kwargs=generate_kwargs(args),
+            processes=processes,
+            progress=not args.quiet,
+        )
+    finally:
+        processes.close()
+    if stats is not None:
+        print(
+            f"{args.out}: {stats['n']} images ({stats['generated']} generated, {stats['reused']} already there), "
+            f"images.jsonl and stats.json; {stats['forward_passes_per_image']:.1f} forward passes per image, "
+            f"{stats['tokens_per_forward']:.2f} tokens/forward, {stats['wall_s']:.1f} s"
+        )
     return 0

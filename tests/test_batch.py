@@ -1,0 +1,253 @@
+"""`visar generate` as a batch tool: items files, resume, refusals, interruptions, torchrun.
+
+The files of a run (PNGs, images.jsonl, settings.json) must not depend on the batch size, the
+number of processes or interruptions; stats.json holds the run's timings and is left out of
+every comparison.
+"""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import visar.eval.samples
+from visar.apps.cli import main
+
+MODEL = ["--model", "visar-tiny-random"]
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    """Every file under folder (hidden ones too) but stats.json -> its bytes."""
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != "stats.json"
+    }
+
+
+def generate(out: Path, *args: str) -> int:
+    return main(["generate", *MODEL, "--quiet", "--out", str(out), *args])
+
+
+def last_error(capsys) -> str:
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """An uninterrupted run of 6 images, 3 class items given by name and id, 2 images each."""
+    folder = tmp_path_factory.mktemp("batch") / "reference"
+    items = folder.parent / "classes.txt"
+    items.write_text("7\n\n12\n0\n")
+    assert generate(folder, "--classes-file", str(items), "-n", "2", "--seed", "10", "--batch-size", "4") == 0
+    return folder
+
+
+def test_items_file_layout_records_and_settings(reference):
+    names = sorted(files_of(reference))
+    assert names == [f"{g:05d}.png" for g in range(6)] + ["images.jsonl", "settings.json"]
+    records = [json.loads(line) for line in (reference / "images.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in records] == list(range(6))
+    assert [r["class_label"] for r in records] == [7, 12, 0, 7, 12, 0]  # image g: item g mod 3
+    assert [r["seed"] for r in records] == list(range(10, 16))
+    assert {r["method"] for r in records} == {"ar"} and {r["forward_passes"] for r in records} == {256}
+    settings = json.loads((reference / "settings.json").read_text())
+    assert settings["items"] == [{"condition": 7}, {"condition": 12}, {"condition": 0}] and settings["seed"] == 10
+    stats = json.loads((reference / "stats.json").read_text())
+    assert stats["n"] == 6 and stats["generated"] == 6 and stats["images"] == records
+
+
+def test_same_files_for_any_batch_size_and_for_inline_items(reference, tmp_path):
+    """--class 7 12 0 --n 6 is the same set as the file with -n 2 per item, at batch size 1."""
+    out = tmp_path / "inline"
+    assert generate(out, "--class", "7", "12", "0", "--n", "6", "--seed", "10", "--batch-size", "1") == 0
+    assert files_of(out) == files_of(reference)
+
+
+def test_rerun_resumes_and_regenerates_what_has_no_record(reference, tmp_path, capsys):
+    out = tmp_path / "again"
+    items = tmp_path / "classes.jsonl"
+    items.write_text('7\n{"class": 12}\n0\n')
+    args = ("--classes-file", str(items), "-n", "2", "--seed", "10")
+    assert generate(out, *args) == 0
+    capsys.readouterr()
+    assert generate(out, *args) == 0
+    assert json.loads((out / "stats.json").read_text())["generated"] == 0
+    (out / "00003.png").write_bytes((out / "00003.png").read_bytes()[:100])  # cut short
+    (out / "images.jsonl").write_text((out / "images.jsonl").read_text().replace('"index": 4', '"index": -4'))
+    assert generate(out, *args) == 0
+    stats = json.loads((out / "stats.json").read_text())
+    assert (stats["generated"], stats["reused"]) == (2, 4)
+    assert files_of(out) == files_of(reference)
+
+
+def test_class_names_and_text_items(tmp_path):
+    from visar import load
+
+    names = load("visar-tiny-c2i", device="cpu").class_names
+    items = tmp_path / "names.jsonl"
+    items.write_text(json.dumps(names[3].upper()) + "\n" + json.dumps({"class": names[5], "folder": "five/a"}) + "\n")
+    out = tmp_path / "named"
+    args = ["generate", "--model", "visar-tiny-c2i", "--quiet", "--classes-file", str(items), "--out", str(out)]
+    assert main(args) == 0
+    records = [json.loads(line) for line in (out / "images.jsonl").read_text().splitlines()]
+    assert [(r["class_label"], r["class_name"], r["file"]) for r in records] == [
+        (3, names[3], "00000.png"),
+        (5, names[5], "five/a/00001.png"),
+    ]
+    assert (out / "five" / "a" / "00001.png").is_file()
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\na blue square\n")
+    out = tmp_path / "text"
+    args = ["generate", "--model", "visar-tiny-t2i", "--quiet", "--prompts-file", str(prompts), "--out", str(out)]
+    assert main(args) == 0
+    records = [json.loads(line) for line in (out / "images.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in records] == ["a red circle", "a blue square"]
+
+
+@pytest.mark.parametrize(
+    "content, suffix, message",
+    [
+        ("", ".txt", "holds no items"),
+        ("\n  \n", ".txt", "holds no items"),
+        ("3\n\nnot-a-class\n", ".txt", "line 3: 'not-a-class' is not a class of visar-tiny-random"),
+        ("3\n40\n", ".txt", "line 2: class id 40 out of range"),
+        ('3\n{"class": 2\n', ".jsonl", "line 2: not valid JSON"),
+        ('{"klass": 2}\n', ".jsonl", 'line 1: expected {"class"'),
+        ("[1, 2]\n", ".jsonl", "line 1: expected a class id or class name"),
+        ('{"class": 1, "folder": "../escape"}\n', ".jsonl", "line 1: folder '../escape' would write outside"),
+        ('{"class": 1, "folder": "/tmp/abs"}\n', ".jsonl", "line 1: folder '/tmp/abs' is not a relative path"),
+    ],
+)
+def test_bad_items_files_exit_2_with_the_line(tmp_path, capsys, content, suffix, message):
+    items = tmp_path / f"items{suffix}"
+    items.write_text(content)
+    out = tmp_path / "out"
+    assert generate(out, "--classes-file", str(items)) == 2
+    assert message in last_error(capsys)
+    assert not any(out.glob("*.png"))
+
+
+def test_item_folder_through_a_symlink_out_of_the_folder_is_refused(tmp_path, capsys):
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / "link").symlink_to(elsewhere)
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"class": 1, "folder": "link"}\n')
+    assert generate(out, "--classes-file", str(items)) == 2
+    assert "outside the output folder" in last_error(capsys)
+    assert not any(elsewhere.iterdir())
+
+
+def test_other_settings_into_the_same_folder_are_refused(reference, tmp_path, capsys):
+    out = tmp_path / "copy"
+    out.mkdir()
+    for name, data in files_of(reference).items():
+        (out / name).write_bytes(data)
+    before = files_of(out)
+    assert generate(out, "--class", "7", "12", "0", "--n", "6", "--seed", "11") == 2
+    assert "holds images of another run (seed: 10 there, 11 now)" in last_error(capsys)
+    assert generate(out, "--class", "7", "12", "0", "--n", "6", "--seed", "10", "--top-k", "5") == 2
+    assert "holds images of another run (sampling:" in last_error(capsys)
+    assert files_of(out) == before
+
+
+def test_a_folder_of_another_tool_is_refused(tmp_path, capsys):
+    out = tmp_path / "old"
+    out.mkdir()
+    (out / "00000.png").write_bytes(b"not ours")
+    assert generate(out, "--n", "2") == 2
+    assert "already holds 00000.png but no settings.json" in last_error(capsys)
+    assert (out / "00000.png").read_bytes() == b"not ours"
+
+
+def test_unwritable_output_folder_exits_2(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert generate(blocker / "out", "--n", "1") == 2
+    assert "cannot write" in last_error(capsys)
+
+
+def test_a_full_disk_keeps_what_was_written_and_resumes(reference, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "full"
+    items = tmp_path / "classes.txt"
+    items.write_text("7\n12\n0\n")
+    args = ("--classes-file", str(items), "-n", "2", "--seed", "10", "--batch-size", "2")
+    real_save, calls = visar.eval.samples.save_png, []
+
+    def save_until_full(array, path):
+        calls.append(path)
+        if len(calls) > 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real_save(array, path)
+
+    monkeypatch.setattr(visar.eval.samples, "save_png", save_until_full)
+    assert generate(out, *args) == 2
+    error = last_error(capsys)
+    assert "No space left on device" in error and "rerun the same command to resume" in error
+    assert sorted(p.name for p in out.glob("*.png")) == ["00000.png", "00001.png", "00002.png"]
+    monkeypatch.setattr(visar.eval.samples, "save_png", real_save)
+    assert generate(out, *args) == 0
+    assert json.loads((out / "stats.json").read_text())["generated"] == 3
+    assert files_of(out) == files_of(reference)
+
+
+def run_module(*args, env=None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "visar", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+BATCH = ("generate", *MODEL, "--quiet", "--class", "1", "2", "3", "-n", "16", "--seed", "3", "--method", "sjd")
+
+
+@pytest.fixture(scope="module")
+def sjd_reference(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("sjd") / "reference"
+    assert main([*BATCH, "--batch-size", "4", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.slow  # two fresh interpreters per case (about 10 s)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_a_killed_run_resumes_to_the_same_files(sjd_reference, tmp_path, sig):
+    out = tmp_path / "killed"
+    process = run_module(*BATCH, "--batch-size", "1", "--out", str(out))
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("*.png"))) < 4 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(sig)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL), err
+    assert not (out / "images.jsonl").exists(), "the run finished before it was killed"
+    if sig == signal.SIGINT:
+        assert "visar: interrupted" in err and "Traceback" not in err
+    assert 4 <= len(list(out.glob("*.png"))) < 16
+    resumed = run_module(*BATCH, "--batch-size", "3", "--out", str(out))
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    assert 0 < json.loads((out / "stats.json").read_text())["reused"] < 16
+    assert files_of(out) == files_of(sjd_reference)
+
+
+@pytest.mark.slow  # torchrun starts two interpreters (about 10 s)
+def test_two_gloo_processes_write_the_files_of_one(sjd_reference, tmp_path):
+    out = tmp_path / "torchrun"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "visar"]
+    result = subprocess.run(
+        [*command, *BATCH, "--batch-size", "2", "--out", str(out)], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((out / "stats.json").read_text())["processes"] == 2
+    assert files_of(out) == files_of(sjd_reference)

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from ..errors import VisarError
-from .commands import bench, evaluate, generate, methods, models, train
+from .commands import bench, demo, evaluate, generate, methods, models, train
 from .commands.common import (  # noqa: F401  (re-exported: `from visar.apps.cli import load_pipeline` keeps working)
     add_model_args,
     add_sampling_args,
@@ -20,7 +20,7 @@ from .commands.common import (  # noqa: F401  (re-exported: `from visar.apps.cli
     run_settings,
 )
 
-COMMANDS = (generate, models, evaluate, bench, train, methods)  # in the order `visar --help` lists them
+COMMANDS = (generate, demo, models, evaluate, bench, train, methods)  # in the order `visar --help` lists them
 
 
 def build_parser() -> argparse.ArgumentParser:

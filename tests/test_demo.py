@@ -1,0 +1,254 @@
+"""`visar demo`: the comparison it computes, the server driven by gradio_client, and a real browser.
+
+The server tests start `python -m visar demo` on a free localhost port, as a user does, and talk to
+it over HTTP only; the browser test loads the page in headless Chromium (Debian's package, driven
+through the DevTools protocol, `tests/chromium.py`), clicks Generate and checks the images appear.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import visar
+from visar.accel import METHODS
+from visar.apps.demo import MAX_OPTIONS, ModelCache, commit_heatmap, compare, default_options, parse_options
+
+MODEL = "visar-tiny-random"
+
+
+def needs(module: str):
+    """The demo extra: in CI it must be installed (`.ci/run` installs it), elsewhere its absence skips."""
+    try:
+        return __import__(module)
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail(f"{module} missing in CI: .ci/run installs the demo extra (pip install -e '.[demo]')")
+        pytest.skip(f"{module} is not installed: pip install -e '.[demo]'")
+
+
+# -- the comparison, in-process (quick) --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cache():
+    return ModelCache(device="cpu")
+
+
+def option_texts(method: str, **values) -> list[str]:
+    texts = default_options(method, MODEL)
+    texts.update({k: json.dumps(v) for k, v in values.items()})
+    return list(texts.values()) + [""] * (MAX_OPTIONS - len(texts))
+
+
+def test_compare_runs_ar_and_the_method_on_one_seed(cache):
+    ar, fast, summary, heatmap, commit_pass, stats = compare(
+        cache, MODEL, "3", "", "sjd", 5, 1.0, 1.0, 0, 1.0, option_texts("sjd", window=8)
+    )
+    pipe = cache.get(MODEL)
+    reference = pipe.generate(class_labels=[3], method="ar", seed=5)  # image 0 draws from seed 5
+    assert np.array_equal(np.asarray(ar.resize((64, 64), Image.NEAREST)), np.asarray(reference.images[0]))
+    assert ar.size == fast.size == (256, 256)
+    assert stats["ar"]["forward_passes"] == 256 and stats["ar"]["step_compression"] == 1.0
+    passes = stats["method"]["forward_passes"]
+    assert passes < 256 and stats["method"]["step_compression"] == pytest.approx(256 / passes)
+    assert stats["method"]["lossless"] is True and stats["method"]["options"] == {"window": 8, **_rest("sjd")}
+    assert stats["speedup"] == pytest.approx(stats["ar"]["wall_s"] / stats["method"]["wall_s"])
+    assert commit_pass.shape == (16, 16) and int(commit_pass.max()) == passes
+    assert torch.bincount(commit_pass.reshape(-1)).sum() == 256
+    assert "| forward passes | 256 |" in summary and "| lossless | yes | yes |" in summary
+    assert heatmap.width == 256
+
+
+def _rest(method):
+    """The options the page sends when its fields hold the defaults (None stays unsent)."""
+    return {k: v for k, v in METHODS[method].defaults.items() if v is not None and k != "window"}
+
+
+def test_lossy_method_says_so(cache):
+    *_, stats = compare(cache, MODEL, "1", "", "zipar", 0, 1.0, 1.0, 0, 1.0, option_texts("zipar", s=4))
+    assert stats["method"]["lossless"] is False and stats["method"]["forward_passes"] == 16 + 15 * 4
+    *_, stats = compare(cache, MODEL, "1", "", "zipar", 0, 1.0, 1.0, 0, 1.0, option_texts("zipar", s=16))
+    assert stats["method"]["lossless"] is True  # s >= the grid width is plain raster order
+
+
+def test_options_are_the_methods_own_with_their_defaults():
+    for name, method in METHODS.items():
+        texts = default_options(name, "visar-tiny-c2i")
+        assert list(texts) == method.options
+        if method.needs_draft:
+            assert texts["draft"] == "visar-tiny-c2i-draft"
+    assert default_options("gsd", MODEL)["group_size"] == "14"
+    assert parse_options("sjd", ["8", "", " 2 ", "above"]) == {"window": 8, "tail": 2, "init": "above"}
+
+
+def test_heatmap_colours_early_passes_dark_and_late_ones_bright():
+    grid = torch.arange(1, 17).reshape(4, 4)
+    picture = np.asarray(commit_heatmap(grid).convert("L"), dtype=float)
+    cell = 256 // 4
+    assert picture[cell // 2, cell // 2] < picture[3 * cell + cell // 2, 3 * cell + cell // 2]
+
+
+# -- the server --------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses with a listening TCP socket on `port` (Linux /proc/net/tcp, tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if int(hex_port, 16) == port and state == "0A":  # LISTEN
+                found.add(address)
+    return found
+
+
+@pytest.fixture(scope="module")
+def server():
+    needs("gradio")
+    port = free_port()
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    command = [sys.executable, "-m", "visar", "demo", "--model", MODEL, "--method", "sjd", "--port", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 180
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"visar demo exited with {process.returncode}: {process.stdout.read()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail("visar demo did not answer within 180 s")
+        time.sleep(0.5)
+    yield {"url": url, "port": port, "started": time.monotonic()}
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    gradio_client = needs("gradio_client")
+    return gradio_client.Client(server["url"], verbose=False)
+
+
+def generate_args(method="sjd", model=MODEL, class_value="3", prompt="", seed=0, **options):
+    texts = default_options(method, model) if method in METHODS else {}
+    texts.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in options.items()})
+    texts = list(texts.values()) + [""] * (MAX_OPTIONS - len(texts))
+    return (model, class_value, prompt, method, seed, 1.0, 1.0, 0, 1.0, *texts)
+
+
+@pytest.mark.slow  # starts a server (about 10 s)
+def test_server_binds_localhost_only(server):
+    assert listening_addresses(server["port"]) <= {"0100007F", "00000000000000000000000001000000"}
+    assert listening_addresses(server["port"])
+
+
+@pytest.mark.slow
+def test_client_gets_two_images_and_the_figures(client):
+    ar_path, method_path, summary, heatmap_path, per_pass, stats, status = client.predict(
+        *generate_args("sjd", seed=7), api_name="/generate"
+    )
+    ar, fast = Image.open(ar_path), Image.open(method_path)
+    assert ar.size == fast.size == (256, 256)
+    reference = visar.load(MODEL, device="cpu").generate(class_labels=[3], method="ar", seed=7).images[0]
+    assert np.array_equal(np.asarray(ar.convert("RGB").resize((64, 64), Image.NEAREST)), np.asarray(reference))
+    assert stats["ar"]["forward_passes"] == 256 and stats["method"]["method"] == "sjd"
+    assert stats["method"]["lossless"] is True and 0 < stats["method"]["forward_passes"] <= 256
+    assert stats["speedup"] > 0 and "measured speed-up" in summary and status.startswith("done")
+    assert Image.open(heatmap_path).width >= 256
+    counts = [row[1] for row in per_pass["data"]]
+    assert sum(counts) == 256 and len(counts) == stats["method"]["forward_passes"]
+
+
+@pytest.mark.slow
+def test_method_choice_shows_its_options_with_defaults(client):
+    info, *fields = client.predict("gsd", MODEL, api_name="/select_method")
+    assert "gsd" in info and "lossy (exact when group_size=1)" in info
+    shown = [(f["label"], f["value"]) for f in fields if f["visible"]]
+    assert shown == list(default_options("gsd", MODEL).items())
+    assert ("group_size", "14") in shown and len(fields) == MAX_OPTIONS
+
+
+@pytest.mark.slow
+def test_bad_input_is_a_message_and_the_server_keeps_serving(client, tmp_path):
+    gradio_client = needs("gradio_client")
+    not_a_model = tmp_path / "folder"
+    not_a_model.mkdir()
+    cases = [
+        (generate_args(class_value="purple hexagon"), "is not a class of visar-tiny-random"),
+        (generate_args(class_value="400"), "class id 400 out of range"),
+        (generate_args(window=-1), "window must be an integer >= 1"),
+        (generate_args(window="x" * 300), "at most 200 characters"),
+        (generate_args(seed=10**30), "seed must be between"),
+        (generate_args(method="nope"), "nope is not in the list of choices"),  # Gradio's own check
+        (generate_args(model=str(not_a_model)), "is not a model folder"),
+        (generate_args(model="visar-tiny-t2i", class_value=None, prompt="  "), "enter a prompt"),
+        (generate_args(method="spec", draft="visar-no-such-draft"), "unknown model 'visar-no-such-draft'"),
+    ]
+    for args, message in cases:
+        with pytest.raises(gradio_client.exceptions.AppError, match=message.replace("(", r"\(")):
+            client.predict(*args, api_name="/generate")
+    *_, stats, status = client.predict(*generate_args("ar"), api_name="/generate")
+    assert stats["method"]["forward_passes"] == 256 and status.startswith("done")
+
+
+@pytest.mark.slow
+def test_browser_loads_the_page_clicks_generate_and_sees_the_images(server, tmp_path):
+    from chromium import Chromium, find_chromium
+
+    if find_chromium() is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium missing in CI: .ci/run installs it (apt-get install -y chromium)")
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium); CI installs it")
+    images = "Array.from(document.querySelectorAll('#ar-image img, #method-image img'))"
+    with Chromium(width=1400, height=1100) as browser:
+        browser.open(server["url"])
+        browser.wait_for("!!document.querySelector('button#generate')", "the Generate button")
+        assert browser.evaluate(f"{images}.length") == 0
+        browser.evaluate("document.querySelector('button#generate').click()")
+        browser.wait_for(f"{images}.filter(i => i.complete && i.naturalWidth >= 256).length == 2", "both images", 120)
+        browser.wait_for("document.querySelector('#summary').innerText.includes('forward passes')", "the figures")
+        summary = browser.evaluate("document.querySelector('#summary').innerText")
+        shot = browser.screenshot(tmp_path / "demo.png")
+        # a bad option value: a message in the page, and the page still works
+        window = "Array.from(document.querySelectorAll('label')).find(l => l.innerText.trim().startsWith('window'))"
+        browser.evaluate(
+            f"(() => {{ const box = {window}.parentElement.querySelector('input, textarea');"
+            "box.value = '-1'; box.dispatchEvent(new Event('input', {bubbles: true})); })()"
+        )
+        browser.evaluate("document.querySelector('button#generate').click()")
+        browser.wait_for("document.body.innerText.includes('window must be an integer >= 1')", "the error message", 60)
+    assert "256" in summary and "sjd" in summary
+    picture = np.asarray(Image.open(shot).convert("RGB"))
+    assert picture.shape[0] >= 1000 and picture.shape[1] == 1400
+    assert picture.std() > 10  # the page drew something, not a blank screen

@@ -1,0 +1,493 @@
+"""`visar demo`: plain AR and an accelerated method side by side, on the same seed, in a Gradio page.
+
+One click samples the chosen class or prompt twice, with `ar` and with the chosen method, each
+image from one `torch.Generator` seeded with the seed, and shows both images, their forward
+passes, step compression (image tokens / forward passes), wall time, the measured speed-up and
+whether the method is lossless at these options; then how the method decoded: a heatmap over
+the token grid of the forward pass that committed each token (`stats["commit_pass"]`) and the
+tokens committed per pass.
+
+Sessions share nothing but the loaded models (one per name and device, never changed after
+loading). A model keeps its KV cache between the forward passes of one generation, so the
+generations on a device take turns (a lock); Gradio's queue bounds the requests in flight.
+User errors (`VisarError`: unknown class, empty prompt, an option out of range, a folder that is
+not a model) come back as a message in the page; the server goes on serving.
+"""
+
+from __future__ import annotations
+
+import inspect
+import ipaddress
+import json
+import logging
+import math
+import threading
+import time
+
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+from ..accel import METHODS, get_method
+from ..errors import VisarError, require
+from ..registry import DEFAULT_MODEL, embedded_models, resolve_name
+
+log = logging.getLogger("visar.demo")
+
+DISPLAY_PX = 256  # images and the heatmap are shown at least this large (nearest-neighbour upscaling)
+MAX_OPTIONS = max(len(method.options) for method in METHODS.values())
+MAX_SEED = 2**63 - 1
+MAX_OPTION_TEXT = 200
+DEFAULT_METHOD = "mc-sjd"
+# viridis at 0, 1/4, 1/2, 3/4, 1: the heatmap's colours, early passes dark, late passes yellow
+VIRIDIS = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
+
+
+# -- models ------------------------------------------------------------------------------------------
+
+
+class ModelCache:
+    """Pipelines loaded once per (name, device), shared read-only by every session.
+
+    `lock` serialises generation on the device: a model (and a draft model shared by names) keeps
+    its KV cache in itself during a generation, so two at once on one model would clobber it.
+    """
+
+    def __init__(self, device=None, dtype=None, allow_folders: bool = True):
+        self.device, self.dtype, self.allow_folders = device, dtype, allow_folders
+        self.pipes: dict[tuple[str, str], object] = {}
+        self.loading = threading.Lock()
+        self.lock = threading.Lock()
+
+    def get(self, name: str):
+        from ..pipeline import load
+
+        name = resolve_name((name or "").strip() or DEFAULT_MODEL)
+        if name not in embedded_models() and not self.allow_folders:
+            raise VisarError(
+                f"unknown model {name!r}: this server serves only its embedded models "
+                f"({', '.join(embedded_models())}); start it with --allow-folders to load model folders"
+            )
+        key = (name, str(self.device))
+        with self.loading:
+            if key not in self.pipes:
+                self.pipes[key] = load(name, device=self.device, dtype=self.dtype)
+            return self.pipes[key]
+
+
+def model_choices() -> list[str]:
+    return list(embedded_models())
+
+
+def class_choices(pipe) -> list[str]:
+    if not pipe.is_class_conditional:
+        return []
+    names = pipe.class_names or []
+    return [names[i] if i < len(names) else str(i) for i in range(pipe.num_classes)]
+
+
+def method_choices(pipe) -> list[str]:
+    """The methods that decode this model (its kind, the capabilities they require)."""
+    usable = []
+    for name, method in METHODS.items():
+        try:
+            method.check_model(pipe.model)
+        except VisarError:
+            continue
+        usable.append(name)
+    return usable
+
+
+def default_options(method_name: str, model_name: str) -> dict[str, str]:
+    """The option fields' texts: each default as JSON ("" for None); a draft model named MODEL-draft
+    for methods that need one, when it is embedded."""
+    method = get_method(method_name)
+    texts = {}
+    for name, value in method.defaults.items():
+        texts[name] = "" if value is None else json.dumps(value)
+    if method.needs_draft and not texts.get("draft"):
+        draft = f"{resolve_name(model_name or DEFAULT_MODEL)}-draft"
+        texts["draft"] = draft if draft in embedded_models() else ""
+    return texts
+
+
+def parse_options(method_name: str, texts) -> dict:
+    """Option field texts -> method options: JSON where it parses (numbers, true, null), else the text;
+    an empty field keeps the method's default."""
+    method = get_method(method_name)
+    options = {}
+    for name, text in zip(method.options, texts, strict=False):
+        text = "" if text is None else str(text).strip()
+        if not text:
+            continue
+        if len(text) > MAX_OPTION_TEXT:
+            raise VisarError(f"option {name}: at most {MAX_OPTION_TEXT} characters")
+        try:
+            options[name] = json.loads(text)
+        except json.JSONDecodeError:
+            options[name] = text
+    return options
+
+
+# -- pictures ----------------------------------------------------------------------------------------
+
+
+def upscale(image: Image.Image, size: int = DISPLAY_PX) -> Image.Image:
+    factor = max(1, math.ceil(size / max(image.size)))
+    return image.resize((image.width * factor, image.height * factor), Image.NEAREST)
+
+
+def colour(fraction: float) -> tuple[int, int, int]:
+    fraction = min(max(fraction, 0.0), 1.0) * (len(VIRIDIS) - 1)
+    low = min(int(fraction), len(VIRIDIS) - 2)
+    t = fraction - low
+    return tuple(round(a + (b - a) * t) for a, b in zip(VIRIDIS[low], VIRIDIS[low + 1], strict=True))
+
+
+def commit_heatmap(commit_pass: torch.Tensor) -> Image.Image:
+    """commit_pass [h, w] (1-based passes) -> a picture: one cell per token, coloured by the pass that
+    committed it (dark: early, yellow: late), over a colour bar from pass 1 to the last."""
+    grid = commit_pass.long().cpu()
+    rows, cols = grid.shape
+    last = int(grid.max())
+    cell = max(4, math.ceil(DISPLAY_PX / max(rows, cols)))
+    try:
+        font = ImageFont.load_default(size=12)
+    except TypeError:  # Pillow < 10.1: one fixed-size bitmap font
+        font = ImageFont.load_default()
+    width, bar = cols * cell, 34
+    picture = Image.new("RGB", (width, rows * cell + bar), "white")
+    draw = ImageDraw.Draw(picture)
+    palette = [colour((p - 1) / max(last - 1, 1)) for p in range(last + 1)]
+    for r in range(rows):
+        for c in range(cols):
+            draw.rectangle((c * cell, r * cell, (c + 1) * cell - 1, (r + 1) * cell - 1), fill=palette[int(grid[r, c])])
+    y = rows * cell + 6
+    for x in range(width):
+        draw.line((x, y, x, y + 8), fill=colour(x / max(width - 1, 1)))
+    draw.text((0, y + 10), "pass 1", fill="black", font=font)
+    label = f"pass {last}"
+    draw.text((width - draw.textlength(label, font=font), y + 10), label, fill="black", font=font)
+    return picture
+
+
+def tokens_per_pass(commit_pass: torch.Tensor):
+    """A table (pandas) of the tokens committed at each forward pass 1..P, for the bar plot."""
+    import pandas as pd
+
+    counts = torch.bincount(commit_pass.reshape(-1).long().cpu())[1:]
+    return pd.DataFrame({"forward pass": list(range(1, len(counts) + 1)), "tokens committed": counts.tolist()})
+
+
+# -- one comparison ----------------------------------------------------------------------------------
+
+
+def check_number(name: str, value, low: float, high: float, integer: bool = False):
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        raise VisarError(f"{name} must be a number")
+    if integer and int(value) != value:
+        raise VisarError(f"{name} must be a whole number, got {value}")
+    if not low <= value <= high:
+        raise VisarError(f"{name} must be between {low:g} and {high:g}, got {value:g}")
+
+
+def condition_of(pipe, class_value, prompt) -> dict:
+    from .batch import resolve_class
+
+    if pipe.is_class_conditional:
+        if class_value is None or not str(class_value).strip():
+            raise VisarError("choose a class")
+        item = resolve_class(pipe, str(class_value).strip())
+        return {"class_labels": [item.condition]}
+    if not prompt or not str(prompt).strip():
+        raise VisarError(f"{pipe.name} is text-conditional: enter a prompt")
+    if len(prompt) > 1000:
+        raise VisarError("the prompt is longer than 1,000 characters")
+    return {"prompts": [str(prompt).strip()]}
+
+
+def run_side(pipe, method: str, seed: int, condition: dict, sampling: dict, options: dict) -> dict:
+    start = time.perf_counter()
+    out = pipe.generate(
+        **condition,
+        method=method,
+        generator=[torch.Generator().manual_seed(seed)],
+        progress=True,
+        **sampling,
+        **options,
+    )
+    wall = time.perf_counter() - start
+    passes = out.stats["forward_passes_per_image"][0]
+    return {
+        "image": out.images[0],
+        "commit_pass": out.stats["commit_pass"][0],
+        "summary": {
+            "method": method,
+            "forward_passes": passes,
+            "step_compression": pipe.model.num_image_tokens / passes,
+            "wall_s": wall,
+            "sampling_s": out.stats["latency_s"],
+            "lossless": bool(out.stats["lossless"]),
+            "acceptance_rate": out.stats["acceptance_rate"],
+            "options": {k: v for k, v in options.items()},
+        },
+    }
+
+
+def compare(cache: ModelCache, model_name, class_value, prompt, method, seed, cfg, temperature, top_k, top_p, texts):
+    """AR and `method` on one seed -> (AR image, method image, summary markdown, heatmap, per-pass table, stats)."""
+    pipe = cache.get(model_name)
+    if method not in METHODS:
+        raise VisarError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    check_number("seed", seed, 0, MAX_SEED, integer=True)
+    check_number("guidance scale", cfg, 0, 100)
+    check_number("temperature", temperature, 1e-3, 100)
+    check_number("top-k", top_k, 0, pipe.model.vocab_size, integer=True)
+    check_number("top-p", top_p, 1e-6, 1)
+    condition = condition_of(pipe, class_value, prompt)
+    options = parse_options(method, texts)
+    sampling = {"guidance_scale": float(cfg), "temperature": float(temperature), "top_k": int(top_k) or None}
+    sampling["top_p"] = float(top_p)
+    with cache.lock:
+        ar = run_side(pipe, "ar", int(seed), condition, sampling, {})
+        fast = run_side(pipe, method, int(seed), condition, sampling, options)
+    stats = {
+        "ar": ar["summary"],
+        "method": fast["summary"],
+        "speedup": ar["summary"]["wall_s"] / fast["summary"]["wall_s"],
+    }
+    stats["model"], stats["seed"], stats["sampling"] = pipe.name, int(seed), sampling
+    heatmap = commit_heatmap(fast["commit_pass"])
+    return upscale(ar["image"]), upscale(fast["image"]), summary_markdown(stats), heatmap, fast["commit_pass"], stats
+
+
+def summary_markdown(stats: dict) -> str:
+    ar, fast = stats["ar"], stats["method"]
+
+    def acceptance(side):
+        return "-" if side["acceptance_rate"] is None else f"{side['acceptance_rate']:.1%}"
+
+    rows = [
+        ("forward passes", f"{ar['forward_passes']}", f"{fast['forward_passes']}"),
+        ("step compression (tokens / passes)", f"{ar['step_compression']:.2f}x", f"{fast['step_compression']:.2f}x"),
+        ("wall time", f"{ar['wall_s']:.2f} s", f"{fast['wall_s']:.2f} s"),
+        ("measured speed-up", "1.00x", f"**{stats['speedup']:.2f}x**"),
+        ("lossless", "yes", "yes" if fast["lossless"] else "no"),
+        ("draft acceptance", "-", acceptance(fast)),
+    ]
+    lines = [f"| {stats['model']}, seed {stats['seed']} | plain AR | {fast['method']} |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    return "\n".join(lines)
+
+
+# -- the page ----------------------------------------------------------------------------------------
+
+
+def build_demo(
+    *,
+    model: str = "default",
+    method: str = DEFAULT_METHOD,
+    device=None,
+    dtype=None,
+    concurrency: int = 1,
+    max_queue: int = 32,
+    allow_folders: bool = True,
+):
+    """The Gradio Blocks of the demo (not launched). Loads `model` to fill the page's defaults."""
+    gr = require("gradio", "demo")
+    cache = ModelCache(device=device, dtype=dtype, allow_folders=allow_folders)
+    first = cache.get(model)
+    methods = method_choices(first)
+    method = method if method in methods else methods[0]
+    classes = class_choices(first)
+    options = default_options(method, first.name)
+    defaults = first.defaults
+
+    def option_updates(method_name, model_name):
+        texts = default_options(method_name, model_name)
+        names = list(texts)
+        return [
+            gr.update(label=names[i], value=texts[names[i]], visible=True)
+            if i < len(names)
+            else gr.update(label=f"option {i + 1}", value="", visible=False)
+            for i in range(MAX_OPTIONS)
+        ]
+
+    def method_info(method_name) -> str:
+        spec = METHODS.get(method_name)
+        if spec is None:
+            return ""
+        return f"**{spec.name}** ({spec.lossless_label}): {spec.description}"
+
+    def select_model(model_name, method_name):
+        try:
+            pipe = cache.get(model_name)
+        except VisarError as err:
+            gr.Warning(str(err))
+            return [gr.update()] * (8 + MAX_OPTIONS)
+        usable = method_choices(pipe)
+        method_name = method_name if method_name in usable else usable[0]
+        names = class_choices(pipe)
+        d = pipe.defaults
+        return [
+            gr.update(choices=names, value=names[0] if names else None, visible=pipe.is_class_conditional),
+            gr.update(visible=not pipe.is_class_conditional),
+            gr.update(choices=usable, value=method_name),
+            gr.update(value=d["guidance_scale"]),
+            gr.update(value=d["temperature"]),
+            gr.update(value=d["top_k"] or 0),
+            gr.update(value=d["top_p"]),
+            model_info(pipe),
+            *option_updates(method_name, model_name),
+        ]
+
+    def select_method(method_name, model_name):
+        if method_name not in METHODS:
+            return [""] + [gr.update()] * MAX_OPTIONS
+        return [method_info(method_name), *option_updates(method_name, model_name)]
+
+    def generate(model_name, class_value, prompt, method_name, seed, cfg, temperature, top_k, top_p, *texts):
+        try:
+            ar, fast, summary, heatmap, commit_pass, stats = compare(
+                cache, model_name, class_value, prompt, method_name, seed, cfg, temperature, top_k, top_p, texts
+            )
+        except VisarError as err:
+            raise gr.Error(str(err), print_exception=False) from None
+        except Exception as err:  # a bug, or the machine (out of memory): logged here, one line in the page
+            log.exception("generation failed")
+            raise gr.Error(f"generation failed: {type(err).__name__}: {err}", print_exception=False) from None
+        fast_s, ar_s = stats["method"]["wall_s"], stats["ar"]["wall_s"]
+        status = f"done: {stats['method']['method']} {fast_s:.2f} s, plain AR {ar_s:.2f} s"
+        return ar, fast, summary, heatmap, tokens_per_pass(commit_pass), stats, status
+
+    def generate_with_progress(*values):
+        """Gradio finds its progress tracker by a parameter's default (see the signature below): the last value."""
+        return generate(*values[:-1])
+
+    n_inputs = 9 + MAX_OPTIONS
+    generate_with_progress.__signature__ = inspect.Signature(
+        [inspect.Parameter(f"input_{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD) for i in range(n_inputs)]
+        + [inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress(track_tqdm=True))]
+    )
+
+    with gr.Blocks(title="visar demo", analytics_enabled=False) as demo:
+        gr.Markdown(
+            "## visar: plain AR against an accelerated decoding method\n"
+            "One click samples the same class or prompt with plain autoregressive decoding and with the chosen "
+            "method, on the same seed (each image from its own generator), and shows how the method decoded."
+        )
+        with gr.Row():
+            with gr.Column(scale=1, min_width=320):
+                model_box = gr.Dropdown(
+                    choices=model_choices(),
+                    value=first.name,
+                    allow_custom_value=allow_folders,
+                    label="model" + (" (or a model folder path)" if allow_folders else ""),
+                    elem_id="model",
+                )
+                info = gr.Markdown(model_info(first), elem_id="model-info")
+                class_box = gr.Dropdown(
+                    choices=classes,
+                    value=classes[0] if classes else None,
+                    allow_custom_value=True,
+                    label="class (a name or an id)",
+                    visible=first.is_class_conditional,
+                    elem_id="class",
+                )
+                prompt_box = gr.Textbox(label="prompt", visible=not first.is_class_conditional, elem_id="prompt")
+                method_box = gr.Dropdown(choices=methods, value=method, label="method", elem_id="method")
+                about = gr.Markdown(method_info(method))
+                with gr.Accordion("method options (empty: the method's default; JSON or text)", open=True):
+                    names = list(options)
+                    option_boxes = [
+                        gr.Textbox(
+                            label=names[i] if i < len(names) else f"option {i + 1}",
+                            value=options[names[i]] if i < len(names) else "",
+                            visible=i < len(names),
+                            max_lines=1,
+                        )
+                        for i in range(MAX_OPTIONS)
+                    ]
+                with gr.Row():
+                    seed_box = gr.Number(value=0, precision=0, label="seed", minimum=0)
+                    cfg_box = gr.Number(value=defaults["guidance_scale"], label="guidance scale (1 = off)", minimum=0)
+                with gr.Row():
+                    temperature_box = gr.Number(value=defaults["temperature"], label="temperature")
+                    top_k_box = gr.Number(value=defaults["top_k"] or 0, precision=0, label="top-k (0 = off)")
+                    top_p_box = gr.Number(value=defaults["top_p"], label="top-p")
+                button = gr.Button("Generate", variant="primary", elem_id="generate")
+            with gr.Column(scale=2):
+                with gr.Row():
+                    ar_image = gr.Image(label="plain AR", format="png", interactive=False, elem_id="ar-image")
+                    fast_image = gr.Image(
+                        label="the chosen method, same seed", format="png", interactive=False, elem_id="method-image"
+                    )
+                gr.Markdown(
+                    "A lossless method samples the model's own distribution, as plain AR does; it spends the random "
+                    "numbers differently, so on one seed the two images may still differ.",
+                    elem_id="note",
+                )
+                summary = gr.Markdown(elem_id="summary")
+                status = gr.Markdown(elem_id="status")
+                with gr.Row():
+                    heatmap = gr.Image(
+                        label="the method: forward pass that committed each token", format="png", interactive=False
+                    )
+                    per_pass = gr.BarPlot(
+                        x="forward pass",
+                        y="tokens committed",
+                        label="the method: tokens committed per forward pass",
+                        height=300,
+                    )
+                with gr.Accordion("all figures (JSON)", open=False):
+                    stats_box = gr.JSON()
+
+        model_box.change(
+            select_model,
+            [model_box, method_box],
+            [class_box, prompt_box, method_box, cfg_box, temperature_box, top_k_box, top_p_box, info, *option_boxes],
+            api_name="select_model",
+        )
+        method_box.change(select_method, [method_box, model_box], [about, *option_boxes], api_name="select_method")
+        inputs = [model_box, class_box, prompt_box, method_box, seed_box, cfg_box, temperature_box, top_k_box]
+        button.click(
+            generate_with_progress,
+            [*inputs, top_p_box, *option_boxes],
+            [ar_image, fast_image, summary, heatmap, per_pass, stats_box, status],
+            api_name="generate",
+            concurrency_limit=concurrency,
+            concurrency_id="generate",
+        )
+    demo.queue(max_size=max_queue)
+    return demo
+
+
+def model_info(pipe) -> str:
+    height, width = pipe.model.grid_size
+    kind = f"{pipe.num_classes} classes" if pipe.is_class_conditional else "text prompts"
+    return f"`{pipe.name}`: {kind}, {height}x{width} tokens, on {pipe.device}"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def launch(
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    share: bool = False,
+    allow_folders: bool | None = None,
+    **build_kwargs,
+):
+    """Build and serve the demo until interrupted. Model folders typed in the page load only on a
+    loopback host without --share, unless allow_folders says otherwise."""
+    if allow_folders is None:
+        allow_folders = is_loopback(host) and not share
+    demo = build_demo(allow_folders=allow_folders, **build_kwargs)
+    demo.launch(server_name=host, server_port=port, share=share, show_error=False, ssr_mode=False, quiet=False)
+    return demo

@@ -244,7 +244,8 @@ def test_cli_generates_from_the_folder(janus_folder, tmp_path, capsys):
     out = tmp_path / "out"
     args = ["generate", "--model", janus_folder, "--prompt", PROMPTS[0], "--prompt", PROMPTS[1], "--method", "sjd"]
     assert main([*args, "--device", "cpu", "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["00000.png", "00001.png", "stats.json"]
+    files = ["00000.png", "00001.png", "images.jsonl", "settings.json", "stats.json"]
+    assert sorted(p.name for p in out.iterdir()) == files
     # a text-only transformers folder: one line, exit 2
     llama = tmp_path / "llama"
     llama.mkdir()

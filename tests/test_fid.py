@@ -23,6 +23,7 @@ from visar.eval.fid import (
     sample_path,
     write_renders,
 )
+from visar.eval.samples import one_cpu_thread
 
 pytest.importorskip("torch_fidelity")
 
@@ -109,7 +110,8 @@ def test_shards_give_the_same_files_as_one_run(pipe, tmp_path):
     for g in range(8):
         np.testing.assert_array_equal(pack[g], np.asarray(Image.open(sample_path(split, g))))
     # a sample's pixels are those of one image generated alone with seed SEED + g and class g mod 4
-    out = pipe.generate(class_labels=[2], generator=torch.Generator().manual_seed(3 + 6), output_type="np")
+    with one_cpu_thread():  # sample sets are decoded on one CPU thread (visar.eval.samples)
+        out = pipe.generate(class_labels=[2], generator=torch.Generator().manual_seed(3 + 6), output_type="np")
     np.testing.assert_array_equal(pack[6], out.images[0])
 
 

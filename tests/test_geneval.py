@@ -21,6 +21,7 @@ from visar.eval.geneval import (
     score_layout,
     summary,
 )
+from visar.eval.samples import one_cpu_thread
 
 ONE_PER_TASK = [
     {"tag": "single_object", "include": [{"class": "circle", "count": 1}], "prompt": "a photo of a circle"},
@@ -126,7 +127,10 @@ def test_layout_seeds_resume_and_score(t2i, tmp_path, monkeypatch, capsys):
 
     # image j of prompt i: seed SEED + i * n_samples + j, generated alone
     prompt = ONE_PER_TASK[2]["prompt"]
-    alone = t2i.generate(prompts=[prompt], generator=torch.Generator().manual_seed(10 + 2 * 2 + 1), output_type="np")
+    with one_cpu_thread():  # sample sets are decoded on one CPU thread (visar.eval.samples)
+        alone = t2i.generate(
+            prompts=[prompt], generator=torch.Generator().manual_seed(10 + 2 * 2 + 1), output_type="np"
+        )
     np.testing.assert_array_equal(np.asarray(Image.open(out / "00002" / "samples" / "00001.png")), alone.images[0])
 
     # GenEval's results rows and summary

@@ -20,6 +20,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,17 +104,24 @@ def check_run_config(path: Path, identity: dict) -> None:
     write_json_atomic(path, identity)
 
 
+@contextmanager
+def one_cpu_thread(on: bool = True):
+    """Run the block on one CPU thread (when `on`), then restore the thread count."""
+    threads = torch.get_num_threads()
+    if on:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if on:
+            torch.set_num_threads(threads)
+
+
 def decode_alone(pipe, tokens: torch.Tensor) -> np.ndarray:
     """One image's tokens [h, w] -> uint8 [H, W, 3], decoded alone (on CPU on one thread, see above)."""
     on_cpu = pipe.tokenizer is not None and next(pipe.tokenizer.parameters()).device.type == "cpu"
-    threads = torch.get_num_threads()
-    if on_cpu:
-        torch.set_num_threads(1)
-    try:
+    with one_cpu_thread(on_cpu):
         return pipe.to_output(pipe.decode(tokens[None]), "np")[0]
-    finally:
-        if on_cpu:
-            torch.set_num_threads(threads)
 
 
 def _batches(jobs: list[SampleJob], size: int) -> Iterator[list[SampleJob]]:

@@ -208,6 +208,7 @@ def test_bad_input_is_a_message_and_the_server_keeps_serving(client, tmp_path):
         (generate_args(class_value="purple hexagon"), "is not a class of visar-tiny-random"),
         (generate_args(class_value="400"), "class id 400 out of range"),
         (generate_args(window=-1), "window must be an integer >= 1"),
+        (generate_args(method="gsd", group_size=10**9), "option group_size=1000000000 is larger than anything"),
         (generate_args(window="x" * 300), "at most 200 characters"),
         (generate_args(seed=10**30), "seed must be between"),
         (generate_args(method="nope"), "nope is not in the list of choices"),  # Gradio's own check

@@ -179,7 +179,7 @@ def start_processes(device: str | None) -> tuple[Processes, str | None]:
     if world <= 1:
         return Processes(), device
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = device in (None, "cuda") and torch.cuda.is_available() or str(device).startswith("cuda")
+    use_cuda = (device in (None, "cuda") and torch.cuda.is_available()) or str(device).startswith("cuda")
     if use_cuda:
         device = f"cuda:{local_rank}" if device in (None, "cuda") else device
         torch.cuda.set_device(torch.device(device))

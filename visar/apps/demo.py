@@ -190,6 +190,19 @@ def check_number(name: str, value, low: float, high: float, integer: bool = Fals
         raise VisarError(f"{name} must be between {low:g} and {high:g}, got {value:g}")
 
 
+def check_sizes(pipe, options: dict):
+    """No whole-number option of any method means more than the model's vocabulary or token count
+    (windows, lags, neighbours, group sizes): a larger one is a typo that could ask for memory the
+    server has not got, so it is refused here rather than tried."""
+    limit = max(pipe.model.vocab_size, pipe.model.num_image_tokens)
+    for name, value in options.items():
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > limit:
+            raise VisarError(
+                f"option {name}={value} is larger than anything {pipe.name} has (vocabulary {pipe.model.vocab_size}, "
+                f"{pipe.model.num_image_tokens} image tokens): at most {limit}"
+            )
+
+
 def condition_of(pipe, class_value, prompt) -> dict:
     from .batch import resolve_class
 
@@ -245,6 +258,7 @@ def compare(cache: ModelCache, model_name, class_value, prompt, method, seed, cf
     check_number("top-p", top_p, 1e-6, 1)
     condition = condition_of(pipe, class_value, prompt)
     options = parse_options(method, texts)
+    check_sizes(pipe, options)
     sampling = {"guidance_scale": float(cfg), "temperature": float(temperature), "top_k": int(top_k) or None}
     sampling["top_p"] = float(top_p)
     with cache.lock:
@@ -363,9 +377,10 @@ def build_demo(
         """Gradio finds its progress tracker by a parameter's default (see the signature below): the last value."""
         return generate(*values[:-1])
 
-    n_inputs = 9 + MAX_OPTIONS
+    names = ["model", "class_name", "prompt", "method", "seed", "guidance_scale", "temperature", "top_k", "top_p"]
+    names += [f"option_{i + 1}" for i in range(MAX_OPTIONS)]  # the method's options, in `visar methods` order
     generate_with_progress.__signature__ = inspect.Signature(
-        [inspect.Parameter(f"input_{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD) for i in range(n_inputs)]
+        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names]
         + [inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress(track_tqdm=True))]
     )
 

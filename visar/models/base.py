@@ -113,6 +113,15 @@ class RasterModel(Protocol):
     ) -> Tensor: ...
 
 
+def causal_visibility(input_pos: Tensor, key_pos: Tensor, key_valid: Tensor | None) -> Tensor:
+    """The default mask of a raster model: a query at position p sees the valid keys at positions
+    <= p, and itself. input_pos [B, L], key_pos [B, S], key_valid [B, S] bool -> [B, L, S]."""
+    visible = key_pos[:, None, :] <= input_pos[:, :, None]
+    if key_valid is not None:
+        visible = visible & key_valid[:, None, :]
+    return visible | (key_pos[:, None, :] == input_pos[:, :, None])
+
+
 def model_kind(model) -> str | None:
     """The interface a model declares (`model_kind`), or None for an object that declares none."""
     return getattr(model, "model_kind", None)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .base import ConditionLayout
+from .base import ConditionLayout, causal_visibility
 
 
 class SlotCache:
@@ -142,13 +142,7 @@ class HFRasterAdapter(nn.Module):
     def truncate_cache(self, lengths: Tensor):
         self.cache.truncate(lengths)
 
-    @staticmethod
-    def default_mask(input_pos: Tensor, key_pos: Tensor, key_valid: Tensor | None) -> Tensor:
-        """Causal by position: a query at p sees the valid keys at positions <= p, and itself."""
-        visible = key_pos[:, None, :] <= input_pos[:, :, None]  # [B, L, S]
-        if key_valid is not None:
-            visible = visible & key_valid[:, None, :]
-        return visible | (key_pos[:, None, :] == input_pos[:, :, None])
+    default_mask = staticmethod(causal_visibility)
 
     def forward(
         self,

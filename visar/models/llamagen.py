@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import VisarError
-from .base import ConditionLayout
+from .base import ConditionLayout, causal_visibility
 
 
 @dataclass(frozen=True)
@@ -384,12 +384,7 @@ class LlamaGen(nn.Module):
             parts.append(self.tok_embeddings(tokens))
         return self.tok_dropout(torch.cat(parts, dim=1))
 
-    def default_mask(self, input_pos: Tensor, key_pos: Tensor, key_valid: Tensor | None) -> Tensor:
-        """Causal by position: query at p sees keys at positions <= p (valid ones, and itself)."""
-        visible = key_pos[:, None, :] <= input_pos[:, :, None]  # [B, L, S]
-        if key_valid is not None:
-            visible = visible & key_valid[:, None, :]
-        return visible | (key_pos[:, None, :] == input_pos[:, :, None])
+    default_mask = staticmethod(causal_visibility)
 
     def forward(
         self,

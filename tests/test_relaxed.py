@@ -413,8 +413,9 @@ class ContinuousTokenizer(torch.nn.Module):
 @pytest.mark.parametrize(
     "name, options, message",
     [
-        ("lantern", dict(delta=-0.1), "delta must be a number >= 0"),
-        ("lantern", dict(delta=float("nan")), "delta must be a number >= 0"),
+        ("lantern", dict(delta=-0.1), "delta must be a number in \\[0, 1\\]"),
+        ("lantern", dict(delta=float("nan")), "delta must be a number in \\[0, 1\\]"),
+        ("lantern", dict(delta=5), "delta must be a number in \\[0, 1\\], got 5"),
         ("lantern", dict(k=0), "k must be an integer >= 1"),
         ("lantern", dict(form="official"), "unknown lantern form"),
         ("lantern", dict(coupling="exact"), "unknown coupling 'exact'"),
@@ -423,8 +424,9 @@ class ContinuousTokenizer(torch.nn.Module):
             dict(coupling="maximal", draft=tiny_llamagen(vocab=32, block_size=16, seed=9)),
             "coupling applies to Jacobi",
         ),
-        ("gsd", dict(group_size=0), "group_size must be an integer >= 1"),
-        ("gsd", dict(group_size=2.5), "group_size must be an integer >= 1"),
+        ("gsd", dict(group_size=0), "group_size must be an integer in \\[1, 32\\]"),
+        ("gsd", dict(group_size=2.5), "group_size must be an integer in \\[1, 32\\]"),
+        ("gsd", dict(group_size=10**9), "group_size must be an integer in \\[1, 32\\], got 1000000000"),
         ("gsd", dict(prob_gap=-1), "prob_gap must be a number >= 0"),
         ("gsd", dict(tokenizer=ContinuousTokenizer()), "needs a VQ tokenizer with a codebook"),
         ("lantern", dict(tokenizer=ContinuousTokenizer()), "needs a VQ tokenizer with a codebook"),
@@ -432,7 +434,7 @@ class ContinuousTokenizer(torch.nn.Module):
         ("gsd", dict(tokenizer=unit_codebook(48, 4, 0)), "does not fit the model's 32-token vocabulary"),
         ("lantern++", dict(), "needs a draft model"),
         ("lantern++", dict(lambda_cap=0.5), "lambda_cap must be a number >= 1"),
-        ("lantern++", dict(delta=-1.0), "delta must be a number >= 0"),
+        ("lantern++", dict(delta=-1.0), "delta must be a number in \\[0, 1\\]"),
         ("lantern++", dict(tree=[[1]]), "without gaps"),
         (
             "lantern++",

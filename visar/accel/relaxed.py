@@ -186,14 +186,17 @@ def load_or_build_table(codebook: Tensor, key: str, k: int) -> Tensor:
 # -- option checks --------------------------------------------------------------------------------------
 
 
-def check_number(name: str, value, minimum: float, *, integer: bool = False, allow_none: bool = False):
+def check_number(
+    name: str, value, minimum: float, *, maximum: float | None = None, integer: bool = False, allow_none: bool = False
+):
     if value is None and allow_none:
         return
     kinds = (int,) if integer else (int, float)
     ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value) and value >= minimum
-    if not ok:
+    if not ok or (maximum is not None and value > maximum):
         kind = "an integer" if integer else "a number"
-        raise VisarError(f"{name} must be {kind} >= {minimum}, got {value!r}")
+        bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise VisarError(f"{name} must be {kind} {bounds}, got {value!r}")
 
 
 def jacobi_or_draft_proposer(model, cond, cond_mask, params, draft, init, coupling=None):
@@ -234,7 +237,7 @@ def gsd(
     model's VQ tokenizer (or its codebook [V, C]); Pipeline.generate passes it.
     """
     check_spans(window, warmup, tail)
-    check_number("group_size", group_size, 1, integer=True)
+    check_number("group_size", group_size, 1, maximum=model.vocab_size, integer=True)  # a group within V
     check_number("prob_gap", prob_gap, 0)
     check_number("max_distance", max_distance, 0)
     book = codebook_of(tokenizer, model.vocab_size, "gsd").to(model.device)
@@ -293,7 +296,7 @@ def lantern(
     """
     window = (16 if draft is None else 5) if window is None else window
     check_spans(window, warmup, tail)
-    check_number("delta", delta, 0)
+    check_number("delta", delta, 0, maximum=1)  # mass moved per position
     check_number("k", k, 1, integer=True)
     if form not in LANTERN_FORMS:
         raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")
@@ -350,7 +353,7 @@ def lantern_pp(
 
     static_tree = resolve_tree(tree)
     check_number("lambda_cap", lambda_cap, 1)
-    check_number("delta", delta, 0, allow_none=True)
+    check_number("delta", delta, 0, maximum=1, allow_none=True)
     check_number("k", k, 1, integer=True)
     if form not in LANTERN_FORMS:
         raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")

@@ -204,10 +204,13 @@ def grouped_accept(
     target_probs, draft_probs [..., V]; draft_tokens, uniforms [...]; -> accept_mask [...] bool.
     """
     index = draft_tokens.unsqueeze(-1)
+    vocab = target_probs.shape[-1]
+    # A group of n >= 2V - 1 around any rank covers the whole vocabulary: larger n adds only
+    # out-of-range ranks (dropped below), so it is clipped there rather than allocated.
+    group_size = min(group_size, 2 * vocab - 1)
     if group_size == 1:
         group, keep = index, torch.ones_like(index, dtype=torch.bool)
     else:
-        vocab = target_probs.shape[-1]
         order = target_probs.sort(dim=-1, descending=True, stable=True).indices  # [..., V]
         rank = (order == index).int().argmax(-1, keepdim=True)  # [..., 1]
         offsets = torch.arange(group_size, device=rank.device) - group_size // 2  # [n], 0 = the draft

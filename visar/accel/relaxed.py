@@ -237,7 +237,7 @@ def gsd(
     model's VQ tokenizer (or its codebook [V, C]); Pipeline.generate passes it.
     """
     check_spans(window, warmup, tail)
-    check_number("group_size", group_size, 1, maximum=model.vocab_size, integer=True)  # a group within V
+    check_number("group_size", group_size, 1, integer=True)
     check_number("prob_gap", prob_gap, 0)
     check_number("max_distance", max_distance, 0)
     book = codebook_of(tokenizer, model.vocab_size, "gsd").to(model.device)

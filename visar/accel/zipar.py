@@ -629,7 +629,7 @@ def zipar_gsd(
     """
     token_grid(model, "zipar-gsd")
     check_lag(s)
-    check_number("group_size", group_size, 1, maximum=model.vocab_size, integer=True)
+    check_number("group_size", group_size, 1, integer=True)
     check_number("prob_gap", prob_gap, 0)
     check_number("max_distance", max_distance, 0)
     initialiser = resolve_initialiser(init)

@@ -514,9 +514,9 @@ class LocalLlamaGen(LlamaGen):
         if input_pos.dim() == 1:
             input_pos = input_pos[None].expand(batch, -1)
         cached = self.layers[0].attention.kv_cache is not None
-        key_pos = torch.arange(self.cache_key_valid.shape[1])[None].expand(batch, -1) if cached else input_pos
+        key_pos = torch.arange(self.cache_keys.valid.shape[1])[None].expand(batch, -1) if cached else input_pos
         if mask is None:
-            mask = self.default_mask(input_pos, key_pos, self.cache_key_valid if cached else None)
+            mask = self.default_mask(input_pos, key_pos, self.cache_keys.valid if cached else None)
         target = input_pos - num_cond + 1  # image index each query predicts
         key = key_pos - num_cond
         up = target[..., None] // width - key[:, None, :] // width  # rows between target and key

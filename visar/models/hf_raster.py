@@ -6,7 +6,8 @@ the batch; visar's methods commit a ragged number of tokens per image and trunca
 cache on its own. `SlotCache` is the cache transformers' attention layers see instead (it only
 needs `update(key_states, value_states, layer_idx, ...)`): preallocated keys and values
 [B, H_kv, S, D] per layer, written at per-sample slots (gpt-fast's cache, as in
-`visar.models.llamagen.KVCache`). The decoder is called with `position_ids` [B, L] and a ready
+`visar.models.llamagen.KVCache`); which slots a query may see, and truncation, are
+`visar.models.base.CacheKeys`, as for LlamaGen. The decoder is called with `position_ids` [B, L] and a ready
 4-D additive mask [B, 1, L, S], which transformers' mask builder passes through unchanged
 (`masking_utils._preprocess_mask_arguments`: "If the mask is already 4D, simply return as-is").
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .base import ConditionLayout, causal_visibility
+from .base import CacheKeys, ConditionLayout, causal_visibility, condition_validity
 
 
 class SlotCache:
@@ -38,14 +39,6 @@ class SlotCache:
         self.keys[layer_idx][self.batch_index, :, self.write_slots] = key_states.transpose(1, 2)
         self.values[layer_idx][self.batch_index, :, self.write_slots] = value_states.transpose(1, 2)
         return self.keys[layer_idx], self.values[layer_idx]
-
-    def truncate(self, lengths: Tensor):
-        """Zero every slot at or beyond lengths[b] in row b."""
-        slots = torch.arange(self.keys[0].shape[2], device=lengths.device)
-        stale = (slots[None, :] >= lengths[:, None])[:, None, :, None]  # [B, 1, S, 1]
-        for keys, values in zip(self.keys, self.values, strict=True):
-            keys.masked_fill_(stale, 0)
-            values.masked_fill_(stale, 0)
 
 
 def additive_mask(visible: Tensor, dtype: torch.dtype) -> Tensor:
@@ -75,7 +68,7 @@ class HFRasterAdapter(nn.Module):
         super().__init__()
         self.max_prompt_tokens = max_prompt_tokens
         self.cache: SlotCache | None = None
-        self.cache_key_valid: Tensor | None = None  # [B, S] bool, set by setup_cache
+        self.cache_keys: CacheKeys | None = None  # the slots a query may see, set by setup_cache
 
     # -- what a family gives -----------------------------------------------------------------
     @property
@@ -130,17 +123,14 @@ class HFRasterAdapter(nn.Module):
             self.dtype,
             self.device,
         )
-        self.cache_key_valid = torch.ones(batch_size, max_seq_len, dtype=torch.bool, device=self.device)
-        if cond_mask is not None:
-            self.cache_key_valid[:, : cond_mask.shape[1]] = cond_mask.bool()
+        self.cache_keys = CacheKeys(batch_size, max_seq_len, cond_mask, self.device)
 
     def clear_cache(self):
-        self.cache = None
-        self.cache_key_valid = None
+        self.cache = self.cache_keys = None
 
     @torch.no_grad()
     def truncate_cache(self, lengths: Tensor):
-        self.cache.truncate(lengths)
+        self.cache_keys.truncate(lengths)
 
     default_mask = staticmethod(causal_visibility)
 
@@ -173,15 +163,13 @@ class HFRasterAdapter(nn.Module):
         if input_pos.dim() == 1:
             input_pos = input_pos[None].expand(batch, -1)
         if self.cache is not None:
-            key_valid = self.cache_key_valid
-            key_pos = torch.arange(key_valid.shape[1], device=hidden.device)[None].expand(batch, -1)
             slots = input_pos if cache_pos is None else cache_pos
             self.cache.write_slots = slots.expand(batch, -1) if slots.dim() == 1 else slots
+            key_valid = self.cache_keys.write(self.cache.write_slots)  # written, not forgotten, not padding
+            key_pos = torch.arange(key_valid.shape[1], device=hidden.device)[None].expand(batch, -1)
         else:
-            key_pos, key_valid = input_pos, None
-            if cond_mask is not None:
-                key_valid = torch.ones(batch, length, dtype=torch.bool, device=hidden.device)
-                key_valid[:, : cond_mask.shape[1]] = cond_mask.bool()
+            key_pos = input_pos
+            key_valid = None if cond_mask is None else condition_validity(cond_mask, batch, length, hidden.device)
         if mask is None:
             mask = self.default_mask(input_pos, key_pos, key_valid)
         elif key_valid is not None:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import VisarError
-from .base import ConditionLayout, causal_visibility
+from .base import CacheKeys, ConditionLayout, causal_visibility, condition_validity
 
 
 @dataclass(frozen=True)
@@ -304,8 +304,7 @@ class LlamaGen(nn.Module):
         self._rope = rope_table_2d(
             config.grid_size, config.dim // config.n_head, config.rope_base, config.cls_token_num
         )
-        self.cache_key_valid: Tensor | None = None  # [B, S] bool, set by setup_cache
-        self.cache_written: Tensor | None = None  # [B, S] bool: slots holding a key not forgotten since
+        self.cache_keys: CacheKeys | None = None  # the slots a query may see, set by setup_cache
 
     # -- the RasterModel interface ----------------------------------------------------------
     @property
@@ -354,25 +353,19 @@ class LlamaGen(nn.Module):
         for layer in self.layers:
             attn = layer.attention
             attn.kv_cache = KVCache(batch_size, max_seq_len, attn.n_kv_head, attn.head_dim, param.dtype, param.device)
-        self.cache_key_valid = torch.ones(batch_size, max_seq_len, dtype=torch.bool, device=param.device)
-        if cond_mask is not None:
-            self.cache_key_valid[:, : cond_mask.shape[1]] = cond_mask.bool()
-        self.cache_written = torch.zeros(batch_size, max_seq_len, dtype=torch.bool, device=param.device)
+        self.cache_keys = CacheKeys(batch_size, max_seq_len, cond_mask, param.device)
 
     def clear_cache(self):
         for layer in self.layers:
             layer.attention.kv_cache = None
-        self.cache_key_valid = self.cache_written = None
+        self.cache_keys = None
 
     @torch.no_grad()
     def truncate_cache(self, lengths: Tensor):
-        """Forget every cached slot at or beyond lengths[b] for sample b.
-
-        The slots are marked unwritten, which hides them from every query until a call writes
-        them again; their keys and values are left in place. (Zeroing them cost a pass over the
-        whole cache of every layer: 9% of a 16-slot window pass of visar-tiny-c2i on a CPU.)"""
-        slots = torch.arange(self.cache_written.shape[1], device=lengths.device)
-        self.cache_written &= slots[None, :] < lengths[:, None]
+        """Forget every cached slot at or beyond lengths[b] for sample b: hidden from every query
+        until a call writes it again (`CacheKeys`; zeroing the keys and values of every layer
+        cost 9% of a 16-slot window pass of visar-tiny-c2i on a CPU)."""
+        self.cache_keys.truncate(lengths)
 
     # -- forward ----------------------------------------------------------------------------
     def embed(self, tokens: Tensor | None = None, cond: Tensor | None = None) -> Tensor:
@@ -431,8 +424,7 @@ class LlamaGen(nn.Module):
         if cached:
             # A query sees only slots written and not forgotten since (this call's own included),
             # never the padded caption positions.
-            self.cache_written.scatter_(1, slots, True)
-            key_ok = self.cache_key_valid & self.cache_written  # [B, S]
+            key_ok = self.cache_keys.write(slots)  # [B, S]
             if mask is not None:
                 mask = mask & key_ok[:, None, :]
         if mask is None and not plain_causal:
@@ -440,10 +432,7 @@ class LlamaGen(nn.Module):
                 key_pos = torch.arange(key_ok.shape[1], device=h.device)[None].expand(bsz, -1)
                 mask = self.default_mask(input_pos, key_pos, key_ok)
             else:
-                key_valid = None
-                if cond_mask is not None:
-                    key_valid = torch.ones(bsz, seqlen, dtype=torch.bool, device=h.device)
-                    key_valid[:, : cond_mask.shape[1]] = cond_mask.bool()
+                key_valid = None if cond_mask is None else condition_validity(cond_mask, bsz, seqlen, h.device)
                 mask = self.default_mask(input_pos, input_pos, key_valid)
         if self._rope.device != h.device:
             self._rope = self._rope.to(h.device)

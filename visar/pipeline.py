@@ -24,7 +24,7 @@ from .accel.sampling import SamplingParams, make_generators
 from .accel.timing import synchronized_clock
 from .checkpoints import load_strict, read_state_dict
 from .errors import VisarError
-from .families import Family, get_family, hf_family, official_presets
+from .families import Family, get_family, hf_family
 from .models.base import RasterModel
 from .models.text import CaptionEncoder, CaptionEncoderConfig
 from .tokenizers.base import TokenGridTokenizer
@@ -367,7 +367,7 @@ def load_official(name, checkpoint, vq_checkpoint, model_args, vq_args) -> Pipel
     """An official preset, or a family's generic name with the official constructor arguments."""
     if checkpoint is None:
         raise VisarError(f"{name} needs the official checkpoint file: visar.load({name!r}, checkpoint=PATH, ...)")
-    presets = official_presets()
+    presets = registry.OFFICIAL_PRESETS
     if name in presets:
         preset = presets[name]
         family = get_family(preset.family)

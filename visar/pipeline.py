@@ -327,8 +327,9 @@ def load(
 
     - `visar.load("default")`: the embedded default model.
     - `visar.load(FOLDER)`: a visar folder, or a transformers `save_pretrained` folder of a supported
-      architecture (Janus-Pro: JanusForConditionalGeneration), offline; `model_args=` then takes its
-      loading options (`{"max_prompt_tokens": N}`).
+      architecture (Janus-Pro: JanusForConditionalGeneration; Emu3-Gen: Emu3ForConditionalGeneration),
+      offline; `model_args=` then takes its loading options (Janus: `max_prompt_tokens`; Emu3:
+      `image_area`, `ratio`, `negative_prompt`, `max_prompt_tokens`).
     - `visar.load("llamagen-gpt-b-c2i-256", checkpoint="c2i_B_256.pt", vq_checkpoint="vq_ds16_c2i.pt")`
     - `visar.load("llamagen", checkpoint=..., model_args={...}, vq_checkpoint=..., vq_args={...})` for
       sizes that match no preset (`model_args`: LlamaGen ModelArgs fields; `vq_args`: the VQ

@@ -27,8 +27,9 @@ class GuidedScorer:
         self.guided = params.uses_cfg
         self.batch = cond.shape[0]
         if self.guided:
+            null_mask = model.null_condition_mask(cond_mask)
             cond = torch.cat([cond, model.null_condition(cond)])
-            cond_mask = None if cond_mask is None else torch.cat([cond_mask, cond_mask])  # shared by both halves
+            cond_mask = None if cond_mask is None else torch.cat([cond_mask, null_mask])
         self.cond, self.cond_mask = cond, cond_mask  # [B(x2), ...]
         self.forward_passes = 0
 

@@ -88,6 +88,20 @@ def hf_family(config: dict) -> Family:
     )
 
 
+TESTED_TRANSFORMERS = "transformers>=5.24,<6"
+
+
+def transformers_module():
+    """transformers, imported when a Hugging Face family builds a model (an optional dependency)."""
+    try:
+        import transformers
+    except ImportError as err:
+        raise VisarError(
+            f"Hugging Face models need transformers: pip install 'visar-ar[hf]' ({TESTED_TRANSFORMERS})"
+        ) from err
+    return transformers
+
+
 def official_presets() -> dict[str, OfficialPreset]:
     """Every registered family's released checkpoints, by name."""
     return {name: preset for family in FAMILIES.values() for name, preset in family.official_presets.items()}

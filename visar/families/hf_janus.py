@@ -21,24 +21,13 @@ from ..errors import VisarError
 from ..models.hf_janus import HFJanus, split_vq
 from ..models.hf_prompts import HFPromptEncoder
 from ..tokenizers.hf_vq import HFVQTokenizer
-from .family import Family, FolderParts, register_family
+from .family import Family, FolderParts, register_family, transformers_module
 
 ARCHITECTURES = ("JanusForConditionalGeneration",)
 # Condition positions for the prompt (chat template and <begin_of_image> included), left-padded.
 DEFAULT_MAX_PROMPT_TOKENS = 128
 # transformers' image generation defaults guidance_scale to 5 when the generation config has none.
 DEFAULT_GUIDANCE = 5.0
-TESTED_TRANSFORMERS = "transformers>=5.24,<6"
-
-
-def transformers_module():
-    try:
-        import transformers
-    except ImportError as err:
-        raise VisarError(
-            f"Hugging Face models need transformers: pip install 'visar-ar[hf]' ({TESTED_TRANSFORMERS})"
-        ) from err
-    return transformers
 
 
 def special_ids(generation_config) -> dict:

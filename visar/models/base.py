@@ -91,6 +91,12 @@ class RasterModel(Protocol):
         """The unconditional counterpart of `cond` (same shape), for classifier-free guidance."""
         ...
 
+    def null_condition_mask(self, cond_mask: Tensor | None) -> Tensor | None:
+        """The valid positions [B, T] of `null_condition(cond)`, given cond's: cond_mask itself when
+        the null condition keeps the layout of cond (a class, Janus's padded prompt), the negative
+        prompt's own padding when it has its own tokens (Emu3)."""
+        ...
+
     def setup_cache(self, batch_size: int, max_seq_len: int, cond_mask: Tensor | None = None) -> None:
         """Allocate an empty cache of max_seq_len slots for batch_size rows; cond_mask [B, T] bool
         marks the valid condition positions of each row (None: all valid)."""

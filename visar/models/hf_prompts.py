@@ -1,9 +1,10 @@
 """Prompts -> a Hugging Face model's condition: token ids [B, T] of its own tokenizer, left-padded.
 
 The pipeline's text encoder for Hugging Face raster models (`Pipeline.text_encoder`): the model's
-own processor formats each prompt as its image-generation code does (the chat template with the
-generation prompt, then the processor's image-generation call, e.g. Janus's
-`processor(text, generation_mode="image")`, which appends `<begin_of_image>`), and the ids are
+own processor formats each prompt as its image-generation code does (for Janus the chat template
+with the generation prompt, then `processor(text, generation_mode="image")`, which appends
+`<begin_of_image>`; for Emu3 the bare prompt through `processor(text, return_for_image_generation=True)`,
+which appends `<|image start|>H*W<|image token|>`), and the ids are
 left-padded to the model's T condition positions with a validity mask (False on padding).
 """
 
@@ -16,16 +17,20 @@ from ..errors import VisarError
 
 
 class HFPromptEncoder:
-    """processor: a transformers processor or tokenizer; call_kwargs: what its image-generation call takes."""
+    """processor: a transformers processor or tokenizer; call_kwargs: what its image-generation call takes;
+    chat: format prompts with the processor's chat template (Janus) or pass them as they are (Emu3-Gen)."""
 
-    def __init__(self, processor, max_tokens: int, pad_token_id: int, call_kwargs: dict | None = None):
+    def __init__(
+        self, processor, max_tokens: int, pad_token_id: int, call_kwargs: dict | None = None, chat: bool = True
+    ):
         self.processor = processor
+        self.chat = chat
         self.max_tokens = max_tokens
         self.pad_token_id = pad_token_id
         self.call_kwargs = dict(call_kwargs or {})
 
     def format(self, prompt: str) -> str:
-        if getattr(self.processor, "chat_template", None) is None:
+        if not self.chat or getattr(self.processor, "chat_template", None) is None:
             return prompt
         messages = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
         return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -45,7 +50,7 @@ class HFPromptEncoder:
         lengths = mask.sum(1)
         if int(lengths.max()) > self.max_tokens:
             raise VisarError(
-                f"a prompt takes {int(lengths.max())} tokens (with the chat template), more than this model's "
+                f"a prompt takes {int(lengths.max())} tokens (formatted for image generation), more than this model's "
                 f"{self.max_tokens} condition positions: shorten it, or load with model_args={{'max_prompt_tokens': N}}"
             )
         ids, mask = ids[:, -self.max_tokens :], mask[:, -self.max_tokens :]  # drops padding only

@@ -110,6 +110,9 @@ class HFRasterAdapter(nn.Module):
     def max_seq_len(self) -> int:
         return self.num_condition_tokens + self.num_image_tokens
 
+    def null_condition_mask(self, cond_mask: Tensor | None) -> Tensor | None:
+        return cond_mask
+
     def setup_cache(self, batch_size: int, max_seq_len: int | None = None, cond_mask: Tensor | None = None):
         max_seq_len = max_seq_len or self.max_seq_len
         config = self.decoder.config
@@ -117,13 +120,17 @@ class HFRasterAdapter(nn.Module):
         self.cache = SlotCache(
             config.num_hidden_layers,
             batch_size,
-            max_seq_len,
+            self.decoder_slots(max_seq_len),
             config.num_key_value_heads,
             head_dim,
             self.dtype,
             self.device,
         )
         self.cache_keys = CacheKeys(batch_size, max_seq_len, cond_mask, self.device)
+
+    def decoder_slots(self, max_seq_len: int) -> int:
+        """The decoder's cache slots for visar's max_seq_len (more when a family feeds extra tokens)."""
+        return max_seq_len
 
     def clear_cache(self):
         self.cache = self.cache_keys = None
@@ -150,22 +157,41 @@ class HFRasterAdapter(nn.Module):
         else T..), mask [B, L, S] over the cache (or over the L inputs without one), cond_mask [B, T]
         without a cache, cache_pos the slots to write when they are not the positions.
         """
+        hidden = self.embed_inputs(tokens, cond)
+        input_pos, slots, visible = self.visible_keys(hidden, cond is not None, input_pos, mask, cond_mask, cache_pos)
+        return self.image_logits(self.run_decoder(hidden, input_pos, slots, visible)).float()
+
+    def embed_inputs(self, tokens: Tensor | None, cond: Tensor | None) -> Tensor:
+        """[condition (if cond) ; image tokens (if tokens)] embedded -> [B, L, D]."""
         parts = []
         if cond is not None:
             parts.append(self.embed_condition(cond))
         if tokens is not None:
             parts.append(self.embed_image_tokens(tokens))
-        hidden = torch.cat(parts, dim=1)  # [B, L, D]
+        return torch.cat(parts, dim=1)
+
+    def visible_keys(
+        self,
+        hidden: Tensor,
+        with_condition: bool,
+        input_pos: Tensor | None,
+        mask: Tensor | None,
+        cond_mask: Tensor | None,
+        cache_pos: Tensor | None,
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """visar's layout of one call -> (positions [B, L], cache slots written [B, L] or None
+        without a cache, visibility [B, L, S] over the cache, or [B, L, L] over the inputs)."""
         batch, length, _ = hidden.shape
         if input_pos is None:
-            start = 0 if cond is not None else self.num_condition_tokens
+            start = 0 if with_condition else self.num_condition_tokens
             input_pos = torch.arange(start, start + length, device=hidden.device)
         if input_pos.dim() == 1:
             input_pos = input_pos[None].expand(batch, -1)
+        slots = None
         if self.cache is not None:
             slots = input_pos if cache_pos is None else cache_pos
-            self.cache.write_slots = slots.expand(batch, -1) if slots.dim() == 1 else slots
-            key_valid = self.cache_keys.write(self.cache.write_slots)  # written, not forgotten, not padding
+            slots = slots.expand(batch, -1) if slots.dim() == 1 else slots
+            key_valid = self.cache_keys.write(slots)  # written, not forgotten, not padding
             key_pos = torch.arange(key_valid.shape[1], device=hidden.device)[None].expand(batch, -1)
         else:
             key_pos = input_pos
@@ -174,11 +200,18 @@ class HFRasterAdapter(nn.Module):
             mask = self.default_mask(input_pos, key_pos, key_valid)
         elif key_valid is not None:
             mask = mask & key_valid[:, None, :]  # padded prompt slots stay hidden
+        return input_pos, slots, mask
+
+    def run_decoder(self, hidden: Tensor, positions: Tensor, slots: Tensor | None, visible: Tensor) -> Tensor:
+        """The transformers decoder over inputs [B, L, D] at positions [B, L], written to the cache's
+        slots [B, L] (when there is a cache), seeing `visible` [B, L, S] -> last hidden states [B, L, D]."""
+        if self.cache is not None:
+            self.cache.write_slots = slots
         out = self.decoder(
             inputs_embeds=hidden,
-            attention_mask=additive_mask(mask, hidden.dtype),
-            position_ids=input_pos,
+            attention_mask=additive_mask(visible, hidden.dtype),
+            position_ids=positions,
             cache=self.cache,
             use_cache=self.cache is not None,
         )
-        return self.image_logits(out.last_hidden_state).float()
+        return out.last_hidden_state

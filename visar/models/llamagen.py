@@ -345,6 +345,9 @@ class LlamaGen(nn.Module):
     def null_condition(self, cond: Tensor) -> Tensor:
         return self.cls_embedding.null_condition(cond)
 
+    def null_condition_mask(self, cond_mask: Tensor | None) -> Tensor | None:
+        return cond_mask  # the null caption keeps the caption's padding
+
     # -- KV cache ---------------------------------------------------------------------------
     def setup_cache(self, batch_size: int, max_seq_len: int | None = None, cond_mask: Tensor | None = None):
         """Preallocate the KV cache. cond_mask [B, T] bool: valid caption positions (t2i padding)."""

@@ -8,10 +8,10 @@ import json
 from ...errors import VisarError
 
 
-def parse_option(text: str) -> tuple[str, object]:
+def parse_option(text: str, flag: str = "--opt") -> tuple[str, object]:
     """`key=value` -> (key, value) with value read as JSON when it parses (numbers, true, null)."""
     if "=" not in text:
-        raise VisarError(f"--opt takes key=value, got {text!r}")
+        raise VisarError(f"{flag} takes key=value, got {text!r}")
     key, raw = text.split("=", 1)
     try:
         value = json.loads(raw)
@@ -30,6 +30,15 @@ def add_model_args(parser: argparse.ArgumentParser):
     )
     group.add_argument("--checkpoint", help="official checkpoint file, for official presets (e.g. c2i_B_256.pt)")
     group.add_argument("--vq-checkpoint", help="official VQ checkpoint file (e.g. vq_ds16_c2i.pt)")
+    group.add_argument(
+        "--model-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a load option, repeatable (values read as JSON when they parse): for an Emu3 folder image_area, "
+        "ratio, negative_prompt, max_prompt_tokens; for a Janus folder max_prompt_tokens; with --checkpoint "
+        "and `llamagen`, the model's constructor arguments",
+    )
     group.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
     group.add_argument("--dtype", default="fp32", help="generator dtype: fp32, bf16 or fp16 (default fp32)")
     group.add_argument(
@@ -45,8 +54,14 @@ def load_pipeline(args):
     """The model of --model/--checkpoint/--vq-checkpoint on --device in --dtype, compiled with --compile."""
     from ... import load
 
+    model_args = dict(parse_option(text, "--model-arg") for text in args.model_arg) or None
     pipe = load(
-        args.model, device=args.device, dtype=args.dtype, checkpoint=args.checkpoint, vq_checkpoint=args.vq_checkpoint
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        checkpoint=args.checkpoint,
+        vq_checkpoint=args.vq_checkpoint,
+        model_args=model_args,
     )
     return pipe.compile() if args.compile else pipe
 

@@ -1,0 +1,293 @@
+"""Emu3 through transformers: a tiny random `Emu3ForConditionalGeneration`, saved with save_pretrained and
+loaded offline through `visar.load(FOLDER)`, against transformers' own image generation.
+
+(a) greedy image tokens equal transformers' `generate` with Emu3's prefix constraint (visual tokens,
+and the end-of-line token at every row end) and its negative-prompt guidance, at CFG 1 and at CFG 3
+(Emu3's default), for a batch of left-padded prompts of different lengths, for every method that is
+exact at top-k 1;
+(b) teacher-forced image-token logits equal those of transformers' forward over Emu3's own sequence
+(rows with their end-of-line tokens), through visar's cache and without it;
+(c) ar, sjd and mc-sjd on the adapter sample the enumerated joint law (image vocabulary 6, 2 x 2
+tokens, so every token sits next to a row end) of each prompt, in one batch that mixes two prompts
+of different lengths;
+bad input: unknown load options, a bad ratio, prompts too long, a draft of another family.
+Every raster method on the tiny Emu3: tests/test_conformance.py (the family registers tiny args).
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import visar  # noqa: E402
+from visar.accel import get_method  # noqa: E402
+from visar.accel.sampling import SamplingParams, logits_to_probs, make_generators, split_cfg  # noqa: E402
+from visar.errors import VisarError  # noqa: E402
+from visar.families import hf_emu3  # noqa: E402
+
+PROMPTS = ["a red circle", "the blue dog on a green square"]  # 6 and 10 tokens with the image prefix
+OPTIONS = hf_emu3.TINY_OPTIONS  # 16 condition positions, a 4 x 4 grid, a short negative prompt
+
+
+def random_emu3(image_vocab: int, seed: int, std: float = 0.3):
+    """A tiny Emu3ForConditionalGeneration, N(0, std) weights (diverse greedy tokens)."""
+    config = transformers.Emu3Config(**hf_emu3.tiny_config(image_vocab))
+    torch.manual_seed(seed)
+    model = transformers.Emu3ForConditionalGeneration(config).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
+    return model
+
+
+def save_folder(model, image_vocab: int, folder) -> str:
+    model.save_pretrained(folder)
+    hf_emu3.tiny_processor(image_vocab).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def offline():
+    old = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    yield
+    if old is None:
+        del os.environ["HF_HUB_OFFLINE"]
+    else:
+        os.environ["HF_HUB_OFFLINE"] = old
+
+
+@pytest.fixture(scope="module")
+def emu3_folder(tmp_path_factory, offline):
+    return save_folder(random_emu3(image_vocab=16, seed=0), 16, tmp_path_factory.mktemp("emu3"))
+
+
+@pytest.fixture(scope="module")
+def reference(emu3_folder):
+    """transformers' own model and processor, loaded from the same folder."""
+    model = transformers.Emu3ForConditionalGeneration.from_pretrained(emu3_folder, dtype=torch.float32).eval()
+    return model, transformers.AutoProcessor.from_pretrained(emu3_folder)
+
+
+@pytest.fixture(scope="module")
+def pipe(emu3_folder):
+    return visar.load(emu3_folder, device="cpu", model_args=OPTIONS)
+
+
+def test_loads_as_emu3_with_its_defaults(pipe, reference):
+    assert type(pipe.model).__name__ == "HFEmu3" and pipe.model.model_kind == "raster"
+    assert pipe.model.grid_size == (4, 4) and pipe.model.vocab_size == 16 == pipe.tokenizer.vocab_size
+    assert pipe.defaults == {"guidance_scale": 3.0, "temperature": 1.0, "top_k": 2048, "top_p": 1.0}
+    ids, mask = pipe.text_encoder.encode(PROMPTS)
+    assert ids.shape == mask.shape == (2, 16)
+    assert mask.sum(1).tolist() == [9, 13] and not mask[:, 0].any()  # left-padded
+    tokenizer = reference[1].tokenizer
+    # BOS, the prompt, then <|image start|>4*4<|image token|>, as Emu3's processor writes it
+    words = tokenizer.convert_ids_to_tokens(ids[0][mask[0]])
+    assert words == ["<|extra_203|>", "a", "red", "circle", "<|image start|>", "4", "*", "4", "<|image token|>"]
+    negative = tokenizer.convert_ids_to_tokens(pipe.model.negative_ids[pipe.model.negative_mask])
+    assert negative[:2] == ["<|extra_203|>", "lowres"] and negative[-5:] == words[-5:]  # formatted for generation
+    out = pipe.generate(prompts=PROMPTS, output_type="np", seed=0)
+    assert out.images.shape == (2, 8, 8, 3)  # the tiny VQ upsamples its 4 x 4 latent once
+
+
+def emu3_generate(reference, ids, mask, negative, guidance_scale, height=4, width=4):
+    """transformers' image generation as Emu3's docs run it: the prefix constraint and negative-prompt CFG."""
+    model, processor = reference
+    tokenizer, mapping = processor.tokenizer, model.model.vocabulary_mapping
+    visual = mapping.image_tokens
+
+    def allowed(batch_id, input_ids):
+        offset = input_ids.shape[0] - torch.nonzero(input_ids == tokenizer.image_wrapper_token_id)[0, 0]
+        if offset % (width + 1) == 0:
+            return (mapping.eol_token_id,)
+        if offset > (width + 1) * height:
+            return (tokenizer.eof_token_id,)
+        return visual
+
+    guidance = {}
+    if guidance_scale != 1:
+        negative = negative.expand(ids.shape[0], -1)
+        guidance = dict(negative_prompt_ids=negative, negative_prompt_attention_mask=torch.ones_like(negative))
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask.long(),
+        prefix_allowed_tokens_fn=allowed,
+        do_sample=False,
+        max_new_tokens=height * (width + 1),
+        guidance_scale=guidance_scale,
+        **guidance,
+    )
+    rows = out[:, ids.shape[1] :].reshape(-1, height, width + 1)
+    assert (rows[:, :, -1] == mapping.eol_token_id).all()  # every row ends with the end-of-line token
+    return mapping.convert_bpe2img(rows).long()
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 3.0])
+def test_greedy_equals_transformers(pipe, reference, emu3_folder, guidance_scale):
+    ids, mask = pipe.text_encoder.encode(PROMPTS)
+    negative = pipe.model.negative_ids[pipe.model.negative_mask][None]
+    expected = emu3_generate(reference, ids, mask, negative, guidance_scale)
+    assert len(set(expected.flatten().tolist())) > 4  # random weights that do not collapse to one token
+    greedy = dict(top_k=1, guidance_scale=guidance_scale, output_type="tokens")
+    for method in ("ar", "sjd", "mc-sjd"):  # lossless, so exact under greedy sampling
+        out = pipe.generate(prompts=PROMPTS, method=method, **greedy)
+        assert torch.equal(out.tokens, expected), method
+        assert method == "ar" or max(out.stats["forward_passes_per_image"]) < 16  # fewer passes than tokens
+    # spec's draft tree is written to scratch slots past the image, each node with its own row end
+    draft = visar.load(emu3_folder, device="cpu", model_args=OPTIONS).model  # the same weights: every node accepted
+    out = pipe.generate(prompts=PROMPTS, method="spec", draft=draft, **greedy)
+    assert torch.equal(out.tokens, expected) and out.stats["tokens_per_forward"] > 2
+
+
+def emu3_sequence(reference, ids, tokens):
+    """Emu3's own input sequence: the prompt, then each row of visual tokens and its end-of-line token."""
+    mapping = reference[0].model.vocabulary_mapping
+    rows = mapping.convert_img2bpe(tokens.reshape(-1, 4)).reshape(tokens.shape[0], -1)
+    return torch.cat([ids, rows], dim=1).long()
+
+
+def test_teacher_forced_logits_equal_transformers(pipe, reference):
+    model = reference[0]
+    ids, mask = pipe.text_encoder.encode(PROMPTS)
+    tokens = torch.randint(0, 16, (2, 16), generator=torch.Generator().manual_seed(0))
+    sequence = emu3_sequence(reference, ids, tokens)
+    attention = torch.cat([mask.long(), torch.ones(2, 20, dtype=torch.long)], dim=1)
+    positions = (attention.cumsum(1) - 1).clamp(min=0)  # as transformers' generate counts them
+    with torch.no_grad():
+        logits = model(input_ids=sequence, attention_mask=attention, position_ids=positions).logits
+    # the output before each visual token: (r, c) sits at T + 5 r + c, so it is predicted at T + 5 r + c - 1
+    index = torch.tensor([16 + 5 * r + c - 1 for r in range(4) for c in range(4)])
+    theirs = logits[:, index][..., model.model.vocabulary_mapping.image_tokens].float()
+    ours = pipe.logits(tokens, prompts=PROMPTS)  # [B, N, V], through visar's cache and 4-D masks
+    torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=1e-5)
+    uncached = pipe.model(tokens[:, :-1], ids, cond_mask=mask)[:, 15:]  # teacher forcing without a cache
+    torch.testing.assert_close(uncached, theirs, atol=2e-5, rtol=1e-5)
+    # negative control: a model that ignored the row ends would predict row starts from the row's last token
+    assert (ours[:, 4] - theirs[:, 3]).abs().max() > 1e-3
+
+
+# -- (c) the enumerated law --------------------------------------------------------------------------
+
+VOCAB, SAMPLES = 6, 12_000
+LAW_OPTIONS = {**OPTIONS, "image_area": (2 * 8) ** 2}  # a 2 x 2 grid
+LAW_CASES = [
+    ("ar", {}, SamplingParams(guidance_scale=2.0)),
+    ("sjd", {"window": 4}, SamplingParams(guidance_scale=2.0, top_k=4)),
+    ("mc-sjd", {"window": 4, "coupling": "gumbel"}, SamplingParams(guidance_scale=2.0, top_p=0.9)),
+]
+
+
+@pytest.fixture(scope="module")
+def law_pipe(tmp_path_factory, offline):
+    folder = save_folder(random_emu3(image_vocab=VOCAB, seed=1), VOCAB, tmp_path_factory.mktemp("law"))
+    return visar.load(folder, device="cpu", model_args=LAW_OPTIONS)
+
+
+@torch.no_grad()
+def prompt_law(model, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams) -> np.ndarray:
+    """P(sequence) of one prompt [T] (mask [T]) for every sequence, teacher-forced without a cache."""
+    from test_jacobi import all_sequences
+
+    seqs = all_sequences(model.vocab_size, model.num_image_tokens)
+    cond, cond_mask = ids.expand(len(seqs), -1), mask.expand(len(seqs), -1)
+    seqs_in = seqs
+    if params.uses_cfg:
+        seqs_in = torch.cat([seqs, seqs])
+        null, null_mask = model.null_condition(cond), model.null_condition_mask(cond_mask)
+        cond, cond_mask = torch.cat([cond, null]), torch.cat([cond_mask, null_mask])
+    logits = model(seqs_in[:, :-1], cond, cond_mask=cond_mask)[:, model.num_condition_tokens - 1 :]
+    probs = logits_to_probs(split_cfg(logits, params), params)
+    law = probs.gather(-1, seqs[..., None]).squeeze(-1).double().prod(-1).numpy()
+    assert abs(law.sum() - 1) < 1e-5
+    return law
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, options, params", LAW_CASES, ids=[c[0] for c in LAW_CASES])
+def test_joint_law_with_left_padded_prompts(law_pipe, method, options, params):
+    from test_jacobi import compare_laws, sequence_index
+
+    model = law_pipe.model
+    ids, mask = law_pipe.text_encoder.encode(PROMPTS)
+    which = torch.arange(SAMPLES) % 2  # the two prompts interleaved in one batch
+    tokens, stats = get_method(method).fn(
+        model, ids[which], params, make_generators(SAMPLES, 100), cond_mask=mask[which], **options
+    )
+    for prompt in (0, 1):
+        law = prompt_law(model, ids[prompt], mask[prompt], params)
+        pvalue, tv, tolerance = compare_laws(sequence_index(tokens[which == prompt], VOCAB), law)
+        print(f"{method} prompt {prompt}: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
+        assert pvalue > 1e-3 and tv < tolerance, (prompt, pvalue, tv, tolerance)
+    if method != "ar":
+        assert stats["tokens_per_forward"] > 1.0
+    # negative controls: the prompt reaches the image tokens, and so does the row end (a model that
+    # predicted row 1 from row 0's last token instead of its end-of-line token has another law)
+    laws = [prompt_law(model, ids[p], mask[p], params) for p in (0, 1)]
+    assert 0.5 * np.abs(laws[0] - laws[1]).sum() > 0.05
+    without_row_ends = RowEndsIgnored(model)
+    assert 0.5 * np.abs(laws[0] - prompt_law(without_row_ends, ids[0], mask[0], params)).sum() > 0.05
+
+
+class RowEndsIgnored:
+    """The tiny Emu3 with its row ends dropped: a W + 1 wide grid, one image row, no row ends fed."""
+
+    def __init__(self, model):
+        self.model = model
+        self.num_condition_tokens, self.num_image_tokens, self.vocab_size = (
+            model.num_condition_tokens,
+            model.num_image_tokens,
+            model.vocab_size,
+        )
+        self.null_condition, self.null_condition_mask = model.null_condition, model.null_condition_mask
+
+    def __call__(self, tokens, cond, cond_mask):
+        grid = self.model._grid_size
+        self.model._grid_size = (1, self.num_image_tokens + 1)
+        try:
+            return self.model(tokens, cond, cond_mask=cond_mask)
+        finally:
+            self.model._grid_size = grid
+
+
+# -- bad input -------------------------------------------------------------------------------------
+
+
+def test_load_options_are_checked(emu3_folder, reference):
+    with pytest.raises(VisarError, match=r"unknown model_args \['guidance'\] for an Emu3 folder"):
+        visar.load(emu3_folder, device="cpu", model_args={**OPTIONS, "guidance": 3})
+    with pytest.raises(VisarError, match="ratio 'square'"):
+        visar.load(emu3_folder, device="cpu", model_args={**OPTIONS, "ratio": "square"})
+    wide = visar.load(emu3_folder, device="cpu", model_args={**OPTIONS, "image_area": 32 * 64, "ratio": "2:1"})
+    assert wide.model.grid_size == (4, 8)  # Emu3's processor: sqrt(area / 2) x (1, 2) pixels, 8 per token
+    ids, mask = wide.text_encoder.encode(PROMPTS)
+    negative = wide.model.negative_ids[wide.model.negative_mask][None]
+    expected = emu3_generate(reference, ids, mask, negative, 3.0, height=4, width=8)
+    for method in ("ar", "mc-sjd"):
+        out = wide.generate(prompts=PROMPTS, method=method, top_k=1, output_type="tokens")
+        assert torch.equal(out.tokens, expected), method
+
+
+def test_prompt_too_long_and_foreign_draft(pipe):
+    with pytest.raises(VisarError, match="more than this model's 16 condition positions"):
+        pipe.generate(prompts=["a red circle on the green square of the blue dog in a"], output_type="tokens")
+    from test_jacobi import tiny_llamagen
+
+    with pytest.raises(VisarError, match="condition"):
+        pipe.generate(prompts=PROMPTS[:1], method="spec", draft=tiny_llamagen(vocab=16, block_size=16), top_k=1)
+
+
+def test_cli_generates_from_the_folder(emu3_folder, tmp_path):
+    from visar.apps.cli import main
+
+    out = tmp_path / "out"
+    args = ["generate", "--model", emu3_folder, "--prompt", PROMPTS[0], "--method", "mc-sjd", "--device", "cpu"]
+    options = ["--model-arg", f"image_area={OPTIONS['image_area']}", "--model-arg", "max_prompt_tokens=16"]
+    options += ["--model-arg", f"negative_prompt={OPTIONS['negative_prompt']}"]
+    assert main([*args, *options, "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["00000.png", "images.jsonl", "settings.json", "stats.json"]

@@ -14,6 +14,7 @@ bad input: unknown load options, a bad ratio, prompts too long, a draft of anoth
 Every raster method on the tiny Emu3: tests/test_conformance.py (the family registers tiny args).
 """
 
+import json
 import os
 
 import numpy as np
@@ -291,3 +292,8 @@ def test_cli_generates_from_the_folder(emu3_folder, tmp_path):
     options += ["--model-arg", f"negative_prompt={OPTIONS['negative_prompt']}"]
     assert main([*args, *options, "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["00000.png", "images.jsonl", "settings.json", "stats.json"]
+    report = tmp_path / "bench.json"
+    bench = ["bench", "--model", emu3_folder, "--methods", "mc-sjd", "--n", "2", "--device", "cpu"]
+    assert main([*bench, *options, "--json", str(report)]) == 0
+    rows = {row["method"]: row for row in json.loads(report.read_text())["rows"]}
+    assert rows["ar"]["forward_passes"] == 16 and rows["mc-sjd"]["forward_passes"] < 16

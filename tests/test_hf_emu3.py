@@ -297,3 +297,14 @@ def test_cli_generates_from_the_folder(emu3_folder, tmp_path):
     assert main([*bench, *options, "--json", str(report)]) == 0
     rows = {row["method"]: row for row in json.loads(report.read_text())["rows"]}
     assert rows["ar"]["forward_passes"] == 16 and rows["mc-sjd"]["forward_passes"] < 16
+
+
+def test_prompt_ids_without_a_mask_still_pad_the_negative_prompt(pipe):
+    """Condition ids given without a validity mask (all positions valid) decode as with an all-True mask:
+    the negative prompt keeps its own padding either way."""
+    ids, _ = pipe.text_encoder.encode(PROMPTS[1:])
+    params, run = SamplingParams(guidance_scale=3.0, top_k=1), get_method("ar").fn
+    everything_valid = torch.ones_like(ids, dtype=torch.bool)
+    with_mask, _ = run(pipe.model, ids, params, make_generators(1, 0), cond_mask=everything_valid)
+    without, _ = run(pipe.model, ids, params, make_generators(1, 0))
+    assert torch.equal(with_mask, without)

@@ -29,7 +29,12 @@ class GuidedScorer:
         if self.guided:
             null_mask = model.null_condition_mask(cond_mask)
             cond = torch.cat([cond, model.null_condition(cond)])
-            cond_mask = None if cond_mask is None else torch.cat([cond_mask, null_mask])
+            if null_mask is not None:  # a null condition with padding of its own pads a maskless cond too
+                if cond_mask is None:
+                    cond_mask = torch.ones(null_mask.shape[-1], dtype=torch.bool, device=cond.device).expand(
+                        self.batch, -1
+                    )
+                cond_mask = torch.cat([cond_mask, null_mask.expand(self.batch, -1).to(cond_mask.device)])
         self.cond, self.cond_mask = cond, cond_mask  # [B(x2), ...]
         self.forward_passes = 0
 

@@ -128,9 +128,9 @@ class HFEmu3(HFRasterAdapter):
         """Emu3's unconditional prompt: the negative prompt, for every sample."""
         return self.negative_ids.to(cond.device).expand(cond.shape[0], -1)
 
-    def null_condition_mask(self, cond_mask: Tensor | None) -> Tensor | None:
-        batch = 1 if cond_mask is None else cond_mask.shape[0]
-        return self.negative_mask.expand(batch, -1)
+    def null_condition_mask(self, cond_mask: Tensor | None) -> Tensor:
+        """The negative prompt's own padding ([B, T], or [1, T] without a cond_mask to match)."""
+        return self.negative_mask.expand(1 if cond_mask is None else cond_mask.shape[0], -1)
 
     def embed_condition(self, cond: Tensor) -> Tensor:
         return self.decoder.embed_tokens(cond)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ..errors import VisarError
 from ..models.base import model_kind
-from . import ar, drafts, jacobi, relaxed, zipar
+from . import ar, drafts, jacobi, mar, relaxed, zipar
 
 # Arguments every method takes from the caller, not from the user; `tokenizer` is handed over by
 # Pipeline.generate to methods that compare tokens by their code vectors.
@@ -206,4 +206,13 @@ register_method(
     lossless=True,
     description="exact wavefront decoding for models that declare local dependence (model.dependency_reach)",
     requires=("dependency_reach",),
+)
+
+# -- continuous-token models (MAR) ---------------------------------------------------------------
+register_method(
+    "mar",
+    mar.mar,
+    lossless=True,
+    description="plain MAR sampling (Li et al. 2024): random order, cosine mask schedule, diffusion head",
+    model_kind="continuous",
 )

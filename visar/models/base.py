@@ -13,7 +13,8 @@ every method of its kind by implementing the interface in its own file. Today on
   samples the token from it. The diffusion schedule it shares with its methods is here too
   (`DiffusionSchedule`, `diffusion_step`), so plain sampling and verification use one formula.
 
-The interfaces of next-scale (VAR) and masked (MaskGIT) models join here with their families. A model declares its kind in `model_kind`; a method declares the kind it
+The interfaces of next-scale (VAR) and masked (MaskGIT) models join here with their families.
+A model declares its kind in `model_kind`; a method declares the kind it
 decodes (`visar.accel.Method.model_kind`) and refuses any other with one clear error.
 """
 

@@ -199,9 +199,11 @@ def sample_tokens(
     noise,
     num_diffusion_steps: int | None = None,
     reuse: BlockReuse | None = None,
+    null_interval: int = 1,
     log: DecodeLog | None = None,
 ) -> Tensor:
-    """MAR's loop -> tokens [B, L, C]. orders [B, L]: each image's generation order."""
+    """MAR's loop -> tokens [B, L, C]. orders [B, L]: each image's generation order. reuse /
+    null_interval > 1: mar-cache's approximations (None / 1: none)."""
     batch, num_tokens = orders.shape
     schedule = MaskSchedule.cosine(num_tokens, num_iter, cfg, cfg_schedule)
     constants = model.diffusion_schedule(num_diffusion_steps).constants(model.device)
@@ -211,8 +213,15 @@ def sample_tokens(
     cond_embedding = model.embed_condition(cond)
     null_embedding = model.null_embedding(batch) if guided else None
     all_images = torch.ones(batch, dtype=torch.bool, device=model.device)
+    null_gap = None  # z - z_null at the last step that ran the null branch
     for step in range(num_iter):
-        z, z_null = condition_pass(model, tokens, visible, cond_embedding, null_embedding, guided, reuse)
+        if guided and null_interval > 1 and step % null_interval != 0 and null_gap is not None:
+            # The guidance gap of the condition is stable across nearby steps: skip the null branch.
+            z = model.condition_features(tokens, visible, cond_embedding, reuse)
+            z_null = z - null_gap
+        else:
+            z, z_null = condition_pass(model, tokens, visible, cond_embedding, null_embedding, guided, reuse)
+            null_gap = None if z_null is None else z - z_null
         steps = torch.full((batch,), step, device=model.device)
         reveal = predicted_positions(orders, schedule, steps, all_images)
         guidance = torch.full((batch,), schedule.guidance[step], device=model.device)

@@ -331,6 +331,17 @@ class MAR(nn.Module):
     def condition_features(
         self, tokens: Tensor, visible: Tensor, cond_embedding: Tensor, reuse: BlockReuse | None = None
     ) -> Tensor:
+        counts = visible.sum(1)
+        if bool((counts != counts[0]).any()):
+            # Rows that see different numbers of tokens run in groups of equal count: no padding, so
+            # a row's numbers do not depend on the rest of the batch.
+            z = None
+            for count in counts.unique().tolist():
+                rows = (counts == count).nonzero().squeeze(1)
+                part = self.condition_features(tokens[rows], visible[rows], cond_embedding[rows])
+                z = part.new_zeros(tokens.shape[0], *part.shape[1:]) if z is None else z
+                z[rows] = part
+            return z
         mask = (~visible.bool()).to(tokens.dtype)
         x = self.forward_mae_encoder(tokens, mask, cond_embedding, reuse)
         return self.forward_mae_decoder(x, mask, reuse)

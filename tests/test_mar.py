@@ -14,24 +14,26 @@ from visar.families import FAMILIES
 from visar.models.base import DiffusionSchedule, diffusion_step
 from visar.pipeline import seeded_init
 
-STEPS, SAMPLES = 4, 4000
+STEPS, SAMPLES = 8, 4000
 
 
 def toy_head(channels, constants, perturbation=0.0):
-    """A nonlinear toy diffusion head: eps = tanh(W x + b) * 0.8 + x * 0.3 per step, v fixed; the
-    draft is the target with its parameters perturbed."""
+    """A nonlinear toy diffusion head shaped like a trained one: its x0 guess is x / sqrt(abar) at
+    low noise and g(x) = 1.5 tanh(W x + b) at high noise, i.e. eps = sqrt(1 - abar)(x - sqrt(abar) g(x));
+    v fixed per step. The draft is the target with W and b perturbed."""
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(STEPS, channels, channels, generator=gen)
     bias = torch.randn(STEPS, channels, generator=gen)
     values = torch.rand(STEPS, channels, generator=gen) * 2 - 1
     shift = torch.Generator().manual_seed(1)
-    # Only the late, low-noise steps differ: at the first (t = 999) step sqrt(1/abar) ~ 2e4 would turn
-    # any eps difference into disjoint laws.
-    bias[:2] = bias[:2] + perturbation * torch.randn(bias[:2].shape, generator=shift)
-    values = (values + perturbation * torch.randn(values.shape, generator=shift)).clamp(-1, 1)
+    weight = weight + perturbation * torch.randn(weight.shape, generator=shift)
+    bias = bias + perturbation * torch.randn(bias.shape, generator=shift)
+    alpha_bar = constants["sqrt_recip_alphas_cumprod"] ** -2
 
     def transition(x, step, rows):
-        eps = torch.tanh(torch.einsum("ncd,nd->nc", weight[step], x) + bias[step]) * 0.8 + 0.3 * x
+        guess = 1.5 * torch.tanh(torch.einsum("ncd,nd->nc", weight[step], x) + bias[step])
+        a = alpha_bar[step][:, None]
+        eps = (1 - a).sqrt() * (x - a.sqrt() * guess)
         mean, log_variance, _ = diffusion_step(constants, step, x, torch.cat([eps, values[step]], dim=-1))
         return mean, log_variance
 
@@ -40,7 +42,7 @@ def toy_head(channels, constants, perturbation=0.0):
 
 def toy_samples(channels, mode, inner_temperature=42.0):
     constants = DiffusionSchedule.cosine(STEPS).constants("cpu")
-    target, draft = toy_head(channels, constants), toy_head(channels, constants, 0.3)
+    target, draft = toy_head(channels, constants), toy_head(channels, constants, 0.6)
     gen = torch.Generator().manual_seed(7)
     rows = torch.arange(SAMPLES)
     noise = torch.randn(STEPS + 1, SAMPLES, channels, generator=gen)

@@ -30,8 +30,8 @@ class TokenReuse:
         self.reused = self.seen = 0
 
     def recompute(self, key: str, h: Tensor, positions: Tensor) -> Tensor:
-        record = self.records.get(key)
-        if record is None or record[0].shape != h.shape:  # first step, or the batch changed shape
+        record = self.records.get(self.slot(key, h))
+        if record is None:  # the first call of this block at this batch shape
             return torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)
         previous = record[0]
         change = (h - previous).norm(dim=-1) / previous.norm(dim=-1).clamp(min=1e-12)
@@ -40,12 +40,17 @@ class TokenReuse:
         self.seen += fresh.numel()
         return fresh
 
+    @staticmethod
+    def slot(key: str, h: Tensor) -> str:
+        """Records are kept per batch shape: steps that skip the null branch run half the rows."""
+        return f"{key}@{h.shape[0]}"
+
     def reused_output(self, key: str, h: Tensor, positions: Tensor) -> Tensor:
-        h_in, h_out = self.records[key]
+        h_in, h_out = self.records[self.slot(key, h)]
         return h + (h_out - h_in)
 
     def store(self, key: str, positions: Tensor, h_in: Tensor, h_out: Tensor) -> None:
-        self.records[key] = (h_in, h_out)
+        self.records[self.slot(key, h_in)] = (h_in, h_out)
 
 
 @torch.no_grad()

@@ -1,8 +1,10 @@
 """MAR methods: CSpD's exactness (two-sample tests with a negative control), mar-cache's no-reuse
 equality, and one clear error per bad input."""
 
+import copy
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from scipy.stats import ks_2samp
@@ -11,7 +13,8 @@ import visar
 from visar.accel.cspd import TokenHead, speculate
 from visar.errors import VisarError
 from visar.families import FAMILIES
-from visar.models.base import DiffusionSchedule, diffusion_step
+from visar.models.base import DiffusionSchedule, cosine_betas, diffusion_step
+from visar.models.mar import MAR, MARConfig
 from visar.pipeline import seeded_init
 
 STEPS, SAMPLES = 8, 4000
@@ -91,6 +94,34 @@ def tiny_mar(seed, std=0.05, **overrides):
     return model
 
 
+ALPHA_BAR = torch.from_numpy(np.cumprod(1 - cosine_betas(1000))).float()
+
+
+class TrainedLikeMAR(MAR):
+    """A MAR whose random diffusion head is read the way a trained one behaves (eps near x at high
+    noise): eps = sqrt(1 - abar)(x - sqrt(abar) tanh(out)), v = tanh(out_v). Random heads otherwise
+    multiply their eps error by sqrt(1/abar_999) ~ 2e4 and no two models ever agree."""
+
+    def diffusion_head(self, x, timesteps, z):
+        out = super().diffusion_head(x, timesteps, z)
+        channels = x.shape[-1]
+        a = ALPHA_BAR.to(x.device)[timesteps][:, None]
+        eps = (1 - a).sqrt() * (x - a.sqrt() * 2 * torch.tanh(out[:, :channels]))
+        return torch.cat([eps, torch.tanh(out[:, channels:])], dim=-1)
+
+
+def trained_like_pair(perturbation):
+    family = FAMILIES["mar"]
+    target = TrainedLikeMAR(MARConfig.from_dict(family.tiny_model_args))
+    seeded_init(target, 0, std=0.3)
+    draft = copy.deepcopy(target)
+    shift = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(perturbation * torch.randn(param.shape, generator=shift))
+    return target, draft
+
+
 def test_a_draft_identical_to_the_target_is_accepted():
     model = tiny_mar(0)
     pipe = visar.Pipeline(model, None, name="tiny-mar")
@@ -100,20 +131,23 @@ def test_a_draft_identical_to_the_target_is_accepted():
 
 @pytest.mark.slow
 def test_cspd_marginals_match_plain_target_sampling():
-    target, draft = tiny_mar(0, std=0.3), tiny_mar(1, std=0.3)
+    """Per-token marginals (every position and channel) of cspd against plain target sampling, on a
+    tiny MAR with CFG; the same comparison catches the relaxed mode (negative control)."""
+    target, draft = trained_like_pair(0.02)
     pipe = visar.Pipeline(target, None, name="tiny-mar", defaults={"guidance_scale": 1.5})
-    n, run = 600, dict(num_iter=3, output_type="tokens")
-    labels = [1] * n
-    plain = pipe.generate(class_labels=labels, method="mar", seed=0, **run).tokens
-    spec = pipe.generate(class_labels=labels, method="cspd", draft=draft, num_draft=2, prefill=0.0, seed=10_000, **run)
-    assert spec.stats["draft_tokens"] > 0
-    # per-token marginals (each position's channels)
-    pvalues = [
-        ks_2samp(plain[:, c, i // 4, i % 4].numpy(), spec.tokens[:, c, i // 4, i % 4].numpy()).pvalue
-        for i in range(16)
-        for c in range(2)
-    ]
-    assert min(pvalues) > 1e-3 / len(pvalues)
+    n, run = 600, dict(class_labels=[1] * 600, num_iter=3, output_type="tokens")
+    plain = pipe.generate(method="mar", seed=0, **run).tokens.reshape(n, -1)
+    spec = pipe.generate(method="cspd", draft=draft, num_draft=2, prefill=0.0, seed=10_000, **run)
+    assert 0.1 < spec.stats["acceptance_rate"] < 0.9
+
+    def pvalues(tokens):
+        tokens = tokens.reshape(n, -1)
+        return [ks_2samp(plain[:, k].numpy(), tokens[:, k].numpy()).pvalue for k in range(tokens.shape[1])]
+
+    exact = pvalues(spec.tokens)
+    assert min(exact) > 1e-3 / len(exact)  # Bonferroni over the 32 marginals
+    relaxed = pipe.generate(method="cspd", draft=draft, num_draft=2, prefill=0.0, mode="relaxed", seed=10_000, **run)
+    assert min(pvalues(relaxed.tokens)) < 1e-3 / len(exact)
 
 
 def test_mar_cache_reusing_nothing_is_plain_mar():

@@ -172,6 +172,13 @@ def test_bad_inputs_give_one_clear_error(tmp_path):
     with pytest.raises(VisarError, match="decodes raster models"):
         pipe.generate(class_labels=[0], method="sjd", output_type="tokens")
     family = FAMILIES["mar"]
+    torch.manual_seed(0)
+    vae_a = family.build_tokenizer(family.tiny_tokenizer_args)
+    vae_b = family.build_tokenizer(family.tiny_tokenizer_args)  # other weights: other images
+    with_vae = visar.Pipeline(target, vae_a, name="tiny-mar")
+    draft_pipe = visar.Pipeline(tiny_mar(1), vae_b, name="tiny-mar-draft")
+    with pytest.raises(VisarError, match="tokenizer differs"):
+        with_vae.generate(class_labels=[0], method="cspd", draft=draft_pipe, output_type="tokens")
     vae = family.build_tokenizer({**family.tiny_tokenizer_args, "embed_dim": 3})
     with pytest.raises(VisarError, match="VAE does not fit"):
         family.check_tokenizer(target, vae)

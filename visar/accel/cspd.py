@@ -353,7 +353,7 @@ def cspd(
         row_image = torch.cat([torch.nonzero(j < block).squeeze(1) for j in range(len(reveals))])
         row_step = torch.cat([torch.full(((j < block).sum(),), j, device=device) for j in range(len(reveals))])
         seen = visible.clone()
-        row_visible, seen_by_step = [], []
+        seen_by_step = []
         for j in range(len(reveals)):
             seen_by_step.append(seen.clone())
             seen |= reveals[j]
@@ -374,17 +374,18 @@ def cspd(
         # Test every drafted token; then per image keep the steps up to its first rejection.
         first_reject = block.clone()  # the draft step of each image's first rejection (block: none)
         outcomes = []
-        for j, ((rows_pos), _z, _zn) in enumerate(records):
-            if rows_pos is None:
+        for j, (drafted, draft_z, draft_z_null) in enumerate(records):
+            if drafted is None:
                 outcomes.append(None)
                 continue
-            images, positions, (x0, path, _means, _logvars) = rows_pos
+            images, positions, (x0, path, _means, _log_vars) = drafted
             token_rows = torch.tensor([row_of[(b, j)] for b in images.tolist()], device=device, dtype=torch.long)
             z_t = z_rows[token_rows, positions]
             z_tn = None if z_null_rows is None else z_null_rows[token_rows, positions]
             guidance = guidance_by_step[(step_of[images] + j).clamp(max=num_iter - 1)]
             target_head = model_head(model, target_constants, z_t, z_tn, guidance)
-            zd, zdn = _z[images, positions], None if _zn is None else _zn[images, positions]
+            zd = draft_z[images, positions]
+            zdn = None if draft_z_null is None else draft_z_null[images, positions]
             draft_head = model_head(draft, draft_constants, zd, zdn, guidance)
             draws = ImageDraws(generators, images, steps, model.token_dim, device)
             index = torch.arange(len(images), device=device)

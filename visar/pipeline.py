@@ -25,7 +25,7 @@ from .accel.timing import synchronized_clock
 from .checkpoints import load_strict, read_state_dict
 from .errors import VisarError
 from .families import Family, get_family, hf_family
-from .models.base import RasterModel
+from .models.base import RasterModel, model_kind
 from .models.text import CaptionEncoder, CaptionEncoderConfig
 from .tokenizers.base import TokenGridTokenizer
 
@@ -64,7 +64,9 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 @dataclass
 class GenerationOutput:
     """images: per output_type (None for "tokens"). tokens, per model kind: raster models give the
-    token grid, a LongTensor [B, h, w] (h, w = the model's grid_size). stats: see Pipeline.generate."""
+    token grid, a LongTensor [B, h, w] (h, w = the model's grid_size); continuous models (MAR) the
+    float latent [B, C, h * p, w * p] their VAE decodes (scaled as the model sees it). stats: see
+    Pipeline.generate."""
 
     images: list[Image.Image] | Tensor | np.ndarray | None
     tokens: Tensor
@@ -75,7 +77,11 @@ def same_tokenizer(a: TokenGridTokenizer, b: TokenGridTokenizer) -> bool:
     """Do token ids mean the same images under both? Same object, or equal weights (codebook and decoder)."""
     if a is b:
         return True
-    if a.vocab_size != b.vocab_size or not torch.equal(a.codebook().detach().cpu(), b.codebook().detach().cpu()):
+    if hasattr(a, "codebook") != hasattr(b, "codebook"):
+        return False
+    if hasattr(a, "codebook") and (
+        a.vocab_size != b.vocab_size or not torch.equal(a.codebook().detach().cpu(), b.codebook().detach().cpu())
+    ):
         return False
     state_a, state_b = a.state_dict(), b.state_dict()
     return state_a.keys() == state_b.keys() and all(
@@ -238,7 +244,10 @@ class Pipeline:
         tokens, stats = spec.fn(
             self.model, cond, params, generators, cond_mask=cond_mask, progress=progress, **method_options
         )
-        tokens = tokens.reshape(batch, *self.model.grid_size)
+        if model_kind(self.model) == "continuous":  # float tokens [B, L, C] -> the latent the VAE decodes
+            tokens = self.model.unpatchify(tokens)
+        else:
+            tokens = tokens.reshape(batch, *self.model.grid_size)
         stats["commit_pass"] = stats["commit_pass"].reshape(batch, *self.model.grid_size)
         lossless = spec.is_lossless(method_options, self.model)
         stats = {**stats, "method": method, "lossless": lossless, "batch_size": batch}
@@ -322,6 +331,8 @@ def load(
     vq_checkpoint: str | os.PathLike | None = None,
     model_args: dict | None = None,
     vq_args: dict | None = None,
+    vae_checkpoint: str | os.PathLike | None = None,
+    vae_args: dict | None = None,
 ) -> Pipeline:
     """Load a pipeline by registered name, from a folder with config.json, or from official files.
 
@@ -334,10 +345,15 @@ def load(
     - `visar.load("llamagen", checkpoint=..., model_args={...}, vq_checkpoint=..., vq_args={...})` for
       sizes that match no preset (`model_args`: LlamaGen ModelArgs fields; `vq_args`: the VQ
       ModelArgs plus `ch`, the encoder/decoder base width).
+    - `visar.load("mar", checkpoint=..., model_args={...}, vae_checkpoint=..., vae_args={...})`: MAR
+      (`model_args`: the official MAR constructor's; `vae_*`: the KL VAE, the family's tokenizer,
+      the same as `vq_*`). Presets `mar-base`, `mar-large`, `mar-huge` take KL-16.
     device: default CUDA when available, else CPU. dtype: fp32 (default), bf16 or fp16 for the
     generator; the tokenizer stays in float32.
     """
     device, dtype = resolve_device(device), resolve_dtype(dtype)
+    vq_checkpoint = vae_checkpoint if vae_checkpoint is not None else vq_checkpoint
+    vq_args = vae_args if vae_args is not None else vq_args
     name = registry.resolve_name(str(name_or_path))
     embedded = registry.embedded_models()
     generic = registry.generic_names()
@@ -385,8 +401,10 @@ def load_official(name, checkpoint, vq_checkpoint, model_args, vq_args) -> Pipel
     tokenizer = None
     if vq_checkpoint is not None:
         tokenizer = family.load_tokenizer_weights(
-            family.build_tokenizer(tokenizer_args), vq_checkpoint, f"VQ checkpoint {vq_checkpoint}"
+            family.build_tokenizer(tokenizer_args), vq_checkpoint, f"tokenizer checkpoint {vq_checkpoint}"
         )
+        if family.check_tokenizer is not None:
+            family.check_tokenizer(model, tokenizer)
     return Pipeline(model, tokenizer, name=name, defaults=defaults)
 
 
@@ -430,6 +448,8 @@ def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None, model_args=No
     vq_file = vq_checkpoint or (folder / weights["tokenizer"] if "tokenizer" in weights else None)
     if vq_file is not None and tokenizer is not None:
         family.load_tokenizer_weights(tokenizer, vq_file, f"{folder.name} tokenizer {vq_file}")
+    if tokenizer is not None and family.check_tokenizer is not None:
+        family.check_tokenizer(model, tokenizer)
     if model_file is None and init_seed is None:
         raise VisarError(f"{folder} names no weights and no random init seed in config.json")
     text_encoder = None

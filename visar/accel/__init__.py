@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ..errors import VisarError
 from ..models.base import model_kind
-from . import ar, drafts, jacobi, relaxed, zipar
+from . import ar, cspd, drafts, jacobi, mar, mar_cache, relaxed, zipar
 
 # Arguments every method takes from the caller, not from the user; `tokenizer` is handed over by
 # Pipeline.generate to methods that compare tokens by their code vectors.
@@ -206,4 +206,38 @@ register_method(
     lossless=True,
     description="exact wavefront decoding for models that declare local dependence (model.dependency_reach)",
     requires=("dependency_reach",),
+)
+
+# -- continuous-token models (MAR) ---------------------------------------------------------------
+register_method(
+    "mar",
+    mar.mar,
+    lossless=True,
+    description="plain MAR sampling (Li et al. 2024): random order, cosine mask schedule, diffusion head",
+    model_kind="continuous",
+)
+
+register_method(
+    "cspd",
+    cspd.cspd,
+    lossless=False,
+    description="continuous speculative decoding (Wang et al. 2024): a draft MAR (draft=) drafts num_draft steps, "
+    "the target verifies them in one pass; mode 'exact' keeps the target's law (up to 1/(e max_tries) in TV), "
+    "'relaxed' is upstream's lossy inner temperature",
+    model_kind="continuous",
+    needs_draft=True,
+    exact_when=cspd.is_exact,
+    exact_when_text="mode='exact' (within 1/(e max_tries) in total variation)",
+    exact_example={"mode": "exact"},
+)
+register_method(
+    "mar-cache",
+    mar_cache.mar_cache,
+    lossless=False,
+    description="MAR with LazyMAR-style reuse across steps: decoder-block features of tokens whose inputs barely "
+    "change (token_threshold) and the null condition of guidance (null_interval)",
+    model_kind="continuous",
+    exact_when=mar_cache.is_exact,
+    exact_when_text="token_threshold=0 and null_interval=1",
+    exact_example={"token_threshold": 0.0, "null_interval": 1},
 )

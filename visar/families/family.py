@@ -56,6 +56,8 @@ class Family:
     load_folder: Callable[[os.PathLike, dict], FolderParts] | None = None
     build_text_encoder: Callable[[dict], object] | None = None
     tiny_text_encoder_args: dict = field(default_factory=dict)
+    # (model, tokenizer) -> None, or one VisarError when the tokenizer cannot decode the model's tokens.
+    check_tokenizer: Callable[[nn.Module, nn.Module], None] | None = None
 
     def recognises(self, config: dict) -> bool:
         """Is this config.json a transformers config of one of this family's architectures?"""

@@ -8,16 +8,23 @@ every method of its kind by implementing the interface in its own file. Today on
   order, after a condition (a class id or caption embeddings), with a KV cache that methods set
   up, write at explicit positions, truncate per sample and clear.
 
-The interfaces of next-scale (VAR), masked (MaskGIT) and continuous-token (MAR) models join here
-with their families. A model declares its kind in `model_kind`; a method declares the kind it
+- `ContinuousTokenModel` ("continuous"): masked autoregression over continuous tokens (MAR): a
+  bidirectional transformer gives each position a condition vector, and a small diffusion head
+  samples the token from it. The diffusion schedule it shares with its methods is here too
+  (`DiffusionSchedule`, `diffusion_step`), so plain sampling and verification use one formula.
+
+The interfaces of next-scale (VAR) and masked (MaskGIT) models join here with their families.
+A model declares its kind in `model_kind`; a method declares the kind it
 decodes (`visar.accel.Method.model_kind`) and refuses any other with one clear error.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -161,3 +168,176 @@ def causal_visibility(input_pos: Tensor, key_pos: Tensor, key_valid: Tensor | No
 def model_kind(model) -> str | None:
     """The interface a model declares (`model_kind`), or None for an object that declares none."""
     return getattr(model, "model_kind", None)
+
+
+# -- continuous-token models (MAR) ---------------------------------------------------------------
+
+
+@runtime_checkable
+class ContinuousTokenModel(Protocol):
+    """Masked autoregression over L = h * w continuous tokens of width C (MAR).
+
+    A step runs `condition_features` on the tokens fixed so far (`visible`) and gives every
+    position a condition vector z; the diffusion head then denoises each token to predict, from
+    Gaussian noise, through `diffusion_schedule(steps)`: at respaced step i the head's output
+    [eps | v] at (x, z) fixes a Gaussian transition (`diffusion_step`). Classifier-free guidance
+    mixes eps of the class and null conditions; the variance stays the class's.
+    """
+
+    model_kind: ClassVar[str]  # "continuous"
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """(h, w) of the token grid."""
+        ...
+
+    @property
+    def num_image_tokens(self) -> int: ...
+
+    @property
+    def token_dim(self) -> int:
+        """C, the width of one token (VAE channels x patch area)."""
+        ...
+
+    @property
+    def condition_layout(self) -> ConditionLayout: ...
+
+    @property
+    def num_sampling_steps(self) -> int:
+        """The diffusion head's default number of respaced steps."""
+        ...
+
+    def embed_condition(self, cond: Tensor) -> Tensor:
+        """Class ids [B] -> condition embeddings [B, D]."""
+        ...
+
+    def null_embedding(self, batch_size: int) -> Tensor:
+        """The unconditional embedding [B, D] for classifier-free guidance."""
+        ...
+
+    def condition_features(
+        self, tokens: Tensor, visible: Tensor, cond_embedding: Tensor, reuse: BlockReuse | None = None
+    ) -> Tensor:
+        """tokens [B, L, C], visible [B, L] bool (the tokens fixed so far), cond_embedding [B, D] ->
+        the diffusion condition z [B, L, Dz] of every position. `reuse` may skip work for tokens whose
+        block inputs barely changed since its last call (approximate; None: exact)."""
+        ...
+
+    def diffusion_head(self, x: Tensor, timesteps: Tensor, z: Tensor) -> Tensor:
+        """x [N, C] noisy tokens, timesteps [N] on the original 0..999 scale, z [N, Dz] -> [N, 2C]:
+        eps, then the variance interpolation values v in [-1, 1]."""
+        ...
+
+    def diffusion_schedule(self, num_steps: int | None = None) -> DiffusionSchedule: ...
+
+    def unpatchify(self, tokens: Tensor) -> Tensor:
+        """tokens [B, L, C] -> latent [B, C / p^2, h * p, w * p] (what the VAE decodes, scaled)."""
+        ...
+
+
+def cosine_betas(num_steps: int = 1000, max_beta: float = 0.999) -> np.ndarray:
+    """The improved-DDPM cosine schedule, float64; beta capped at max_beta (the last step's is)."""
+
+    def alpha_bar(t):
+        return math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
+
+    return np.array(
+        [min(1 - alpha_bar((i + 1) / num_steps) / alpha_bar(i / num_steps), max_beta) for i in range(num_steps)]
+    )
+
+
+def respaced_timesteps(num_timesteps: int, num_steps: int) -> list[int]:
+    """The original steps kept by respacing to num_steps: a float stride accumulated and rounded by
+    Python's round (half to even), as guided-diffusion's space_timesteps does with one section."""
+    if num_steps > num_timesteps or num_steps < 1:
+        raise ValueError(f"cannot respace {num_timesteps} diffusion steps to {num_steps}")
+    stride = 1 if num_steps <= 1 else (num_timesteps - 1) / (num_steps - 1)
+    taken, position = [], 0.0
+    for _ in range(num_steps):
+        taken.append(round(position))
+        position += stride
+    return sorted(set(taken))
+
+
+@dataclass(frozen=True)
+class DiffusionSchedule:
+    """A respaced Gaussian diffusion with learned-range variance and eps prediction (MAR's gen_diffusion).
+
+    Constants are float64 (numpy) like upstream and are cast to float32 per use. timestep_map[i]
+    is the original timestep the head is called with at respaced step i.
+    """
+
+    timestep_map: tuple[int, ...]
+    betas: np.ndarray
+
+    @classmethod
+    def cosine(cls, num_steps: int, num_timesteps: int = 1000) -> DiffusionSchedule:
+        alphas_cumprod = np.cumprod(1.0 - cosine_betas(num_timesteps))
+        kept = respaced_timesteps(num_timesteps, num_steps)
+        betas, last = [], 1.0
+        for step in kept:
+            betas.append(1 - alphas_cumprod[step] / last)
+            last = alphas_cumprod[step]
+        return cls(tuple(kept), np.array(betas, dtype=np.float64))
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.betas)
+
+    def constants(self, device) -> dict[str, Tensor]:
+        """The per-step coefficients, float32 tensors [T] on device."""
+        betas = self.betas
+        alphas_cumprod = np.cumprod(1.0 - betas)
+        prev = np.append(1.0, alphas_cumprod[:-1])
+        posterior_variance = betas * (1.0 - prev) / (1.0 - alphas_cumprod)
+        # The posterior variance is 0 at step 0: its log is clipped to step 1's (upstream's choice).
+        clipped = posterior_variance[1] if len(betas) > 1 else betas[0]
+        values = {
+            "sqrt_recip_alphas_cumprod": np.sqrt(1.0 / alphas_cumprod),
+            "sqrt_recipm1_alphas_cumprod": np.sqrt(1.0 / alphas_cumprod - 1),
+            "posterior_log_variance_clipped": np.log(np.append(clipped, posterior_variance[1:])),
+            "log_betas": np.log(betas),
+            "posterior_mean_coef1": betas * np.sqrt(prev) / (1.0 - alphas_cumprod),
+            "posterior_mean_coef2": (1.0 - prev) * np.sqrt(1.0 - betas) / (1.0 - alphas_cumprod),
+            "timestep_map": np.array(self.timestep_map),
+        }
+        out = {k: torch.from_numpy(v).to(device).float() for k, v in values.items()}
+        out["timestep_map"] = out["timestep_map"].long()
+        return out
+
+
+def diffusion_step(constants: dict[str, Tensor], step: Tensor, x: Tensor, head_out: Tensor):
+    """The Gaussian transition of respaced step `step` ([N] long) from x [N, C], given the head's
+    output [N, 2C] = [eps | v] -> (mean, log_variance, pred_xstart), each [N, C].
+
+    x0 = sqrt(1/abar) x - sqrt(1/abar - 1) eps (no clipping); mean = the posterior mean at x0;
+    log var = frac log beta + (1 - frac) log(clipped posterior variance), frac = (v + 1) / 2.
+    """
+    eps, values = head_out.chunk(2, dim=-1)
+
+    def at(name):
+        return constants[name][step][:, None]
+
+    frac = (values + 1) / 2
+    log_variance = frac * at("log_betas") + (1 - frac) * at("posterior_log_variance_clipped")
+    pred_xstart = at("sqrt_recip_alphas_cumprod") * x - at("sqrt_recipm1_alphas_cumprod") * eps
+    mean = at("posterior_mean_coef1") * pred_xstart + at("posterior_mean_coef2") * x
+    return mean, log_variance, pred_xstart
+
+
+class BlockReuse(Protocol):
+    """A policy that lets a transformer skip tokens whose block inputs barely changed (see mar-cache):
+    `recompute(key, h, positions)` -> [B, S] bool, which tokens to run the block for; `store(key,
+    positions, h_in, h_out)` records this call's inputs and outputs, by token position."""
+
+    def recompute(self, key: str, h: Tensor, positions: Tensor) -> Tensor: ...
+
+    def reused_output(self, key: str, h: Tensor, positions: Tensor) -> Tensor: ...
+
+    def store(self, key: str, positions: Tensor, h_in: Tensor, h_out: Tensor) -> None: ...

@@ -1,0 +1,192 @@
+"""MAR methods: CSpD's exactness (two-sample tests with a negative control), mar-cache's no-reuse
+equality, and one clear error per bad input."""
+
+import copy
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import ks_2samp
+
+import visar
+from visar.accel.cspd import TokenHead, speculate
+from visar.errors import VisarError
+from visar.families import FAMILIES
+from visar.models.base import DiffusionSchedule, cosine_betas, diffusion_step
+from visar.models.mar import MAR, MARConfig
+from visar.pipeline import seeded_init
+
+STEPS, SAMPLES = 8, 4000
+
+
+def toy_head(channels, constants, perturbation=0.0):
+    """A nonlinear toy diffusion head shaped like a trained one: its x0 guess is x / sqrt(abar) at
+    low noise and g(x) = 1.5 tanh(W x + b) at high noise, i.e. eps = sqrt(1 - abar)(x - sqrt(abar) g(x));
+    v fixed per step. The draft is the target with W and b perturbed."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(STEPS, channels, channels, generator=gen)
+    bias = torch.randn(STEPS, channels, generator=gen)
+    values = torch.rand(STEPS, channels, generator=gen) * 2 - 1
+    shift = torch.Generator().manual_seed(1)
+    weight = weight + perturbation * torch.randn(weight.shape, generator=shift)
+    bias = bias + perturbation * torch.randn(bias.shape, generator=shift)
+    alpha_bar = constants["sqrt_recip_alphas_cumprod"] ** -2
+
+    def transition(x, step, rows):
+        guess = 1.5 * torch.tanh(torch.einsum("ncd,nd->nc", weight[step], x) + bias[step])
+        a = alpha_bar[step][:, None]
+        eps = (1 - a).sqrt() * (x - a.sqrt() * guess)
+        mean, log_variance, _ = diffusion_step(constants, step, x, torch.cat([eps, values[step]], dim=-1))
+        return mean, log_variance
+
+    return TokenHead(transition)
+
+
+def toy_samples(channels, mode, inner_temperature=42.0):
+    constants = DiffusionSchedule.cosine(STEPS).constants("cpu")
+    target, draft = toy_head(channels, constants), toy_head(channels, constants, 0.6)
+    gen = torch.Generator().manual_seed(7)
+    rows = torch.arange(SAMPLES)
+    noise = torch.randn(STEPS + 1, SAMPLES, channels, generator=gen)
+    draft_path, draft_x0 = draft.sample(noise[-1], rows, 1.0, noise[:-1])
+
+    def uniform(n, index):
+        return torch.rand(len(index), n, generator=gen)
+
+    def normal(n, index):
+        return torch.randn(len(index), n, STEPS + 1, channels, generator=gen)
+
+    tokens, accepted, _ = speculate(
+        target, draft, rows, draft_path, draft_x0, 1.0, uniform, normal, mode=mode, inner_temperature=inner_temperature
+    )
+    fresh = torch.randn(STEPS + 1, SAMPLES, channels, generator=gen)
+    _, reference = target.sample(fresh[-1], rows, 1.0, fresh[:-1])
+    return tokens, reference, accepted
+
+
+def min_pvalue(tokens, reference):
+    directions = [torch.eye(tokens.shape[1])[i] for i in range(tokens.shape[1])]
+    if tokens.shape[1] == 2:
+        directions += [torch.tensor([1.0, 1.0]), torch.tensor([1.0, -1.0])]
+    return min(ks_2samp((tokens @ d).numpy(), (reference @ d).numpy()).pvalue for d in directions)
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_exact_accept_plus_residual_samples_the_target(channels):
+    tokens, reference, accepted = toy_samples(channels, "exact")
+    assert 0.05 < accepted.float().mean() < 0.95  # both branches are exercised
+    assert torch.isfinite(tokens).all() and not (tokens == 0).all(1).any()  # nothing left unfilled
+    assert min_pvalue(tokens, reference) > 1e-3
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_the_two_sample_test_catches_the_official_inner_temperature(channels):
+    tokens, reference, accepted = toy_samples(channels, "relaxed", 42.0)
+    assert accepted.float().mean() > 0.9
+    assert min_pvalue(tokens, reference) < 1e-3
+
+
+def tiny_mar(seed, std=0.05, **overrides):
+    family = FAMILIES["mar"]
+    model = family.build_model({**family.tiny_model_args, **overrides})
+    seeded_init(model, seed, std=std)
+    return model
+
+
+ALPHA_BAR = torch.from_numpy(np.cumprod(1 - cosine_betas(1000))).float()
+
+
+class TrainedLikeMAR(MAR):
+    """A MAR whose random diffusion head is read the way a trained one behaves (eps near x at high
+    noise): eps = sqrt(1 - abar)(x - sqrt(abar) tanh(out)), v = tanh(out_v). Random heads otherwise
+    multiply their eps error by sqrt(1/abar_999) ~ 2e4 and no two models ever agree."""
+
+    def diffusion_head(self, x, timesteps, z):
+        out = super().diffusion_head(x, timesteps, z)
+        channels = x.shape[-1]
+        a = ALPHA_BAR.to(x.device)[timesteps][:, None]
+        eps = (1 - a).sqrt() * (x - a.sqrt() * 2 * torch.tanh(out[:, :channels]))
+        return torch.cat([eps, torch.tanh(out[:, channels:])], dim=-1)
+
+
+def trained_like_pair(perturbation):
+    family = FAMILIES["mar"]
+    target = TrainedLikeMAR(MARConfig.from_dict(family.tiny_model_args))
+    seeded_init(target, 0, std=0.3)
+    draft = copy.deepcopy(target)
+    shift = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(perturbation * torch.randn(param.shape, generator=shift))
+    return target, draft
+
+
+def test_a_draft_identical_to_the_target_is_accepted():
+    model = tiny_mar(0)
+    pipe = visar.Pipeline(model, None, name="tiny-mar")
+    out = pipe.generate(class_labels=[0, 1], method="cspd", draft=model, num_iter=4, output_type="tokens", seed=1)
+    assert out.stats["acceptance_rate"] > 0.95
+
+
+@pytest.mark.slow
+def test_cspd_marginals_match_plain_target_sampling():
+    """Per-token marginals (every position and channel) of cspd against plain target sampling, on a
+    tiny MAR with CFG; the same comparison catches the relaxed mode (negative control)."""
+    target, draft = trained_like_pair(0.02)
+    pipe = visar.Pipeline(target, None, name="tiny-mar", defaults={"guidance_scale": 1.5})
+    n, run = 600, dict(class_labels=[1] * 600, num_iter=3, output_type="tokens")
+    plain = pipe.generate(method="mar", seed=0, **run).tokens.reshape(n, -1)
+    spec = pipe.generate(method="cspd", draft=draft, num_draft=2, prefill=0.0, seed=10_000, **run)
+    assert 0.1 < spec.stats["acceptance_rate"] < 0.9
+
+    def pvalues(tokens):
+        tokens = tokens.reshape(n, -1)
+        return [ks_2samp(plain[:, k].numpy(), tokens[:, k].numpy()).pvalue for k in range(tokens.shape[1])]
+
+    exact = pvalues(spec.tokens)
+    assert min(exact) > 1e-3 / len(exact)  # Bonferroni over the 32 marginals
+    relaxed = pipe.generate(method="cspd", draft=draft, num_draft=2, prefill=0.0, mode="relaxed", seed=10_000, **run)
+    assert min(pvalues(relaxed.tokens)) < 1e-3 / len(exact)
+
+
+def test_mar_cache_reusing_nothing_is_plain_mar():
+    pipe = visar.Pipeline(tiny_mar(0), None, name="tiny-mar", defaults={"guidance_scale": 2.0})
+    run = dict(class_labels=[0, 3], num_iter=4, output_type="tokens", seed=3)
+    plain = pipe.generate(method="mar", **run).tokens
+    same = pipe.generate(method="mar-cache", token_threshold=0.0, null_interval=1, **run)
+    assert torch.equal(plain, same.tokens) and same.stats["lossless"]
+    lossy = pipe.generate(method="mar-cache", token_threshold=0.5, null_interval=2, **run)
+    assert not lossy.stats["lossless"] and lossy.stats["reused_token_fraction"] > 0
+
+
+def test_bad_inputs_give_one_clear_error(tmp_path):
+    target = tiny_mar(0)
+    pipe = visar.Pipeline(target, None, name="tiny-mar")
+    wide = tiny_mar(1, vae_embed_dim=3)
+    with pytest.raises(VisarError, match="token width differ"):
+        pipe.generate(class_labels=[0], method="cspd", draft=wide, output_type="tokens")
+    other_grid = tiny_mar(1, img_size=12)
+    with pytest.raises(VisarError, match="order"):
+        pipe.generate(class_labels=[0], method="cspd", draft=other_grid, output_type="tokens")
+    with pytest.raises(VisarError, match="decodes raster models"):
+        pipe.generate(class_labels=[0], method="sjd", output_type="tokens")
+    family = FAMILIES["mar"]
+    torch.manual_seed(0)
+    vae_a = family.build_tokenizer(family.tiny_tokenizer_args)
+    vae_b = family.build_tokenizer(family.tiny_tokenizer_args)  # other weights: other images
+    with_vae = visar.Pipeline(target, vae_a, name="tiny-mar")
+    draft_pipe = visar.Pipeline(tiny_mar(1), vae_b, name="tiny-mar-draft")
+    with pytest.raises(VisarError, match="tokenizer differs"):
+        with_vae.generate(class_labels=[0], method="cspd", draft=draft_pipe, output_type="tokens")
+    vae = family.build_tokenizer({**family.tiny_tokenizer_args, "embed_dim": 3})
+    with pytest.raises(VisarError, match="VAE does not fit"):
+        family.check_tokenizer(target, vae)
+    # an official file without model_ema loads `model`, and says so
+    path = tmp_path / "no_ema.pt"
+    torch.save({"model": target.state_dict()}, path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = visar.load("mar", checkpoint=path, model_args=family.tiny_model_args, device="cpu")
+    assert any("no 'model_ema'" in str(w.message) for w in caught)
+    assert torch.equal(loaded.model.fake_latent, target.fake_latent)

@@ -1,0 +1,425 @@
+"""Continuous speculative decoding for MAR (CSpD; Wang et al. 2024, arXiv 2411.11925).
+
+Checked against MarkXCloud/CSpD (`spec_decode/spec_decode_runner.py`) for behaviour; written anew.
+A draft MAR runs `num_draft` MAR steps; the target then verifies the block in one batched pass and
+accepts or replaces each drafted token. Both share the image's order, mask schedule and diffusion
+noise (keyed to position and step: the "trajectory alignment"); steps up to `prefill` x num_iter
+are the target's own (pre-filling).
+
+What a token is, for the acceptance test: its denoising trajectory tau = (x_T, ..., x_1, x_0). The
+stochastic steps are Gaussian, the last one (respaced step 0) is a deterministic map x_0 = f(x_1);
+so, by a change of variables,
+
+    log p(tau) = log N(x_T; 0, I) + sum_{i >= 1} log N(x_{i-1}; mu_p(x_i), t^2 sigma_p^2(x_i))
+                 - log |det J_{f_p}(x_1^p)|,   x_1^p = f_p^{-1}(x_0),
+
+and the same for the draft q (x_1^q = its own x_1). t is the sampling temperature.
+
+Mode "exact" (default; the target's law exactly, up to the residual sampler's bound below):
+  - accept the draft's tau with probability min(1, p(tau) / q(tau)) (`accept_probability`);
+  - otherwise draw from the residual max(0, p - q) by acceptance-rejection with bound M = 1:
+    propose tau' ~ p (a fresh target chain), accept with probability max(0, 1 - q(tau')/p(tau'))
+    (`residual_accept_probability`), at most `max_tries` times; if every try fails the token is
+    a fresh target draw (never a zero vector). That fallback makes the law p - a^K (a p - min(p, q))
+    (a = the draft's acceptance rate, K = max_tries): off by at most 1/(e K) in total variation,
+    and exactly p as K grows;
+  - tokens of later draft steps, which were conditioned on a rejected token, are discarded
+    and drafted again;
+  - the target verifies draft step j with a row that sees the drafts of steps < j, so each token is
+    tested against the distribution plain target sampling would use.
+Mode "relaxed" (lossy, upstream's heuristic): the Gaussian exponents are divided by
+`inner_temperature`^2 (upstream: 42) in both densities, which accepts far more drafts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..errors import VisarError
+from ..models.base import diffusion_step
+from .mar import (
+    MaskSchedule,
+    PositionNoise,
+    check_params,
+    condition_pass,
+    draw_orders,
+    head_output,
+    predicted_positions,
+    sample_step,
+)
+from .stats import DecodeLog
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+# -- the acceptance rules (pure) -----------------------------------------------------------------
+
+
+def accept_probability(log_p: Tensor, log_q: Tensor) -> Tensor:
+    """P(accept a draft tau ~ q) = min(1, p(tau) / q(tau)). Lossless with the residual below."""
+    return torch.exp((log_p - log_q).clamp(max=0))
+
+
+def residual_accept_probability(log_p: Tensor, log_q: Tensor) -> Tensor:
+    """For tau' ~ p: accept as a draw of the residual max(0, p - q) / Z with probability
+    max(0, p - q)(tau') / (M p(tau')) = max(0, 1 - q(tau')/p(tau')), M = 1 (residual <= p)."""
+    return (1 - torch.exp((log_q - log_p).clamp(max=0))).clamp(min=0)
+
+
+def gaussian_log_density(x: Tensor, mean: Tensor, log_variance: Tensor, inner_temperature: float = 1.0) -> Tensor:
+    """sum over the last dim of log N(x; mean, exp(log_variance)); inner_temperature > 1 flattens
+    the exponent (the relaxed mode's heuristic; 1 is the true density)."""
+    squared = (x - mean) ** 2 * torch.exp(-log_variance) / inner_temperature**2
+    return -0.5 * (squared + log_variance + LOG_2PI).sum(-1)
+
+
+# -- one model's chain on a set of tokens ----------------------------------------------------------
+
+
+class TokenHead:
+    """The reverse chain of one model on N tokens: transition(x, step) for token rows, and the
+    final deterministic map f(x_1) (respaced step 0) with its inverse and Jacobian."""
+
+    def __init__(self, transition):
+        self.transition = transition  # (x [M, C], step [M], rows [M]) -> (mean, log_variance)
+
+    def final(self, x1: Tensor, rows: Tensor) -> Tensor:
+        return self.transition(x1, torch.zeros_like(rows), rows)[0]
+
+    def inverse_final(self, x0: Tensor, rows: Tensor, iterations: int = 50) -> Tensor:
+        """x_1 with f(x_1) = x_0. f is a small perturbation of a scaling (x_0 = a x_1 - b eps,
+        b about 6e-3 at 100 steps), so the fixed point x_1 <- x_1 + (x_0 - f(x_1)) / a converges fast."""
+        zero = torch.zeros_like(x0)
+        scale = self.final(torch.ones_like(x0), rows) - self.final(zero, rows)  # a up to the eps term
+        scale = torch.where(scale.abs() > 0.5, scale, torch.ones_like(scale))
+        x1 = x0.clone()
+        for _ in range(iterations):
+            x1 = x1 + (x0 - self.final(x1, rows)) / scale
+        return x1
+
+    def final_log_det(self, x1: Tensor, rows: Tensor) -> Tensor:
+        """log |det df/dx_1| per token [N], by one backward pass per channel."""
+        with torch.enable_grad():
+            x = x1.detach().requires_grad_(True)
+            out = self.final(x, rows)
+            rows_of_jacobian = [
+                torch.autograd.grad(out[:, c].sum(), x, retain_graph=True)[0] for c in range(x.shape[1])
+            ]
+        jacobian = torch.stack(rows_of_jacobian, dim=1)  # [N, C, C]
+        return torch.linalg.slogdet(jacobian.double())[1].float()
+
+    def log_trajectory(
+        self, path: Tensor, x0: Tensor, rows: Tensor, temperature: float, inner_temperature: float, own: bool
+    ) -> Tensor:
+        """log density [N] of the trajectory (path[T-1] = x_T, ..., path[1], x_0) under this model.
+        path [T, N, C]: path[i] is the input of step i. own: path[0] is this model's own x_1 (else
+        it is recovered from x_0 by inverting this model's final map)."""
+        steps, count = path.shape[:2]
+        x1 = path[0] if own else self.inverse_final(x0, rows)
+        states = torch.cat([x1[None], path[1:]]) if steps > 1 else x1[None]
+        log_density = gaussian_log_density(states[-1], torch.zeros_like(x0), torch.zeros_like(x0))
+        if steps > 1:
+            inputs = states[1:].reshape(-1, x0.shape[1])
+            step = torch.arange(1, steps, device=x0.device).repeat_interleave(count)
+            mean, log_variance = self.transition(inputs, step, rows.repeat(steps - 1))
+            log_variance = log_variance + 2 * math.log(temperature)
+            outputs = states[:-1].reshape(-1, x0.shape[1])
+            per_step = gaussian_log_density(outputs, mean, log_variance, inner_temperature).reshape(steps - 1, count)
+            log_density = log_density + per_step.sum(0)
+        return log_density - self.final_log_det(x1, rows)
+
+    def sample(self, start: Tensor, rows: Tensor, temperature: float, noise: Tensor):
+        """A fresh chain from start [N, C] with step noise [T, N, C] -> (path [T, N, C], x_0)."""
+        x, path = start, []
+        for i in reversed(range(noise.shape[0])):
+            path.append(x)
+            mean, log_variance = self.transition(x, torch.full_like(rows, i), rows)
+            x = mean + float(i != 0) * torch.exp(0.5 * log_variance) * noise[i] * temperature
+        return torch.stack(path[::-1]), x
+
+
+def speculate(
+    target: TokenHead,
+    draft: TokenHead,
+    rows: Tensor,
+    draft_path: Tensor,
+    draft_x0: Tensor,
+    temperature: float,
+    draw_uniform,
+    draw_normal,
+    *,
+    mode: str = "exact",
+    inner_temperature: float = 42.0,
+    max_tries: int = 100,
+    proposals_per_round: int = 8,
+):
+    """Verify N drafted tokens (trajectories draft_path [T, N, C], outputs draft_x0 [N, C]) and replace
+    the rejected ones -> (tokens [N, C], accepted [N] bool, residual_tries [N]).
+
+    draw_uniform(n, index) -> [P, n]; draw_normal(n, index) -> [P, n, T + 1, C] (step noise, then the
+    start, per proposal), for the tokens `index` [P] only, each from its own image's generator (so
+    an image's draws do not depend on the rest of the batch).
+    """
+    inner = 1.0 if mode == "exact" else inner_temperature
+    log_q = draft.log_trajectory(draft_path, draft_x0, rows, temperature, inner, own=True)
+    log_p = target.log_trajectory(draft_path, draft_x0, rows, temperature, inner, own=False)
+    everyone = torch.arange(len(rows), device=rows.device)
+    accepted = draw_uniform(1, everyone)[:, 0] < accept_probability(log_p, log_q)
+    tokens = draft_x0.clone()
+    tries = torch.zeros(len(rows), dtype=torch.long, device=rows.device)
+    pending = ~accepted
+    done_tries = 0
+    while bool(pending.any()) and done_tries < max_tries:
+        # proposals_per_round proposals at once for every pending token; the first accepted one
+        # wins (the same law as trying them one after another).
+        n = min(proposals_per_round, max_tries - done_tries)
+        index = pending.nonzero().squeeze(1)
+        noise = draw_normal(n, index)  # [P, n, T + 1, C]
+        prop_rows = rows[index].repeat_interleave(n)
+        start = noise[:, :, -1].reshape(-1, noise.shape[-1])
+        step_noise = noise[:, :, :-1].reshape(-1, noise.shape[2] - 1, noise.shape[-1]).transpose(0, 1)
+        path, x0 = target.sample(start, prop_rows, temperature, step_noise)
+        log_p_prop = target.log_trajectory(path, x0, prop_rows, temperature, inner, own=True)
+        log_q_prop = draft.log_trajectory(path, x0, prop_rows, temperature, inner, own=False)
+        uniform = draw_uniform(n, index).reshape(-1)
+        ok = (uniform < residual_accept_probability(log_p_prop, log_q_prop)).reshape(len(index), n)
+        first = torch.where(ok.any(1), ok.float().argmax(1), n)
+        tries[index] += torch.where(ok.any(1), first + 1, torch.full_like(first, n))
+        won = ok.any(1)
+        chosen = x0.reshape(len(index), n, -1)[torch.arange(len(index), device=rows.device), first.clamp(max=n - 1)]
+        tokens[index[won]] = chosen[won]
+        pending[index[won]] = False
+        done_tries += n
+    if bool(pending.any()):  # every bounded try failed: a fresh exact draw from the target
+        index = pending.nonzero().squeeze(1)
+        noise = draw_normal(1, index)[:, 0]
+        _, x0 = target.sample(noise[:, -1], rows[index], temperature, noise[:, :-1].transpose(0, 1))
+        tokens[index] = x0
+    return tokens, accepted, tries
+
+
+# -- the method ------------------------------------------------------------------------------------
+
+
+def is_exact(options: dict, model) -> bool:
+    return options.get("mode") == "exact" or options.get("inner_temperature") == 1.0
+
+
+def check_pair(target, draft):
+    """One clear error for a draft whose tokens mean something else than the target's."""
+    if getattr(draft, "model_kind", None) != "continuous":
+        raise VisarError("cspd needs a continuous-token draft model (a MAR) of the target's family")
+    mismatches = [
+        f"{what}: target {getattr(target, what)}, draft {getattr(draft, what)}"
+        for what in ("grid_size", "token_dim", "num_image_tokens")
+        if getattr(target, what) != getattr(draft, what)
+    ]
+    if mismatches:
+        raise VisarError(
+            "the draft's tokens do not fit the target's (token grid, order or token width differ: "
+            + "; ".join(mismatches)
+            + "): they cannot share orders and noise"
+        )
+    if target.condition_layout.num_classes != draft.condition_layout.num_classes:
+        raise VisarError("the draft and the target have different class sets")
+
+
+def model_head(model, constants, z: Tensor, z_null: Tensor | None, guidance: Tensor) -> TokenHead:
+    """One model's chain for tokens with conditions z [N, Dz] (and z_null) and guidance [N]."""
+
+    def transition(x, step, rows):
+        out = head_output(model, constants, x, step, z[rows], None if z_null is None else z_null[rows], guidance[rows])
+        mean, log_variance, _ = diffusion_step(constants, step, x, out)
+        return mean, log_variance
+
+    return TokenHead(transition)
+
+
+class ImageDraws:
+    """Per-token draws from each token's own image generator, so results do not depend on the batch."""
+
+    def __init__(self, generators, images: Tensor, steps: int, channels: int, device):
+        self.generators, self.images, self.steps, self.channels, self.device = (
+            generators,
+            images,
+            steps,
+            channels,
+            device,
+        )
+
+    def _each(self, index, make):
+        out = [make(self.generators[image]) for image in self.images[index].tolist()]
+        return torch.stack(out).to(self.device)
+
+    def uniform(self, n, index):
+        return self._each(index, lambda g: torch.rand(n, generator=g, device=g.device))
+
+    def normal(self, n, index):
+        return self._each(index, lambda g: torch.randn(n, self.steps + 1, self.channels, generator=g, device=g.device))
+
+
+@torch.no_grad()
+def cspd(
+    model,
+    cond,
+    params,
+    generators,
+    *,
+    cond_mask=None,
+    progress=False,
+    draft=None,
+    num_iter: int = 64,
+    num_diffusion_steps: int | None = None,
+    cfg_schedule: str = "linear",
+    num_draft: int = 4,
+    prefill: float = 0.15,
+    mode: str = "exact",
+    inner_temperature: float = 42.0,
+    max_tries: int = 100,
+):
+    """CSpD: `draft` (a MAR) drafts num_draft steps, the target verifies them in one batched pass."""
+    check_params(params)
+    if draft is None:
+        raise VisarError("cspd needs draft= (a smaller MAR of the same family: name, folder, pipeline or model)")
+    if mode not in ("exact", "relaxed"):
+        raise VisarError(f"cspd mode must be 'exact' or 'relaxed', got {mode!r}")
+    if num_draft < 1 or max_tries < 1:
+        raise VisarError("cspd needs num_draft >= 1 and max_tries >= 1")
+    check_pair(model, draft)
+    batch, num_tokens, device = cond.shape[0], model.num_image_tokens, model.device
+    cfg, temperature = params.guidance_scale, params.temperature
+    guided = cfg != 1.0
+    schedule = MaskSchedule.cosine(num_tokens, num_iter, cfg, cfg_schedule)
+    steps = model.diffusion_schedule(num_diffusion_steps).num_steps
+    target_constants = model.diffusion_schedule(steps).constants(device)
+    draft_constants = draft.diffusion_schedule(steps).constants(device)
+    orders = draw_orders(generators, num_tokens, device)
+    noise = PositionNoise(generators, num_tokens, steps, model.token_dim, device)
+    log = DecodeLog(batch, model.grid_size, num_draft, device)
+    guidance_by_step = torch.tensor(schedule.guidance, device=device)
+
+    tokens = torch.zeros(batch, num_tokens, model.token_dim, device=device)
+    visible = torch.zeros(batch, num_tokens, dtype=torch.bool, device=device)
+    target_cond, draft_cond = model.embed_condition(cond), draft.embed_condition(cond)
+    target_null = model.null_embedding(batch) if guided else None
+    draft_null = draft.null_embedding(batch) if guided else None
+    every = torch.arange(num_tokens, device=device).expand(batch, -1)
+    step_of = torch.zeros(batch, dtype=torch.long, device=device)  # each image's next MAR step
+    target_passes = draft_passes = 0
+
+    # Pre-filling: the first steps are the target's own (drafts there are poor).
+    prefill_steps = min(num_iter, int(math.floor(num_iter * prefill)) + 1) if prefill > 0 else 0
+    for _ in range(prefill_steps):
+        active = torch.ones(batch, dtype=torch.bool, device=device)
+        z, z_null = condition_pass(model, tokens, visible, target_cond, target_null, guided)
+        reveal = predicted_positions(orders, schedule, step_of, active)
+        sample_step(model, target_constants, tokens, z, z_null, reveal, guidance_by_step[step_of], temperature, noise)
+        visible |= reveal
+        target_passes += 1
+        log.count_pass(active)
+        log.commit(every, reveal, target_passes)
+        step_of += 1
+
+    while bool((step_of < num_iter).any()):
+        active = step_of < num_iter
+        block = torch.clamp(num_iter - step_of, max=num_draft) * active  # draft steps per image
+        # Drafting: pass j drafts step step_of + j of every image with j < block.
+        draft_tokens, draft_visible = tokens.clone(), visible.clone()
+        reveals, records = [], []
+        for j in range(int(block.max())):
+            in_pass = j < block
+            z, z_null = condition_pass(draft, draft_tokens, draft_visible, draft_cond, draft_null, guided)
+            reveal = predicted_positions(orders, schedule, step_of + j, in_pass)
+            record = sample_step(
+                draft,
+                draft_constants,
+                draft_tokens,
+                z,
+                z_null,
+                reveal,
+                guidance_by_step[(step_of + j).clamp(max=num_iter - 1)],
+                temperature,
+                noise,
+                record=True,
+            )
+            draft_visible |= reveal
+            reveals.append(reveal)
+            records.append((record, z, z_null))
+            draft_passes += 1
+        # Verification: one target pass over rows (image, j), row j seeing the drafts of steps < j.
+        row_image = torch.cat([torch.nonzero(j < block).squeeze(1) for j in range(len(reveals))])
+        row_step = torch.cat([torch.full(((j < block).sum(),), j, device=device) for j in range(len(reveals))])
+        seen = visible.clone()
+        seen_by_step = []
+        for j in range(len(reveals)):
+            seen_by_step.append(seen.clone())
+            seen |= reveals[j]
+        row_visible = torch.stack(
+            [seen_by_step[j][b] for b, j in zip(row_image.tolist(), row_step.tolist(), strict=True)]
+        )
+        z_rows, z_null_rows = condition_pass(
+            model,
+            draft_tokens[row_image],
+            row_visible,
+            target_cond[row_image],
+            None if target_null is None else target_null[row_image],
+            guided,
+        )
+        target_passes += 1
+        log.count_pass(active)
+        row_of = {(b, j): r for r, (b, j) in enumerate(zip(row_image.tolist(), row_step.tolist(), strict=True))}
+        # Test every drafted token; then per image keep the steps up to its first rejection.
+        first_reject = block.clone()  # the draft step of each image's first rejection (block: none)
+        outcomes = []
+        for j, (drafted, draft_z, draft_z_null) in enumerate(records):
+            if drafted is None:
+                outcomes.append(None)
+                continue
+            images, positions, (x0, path, _means, _log_vars) = drafted
+            token_rows = torch.tensor([row_of[(b, j)] for b in images.tolist()], device=device, dtype=torch.long)
+            z_t = z_rows[token_rows, positions]
+            z_tn = None if z_null_rows is None else z_null_rows[token_rows, positions]
+            guidance = guidance_by_step[(step_of[images] + j).clamp(max=num_iter - 1)]
+            target_head = model_head(model, target_constants, z_t, z_tn, guidance)
+            zd = draft_z[images, positions]
+            zdn = None if draft_z_null is None else draft_z_null[images, positions]
+            draft_head = model_head(draft, draft_constants, zd, zdn, guidance)
+            draws = ImageDraws(generators, images, steps, model.token_dim, device)
+            index = torch.arange(len(images), device=device)
+            new_tokens, accepted, _ = speculate(
+                target_head,
+                draft_head,
+                index,
+                path,
+                x0,
+                temperature,
+                draws.uniform,
+                draws.normal,
+                mode=mode,
+                inner_temperature=inner_temperature,
+                max_tries=max_tries,
+            )
+            outcomes.append((images, positions, new_tokens, accepted))
+            rejected_images = images[~accepted]
+            if len(rejected_images):
+                first_reject[rejected_images] = torch.minimum(
+                    first_reject[rejected_images], torch.full_like(rejected_images, j)
+                )
+        for j, outcome in enumerate(outcomes):
+            if outcome is None:
+                continue
+            images, positions, new_tokens, accepted = outcome
+            kept = j <= first_reject[images]  # steps after the first rejection are discarded
+            tokens[images[kept], positions[kept]] = new_tokens[kept]
+            visible[images[kept], positions[kept]] = True
+            log.drafts(positions[None], torch.full_like(positions, j)[None], kept[None], (accepted & kept)[None])
+            reveal = torch.zeros_like(visible)
+            reveal[images[kept], positions[kept]] = True
+            log.commit(every, reveal, target_passes)
+        step_of = step_of + torch.where(first_reject < block, first_reject + 1, block)
+
+    stats = log.stats(target_passes, draft_passes)
+    return tokens, {**stats, "num_iter": num_iter, "num_diffusion_steps": steps, "mode": mode}

@@ -25,7 +25,7 @@ from .accel.timing import synchronized_clock
 from .checkpoints import load_strict, read_state_dict
 from .errors import VisarError
 from .families import Family, get_family, hf_family
-from .models.base import RasterModel
+from .models.base import NextScaleModel, RasterModel, model_kind
 from .models.text import CaptionEncoder, CaptionEncoderConfig
 from .tokenizers.base import TokenGridTokenizer
 
@@ -64,10 +64,11 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 @dataclass
 class GenerationOutput:
     """images: per output_type (None for "tokens"). tokens, per model kind: raster models give the
-    token grid, a LongTensor [B, h, w] (h, w = the model's grid_size). stats: see Pipeline.generate."""
+    token grid, a LongTensor [B, h, w] (h, w = the model's grid_size); next-scale models (VAR) a list
+    of LongTensors [B, pn, pn], one per scale, small to large. stats: see Pipeline.generate."""
 
     images: list[Image.Image] | Tensor | np.ndarray | None
-    tokens: Tensor
+    tokens: Tensor | list[Tensor]
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -83,6 +84,9 @@ def same_tokenizer(a: TokenGridTokenizer, b: TokenGridTokenizer) -> bool:
     )
 
 
+# The method a pipeline runs when none is named, by model kind.
+DEFAULT_METHODS = {"raster": "ar", "next-scale": "var"}
+
 LOADED_DRAFTS: dict[tuple, Pipeline] = {}  # (name, device, dtype) -> loaded draft pipeline
 
 
@@ -91,7 +95,7 @@ class Pipeline:
 
     def __init__(
         self,
-        model: RasterModel,
+        model: RasterModel | NextScaleModel,
         tokenizer: TokenGridTokenizer | None,
         *,
         name: str,
@@ -188,7 +192,7 @@ class Pipeline:
         class_labels=None,
         prompts=None,
         *,
-        method: str = "ar",
+        method: str | None = None,
         seed: int = 0,
         generator: torch.Generator | list[torch.Generator] | None = None,
         guidance_scale: float | None = None,
@@ -203,6 +207,8 @@ class Pipeline:
     ) -> GenerationOutput:
         """Generate one image per class label / prompt.
 
+        method: a registered method of the model's kind (`visar methods`); None: plain sampling of
+        that kind ("ar" for raster models, "var" for next-scale models).
         Sampling settings left None take the model's defaults (`self.defaults`). Image i of the
         batch draws from its own generator, seeded `seed + i` unless `generator` (one per image,
         or a single one for a single image) is given. output_type: "pil" (list of PIL images),
@@ -219,6 +225,7 @@ class Pipeline:
         """
         if output_type not in ("pil", "pt", "np", "tokens"):
             raise VisarError(f"output_type must be 'pil', 'pt', 'np' or 'tokens', got {output_type!r}")
+        method = method or DEFAULT_METHODS.get(model_kind(self.model), "ar")
         spec = get_method(method)
         spec.check_options(method_options)
         spec.check_model(self.model)
@@ -238,8 +245,9 @@ class Pipeline:
         tokens, stats = spec.fn(
             self.model, cond, params, generators, cond_mask=cond_mask, progress=progress, **method_options
         )
-        tokens = tokens.reshape(batch, *self.model.grid_size)
-        stats["commit_pass"] = stats["commit_pass"].reshape(batch, *self.model.grid_size)
+        if model_kind(self.model) == "raster":  # next-scale methods return one [B, pn, pn] map per scale
+            tokens = tokens.reshape(batch, *self.model.grid_size)
+            stats["commit_pass"] = stats["commit_pass"].reshape(batch, *self.model.grid_size)
         lossless = spec.is_lossless(method_options, self.model)
         stats = {**stats, "method": method, "lossless": lossless, "batch_size": batch}
         images = None
@@ -271,12 +279,14 @@ class Pipeline:
                 )
         return draft
 
-    def decode(self, tokens: Tensor) -> Tensor:
-        """tokens [B, h, w] -> images [B, 3, H, W] in [0, 1]."""
+    def decode(self, tokens: Tensor | list[Tensor]) -> Tensor:
+        """tokens [B, h, w] (a list of [B, pn, pn] per scale for next-scale models) -> images [B, 3, H, W] in [0, 1]."""
         if self.tokenizer is None:
             raise VisarError(f"{self.name} has no tokenizer loaded (pass vq_checkpoint=), or use output_type='tokens'")
+        device = next(self.tokenizer.parameters()).device
+        tokens = [t.to(device) for t in tokens] if isinstance(tokens, (list, tuple)) else tokens.to(device)
         with torch.no_grad():
-            images = self.tokenizer.decode(tokens.to(next(self.tokenizer.parameters()).device))
+            images = self.tokenizer.decode(tokens)
         return ((images.float() + 1) / 2).clamp(0, 1)
 
     @staticmethod
@@ -333,6 +343,8 @@ def load(
     - `visar.load("llamagen", checkpoint=..., model_args={...}, vq_checkpoint=..., vq_args={...})` for
       sizes that match no preset (`model_args`: LlamaGen ModelArgs fields; `vq_args`: the VQ
       ModelArgs plus `ch`, the encoder/decoder base width).
+    - `visar.load("var-d16", checkpoint="var_d16.pth", vq_checkpoint="vae_ch160v4096z32.pth")`, or
+      `visar.load("var", ...)` with the VAR constructor arguments (docs/VAR.md).
     device: default CUDA when available, else CPU. dtype: fp32 (default), bf16 or fp16 for the
     generator; the tokenizer stays in float32.
     """

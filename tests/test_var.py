@@ -336,3 +336,16 @@ def test_a_vqvae_of_another_schedule_is_refused(pair):
     pipe = visar.Pipeline(drafter.model, tiny_vqvae(v_patch_nums=(1, 2, 4)), name="mismatch")
     with pytest.raises(VisarError, match="VQVAE's scales"):
         pipe.generate(class_labels=[0], output_type="tokens")
+
+
+def test_presets_carry_vars_sampling_defaults():
+    presets = visar.registry.OFFICIAL_PRESETS
+    assert {"var-d16", "var-d20", "var-d24", "var-d30", "var-d36"} <= set(presets)
+    assert presets["var-d30"].defaults == {"guidance_scale": 2.5, "temperature": 1.0, "top_k": 900, "top_p": 0.96}
+    assert presets["var-d36"].model_args["shared_aln"] and presets["var-d36"].tokenizer_args["v_patch_nums"][-1] == 32
+
+
+def test_raster_only_helpers_refuse_a_next_scale_model(pair):
+    drafter, _ = pair
+    with pytest.raises(VisarError, match="Pipeline.logits is for raster models"):
+        drafter.logits(torch.zeros(1, 30, dtype=torch.long), class_labels=[0])

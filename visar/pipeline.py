@@ -298,7 +298,12 @@ class Pipeline:
 
     @torch.no_grad()
     def logits(self, tokens: Tensor, class_labels=None, prompts=None, caption_embeds=None, caption_mask=None) -> Tensor:
-        """Teacher-forced conditional next-token logits [B, N, V]: row i predicts tokens[:, i]."""
+        """Teacher-forced conditional next-token logits [B, N, V]: row i predicts tokens[:, i] (raster models)."""
+        if model_kind(self.model) != "raster":
+            raise VisarError(
+                f"Pipeline.logits is for raster models; {self.name} is a {model_kind(self.model)} model (for VAR: "
+                "pipe.model(labels, pipe.tokenizer.teacher_forcing_inputs(scale_tokens)))"
+            )
         cond, cond_mask = self.condition(class_labels, prompts, caption_embeds, caption_mask)
         tokens = torch.as_tensor(tokens).reshape(cond.shape[0], -1).to(self.device)
         num_cond = self.model.num_condition_tokens

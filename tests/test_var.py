@@ -349,3 +349,23 @@ def test_raster_only_helpers_refuse_a_next_scale_model(pair):
     drafter, _ = pair
     with pytest.raises(VisarError, match="Pipeline.logits is for raster models"):
         drafter.logits(torch.zeros(1, 30, dtype=torch.long), class_labels=[0])
+
+
+def test_a_pruned_scale_sends_only_the_kept_tokens_through_the_layers():
+    model, vq = tiny_var(0), tiny_vqvae()
+    cond = torch.tensor([1, 2])
+    tokens = [torch.randint(0, 16, (2, side, side)) for side in model.scale_sizes]
+    inputs = vq.teacher_forcing_inputs(tokens)
+    with torch.no_grad():
+        model.setup_cache(2, pruning=True)
+        model(cond)
+        model(cond, inputs[:, :4], first_scale=1)
+        model(cond, inputs[:, 4:13], first_scale=2)
+        logits = model(cond, inputs[:, 13:], first_scale=3, keep_fraction=0.25)  # 4 of 16 tokens
+        lengths = {block.attn.cache.length for block in model.blocks}
+        model.setup_cache(2)  # without pruning=True nothing is kept to reuse
+        model(cond)
+        with pytest.raises(VisarError, match="pruning=True"):
+            model(cond, inputs[:, :4], first_scale=1, keep_fraction=0.5)
+        model.clear_cache()
+    assert logits.shape == (2, 16, 16) and lengths == {1 + 4 + 9 + 4}

@@ -58,8 +58,8 @@ class ScaleScorer:
         self.forward_passes = 0
 
     @contextmanager
-    def cache(self):
-        self.model.setup_cache(self.cond.shape[0])
+    def cache(self, pruning: bool = False):
+        self.model.setup_cache(self.cond.shape[0], pruning=pruning)
         try:
             yield self
         finally:
@@ -297,7 +297,7 @@ def var_prune(
     start = synchronized_clock(model.device)
     scorer = ScaleScorer(model, cond, params)
     state = ScaleState(tokenizer.empty_latent(cond.shape[0], model.device))
-    with scorer.cache():
+    with scorer.cache(pruning=bool(chosen) and keep_fraction < 1):
         sample_scales(
             scorer,
             tokenizer,

@@ -132,9 +132,10 @@ class NextScaleModel(Protocol):
     - Without a cache the call must start at scale 0 (teacher forcing).
     - With a cache (`setup_cache`), the call's keys and values are appended to it; a method feeds
       the scales in order, one call per scale or several at once (a prefill).
-    - keep_fraction < 1 (a one-scale call after an earlier one, FastVAR's cached token pruning): only
-      that fraction of the scale's inputs go through each layer, those that changed most against the
-      previous scale; the others take the previous scale's layer outputs, upsampled. 1 is exact.
+    - keep_fraction < 1 (FastVAR's cached token pruning; a one-scale call right after another, on a
+      cache set up with pruning=True): only that fraction of the scale's inputs go through each
+      layer, those that changed most against the previous scale; the others take the previous
+      scale's layer outputs, upsampled. 1 is exact.
     A method never reads the cache or any attribute outside this interface.
     """
 
@@ -166,8 +167,9 @@ class NextScaleModel(Protocol):
         """The unconditional counterpart of `cond` (same shape), for classifier-free guidance."""
         ...
 
-    def setup_cache(self, batch_size: int) -> None:
-        """An empty KV cache for every scale, for batch_size rows."""
+    def setup_cache(self, batch_size: int, pruning: bool = False) -> None:
+        """An empty KV cache for every scale, for batch_size rows; pruning: keep what later calls with
+        keep_fraction < 1 reuse (each one-scale call's layer outputs)."""
         ...
 
     def clear_cache(self) -> None: ...

@@ -218,7 +218,10 @@ class AdaLNBlock(nn.Module):
         input (upsampled) go through attention and FFN; the others add the previous scale's updates,
         upsampled. Only the kept inputs' keys and values enter the cache."""
         if self.record is None:
-            raise VisarError("token pruning needs an earlier scale in the cache (it reuses that scale's outputs)")
+            raise VisarError(
+                "token pruning needs the previous scale's layer updates: set up the cache with pruning=True and "
+                "feed that scale alone before"
+            )
         batch, length, dim = x.shape
         side = round(math.sqrt(length))
         previous = self.record
@@ -277,6 +280,7 @@ class VAR(nn.Module):
         self.register_buffer("attn_bias_for_masking", causal.reshape(1, 1, self.total_length, self.total_length))
         self.head_nm = AdaLNHead(dim, config.norm_eps)
         self.head = nn.Linear(dim, config.vocab_size)
+        self.recording = False  # see setup_cache
 
     # -- the NextScaleModel interface --------------------------------------------------------------
     @property
@@ -311,13 +315,17 @@ class VAR(nn.Module):
     def null_condition(self, cond: Tensor) -> Tensor:
         return torch.full_like(cond, self.config.num_classes)
 
-    def setup_cache(self, batch_size: int) -> None:
+    def setup_cache(self, batch_size: int, pruning: bool = False) -> None:
+        # pruning: keep each one-scale call's layer updates for a later pruned call (memory: three
+        # [B, pn^2, C] tensors per layer), only when a method will prune.
+        self.recording = pruning
         heads, head_dim = self.config.num_heads, self.config.embed_dim // self.config.num_heads
         for block in self.blocks:
             block.attn.cache = KVCache(batch_size, heads, self.total_length, head_dim, self.dtype, self.device)
             block.record = None
 
     def clear_cache(self) -> None:
+        self.recording = False
         for block in self.blocks:
             block.attn.cache, block.record = None, None
 
@@ -369,9 +377,9 @@ class VAR(nn.Module):
             condition = self.shared_ada_lin(cond_embedding).view(cond.shape[0], 1, 6, -1)
         keep = self.tokens_kept(keep_fraction, x.shape[1], end_scale - first_scale, cache)
         visible = self.visibility(first_scale, end_scale, 0 if cache is None else cache.length)
-        one_cached_scale = cache is not None and end_scale - first_scale == 1
+        record = self.recording and end_scale - first_scale == 1
         for block in self.blocks:
-            x = block(x, condition, visible, keep, record=one_cached_scale)
+            x = block(x, condition, visible, keep, record=record)
         return F.linear(self.head_nm(x, cond_embedding), self.head.weight.float(), self.head.bias.float())
 
     def tokens_kept(self, keep_fraction: float, length: int, num_scales: int, cache) -> int | None:

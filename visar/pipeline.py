@@ -218,8 +218,9 @@ class Pipeline:
         stats (every method, `visar.accel.stats`): forward_passes (the batch's target passes),
         forward_passes_per_image, tokens_per_forward, latency_s (token sampling wall time), draft_tokens
         (drafts tested), accepted_tokens, acceptance_rate (None without drafts), draft_forward_passes,
-        draft_tokens_by_row / accepted_tokens_by_row (per grid row), commit_pass (LongTensor
-        [B, h, w]: the forward pass that committed each token, 1 = the first); plus decode_s, method,
+        draft_tokens_by_row / accepted_tokens_by_row (per grid row; per scale for next-scale models),
+        commit_pass (LongTensor [B, h, w]: the forward pass that committed each token, 1 = the first;
+        next-scale models: one [B, pn, pn] per scale); plus decode_s, method,
         lossless (for these options: some lossy methods are exact at some settings), batch_size
         and what the method reports.
         """

@@ -76,6 +76,8 @@ def test_method_on_every_family(family_pair, method_name):
             pipe.generate(**conditions(pipe, 1), method=method_name, output_type="tokens", **options)
         assert method_name in str(err.value) or any(c in str(err.value) for c in method.requires)
         return
+    if pipe.model.model_kind == "next-scale":
+        return check_next_scale_method(pipe, method, options)
     height, width = pipe.model.grid_size
     continuous = pipe.model.model_kind == "continuous"
     run = dict(method=method_name, output_type="tokens", seed=5, **options)
@@ -121,6 +123,34 @@ def test_method_on_every_family(family_pair, method_name):
             assert torch.equal(alone.tokens[0], tokens[i]), f"image {i} depends on its batch"
 
 
+def check_next_scale_method(pipe, method, options):
+    """A next-scale method: one token map [B, pn, pn] per scale, the common statistics with scales as
+    rows, determinism and batch invariance."""
+    sizes = pipe.model.scale_sizes
+    run = dict(method=method.name, output_type="tokens", seed=5, **options)
+    out = pipe.generate(**conditions(pipe, 3), **run)
+    tokens, stats = out.tokens, out.stats
+    assert [tuple(t.shape) for t in tokens] == [(3, side, side) for side in sizes]
+    assert all(t.dtype == torch.long and 0 <= int(t.min()) and int(t.max()) < pipe.model.vocab_size for t in tokens)
+    assert set(COMMON_STATS) | {"method", "lossless", "batch_size"} <= set(stats)
+    assert stats["method"] == method.name and stats["batch_size"] == 3
+    assert stats["forward_passes_per_image"] == [len(sizes)] * 3 and stats["forward_passes"] == len(sizes)
+    assert stats["tokens_per_forward"] >= 1.0 and stats["latency_s"] > 0
+    assert len(stats["draft_tokens_by_row"]) == len(sizes) and stats["acceptance_rate"] is None
+    assert stats["lossless"] == method.is_lossless(options, pipe.model)
+    assert (stats["draft_forward_passes"] > 0) == method.needs_draft
+    assert [tuple(c.shape) for c in stats["commit_pass"]] == [(3, side, side) for side in sizes]
+    assert [int(c.min()) for c in stats["commit_pass"]] == list(range(1, len(sizes) + 1))
+    again = pipe.generate(**conditions(pipe, 3), **run)
+    assert all(torch.equal(a, b) for a, b in zip(again.tokens, tokens, strict=True))
+    for i in range(3):
+        labels = {k: v[i : i + 1] for k, v in conditions(pipe, 3).items()}
+        alone = pipe.generate(**labels, **{**run, "seed": 5 + i})
+        assert all(torch.equal(a[0], b[i]) for a, b in zip(alone.tokens, tokens, strict=True)), (
+            f"image {i} depends on its batch"
+        )
+
+
 class MaskedStandIn(torch.nn.Module):
     """A model of another kind (the masked-model interface arrives with its family)."""
 
@@ -150,8 +180,9 @@ def test_lossless_labels_say_when_a_lossy_method_is_exact():
 
 VOCAB, SAMPLES = 6, 20_000
 PARAMS = SamplingParams(guidance_scale=2.0, top_k=4)
-# Raster claims, against a LlamaGen's enumerated law; continuous ones (cspd, mar-cache) are tested
-# in tests/test_mar.py (per-token marginals, equality with plain MAR).
+# The enumerated law is a raster model's. Continuous claims (cspd, mar-cache) are tested in tests/test_mar.py
+# (per-token marginals, equality with plain MAR); next-scale ones (var-prune at keep_fraction 1, code with
+# every scale drafted) are equalities with plain `var`, tested in tests/test_var.py.
 EXACT_CLAIMS = sorted(
     name for name, method in METHODS.items() if method.exact_when is not None and method.model_kind == "raster"
 )

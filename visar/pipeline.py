@@ -25,7 +25,7 @@ from .accel.timing import synchronized_clock
 from .checkpoints import load_strict, read_state_dict
 from .errors import VisarError
 from .families import Family, get_family, hf_family
-from .models.base import RasterModel, model_kind
+from .models.base import NextScaleModel, RasterModel, model_kind
 from .models.text import CaptionEncoder, CaptionEncoderConfig
 from .tokenizers.base import TokenGridTokenizer
 
@@ -65,11 +65,12 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 class GenerationOutput:
     """images: per output_type (None for "tokens"). tokens, per model kind: raster models give the
     token grid, a LongTensor [B, h, w] (h, w = the model's grid_size); continuous models (MAR) the
-    float latent [B, C, h * p, w * p] their VAE decodes (scaled as the model sees it). stats: see
+    float latent [B, C, h * p, w * p] their VAE decodes (scaled as the model sees it); next-scale
+    models (VAR) a list of LongTensors [B, pn, pn], one per scale, small to large. stats: see
     Pipeline.generate."""
 
     images: list[Image.Image] | Tensor | np.ndarray | None
-    tokens: Tensor
+    tokens: Tensor | list[Tensor]
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -89,6 +90,9 @@ def same_tokenizer(a: TokenGridTokenizer, b: TokenGridTokenizer) -> bool:
     )
 
 
+# The method a pipeline runs when none is named, by model kind.
+DEFAULT_METHODS = {"raster": "ar", "next-scale": "var", "continuous": "mar"}
+
 LOADED_DRAFTS: dict[tuple, Pipeline] = {}  # (name, device, dtype) -> loaded draft pipeline
 
 
@@ -97,7 +101,7 @@ class Pipeline:
 
     def __init__(
         self,
-        model: RasterModel,
+        model: RasterModel | NextScaleModel,
         tokenizer: TokenGridTokenizer | None,
         *,
         name: str,
@@ -194,7 +198,7 @@ class Pipeline:
         class_labels=None,
         prompts=None,
         *,
-        method: str = "ar",
+        method: str | None = None,
         seed: int = 0,
         generator: torch.Generator | list[torch.Generator] | None = None,
         guidance_scale: float | None = None,
@@ -209,6 +213,8 @@ class Pipeline:
     ) -> GenerationOutput:
         """Generate one image per class label / prompt.
 
+        method: a registered method of the model's kind (`visar methods`); None: plain sampling of
+        that kind ("ar" for raster models, "var" for next-scale models).
         Sampling settings left None take the model's defaults (`self.defaults`). Image i of the
         batch draws from its own generator, seeded `seed + i` unless `generator` (one per image,
         or a single one for a single image) is given. output_type: "pil" (list of PIL images),
@@ -218,13 +224,15 @@ class Pipeline:
         stats (every method, `visar.accel.stats`): forward_passes (the batch's target passes),
         forward_passes_per_image, tokens_per_forward, latency_s (token sampling wall time), draft_tokens
         (drafts tested), accepted_tokens, acceptance_rate (None without drafts), draft_forward_passes,
-        draft_tokens_by_row / accepted_tokens_by_row (per grid row), commit_pass (LongTensor
-        [B, h, w]: the forward pass that committed each token, 1 = the first); plus decode_s, method,
+        draft_tokens_by_row / accepted_tokens_by_row (per grid row; per scale for next-scale models),
+        commit_pass (LongTensor [B, h, w]: the forward pass that committed each token, 1 = the first;
+        next-scale models: one [B, pn, pn] per scale); plus decode_s, method,
         lossless (for these options: some lossy methods are exact at some settings), batch_size
         and what the method reports.
         """
         if output_type not in ("pil", "pt", "np", "tokens"):
             raise VisarError(f"output_type must be 'pil', 'pt', 'np' or 'tokens', got {output_type!r}")
+        method = method or DEFAULT_METHODS.get(model_kind(self.model), "ar")
         spec = get_method(method)
         spec.check_options(method_options)
         spec.check_model(self.model)
@@ -244,11 +252,13 @@ class Pipeline:
         tokens, stats = spec.fn(
             self.model, cond, params, generators, cond_mask=cond_mask, progress=progress, **method_options
         )
-        if model_kind(self.model) == "continuous":  # float tokens [B, L, C] -> the latent the VAE decodes
+        kind = model_kind(self.model)
+        if kind == "continuous":  # float tokens [B, L, C] -> the latent the VAE decodes
             tokens = self.model.unpatchify(tokens)
-        else:
+        elif kind == "raster":  # next-scale methods return one [B, pn, pn] map per scale
             tokens = tokens.reshape(batch, *self.model.grid_size)
-        stats["commit_pass"] = stats["commit_pass"].reshape(batch, *self.model.grid_size)
+        if kind in ("continuous", "raster"):
+            stats["commit_pass"] = stats["commit_pass"].reshape(batch, *self.model.grid_size)
         lossless = spec.is_lossless(method_options, self.model)
         stats = {**stats, "method": method, "lossless": lossless, "batch_size": batch}
         images = None
@@ -280,12 +290,14 @@ class Pipeline:
                 )
         return draft
 
-    def decode(self, tokens: Tensor) -> Tensor:
-        """tokens [B, h, w] -> images [B, 3, H, W] in [0, 1]."""
+    def decode(self, tokens: Tensor | list[Tensor]) -> Tensor:
+        """tokens [B, h, w] (a list of [B, pn, pn] per scale for next-scale models) -> images [B, 3, H, W] in [0, 1]."""
         if self.tokenizer is None:
             raise VisarError(f"{self.name} has no tokenizer loaded (pass vq_checkpoint=), or use output_type='tokens'")
+        device = next(self.tokenizer.parameters()).device
+        tokens = [t.to(device) for t in tokens] if isinstance(tokens, (list, tuple)) else tokens.to(device)
         with torch.no_grad():
-            images = self.tokenizer.decode(tokens.to(next(self.tokenizer.parameters()).device))
+            images = self.tokenizer.decode(tokens)
         return ((images.float() + 1) / 2).clamp(0, 1)
 
     @staticmethod
@@ -297,7 +309,12 @@ class Pipeline:
 
     @torch.no_grad()
     def logits(self, tokens: Tensor, class_labels=None, prompts=None, caption_embeds=None, caption_mask=None) -> Tensor:
-        """Teacher-forced conditional next-token logits [B, N, V]: row i predicts tokens[:, i]."""
+        """Teacher-forced conditional next-token logits [B, N, V]: row i predicts tokens[:, i] (raster models)."""
+        if model_kind(self.model) != "raster":
+            raise VisarError(
+                f"Pipeline.logits is for raster models; {self.name} is a {model_kind(self.model)} model (for VAR: "
+                "pipe.model(labels, pipe.tokenizer.teacher_forcing_inputs(scale_tokens)))"
+            )
         cond, cond_mask = self.condition(class_labels, prompts, caption_embeds, caption_mask)
         tokens = torch.as_tensor(tokens).reshape(cond.shape[0], -1).to(self.device)
         num_cond = self.model.num_condition_tokens
@@ -348,6 +365,8 @@ def load(
     - `visar.load("mar", checkpoint=..., model_args={...}, vae_checkpoint=..., vae_args={...})`: MAR
       (`model_args`: the official MAR constructor's; `vae_*`: the KL VAE, the family's tokenizer,
       the same as `vq_*`). Presets `mar-base`, `mar-large`, `mar-huge` take KL-16.
+    - `visar.load("var-d16", checkpoint="var_d16.pth", vq_checkpoint="vae_ch160v4096z32.pth")`, or
+      `visar.load("var", ...)` with the VAR constructor arguments (docs/VAR.md).
     device: default CUDA when available, else CPU. dtype: fp32 (default), bf16 or fp16 for the
     generator; the tokenizer stays in float32.
     """

@@ -2,7 +2,8 @@
 
 A method is a function `fn(model, cond, params, generators, *, cond_mask=None, progress=False,
 **options) -> (tokens, stats)`: `model` implements the interface of the kind the method decodes
-(`visar.models.base`, e.g. `RasterModel`), tokens are [B, N] for raster models, and stats hold
+(`visar.models.base`, e.g. `RasterModel`), tokens are [B, N] for raster models and a list of
+[B, pn, pn] token maps (one per scale) for next-scale models, and stats hold
 `stats.COMMON_STATS`. Its keyword options are what `Pipeline.generate` and the CLI accept for it.
 Anything the method must not resolve itself (a draft given by name, the tokenizer) is resolved by
 the pipeline before the call.
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..errors import VisarError
 from ..models.base import model_kind
-from . import ar, cspd, drafts, jacobi, mar, mar_cache, relaxed, zipar
+from . import ar, cspd, drafts, jacobi, mar, mar_cache, next_scale, relaxed, zipar
 
 # Arguments every method takes from the caller, not from the user; `tokenizer` is handed over by
 # Pipeline.generate to methods that compare tokens by their code vectors.
@@ -240,4 +241,35 @@ register_method(
     exact_when=mar_cache.is_exact,
     exact_when_text="token_threshold=0 and null_interval=1",
     exact_example={"token_threshold": 0.0, "null_interval": 1},
+)
+
+# -- next-scale models (VAR) ---------------------------------------------------------------------------
+register_method(
+    "var",
+    next_scale.var,
+    lossless=True,
+    description="plain next-scale sampling (the reference for VAR models): one pass per scale, KV cache",
+    model_kind="next-scale",
+)
+register_method(
+    "code",
+    next_scale.code,
+    lossless=False,
+    description="collaborative decoding (CoDe, Chen et al. 2025): this model drafts the first draft_scales "
+    "scales, a smaller refiner (draft=) prefills them in one pass and decodes the rest",
+    model_kind="next-scale",
+    exact_when=next_scale.code_is_exact,
+    exact_when_text="draft_scales = the number of scales",
+    needs_draft=True,
+)
+register_method(
+    "var-prune",
+    next_scale.var_prune,
+    lossless=False,
+    description="FastVAR cached token pruning (Guo et al. 2025): at the largest scales only keep_fraction of "
+    "the tokens go through the transformer, the rest reuse the previous scale's outputs",
+    model_kind="next-scale",
+    exact_when=next_scale.prune_is_exact,
+    exact_when_text="keep_fraction=1",
+    exact_example={"keep_fraction": 1.0},
 )

@@ -2,18 +2,22 @@
 
 A decoding method in `visar/accel` sees a model only through the interface of its kind, never a
 concrete model class, so a new family (a Hugging Face decoder, another LlamaGen-like GPT) joins
-every method of its kind by implementing the interface in its own file. Today one kind exists:
+every method of its kind by implementing the interface in its own file. Two kinds exist:
 
 - `RasterModel` ("raster"): next-token prediction over an H x W grid of image tokens in raster
   order, after a condition (a class id or caption embeddings), with a KV cache that methods set
   up, write at explicit positions, truncate per sample and clear.
+- `NextScaleModel` ("next-scale"): VAR-style prediction of a pyramid of token maps, one whole
+  scale per pass, each scale's input made by the multi-scale tokenizer from the scales before it.
 
 - `ContinuousTokenModel` ("continuous"): masked autoregression over continuous tokens (MAR): a
   bidirectional transformer gives each position a condition vector, and a small diffusion head
   samples the token from it. The diffusion schedule it shares with its methods is here too
   (`DiffusionSchedule`, `diffusion_step`), so plain sampling and verification use one formula.
 
-The interfaces of next-scale (VAR) and masked (MaskGIT) models join here with their families.
+- `NextScaleModel` ("next-scale"): VAR's pyramid of square token maps, one whole scale per pass.
+
+The interface of masked (MaskGIT) models joins here with its family.
 A model declares its kind in `model_kind`; a method declares the kind it
 decodes (`visar.accel.Method.model_kind`) and refuses any other with one clear error.
 """
@@ -123,6 +127,70 @@ class RasterModel(Protocol):
         input_pos: Tensor | None = None,
         mask: Tensor | None = None,
         cache_pos: Tensor | None = None,
+    ) -> Tensor: ...
+
+
+@runtime_checkable
+class NextScaleModel(Protocol):
+    """A next-scale image model (VAR): scale k predicts a whole pn_k x pn_k token map at once.
+
+    Sequence layout: the inputs of scales 0 .. S - 1 in order, pn_k^2 each (L = sum pn_k^2). Scale
+    0's input is the start token, made from the class condition; scale k > 0's inputs are latents
+    [pn_k^2, latent_dim] that the multi-scale tokenizer (`visar.tokenizers.base.MultiScaleTokenizer`)
+    makes from the tokens of scales 0 .. k - 1. The output at an input of scale k is the logits of
+    scale k's token at that place. The condition also modulates every layer (AdaLN).
+
+    Calls (`model(cond, latents, first_scale=k, keep_fraction=1.0)`) return float32 logits
+    [B, l, V] for the inputs fed: scale `first_scale` and the scales after it that `latents`
+    [B, l', latent_dim] cover (scale 0 adds its start token to them). Attention is block-causal: an
+    input sees the inputs of its own and earlier scales, in this call and in the cache.
+    - Without a cache the call must start at scale 0 (teacher forcing).
+    - With a cache (`setup_cache`), the call's keys and values are appended to it; a method feeds
+      the scales in order, one call per scale or several at once (a prefill).
+    - keep_fraction < 1 (FastVAR's cached token pruning; a one-scale call right after another, on a
+      cache set up with pruning=True): only that fraction of the scale's inputs go through each
+      layer, those that changed most against the previous scale; the others take the previous
+      scale's layer outputs, upsampled. 1 is exact.
+    A method never reads the cache or any attribute outside this interface.
+    """
+
+    model_kind: ClassVar[str]  # "next-scale"
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def scale_sizes(self) -> tuple[int, ...]:
+        """pn_k, the side of each scale's square token map, small to large."""
+        ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def latent_dim(self) -> int:
+        """The width of the tokenizer latents a scale's inputs are made of."""
+        ...
+
+    @property
+    def condition_layout(self) -> ConditionLayout: ...
+
+    def null_condition(self, cond: Tensor) -> Tensor:
+        """The unconditional counterpart of `cond` (same shape), for classifier-free guidance."""
+        ...
+
+    def setup_cache(self, batch_size: int, pruning: bool = False) -> None:
+        """An empty KV cache for every scale, for batch_size rows; pruning: keep what later calls with
+        keep_fraction < 1 reuse (each one-scale call's layer outputs)."""
+        ...
+
+    def clear_cache(self) -> None: ...
+
+    def __call__(
+        self, cond: Tensor, latents: Tensor | None = None, *, first_scale: int = 0, keep_fraction: float = 1.0
     ) -> Tensor: ...
 
 

@@ -223,12 +223,12 @@ register_method(
     cspd.cspd,
     lossless=False,
     description="continuous speculative decoding (Wang et al. 2024): a draft MAR (draft=) drafts num_draft steps, "
-    "the target verifies them in one pass; mode 'exact' keeps the target's law (up to 1/(e max_tries) in TV), "
-    "'relaxed' is upstream's lossy inner temperature",
+    "the target verifies them in one pass; mode 'exact' keeps the target's law (max_tries=K bounds the residual "
+    "sampler at up to 1/(e K) in TV), 'relaxed' is upstream's lossy inner temperature",
     model_kind="continuous",
     needs_draft=True,
     exact_when=cspd.is_exact,
-    exact_when_text="mode='exact' (within 1/(e max_tries) in total variation)",
+    exact_when_text="mode='exact' and max_tries=None (the default: an unbounded residual sampler)",
     exact_example={"mode": "exact"},
 )
 register_method(

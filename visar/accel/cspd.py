@@ -15,14 +15,16 @@ so, by a change of variables,
 
 and the same for the draft q (x_1^q = its own x_1). t is the sampling temperature.
 
-Mode "exact" (default; the target's law exactly, up to the residual sampler's bound below):
+Mode "exact" (default; the target's law exactly):
   - accept the draft's tau with probability min(1, p(tau) / q(tau)) (`accept_probability`);
   - otherwise draw from the residual max(0, p - q) by acceptance-rejection with bound M = 1:
     propose tau' ~ p (a fresh target chain), accept with probability max(0, 1 - q(tau')/p(tau'))
-    (`residual_accept_probability`), at most `max_tries` times; if every try fails the token is
-    a fresh target draw (never a zero vector). That fallback makes the law p - a^K (a p - min(p, q))
-    (a = the draft's acceptance rate, K = max_tries): off by at most 1/(e K) in total variation,
-    and exactly p as K grows;
+    (`residual_accept_probability`) until one is accepted. Given a rejection, a proposal is
+    accepted with probability Z = TV(p, q), the probability of that rejection, so the expected
+    number of proposals per token is Z * 1/Z = 1, however close the draft is. `max_tries=K`
+    bounds the tries instead: a token whose K tries all fail is a fresh target draw (never a zero
+    vector), which makes the law p - a^K (a p - min(p, q)) (a = the draft's acceptance rate): off
+    by at most 1/(e K) in total variation, so a bounded run is labelled lossy;
   - tokens of later draft steps, which were conditioned on a rejected token, are discarded
     and drafted again;
   - the target verifies draft step j with a row that sees the drafts of steps < j, so each token is
@@ -153,7 +155,7 @@ def speculate(
     *,
     mode: str = "exact",
     inner_temperature: float = 42.0,
-    max_tries: int = 100,
+    max_tries: int | None = None,
     proposals_per_round: int = 8,
 ):
     """Verify N drafted tokens (trajectories draft_path [T, N, C], outputs draft_x0 [N, C]) and replace
@@ -172,10 +174,10 @@ def speculate(
     tries = torch.zeros(len(rows), dtype=torch.long, device=rows.device)
     pending = ~accepted
     done_tries = 0
-    while bool(pending.any()) and done_tries < max_tries:
+    while bool(pending.any()) and (max_tries is None or done_tries < max_tries):
         # proposals_per_round proposals at once for every pending token; the first accepted one
         # wins (the same law as trying them one after another).
-        n = min(proposals_per_round, max_tries - done_tries)
+        n = proposals_per_round if max_tries is None else min(proposals_per_round, max_tries - done_tries)
         index = pending.nonzero().squeeze(1)
         noise = draw_normal(n, index)  # [P, n, T + 1, C]
         prop_rows = rows[index].repeat_interleave(n)
@@ -205,7 +207,8 @@ def speculate(
 
 
 def is_exact(options: dict, model) -> bool:
-    return options.get("mode") == "exact" or options.get("inner_temperature") == 1.0
+    unbounded = options.get("max_tries") is None  # a bounded residual sampler is off by <= 1/(e K) in TV
+    return unbounded and (options.get("mode") == "exact" or options.get("inner_temperature") == 1.0)
 
 
 def check_pair(target, draft):
@@ -278,7 +281,7 @@ def cspd(
     prefill: float = 0.15,
     mode: str = "exact",
     inner_temperature: float = 42.0,
-    max_tries: int = 100,
+    max_tries: int | None = None,
 ):
     """CSpD: `draft` (a MAR) drafts num_draft steps, the target verifies them in one batched pass."""
     check_params(params)
@@ -286,8 +289,8 @@ def cspd(
         raise VisarError("cspd needs draft= (a smaller MAR of the same family: name, folder, pipeline or model)")
     if mode not in ("exact", "relaxed"):
         raise VisarError(f"cspd mode must be 'exact' or 'relaxed', got {mode!r}")
-    if num_draft < 1 or max_tries < 1:
-        raise VisarError("cspd needs num_draft >= 1 and max_tries >= 1")
+    if num_draft < 1 or (max_tries is not None and max_tries < 1):
+        raise VisarError("cspd needs num_draft >= 1 and max_tries >= 1 (or None: unbounded, exact)")
     check_pair(model, draft)
     batch, num_tokens, device = cond.shape[0], model.num_image_tokens, model.device
     cfg, temperature = params.guidance_scale, params.temperature

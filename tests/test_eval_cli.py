@@ -98,9 +98,35 @@ def test_bench_table_and_json(tmp_path, capsys):
         "acceptance_by_slot",
     }
     assert row["acceptance_rate"] is None and row["ms_per_forward"] > 0  # AR drafts nothing
+    assert 0 < row["peak_mem_mb"] < 100  # one batch's decode, the weights excluded
     assert row["acceptance_by_row"] == [None] * 16 and row["acceptance_by_slot"] == []
     assert "| ar | yes | 256.0 | 1.00 |" in md.read_text() and "| ar | yes" in capsys.readouterr().out
     assert "step compression" in md.read_text().splitlines()[0]
+
+
+def test_tensor_memory_counts_what_the_block_allocates_and_frees():
+    from visar.eval.memory import PeakMemory, TensorMemory
+
+    before = torch.zeros(1000, 1000)  # held before the block: not counted, nor its views
+    with TensorMemory() as memory:
+        a = torch.ones(1000, 1000)  # 4 MB
+        b = a * 2  # 8 MB alive
+        del a
+        c = b + before.t()  # 8 MB alive again (a was freed)
+        c += 1  # in place: nothing new
+        del b, c
+        d = torch.empty(3_000_000)  # 12 MB, the peak
+        view = d[:10]
+        del d
+        assert memory.bytes == 12_000_000  # the view keeps d's storage alive
+        del view
+    assert memory.peak_bytes == 12_000_000 and memory.bytes == 0
+    with PeakMemory(torch.device("cpu")) as peak:
+        torch.ones(2**20 // 4)
+    assert peak.peak_mb == 1.0
+    with PeakMemory(torch.device("cpu"), count_tensors=False) as peak:
+        torch.ones(10)
+    assert peak.peak_mb is None
 
 
 def synthetic_report():

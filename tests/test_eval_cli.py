@@ -1,6 +1,7 @@
 """`visar eval shapes` and `visar bench` end to end on the random embedded model (mechanics, not quality)."""
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -200,6 +201,46 @@ def test_compiled_pipeline_generates_the_same_images():
     eager = pipe.generate(class_labels=[3, 5], seed=1, output_type="tokens").tokens
     compiled = pipe.compile(backend="eager").generate(class_labels=[3, 5], seed=1, output_type="tokens").tokens
     assert torch.equal(eager, compiled)
+
+
+def no_compiler(graph_module, example_inputs):
+    """A torch.compile backend standing in for a platform where compiling fails (no C++ compiler)."""
+    raise RuntimeError("no C++ compiler on this platform")
+
+
+def test_compile_failure_warns_once_and_runs_eagerly(monkeypatch):
+    """torch.compile fails lazily, at the first call: that call and every later one run eagerly."""
+    pipe = visar.load("visar-tiny-random", device="cpu")
+    eager = pipe.generate(class_labels=[3, 5], seed=1, method="sjd", output_type="tokens").tokens
+    calls = []
+    forward = type(pipe.model).forward
+    monkeypatch.setattr(type(pipe.model), "forward", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
+    pipe.compile(backend=no_compiler)
+    with pytest.warns(RuntimeWarning, match="torch.compile failed on this platform.*no C.. compiler.*runs eagerly"):
+        out = pipe.generate(class_labels=[3, 5], seed=1, method="sjd", output_type="tokens")
+    assert torch.equal(out.tokens, eager)
+    assert "forward" not in pipe.model.__dict__  # the module's own forward again, not the compiled one
+    assert len(calls) == out.stats["forward_passes"]  # each pass ran eagerly once (the failed call traced only)
+
+
+def test_compile_failure_from_the_command_line(monkeypatch, tmp_path):
+    from visar.apps.cli import main as cli
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, **{**kw, "backend": no_compiler}))
+    with pytest.warns(RuntimeWarning, match="torch.compile failed"):
+        code = cli(["generate", "--model", "visar-tiny-random", "--device", "cpu", "--compile", "--out", str(tmp_path)])
+    assert code == 0 and list(tmp_path.glob("*.png"))
+
+
+def test_a_model_error_under_compile_is_the_model_s():
+    """An error that eager mode raises as well is the model's: raised, not blamed on the compiler."""
+    pipe = visar.load("visar-tiny-random", device="cpu").compile(backend=no_compiler)
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(Exception) as error:
+        warnings.simplefilter("always")
+        pipe.model(torch.full((1, 1), 10**6), torch.tensor([0]), input_pos=torch.arange(2))  # no such token id
+    assert "torch.compile" not in str(error.value) and not caught
+    assert isinstance(pipe.model.__dict__.get("forward"), visar.pipeline.EagerFallback)  # still compiled
 
 
 def test_bench_bad_options():

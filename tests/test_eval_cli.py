@@ -1,6 +1,7 @@
 """`visar eval shapes` and `visar bench` end to end on the random embedded model (mechanics, not quality)."""
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -98,9 +99,35 @@ def test_bench_table_and_json(tmp_path, capsys):
         "acceptance_by_slot",
     }
     assert row["acceptance_rate"] is None and row["ms_per_forward"] > 0  # AR drafts nothing
+    assert 0 < row["peak_mem_mb"] < 100  # one batch's decode, the weights excluded
     assert row["acceptance_by_row"] == [None] * 16 and row["acceptance_by_slot"] == []
     assert "| ar | yes | 256.0 | 1.00 |" in md.read_text() and "| ar | yes" in capsys.readouterr().out
     assert "step compression" in md.read_text().splitlines()[0]
+
+
+def test_tensor_memory_counts_what_the_block_allocates_and_frees():
+    from visar.eval.memory import PeakMemory, TensorMemory
+
+    before = torch.zeros(1000, 1000)  # held before the block: not counted, nor its views
+    with TensorMemory() as memory:
+        a = torch.ones(1000, 1000)  # 4 MB
+        b = a * 2  # 8 MB alive
+        del a
+        c = b + before.t()  # 8 MB alive again (a was freed)
+        c += 1  # in place: nothing new
+        del b, c
+        d = torch.empty(3_000_000)  # 12 MB, the peak
+        view = d[:10]
+        del d
+        assert memory.bytes == 12_000_000  # the view keeps d's storage alive
+        del view
+    assert memory.peak_bytes == 12_000_000 and memory.bytes == 0
+    with PeakMemory(torch.device("cpu")) as peak:
+        torch.ones(2**20 // 4)
+    assert peak.peak_mb == 1.0
+    with PeakMemory(torch.device("cpu"), count_tensors=False) as peak:
+        torch.ones(10)
+    assert peak.peak_mb is None
 
 
 def synthetic_report():
@@ -174,6 +201,46 @@ def test_compiled_pipeline_generates_the_same_images():
     eager = pipe.generate(class_labels=[3, 5], seed=1, output_type="tokens").tokens
     compiled = pipe.compile(backend="eager").generate(class_labels=[3, 5], seed=1, output_type="tokens").tokens
     assert torch.equal(eager, compiled)
+
+
+def no_compiler(graph_module, example_inputs):
+    """A torch.compile backend standing in for a platform where compiling fails (no C++ compiler)."""
+    raise RuntimeError("no C++ compiler on this platform")
+
+
+def test_compile_failure_warns_once_and_runs_eagerly(monkeypatch):
+    """torch.compile fails lazily, at the first call: that call and every later one run eagerly."""
+    pipe = visar.load("visar-tiny-random", device="cpu")
+    eager = pipe.generate(class_labels=[3, 5], seed=1, method="sjd", output_type="tokens").tokens
+    calls = []
+    forward = type(pipe.model).forward
+    monkeypatch.setattr(type(pipe.model), "forward", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
+    pipe.compile(backend=no_compiler)
+    with pytest.warns(RuntimeWarning, match="torch.compile failed on this platform.*no C.. compiler.*runs eagerly"):
+        out = pipe.generate(class_labels=[3, 5], seed=1, method="sjd", output_type="tokens")
+    assert torch.equal(out.tokens, eager)
+    assert "forward" not in pipe.model.__dict__  # the module's own forward again, not the compiled one
+    assert len(calls) == out.stats["forward_passes"]  # each pass ran eagerly once (the failed call traced only)
+
+
+def test_compile_failure_from_the_command_line(monkeypatch, tmp_path):
+    from visar.apps.cli import main as cli
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, **{**kw, "backend": no_compiler}))
+    with pytest.warns(RuntimeWarning, match="torch.compile failed"):
+        code = cli(["generate", "--model", "visar-tiny-random", "--device", "cpu", "--compile", "--out", str(tmp_path)])
+    assert code == 0 and list(tmp_path.glob("*.png"))
+
+
+def test_a_model_error_under_compile_is_the_model_s():
+    """An error that eager mode raises as well is the model's: raised, not blamed on the compiler."""
+    pipe = visar.load("visar-tiny-random", device="cpu").compile(backend=no_compiler)
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(Exception) as error:
+        warnings.simplefilter("always")
+        pipe.model(torch.full((1, 1), 10**6), torch.tensor([0]), input_pos=torch.arange(2))  # no such token id
+    assert "torch.compile" not in str(error.value) and not caught
+    assert isinstance(pipe.model.__dict__.get("forward"), visar.pipeline.EagerFallback)  # still compiled
 
 
 def test_bench_bad_options():

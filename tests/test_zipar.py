@@ -349,6 +349,36 @@ def test_jacobi_fronts_never_need_more_passes_than_zipar():
         assert mean_passes["zipar-sjd", "above", False] < mean_passes["zipar-sjd", "random", False] - 3
 
 
+@pytest.mark.parametrize("coupling", ["maximal", "gumbel"])
+def test_carried_laws_are_kept_for_live_drafts_only(monkeypatch, coupling):
+    """Carried q's and Gumbel noise rows are held for the drafts a front can still verify (at most
+    fronts x (window - 1)) and for one pass's slots, not for all N image tokens: at a real
+    vocabulary [B, N, V] of each is 540 MB (B=32, N=256, V=16,384)."""
+    held = {"laws": 0, "noise": 0}
+    pack, carry = zipar.CarriedDrafts.pack, jacobi.GumbelCarry.__call__
+
+    def counted_pack(self, stored, laws):
+        pack(self, stored, laws)
+        held["laws"] = max(held["laws"], self.probs.shape[1])
+
+    def counted_carry(self, request):
+        out = carry(self, request)
+        held["noise"] = max(held["noise"], self.noise.shape[1])
+        return out
+
+    monkeypatch.setattr(zipar.CarriedDrafts, "pack", counted_pack)
+    monkeypatch.setattr(jacobi.GumbelCarry, "__call__", counted_carry)
+    model = tiny_llamagen(vocab=16, block_size=64, seed=5, std=0.6)  # 8 x 8 tokens
+    window = 4
+    _, stats = zipar.zipar_mc_sjd(
+        model, torch.zeros(6, dtype=torch.long), SamplingParams(), make_generators(6, 0), s=2, window=window,
+        coupling=coupling,
+    )  # fmt: skip
+    assert 0 < held["laws"] <= stats["max_fronts"] * (window - 1) < 64
+    if coupling == "gumbel":
+        assert 0 < held["noise"] <= stats["max_fronts"] * window < 64
+
+
 def test_jacobi_fronts_do_not_depend_on_the_batch():
     model = tiny_llamagen(block_size=36, seed=6)
     params = SAMPLED

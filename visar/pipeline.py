@@ -9,6 +9,7 @@ dispatches on the family (`visar.families`): config.json's "family" key, or an o
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,47 @@ def same_tokenizer(a: TokenGridTokenizer, b: TokenGridTokenizer) -> bool:
 # The method a pipeline runs when none is named, by model kind.
 DEFAULT_METHODS = {"raster": "ar", "next-scale": "var", "continuous": "mar"}
 
+
+def warn_eager(module: torch.nn.Module, err: Exception):
+    root = err
+    while isinstance(inner := root.__cause__ or getattr(root, "inner_exception", None), Exception):
+        root = inner  # torch wraps the compiler's own error (BackendCompilerFailed.inner_exception)
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    reason = f"{type(root).__name__}: {lines[0][:300] if lines else ''}"
+    if root is not err:
+        reason = f"{type(err).__name__}, {reason}"
+    warnings.warn(
+        f"torch.compile failed on this platform ({reason}); {type(module).__name__} runs "
+        "eagerly instead (the same outputs, without the compiled speed-up)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+class EagerFallback:
+    """A module's forward compiled with torch.compile, and its eager forward again once compiling fails.
+
+    torch.compile is lazy: a platform where compilation cannot work fails at the first call (or at
+    the first call of a new shape), not at torch.compile. That call is rerun eagerly; if the eager
+    run succeeds the failure was the compiler's, so the module gets its own forward back, with one
+    warning; if it fails too, the error is the model's, and the eager run's error is raised.
+    """
+
+    def __init__(self, module: torch.nn.Module, **compile_kwargs):
+        self.module, self.eager = module, module.forward
+        self.compiled = torch.compile(self.eager, **compile_kwargs)
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return self.compiled(*args, **kwargs)
+        except Exception as err:
+            out = self.eager(*args, **kwargs)
+            if self.module.__dict__.get("forward") is self:
+                del self.module.forward  # the class's forward again, for every later call
+            warn_eager(self.module, err)
+            return out
+
+
 LOADED_DRAFTS: dict[tuple, Pipeline] = {}  # (name, device, dtype) -> loaded draft pipeline
 
 
@@ -121,12 +163,17 @@ class Pipeline:
         self.recipe = dict(recipe or {})
 
     def compile(self, **compile_kwargs) -> Pipeline:
-        """torch.compile the generator in place (`nn.Module.compile`), so every method's forward passes use it.
+        """torch.compile the generator's forward in place, so every method's forward passes use it.
 
         Each new input shape (batch size, window, cache length) compiles on its first call; outputs
-        match eager mode up to kernel numerics. compile_kwargs go to torch.compile.
+        match eager mode up to kernel numerics. compile_kwargs go to torch.compile. Where compiling
+        fails (no C++ compiler, an unsupported platform or Python), the generator runs eagerly from
+        that call on, rerunning it, with one warning saying why (`EagerFallback`).
         """
-        self.model.compile(**compile_kwargs)
+        try:
+            self.model.forward = EagerFallback(self.model, **compile_kwargs)
+        except Exception as err:  # torch.compile refusing outright (e.g. a Python it does not support)
+            warn_eager(self.model, err)
         return self
 
     @property

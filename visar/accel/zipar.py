@@ -307,14 +307,26 @@ def valid_commits(plan: PassPlan, accept: Tensor, count: Tensor, width: int, s: 
 class CarriedDrafts:
     """Drafts left by earlier passes, by image-token index, each with the q it was drawn from.
 
-    Column N is scratch, for writes that must go nowhere.
+    Tokens and flags are kept by index ([B, N + 1]; column N is scratch, for writes that must go
+    nowhere). The laws q are kept only for the live drafts, packed: probs [B, K, V] with
+    `entry` [B, N + 1] pointing into it, K the most live drafts of any image. A draft is live
+    until its index is generated; it sits in a front's window past the front's commit, so K is
+    at most (fronts) x (window - 1), never N: 32 x 256 x 16,384 float32 laws would be 540 MB.
     """
 
     def __init__(self, batch: int, num_tokens: int, vocab: int, device):
         self.num_tokens = num_tokens
         self.tokens = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
-        self.probs = torch.zeros(batch, num_tokens + 1, vocab, device=device)
         self.valid = torch.zeros(batch, num_tokens + 1, dtype=torch.bool, device=device)
+        self.entry = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
+        self.probs = torch.zeros(batch, 0, vocab, device=device)  # [B, K, V]
+
+    def laws(self, index: Tensor) -> Tensor:
+        """index [B, M] -> the carried q at each [B, M, V] (arbitrary where no draft is carried)."""
+        batch, vocab = self.probs.shape[0], self.probs.shape[-1]
+        if self.probs.shape[1] == 0:
+            return self.probs.new_zeros(batch, index.shape[1], vocab)
+        return self.probs.gather(1, self.entry.gather(1, index)[..., None].expand(-1, -1, vocab))
 
     def propose(
         self, plan: PassPlan, state: DecodeState, target: Tensor, generated: Tensor, initialiser, uniforms: Tensor
@@ -323,10 +335,9 @@ class CarriedDrafts:
 
         -> draft_tokens [B, M], draft_probs [B, M, V] (entries of slots without a draft are ignored).
         """
-        vocab = self.probs.shape[-1]
         carried = plan.has_draft & self.valid.gather(1, target)
         draft_tokens = self.tokens.gather(1, target)
-        draft_probs = self.probs.gather(1, target[..., None].expand(-1, -1, vocab))
+        draft_probs = self.laws(target)
         needs_fill = plan.has_draft & ~carried
         if bool(needs_fill.any()):
             # What a 2-D initialiser may copy from: generated tokens and carried drafts, -1 elsewhere.
@@ -338,8 +349,9 @@ class CarriedDrafts:
             draft_probs = torch.where(needs_fill[..., None], fill_probs.to(draft_probs.dtype), draft_probs)
         return draft_tokens, draft_probs
 
-    def carry_over(self, updater, plan: PassPlan, state, target_probs, slot_tokens, lane_commits, uniforms):
-        """Store the updater's next drafts at the indices past each front's commit.
+    def carry_over(self, updater, plan: PassPlan, state, target_probs, slot_tokens, lane_commits, uniforms, generated):
+        """Store the updater's next drafts at the indices past each front's commit; generated [B, N]:
+        the tokens generated once this pass has committed (their drafts are forgotten).
 
         Slots that leaned on the row above's drafts carry nothing (the initialiser refills them from
         the rows above, which they follow more closely than a draw from a guessed context)."""
@@ -348,19 +360,32 @@ class CarriedDrafts:
         # no relaxed rule on fronts: every slot token follows p
         next_drafts, laws = updater(CarryRequest(state, target_probs, slot_tokens, target_probs, index, uniforms))
         after = plan.predicts & ~plan.leans & (plan.slot >= lane_commits)
-        self.store(torch.where(after, target, self.num_tokens), next_drafts, laws)
-        self.drop(torch.where(plan.leans, target, self.num_tokens))
-
-    def drop(self, index: Tensor):
-        """index [B, M] (N: nowhere): forget the drafts there."""
-        self.valid.scatter_(1, index, torch.zeros_like(index, dtype=torch.bool))
-
-    def store(self, index: Tensor, tokens: Tensor, probs: Tensor):
-        """index [B, M] (N: nowhere), tokens [B, M], probs [B, M, V]."""
-        self.tokens.scatter_(1, index, tokens)
-        self.probs.scatter_(1, index[..., None].expand(-1, -1, probs.shape[-1]), probs)
-        self.valid.scatter_(1, index, torch.ones_like(index, dtype=torch.bool))
+        stored = torch.where(after, target, self.num_tokens)  # [B, M] (N: nowhere)
+        self.tokens.scatter_(1, stored, next_drafts)
+        self.valid.scatter_(1, stored, torch.ones_like(plan.leans))
+        self.valid.scatter_(1, torch.where(plan.leans, target, self.num_tokens), torch.zeros_like(plan.leans))
+        self.valid[:, : self.num_tokens] &= ~generated
         self.valid[:, self.num_tokens] = False
+        self.pack(stored, laws)
+
+    def pack(self, stored: Tensor, laws: Tensor):
+        """Rebuild probs with the live drafts only: the laws stored this pass ([B, M] indices,
+        laws [B, M, V]) and the earlier ones still live."""
+        batch, vocab = laws.shape[0], laws.shape[-1]
+        device = laws.device
+        live = self.valid[:, : self.num_tokens]
+        size = int(live.sum(1).max())  # K (a host sync)
+        index = live.long().argsort(dim=1, descending=True, stable=True)[:, :size]  # [B, K] live indices first
+        source = torch.full_like(self.tokens, -1)
+        source.scatter_(1, stored, torch.arange(stored.shape[1], device=device).expand(batch, -1))
+        new_slot = source.gather(1, index)  # [B, K]: the input of this pass that stored it, -1 for older
+        packed = laws.gather(1, new_slot.clamp(min=0)[..., None].expand(-1, -1, vocab))
+        older = (new_slot < 0) & live.gather(1, index)
+        if bool(older.any()):
+            b, k = older.nonzero(as_tuple=True)
+            packed[b, k] = self.probs[b, self.entry[b, index[b, k]]]
+        self.entry.scatter_(1, index, torch.arange(size, device=device).expand(batch, -1))
+        self.probs = packed
 
 
 def pass_uniforms(generators: list[torch.Generator], plan: PassPlan, height: int, window: int) -> Tensor:
@@ -450,8 +475,7 @@ def decode_fronts(
     tokens = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)  # column N: scratch
     count = torch.zeros(batch, height, dtype=torch.long, device=device)
     fed = torch.zeros(batch, height, dtype=torch.long, device=device)
-    # What initialisers and updaters read; window = N because one pass spans up to the whole grid
-    # (GumbelCarry's noise ring then holds one row per position).
+    # What initialisers and updaters read; window = N because one pass spans up to the whole grid.
     state = DecodeState(tokens, count.sum(1), keys, num_tokens, vocab, (height, width), num_tokens)
     scorer = GuidedScorer(model, cond, cond_mask, params)
     log = DecodeLog(batch, (height, width), window, device)
@@ -491,7 +515,10 @@ def decode_fronts(
             log.count_pass(count[:, -1] < width)
 
             if speculative:  # the slots after a front's commit become drafts for the same indices
-                carried.carry_over(updater, plan, state, target_probs, slot_tokens, lane_commits, uniforms[:, CARRY])
+                after_pass = generated_mask(count + commits, width)
+                carried.carry_over(
+                    updater, plan, state, target_probs, slot_tokens, lane_commits, uniforms[:, CARRY], after_pass
+                )
             fed = fed_after_pass(plan, fed, count, commits, width)
             count = count + commits
             if progress:

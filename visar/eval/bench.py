@@ -2,7 +2,10 @@
 
 Speed: every method generates the same `n` images (image i: condition i, seed i) at the same
 batch size, after one warm-up batch; forward passes and tokens per forward are per image, the
-latency ratio is the method's token-sampling time over AR's, measured in this run.
+latency ratio is the method's token-sampling time over AR's, measured in this run. Peak memory is
+per method: the most tensor memory one batch's decode allocates above what was held before it
+(the weights excluded): on CUDA the allocator's peak over the timed run; on CPU one more batch,
+untimed, under `memory.TensorMemory`, which counts the tensors it creates.
 
 Quality (`--quality-n` images per method, same seeds for every method):
 - detector accuracy: the shapes-world detector's class score (class-conditional shapes models);
@@ -17,8 +20,6 @@ Quality (`--quality-n` images per method, same seeds for every method):
 from __future__ import annotations
 
 import json
-import resource
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from tqdm.auto import tqdm
 from ..accel import get_method
 from ..accel.timing import synchronized_clock
 from ..errors import VisarError
+from .memory import PeakMemory
 from .plots import plot_frontier
 
 ROW_KEYS = (
@@ -68,14 +70,6 @@ def latent_features(pipe, images: torch.Tensor) -> np.ndarray:
     """images [B, 3, H, W] in [0, 1] -> tokenizer-latent features [B, C * 16]."""
     device = next(pipe.tokenizer.parameters()).device
     return pooled_latents(pipe.tokenizer, images.to(device) * 2 - 1).cpu().double().numpy()
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """CUDA: peak allocated since the last reset. CPU: the process's peak RSS so far."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
 
 
 def conditions(pipe, n: int) -> list:
@@ -146,11 +140,13 @@ def bench(
     rows, ar_latency, ar_feats = [], None, None
     for name, options in tqdm(plan, desc="bench", disable=not progress):
         run_images(pipe, name, conds[:batch_size], batch_size, options, "tokens")  # warm-up
-        if pipe.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(pipe.device)
         start = synchronized_clock(pipe.device)
-        outs = run_images(pipe, name, conds[:n], batch_size, options, "tokens")
+        with PeakMemory(pipe.device, count_tensors=False) as memory:  # CUDA: the allocator's peak, free to read
+            outs = run_images(pipe, name, conds[:n], batch_size, options, "tokens")
         wall = synchronized_clock(pipe.device) - start
+        if memory.peak_mb is None:  # CPU: counting tensors slows a decode, so one batch of its own, untimed
+            with PeakMemory(pipe.device) as memory:
+                run_images(pipe, name, conds[:batch_size], batch_size, options, "tokens")
         latency = sum(o.stats["latency_s"] for o in outs)
         per_image_passes = sum(o.stats["forward_passes"] * o.tokens.shape[0] for o in outs) / n
         tokens_per_forward = float(np.mean([o.stats["tokens_per_forward"] for o in outs]))
@@ -162,7 +158,7 @@ def bench(
             "step_compression": pipe.model.num_image_tokens / per_image_passes,
             "latency_ratio_vs_ar": None,
             "images_per_s": n / wall,
-            "peak_mem_mb": peak_memory_mb(pipe.device),
+            "peak_mem_mb": memory.peak_mb,
             "detector_accuracy": None,
             "frechet_vs_ar": None,
             # Why a method is as fast as it is: cost of one pass, and where its drafts are accepted.
@@ -219,8 +215,8 @@ def markdown_table(report: dict) -> str:
         lines.append(
             f"| {r['method']} | {'yes' if r['lossless'] else 'no'} | {r['forward_passes']:.1f} "
             f"| {r['step_compression']:.2f} | {r['tokens_per_forward']:.2f} | {r['latency_ratio_vs_ar']:.2f} "
-            f"| {r['images_per_s']:.2f} "
-            f"| {r['peak_mem_mb']:.0f} | {fmt(r['detector_accuracy'], '.1%')} | {fmt(r['frechet_vs_ar'], '.3f')} "
+            f"| {r['images_per_s']:.2f} | {fmt(r['peak_mem_mb'], '.1f')} "
+            f"| {fmt(r['detector_accuracy'], '.1%')} | {fmt(r['frechet_vs_ar'], '.3f')} "
             f"| {fmt(r.get('ms_per_forward'), '.1f')} | {fmt(r.get('acceptance_rate'), '.1%')} |"
         )
     s = report["settings"]
@@ -237,7 +233,8 @@ REPORT_NOTES = (
     "Monte-Carlo noise (read the Frechet column against the AR row's, AR against a second AR sample set). Lossy "
     "methods (no) trade quality for speed by design: compare their quality columns with AR's.",
     "Step compression = image tokens / forward passes per image; latency / AR < 1 is faster (token sampling "
-    "time, this run, same images and seeds); peak MB: CUDA peak allocated, or the CPU process's peak RSS.",
+    "time, this run, same images and seeds); peak MB: the most tensor memory one batch's decode allocates "
+    "above what was held before it (weights excluded; CUDA: allocator peak, CPU: tensors counted).",
     "Frechet vs AR is measured in the tokenizer-latent feature space (visar.eval.bench), not Inception.",
     "ms/forward: token-sampling time per forward pass (a Jacobi window's pass costs more than AR's one token); "
     "draft acceptance: accepted / tested drafts, by window slot and image row in report.json.",

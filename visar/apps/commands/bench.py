@@ -13,7 +13,8 @@ def add_parser(subparsers):
         description="Run plain AR and each requested method in one process on the same images (image i: "
         "condition i, seed i) and print a table: lossless flag, forward passes per image, step compression "
         "(image tokens / forward passes), tokens per forward, latency / AR (< 1 is faster), images per second, "
-        "peak memory (CUDA: allocated; CPU: process peak RSS) and, with --quality-n, the shapes-world detector "
+        "peak memory per method (what one batch's decode allocates above the weights: CUDA's allocator peak, on CPU "
+        "the tensors counted in an extra untimed batch) and, with --quality-n, the shapes-world detector "
         "accuracy and a Frechet distance to AR's images in the tokenizer-latent feature space (see "
         "visar.eval.bench). --report DIR also writes the run's report.md, report.json and frontier.png.",
     )

@@ -46,7 +46,7 @@ def add_model_args(parser: argparse.ArgumentParser):
         action=argparse.BooleanOptionalAction,
         default=False,
         help="torch.compile the generator (each new input shape compiles on first use; on CPU this needs a C++ "
-        "compiler); default --no-compile",
+        "compiler; where compiling fails, a warning says why and the run continues eagerly); default --no-compile",
     )
 
 

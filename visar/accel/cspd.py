@@ -30,7 +30,9 @@ Mode "exact" (default; the target's law exactly):
   - the target verifies draft step j with a row that sees the drafts of steps < j, so each token is
     tested against the distribution plain target sampling would use.
 Mode "relaxed" (lossy, upstream's heuristic): the Gaussian exponents are divided by
-`inner_temperature`^2 (upstream: 42) in both densities, which accepts far more drafts.
+`inner_temperature`^2 (upstream: 42) in both densities, which accepts far more drafts; its
+residual sampler keeps upstream's bound of 100 tries (unbounded, the tempered residual would
+almost never accept), then a target draw.
 """
 
 from __future__ import annotations
@@ -203,12 +205,15 @@ def speculate(
     return tokens, accepted, tries
 
 
+RELAXED_MAX_TRIES = 100  # MarkXCloud/CSpD's bound on residual tries
+
+
 # -- the method ------------------------------------------------------------------------------------
 
 
 def is_exact(options: dict, model) -> bool:
-    unbounded = options.get("max_tries") is None  # a bounded residual sampler is off by <= 1/(e K) in TV
-    return unbounded and (options.get("mode") == "exact" or options.get("inner_temperature") == 1.0)
+    # a bounded residual sampler is off by <= 1/(e K) in TV; relaxed mode is always bounded
+    return options.get("mode") == "exact" and options.get("max_tries") is None
 
 
 def check_pair(target, draft):
@@ -291,6 +296,9 @@ def cspd(
         raise VisarError(f"cspd mode must be 'exact' or 'relaxed', got {mode!r}")
     if num_draft < 1 or (max_tries is not None and max_tries < 1):
         raise VisarError("cspd needs num_draft >= 1 and max_tries >= 1 (or None: unbounded, exact)")
+    if max_tries is None and mode == "relaxed":
+        # The tempered residual accepts almost nothing, so it must be bounded: upstream's 100 tries.
+        max_tries = RELAXED_MAX_TRIES
     check_pair(model, draft)
     batch, num_tokens, device = cond.shape[0], model.num_image_tokens, model.device
     cfg, temperature = params.guidance_scale, params.temperature

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -351,10 +352,15 @@ def score_window(scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor,
     Slot j predicts image index committed + j. The first pass (nothing committed yet) feeds the
     condition instead of a last token. Slots past an image's window are padding: their positions
     lie after its real ones (clamped to the last position), so no real query sees them, and the
-    truncation after the pass forgets them.
+    truncation after the pass forgets them. The pass is padded to a power of two of slots (at
+    most `state.window`), so a compiled model meets a handful of shapes (1, 2, 4, 8, 16 for a
+    16-slot window) instead of one per length the end of an image leaves; the padding's
+    outputs are dropped.
     """
     num_cond = scorer.model.num_condition_tokens
-    num_slots = draft_tokens.shape[1] + 1
+    needed = draft_tokens.shape[1] + 1
+    num_slots = min(1 << (needed - 1).bit_length(), max(state.window, needed))
+    draft_tokens = F.pad(draft_tokens, (0, num_slots - needed))
     device = draft_tokens.device
     if first:
         input_pos = torch.arange(num_cond + num_slots - 1, device=device)
@@ -365,7 +371,7 @@ def score_window(scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor,
         tokens = torch.cat([last, draft_tokens], 1)  # [B, L]
         input_pos = (num_cond + state.committed - 1)[:, None] + torch.arange(num_slots, device=device)
         logits = scorer.logits(tokens, input_pos.clamp(max=num_cond + state.num_tokens - 1))
-    return scorer.target_probs(logits)
+    return scorer.target_probs(logits[:, :needed])
 
 
 @dataclass

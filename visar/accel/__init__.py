@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ..errors import VisarError
 from ..models.base import model_kind
-from . import ar, drafts, jacobi, relaxed, zipar
+from . import ar, drafts, halton, jacobi, lpd, maskgit, relaxed, zipar
 
 # Arguments every method takes from the caller, not from the user; `tokenizer` is handed over by
 # Pipeline.generate to methods that compare tokens by their code vectors.
@@ -206,4 +206,38 @@ register_method(
     lossless=True,
     description="exact wavefront decoding for models that declare local dependence (model.dependency_reach)",
     requires=("dependency_reach",),
+)
+
+# -- masked models (visar.models.base.MaskedModel): a full bidirectional pass per step -----------------
+register_method(
+    "maskgit",
+    maskgit.maskgit,
+    lossless=False,
+    description="MaskGIT confidence unmasking (Chang et al. 2022) as aMUSEd runs it: cosine mask schedule, "
+    "annealed Gumbel noise on the drawn tokens' log-probabilities, `steps` passes",
+    model_kind="masked",
+)
+register_method(
+    "halton",
+    halton.halton,
+    lossless=False,
+    description="Halton-order unmasking (Besnier et al. 2025): a low-discrepancy order fixed in advance spreads "
+    "each step's tokens over the image, arccos schedule, `steps` passes",
+    model_kind="masked",
+)
+register_method(
+    "lpd-order",
+    lpd.lpd_order_method,
+    lossless=False,
+    description="LPD's locality-aware order (Zhang et al. 2025) drawn per image: each step's tokens near decoded "
+    "ones and apart from each other, farthest-point fallback, `steps` passes",
+    model_kind="masked",
+)
+register_method(
+    "lpd-confidence",
+    lpd.lpd_confidence,
+    lossless=False,
+    description="MaskGIT confidence ranked inside LPD's locality rule (near decoded tokens, repulsion within the "
+    "step, farthest-point fallback), `steps` passes",
+    model_kind="masked",
 )

@@ -341,14 +341,15 @@ def load(
     name = registry.resolve_name(str(name_or_path))
     embedded = registry.embedded_models()
     generic = registry.generic_names()
-    if name in embedded or (Path(name).is_dir() and (Path(name) / "config.json").is_file()):
+    if name in embedded or registry.is_model_folder(Path(name)):
         folder = embedded.get(name, Path(name))
         pipe = load_folder(folder, checkpoint=checkpoint, vq_checkpoint=vq_checkpoint, model_args=model_args)
     elif name in registry.OFFICIAL_PRESETS or name in generic:
         pipe = load_official(name, checkpoint, vq_checkpoint, model_args, vq_args)
     elif Path(name).exists():
         raise VisarError(
-            f"{name} is not a model folder (no config.json); for a checkpoint file use "
+            f"{name} is not a model folder (no config.json, nor a diffusers model_index.json); for a checkpoint "
+            "file use "
             "visar.load('<preset>', checkpoint=...)"
         )
     else:
@@ -392,9 +393,11 @@ def load_official(name, checkpoint, vq_checkpoint, model_args, vq_args) -> Pipel
 
 def folder_family(config: dict) -> Family:
     """config.json's "family"; a transformers config (no "family" nor "model_args", but "architectures" or
-    "model_type") names its family by architecture; a folder without either holds LlamaGen arguments
-    (the one family visar loaded before the key was read), so folders written then still load."""
-    if "family" not in config and "model_args" not in config and ("architectures" in config or "model_type" in config):
+    "model_type") names its family by architecture, a diffusers model_index.json by pipeline class
+    ("_class_name"); a folder without either holds LlamaGen arguments (the one family visar loaded
+    before the key was read), so folders written then still load."""
+    foreign = "architectures" in config or "model_type" in config or "_class_name" in config
+    if "family" not in config and "model_args" not in config and foreign:
         return hf_family(config)
     return get_family(config.get("family", "llamagen"))
 
@@ -405,11 +408,14 @@ def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None, model_args=No
     A family that reads a whole folder its own way (a transformers save_pretrained folder) loads it
     itself; model_args then carries its loading options (e.g. max_prompt_tokens).
     """
-    config = registry.read_config(folder)
+    config = registry.read_model_config(folder)
     family = folder_family(config)
     if family.load_folder is not None:
         if checkpoint is not None or vq_checkpoint is not None:
-            raise VisarError(f"{folder} is a transformers folder: its weights load from it, not from checkpoint=")
+            raise VisarError(
+                f"{folder} is a Hugging Face (transformers or diffusers) folder: its weights load from it, not from "
+                "checkpoint="
+            )
         parts = family.load_folder(folder, model_args)
         return Pipeline(
             parts.model, parts.tokenizer, name=folder.name, defaults=parts.defaults, text_encoder=parts.text_encoder

@@ -10,8 +10,9 @@ every method of its kind by implementing the interface in its own file. Two kind
 - `MaskedModel` ("masked"): a bidirectional pass over the whole grid with unknown positions set
   to a mask id, logits for every position (MaskGIT, aMUSEd); no cache.
 
-The interfaces of next-scale (VAR) and continuous-token (MAR) models join here with their families. A model declares its kind in `model_kind`; a method declares the kind it
-decodes (`visar.accel.Method.model_kind`) and refuses any other with one clear error.
+The interfaces of next-scale (VAR) and continuous-token (MAR) models join here with their
+families. A model declares its kind in `model_kind`; a method declares the kind it decodes
+(`visar.accel.Method.model_kind`) and refuses any other with one clear error.
 """
 
 from __future__ import annotations

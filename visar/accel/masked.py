@@ -42,13 +42,10 @@ SelectFn = Callable[[int, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 def check_steps(steps, model: MaskedModel) -> int:
-    """steps must be a whole number in 1 .. N: each step reveals at least one token."""
+    """steps must be a whole number in 1 .. N (more passes than tokens would reveal nothing new)."""
     num_tokens = model.num_image_tokens
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= num_tokens:
-        raise VisarError(
-            f"steps must be an integer from 1 to the number of image tokens ({num_tokens}: each step reveals at "
-            f"least one), got {steps!r}"
-        )
+        raise VisarError(f"steps must be an integer from 1 to the number of image tokens ({num_tokens}), got {steps!r}")
     return steps
 
 

@@ -5,6 +5,7 @@ resumed run ends with the same weights as an uninterrupted one, and the export l
 "maskgit" folder that generates with every masked method and names its training data.
 """
 
+import json
 import math
 
 import numpy as np
@@ -57,6 +58,32 @@ def test_the_export_is_a_maskgit_folder_that_generates(quick_run):
     for method in ("maskgit", "halton", "lpd-order", "lpd-confidence"):
         out = pipe.generate(class_labels=[0, 39], method=method, steps=8, output_type="np")
         assert out.images.shape == (2, 64, 64, 3) and out.stats["forward_passes"] == 8
+
+
+@pytest.mark.slow
+def test_generate_command_and_demo_take_a_masked_model(quick_run, tmp_path, capsys):
+    from visar.apps.cli import main
+    from visar.apps.demo import ModelCache, compare, method_choices
+
+    _, export = quick_run
+    # no --method: the masked kind's reference, maskgit
+    assert (
+        main(["generate", "--model", str(export), "--class", "0", "-n", "2", "--out", str(tmp_path / "a"), "--quiet"])
+        == 0
+    )
+    records = [json.loads(line) for line in (tmp_path / "a" / "images.jsonl").read_text().splitlines()]
+    assert [r["method"] for r in records] == ["maskgit", "maskgit"] and records[0]["forward_passes"] == 12
+    args = ["--method", "halton", "--opt", "steps=8", "--out", str(tmp_path / "b"), "--quiet"]
+    assert main(["generate", "--model", str(export), "--class", "0", *args]) == 0
+    assert main(["generate", "--model", str(export), "--class", "0", "--method", "ar", "--out", str(tmp_path / "c")])
+    assert "method 'ar' decodes raster models; MaskGIT is a masked model" in capsys.readouterr().err
+    cache = ModelCache(device="cpu")
+    pipe = cache.get(str(export))
+    assert method_choices(pipe) == ["maskgit", "halton", "lpd-order", "lpd-confidence"]
+    texts = ["8"] + [""] * 10  # halton's steps
+    *_, summary, _, _, stats = compare(cache, str(export), "red circle", "", "halton", 0, 2.0, 1.0, 0, 1.0, texts)
+    assert stats["ar"]["method"] == "maskgit" and stats["method"]["forward_passes"] == 8
+    assert "| maskgit | halton |" in summary
 
 
 @pytest.mark.slow

@@ -108,6 +108,15 @@ def list_methods() -> list[str]:
     return sorted(METHODS)
 
 
+# The method each kind's accelerated methods are compared with, and what a command runs without --method.
+REFERENCE_METHODS = {"raster": "ar", "masked": "maskgit"}
+
+
+def reference_method(model) -> str:
+    """The reference decoding of the model's kind: plain AR for raster models, MaskGIT's loop for masked ones."""
+    return REFERENCE_METHODS.get(model_kind(model), "ar")
+
+
 register_method("ar", ar.generate, lossless=True, description="plain next-token sampling (the reference)")
 register_method(
     "sjd",

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import visar
-from visar.apps.train import masked_inputs, train_masked
+from visar.apps.train import masked_inputs, ship, train_masked
 from visar.errors import VisarError
 from visar.registry import WEIGHTS_DIR
 
@@ -84,6 +84,15 @@ def test_generate_command_and_demo_take_a_masked_model(quick_run, tmp_path, caps
     *_, summary, _, _, stats = compare(cache, str(export), "red circle", "", "halton", 0, 2.0, 1.0, 0, 1.0, texts)
     assert stats["ar"]["method"] == "maskgit" and stats["method"]["forward_passes"] == 8
     assert "| maskgit | halton |" in summary
+
+
+@pytest.mark.slow
+def test_ship_puts_the_masked_export_beside_the_shared_tokenizer(quick_run, tmp_path):
+    _, export = quick_run
+    target = ship(export, "visar-tiny-maskgit-c2i", "a masked model", weights_dir=tmp_path)
+    assert (tmp_path / "visar-tiny-vq" / "tokenizer.safetensors").is_file()
+    pipe = visar.load(str(target), device="cpu")
+    assert pipe.model.model_kind == "masked" and pipe.name == "visar-tiny-maskgit-c2i"
 
 
 @pytest.mark.slow

@@ -109,9 +109,11 @@ class AmusedTransformer(nn.Module):
     def encode_prompts(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """ids [B, T] -> (pooled projected embedding [B, P], penultimate hidden states [B, T, D]), as
         AmusedPipeline encodes; the last batch's result is kept, so a decode encodes its prompts once."""
-        cached = self._encoded
-        if cached is None or cached[0].shape != ids.shape or not torch.equal(cached[0], ids):
-            out = self.text_encoder(ids.to(self.device), return_dict=True, output_hidden_states=True)
+        cached, ids = self._encoded, ids.to(self.device)
+        if cached is None or cached[0].device != ids.device or cached[0].shape != ids.shape:
+            cached = None
+        if cached is None or cached[1].dtype != self.dtype or not torch.equal(cached[0], ids):
+            out = self.text_encoder(ids, return_dict=True, output_hidden_states=True)
             cached = self._encoded = (ids.clone(), out.text_embeds, out.hidden_states[-2])
         return cached[1], cached[2]
 

@@ -25,7 +25,7 @@ from .accel.timing import synchronized_clock
 from .checkpoints import load_strict, read_state_dict
 from .errors import VisarError
 from .families import Family, get_family, hf_family
-from .models.base import RasterModel
+from .models.base import MaskedModel, RasterModel
 from .models.text import CaptionEncoder, CaptionEncoderConfig
 from .tokenizers.base import TokenGridTokenizer
 
@@ -63,8 +63,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 @dataclass
 class GenerationOutput:
-    """images: per output_type (None for "tokens"). tokens, per model kind: raster models give the
-    token grid, a LongTensor [B, h, w] (h, w = the model's grid_size). stats: see Pipeline.generate."""
+    """images: per output_type (None for "tokens"). tokens, per model kind: raster and masked models
+    give the token grid, a LongTensor [B, h, w] (h, w = the model's grid_size). stats: see Pipeline.generate."""
 
     images: list[Image.Image] | Tensor | np.ndarray | None
     tokens: Tensor
@@ -91,7 +91,7 @@ class Pipeline:
 
     def __init__(
         self,
-        model: RasterModel,
+        model: RasterModel | MaskedModel,
         tokenizer: TokenGridTokenizer | None,
         *,
         name: str,
@@ -289,6 +289,8 @@ class Pipeline:
     @torch.no_grad()
     def logits(self, tokens: Tensor, class_labels=None, prompts=None, caption_embeds=None, caption_mask=None) -> Tensor:
         """Teacher-forced conditional next-token logits [B, N, V]: row i predicts tokens[:, i]."""
+        if getattr(self.model, "model_kind", None) != "raster":
+            raise VisarError(f"{self.name} is not a raster model: teacher-forced next-token logits need one")
         cond, cond_mask = self.condition(class_labels, prompts, caption_embeds, caption_mask)
         tokens = torch.as_tensor(tokens).reshape(cond.shape[0], -1).to(self.device)
         num_cond = self.model.num_condition_tokens
@@ -329,7 +331,9 @@ def load(
     - `visar.load(FOLDER)`: a visar folder, or a transformers `save_pretrained` folder of a supported
       architecture (Janus-Pro: JanusForConditionalGeneration; Emu3-Gen: Emu3ForConditionalGeneration),
       offline; `model_args=` then takes its loading options (Janus: `max_prompt_tokens`; Emu3:
-      `image_area`, `ratio`, `negative_prompt`, `max_prompt_tokens`).
+      `image_area`, `ratio`, `negative_prompt`, `max_prompt_tokens`). A diffusers `AmusedPipeline`
+      folder (model_index.json) loads as a masked model (`model_args`: `negative_prompt`,
+      `aesthetic_score`, `crop_coord`).
     - `visar.load("llamagen-gpt-b-c2i-256", checkpoint="c2i_B_256.pt", vq_checkpoint="vq_ds16_c2i.pt")`
     - `visar.load("llamagen", checkpoint=..., model_args={...}, vq_checkpoint=..., vq_args={...})` for
       sizes that match no preset (`model_args`: LlamaGen ModelArgs fields; `vq_args`: the VQ

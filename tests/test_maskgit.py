@@ -179,3 +179,8 @@ def test_masked_methods_refuse_a_raster_model():
     pipe = visar.load("visar-tiny-random", device="cpu")
     with pytest.raises(VisarError, match="method 'halton' decodes masked models; LlamaGen is a raster model"):
         pipe.generate(class_labels=[0], method="halton")
+
+
+def test_teacher_forced_logits_are_for_raster_models():
+    with pytest.raises(VisarError, match="recording is not a raster model"):
+        recording_pipeline().logits(torch.zeros(1, 36, dtype=torch.long), class_labels=[0])

@@ -30,8 +30,10 @@ SMALL = {"tree": [[0], [1], [0, 0]], "num_iter": 4}
 def tiny_pipeline(family_name: str, seed: int = 0) -> visar.Pipeline:
     """The family's tiny random model and tokenizer, as a pipeline (what `visar.load` would build)."""
     family = FAMILIES[family_name]
-    if family.architectures:  # a family over a transformers model
+    if family.architectures or family.pipeline_classes:  # a family over a transformers / diffusers model
         pytest.importorskip("transformers")
+    if family.pipeline_classes:
+        pytest.importorskip("diffusers")
     model = family.build_model(family.tiny_model_args)
     seeded_init(model, seed, std=0.3)
     with torch.random.fork_rng(devices=[]):
@@ -151,19 +153,25 @@ def check_next_scale_method(pipe, method, options):
         )
 
 
-class MaskedStandIn(torch.nn.Module):
-    """A model of another kind (the masked-model interface arrives with its family)."""
-
-    model_kind = "masked"
+# A tiny model of another kind, for the refusals: a method meets a family that is not of its kind.
+OTHER_KIND = {"raster": "maskgit", "masked": "llamagen", "next-scale": "mar", "continuous": "var"}
 
 
 @pytest.mark.parametrize("method_name", sorted(METHODS))
 def test_every_method_refuses_a_model_of_another_kind(method_name):
-    pipe = visar.Pipeline(MaskedStandIn(), None, name="masked-stand-in")
-    kind = METHODS[method_name].model_kind
-    message = f"method '{method_name}' decodes {kind} models; MaskedStandIn is a masked model"
+    method = METHODS[method_name]
+    pipe = tiny_pipeline(OTHER_KIND[method.model_kind])
+    other = pipe.model.model_kind
+    message = (
+        f"method '{method_name}' decodes {method.model_kind} models; {type(pipe.model).__name__} is a {other} model"
+    )
     with pytest.raises(VisarError, match=re.escape(message)):
         pipe.generate(class_labels=[0], method=method_name, output_type="tokens")
+
+
+def test_every_family_kind_has_methods():
+    kinds = {method.model_kind for method in METHODS.values()}
+    assert {family.model_kind for family in FAMILIES.values()} <= kinds
 
 
 def test_lossless_labels_say_when_a_lossy_method_is_exact():

@@ -224,10 +224,8 @@ def test_folder_of_a_model_without_image_generation(tmp_path, config):
     import json
 
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(
-        VisarError,
-        match="visar loads transformers folders of Emu3ForConditionalGeneration, JanusForConditionalGeneration",
-    ) as err:
+    expected = "visar loads transformers folders of Emu3ForConditionalGeneration, JanusForConditionalGeneration"
+    with pytest.raises(VisarError, match=expected) as err:
         visar.load(str(tmp_path), device="cpu")
     assert config["architectures"][0] in str(err.value) and "\n" not in str(err.value)
 

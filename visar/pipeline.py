@@ -20,13 +20,13 @@ from PIL import Image
 from torch import Tensor
 
 from . import registry
-from .accel import get_method
+from .accel import get_method, reference_method
 from .accel.sampling import SamplingParams, make_generators
 from .accel.timing import synchronized_clock
 from .checkpoints import load_strict, read_state_dict
 from .errors import VisarError
 from .families import Family, get_family, hf_family
-from .models.base import NextScaleModel, RasterModel, model_kind
+from .models.base import MaskedModel, NextScaleModel, RasterModel, model_kind
 from .models.text import CaptionEncoder, CaptionEncoderConfig
 from .tokenizers.base import TokenGridTokenizer
 
@@ -64,8 +64,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 @dataclass
 class GenerationOutput:
-    """images: per output_type (None for "tokens"). tokens, per model kind: raster models give the
-    token grid, a LongTensor [B, h, w] (h, w = the model's grid_size); continuous models (MAR) the
+    """images: per output_type (None for "tokens"). tokens, per model kind: raster and masked models
+    give the token grid, a LongTensor [B, h, w] (h, w = the model's grid_size); continuous models (MAR) the
     float latent [B, C, h * p, w * p] their VAE decodes (scaled as the model sees it); next-scale
     models (VAR) a list of LongTensors [B, pn, pn], one per scale, small to large. stats: see
     Pipeline.generate."""
@@ -89,10 +89,6 @@ def same_tokenizer(a: TokenGridTokenizer, b: TokenGridTokenizer) -> bool:
     return state_a.keys() == state_b.keys() and all(
         torch.equal(state_a[k].detach().cpu(), state_b[k].detach().cpu()) for k in state_a
     )
-
-
-# The method a pipeline runs when none is named, by model kind.
-DEFAULT_METHODS = {"raster": "ar", "next-scale": "var", "continuous": "mar"}
 
 
 def warn_eager(module: torch.nn.Module, err: Exception):
@@ -143,7 +139,7 @@ class Pipeline:
 
     def __init__(
         self,
-        model: RasterModel | NextScaleModel,
+        model: RasterModel | NextScaleModel | MaskedModel,
         tokenizer: TokenGridTokenizer | None,
         *,
         name: str,
@@ -279,7 +275,7 @@ class Pipeline:
         """
         if output_type not in ("pil", "pt", "np", "tokens"):
             raise VisarError(f"output_type must be 'pil', 'pt', 'np' or 'tokens', got {output_type!r}")
-        method = method or DEFAULT_METHODS.get(model_kind(self.model), "ar")
+        method = method or reference_method(self.model)
         spec = get_method(method)
         spec.check_options(method_options)
         spec.check_model(self.model)
@@ -302,9 +298,9 @@ class Pipeline:
         kind = model_kind(self.model)
         if kind == "continuous":  # float tokens [B, L, C] -> the latent the VAE decodes
             tokens = self.model.unpatchify(tokens)
-        elif kind == "raster":  # next-scale methods return one [B, pn, pn] map per scale
+        elif kind in ("raster", "masked"):  # next-scale methods return one [B, pn, pn] map per scale
             tokens = tokens.reshape(batch, *self.model.grid_size)
-        if kind in ("continuous", "raster"):
+        if kind != "next-scale":
             stats["commit_pass"] = stats["commit_pass"].reshape(batch, *self.model.grid_size)
         lossless = spec.is_lossless(method_options, self.model)
         stats = {**stats, "method": method, "lossless": lossless, "batch_size": batch}
@@ -404,7 +400,9 @@ def load(
     - `visar.load(FOLDER)`: a visar folder, or a transformers `save_pretrained` folder of a supported
       architecture (Janus-Pro: JanusForConditionalGeneration; Emu3-Gen: Emu3ForConditionalGeneration),
       offline; `model_args=` then takes its loading options (Janus: `max_prompt_tokens`; Emu3:
-      `image_area`, `ratio`, `negative_prompt`, `max_prompt_tokens`).
+      `image_area`, `ratio`, `negative_prompt`, `max_prompt_tokens`). A diffusers `AmusedPipeline`
+      folder (model_index.json) loads as a masked model (`model_args`: `negative_prompt`,
+      `aesthetic_score`, `crop_coord`).
     - `visar.load("llamagen-gpt-b-c2i-256", checkpoint="c2i_B_256.pt", vq_checkpoint="vq_ds16_c2i.pt")`
     - `visar.load("llamagen", checkpoint=..., model_args={...}, vq_checkpoint=..., vq_args={...})` for
       sizes that match no preset (`model_args`: LlamaGen ModelArgs fields; `vq_args`: the VQ
@@ -423,14 +421,15 @@ def load(
     name = registry.resolve_name(str(name_or_path))
     embedded = registry.embedded_models()
     generic = registry.generic_names()
-    if name in embedded or (Path(name).is_dir() and (Path(name) / "config.json").is_file()):
+    if name in embedded or registry.is_model_folder(Path(name)):
         folder = embedded.get(name, Path(name))
         pipe = load_folder(folder, checkpoint=checkpoint, vq_checkpoint=vq_checkpoint, model_args=model_args)
     elif name in registry.OFFICIAL_PRESETS or name in generic:
         pipe = load_official(name, checkpoint, vq_checkpoint, model_args, vq_args)
     elif Path(name).exists():
         raise VisarError(
-            f"{name} is not a model folder (no config.json); for a checkpoint file use "
+            f"{name} is not a model folder (no config.json, nor a diffusers model_index.json); for a checkpoint "
+            "file use "
             "visar.load('<preset>', checkpoint=...)"
         )
     else:
@@ -476,9 +475,11 @@ def load_official(name, checkpoint, vq_checkpoint, model_args, vq_args) -> Pipel
 
 def folder_family(config: dict) -> Family:
     """config.json's "family"; a transformers config (no "family" nor "model_args", but "architectures" or
-    "model_type") names its family by architecture; a folder without either holds LlamaGen arguments
-    (the one family visar loaded before the key was read), so folders written then still load."""
-    if "family" not in config and "model_args" not in config and ("architectures" in config or "model_type" in config):
+    "model_type") names its family by architecture, a diffusers model_index.json by pipeline class
+    ("_class_name"); a folder without either holds LlamaGen arguments (the one family visar loaded
+    before the key was read), so folders written then still load."""
+    foreign = "architectures" in config or "model_type" in config or "_class_name" in config
+    if "family" not in config and "model_args" not in config and foreign:
         return hf_family(config)
     return get_family(config.get("family", "llamagen"))
 
@@ -489,11 +490,14 @@ def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None, model_args=No
     A family that reads a whole folder its own way (a transformers save_pretrained folder) loads it
     itself; model_args then carries its loading options (e.g. max_prompt_tokens).
     """
-    config = registry.read_config(folder)
+    config = registry.read_model_config(folder)
     family = folder_family(config)
     if family.load_folder is not None:
         if checkpoint is not None or vq_checkpoint is not None:
-            raise VisarError(f"{folder} is a transformers folder: its weights load from it, not from checkpoint=")
+            raise VisarError(
+                f"{folder} is a Hugging Face (transformers or diffusers) folder: its weights load from it, not from "
+                "checkpoint="
+            )
         parts = family.load_folder(folder, model_args)
         return Pipeline(
             parts.model, parts.tokenizer, name=folder.name, defaults=parts.defaults, text_encoder=parts.text_encoder

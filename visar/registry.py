@@ -36,6 +36,23 @@ def read_config(folder: Path) -> dict:
         raise VisarError(f"cannot read {folder / 'config.json'}: {err}") from err
 
 
+def is_model_folder(path: Path) -> bool:
+    """A folder visar.load reads: config.json (visar's or transformers'), or model_index.json (a diffusers pipeline)."""
+    return path.is_dir() and ((path / "config.json").is_file() or (path / "model_index.json").is_file())
+
+
+def read_model_config(folder: Path) -> dict:
+    """config.json, or, in a diffusers pipeline folder (none at the top), model_index.json; a diffusers
+    config (one with "_class_name") says which file it came from in "_source"."""
+    if not (folder / "config.json").is_file() and (folder / "model_index.json").is_file():
+        try:
+            return {**json.loads((folder / "model_index.json").read_text()), "_source": "model_index.json"}
+        except (OSError, json.JSONDecodeError) as err:
+            raise VisarError(f"cannot read {folder / 'model_index.json'}: {err}") from err
+    config = read_config(folder)
+    return {**config, "_source": "config.json"} if "_class_name" in config else config
+
+
 def list_models() -> list[str]:
     return ["default", *embedded_models(), *OFFICIAL_PRESETS, *generic_names()]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..errors import VisarError
 from ..models.base import model_kind
-from . import ar, cspd, drafts, jacobi, mar, mar_cache, next_scale, relaxed, zipar
+from . import ar, cspd, drafts, halton, jacobi, lpd, mar, mar_cache, maskgit, next_scale, relaxed, zipar
 
 # Arguments every method takes from the caller, not from the user; `tokenizer` is handed over by
 # Pipeline.generate to methods that compare tokens by their code vectors.
@@ -107,6 +107,15 @@ def get_method(name: str) -> Method:
 
 def list_methods() -> list[str]:
     return sorted(METHODS)
+
+
+# The method each kind's accelerated methods are compared with, and what a command runs without --method.
+REFERENCE_METHODS = {"raster": "ar", "next-scale": "var", "masked": "maskgit", "continuous": "mar"}
+
+
+def reference_method(model) -> str:
+    """The reference decoding of the model's kind: plain AR, plain next-scale (VAR), MaskGIT's loop, plain MAR."""
+    return REFERENCE_METHODS.get(model_kind(model), "ar")
 
 
 register_method("ar", ar.generate, lossless=True, description="plain next-token sampling (the reference)")
@@ -272,4 +281,38 @@ register_method(
     exact_when=next_scale.prune_is_exact,
     exact_when_text="keep_fraction=1",
     exact_example={"keep_fraction": 1.0},
+)
+
+# -- masked models (visar.models.base.MaskedModel): a full bidirectional pass per step -----------------
+register_method(
+    "maskgit",
+    maskgit.maskgit,
+    lossless=False,
+    description="MaskGIT confidence unmasking (Chang et al. 2022) as aMUSEd runs it: cosine mask schedule, "
+    "annealed Gumbel noise on the drawn tokens' log-probabilities, `steps` passes",
+    model_kind="masked",
+)
+register_method(
+    "halton",
+    halton.halton,
+    lossless=False,
+    description="Halton-order unmasking (Besnier et al. 2025): a low-discrepancy order fixed in advance spreads "
+    "each step's tokens over the image, arccos schedule, `steps` passes",
+    model_kind="masked",
+)
+register_method(
+    "lpd-order",
+    lpd.lpd_order_method,
+    lossless=False,
+    description="LPD's locality-aware order (Zhang et al. 2025) drawn per image: each step's tokens near decoded "
+    "ones and apart from each other, farthest-point fallback, `steps` passes",
+    model_kind="masked",
+)
+register_method(
+    "lpd-confidence",
+    lpd.lpd_confidence,
+    lossless=False,
+    description="MaskGIT confidence ranked inside LPD's locality rule (near decoded tokens, repulsion within the "
+    "step, farthest-point fallback), `steps` passes",
+    model_kind="masked",
 )

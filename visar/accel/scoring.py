@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from ..models.base import RasterModel
+from ..models.base import MaskedModel, RasterModel
 from .sampling import SamplingParams, logits_to_probs, split_cfg
 
 
@@ -98,3 +98,28 @@ class GuidedScorer:
     def truncate_cache(self, lengths: Tensor):
         """Keep the first lengths[b] cache slots of image b ([B])."""
         self.model.truncate_cache(self.doubled(lengths))
+
+
+class MaskedScorer:
+    """A masked model, a batch of B conditions and the sampling settings: one full pass -> target laws [B, N, V].
+
+    The same CFG layout ([cond ; null condition]) and the same `logits_to_probs` as `GuidedScorer`,
+    without a cache: every call feeds the whole grid (unknown positions at the mask id).
+    """
+
+    def __init__(self, model: MaskedModel, cond: Tensor, cond_mask: Tensor | None, params: SamplingParams):
+        self.model, self.params = model, params
+        self.guided = params.uses_cfg
+        if self.guided:
+            null_mask = model.null_condition_mask(cond_mask)
+            cond = torch.cat([cond, model.null_condition(cond)])
+            cond_mask = None if cond_mask is None else torch.cat([cond_mask, null_mask])
+        self.cond, self.cond_mask = cond, cond_mask  # [B(x2), ...]
+        self.forward_passes = 0
+
+    def target_probs(self, tokens: Tensor) -> Tensor:
+        """tokens [B, N] (mask id where unknown) -> the target law of every position [B, N, V] (float32)."""
+        doubled = torch.cat([tokens, tokens]) if self.guided else tokens
+        logits = self.model(doubled, self.cond, self.cond_mask)
+        self.forward_passes += 1
+        return logits_to_probs(split_cfg(logits, self.params), self.params)

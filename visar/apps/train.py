@@ -1,8 +1,9 @@
 """`visar train`: the recipes that produce visar's embedded models, on a CPU, resumably.
 
 Recipes are fixed dicts (seed included) recorded in each exported config.json, so that
-`visar train tokenizer --recipe visar-tiny-vq` and `visar train ar --recipe visar-tiny-c2i`
-reproduce the shipped weights (up to floating-point differences between machines).
+`visar train tokenizer --recipe visar-tiny-vq`, `visar train ar --recipe visar-tiny-c2i` and
+`visar train masked --recipe visar-tiny-maskgit-c2i` reproduce the shipped weights (up to
+floating-point differences between machines).
 
 Every run writes `OUT/checkpoint.pt` every `checkpoint_every` steps (atomically: a killed run
 never leaves a half-written file) and resumes from it when started again with the same OUT.
@@ -28,6 +29,7 @@ from ..data.shapes import CLASS_RENDER_EASY, class_render_options
 from ..errors import VisarError
 from ..models.lag_mask import lag_training_mask
 from ..models.llamagen import LlamaGen, LlamaGenConfig
+from ..models.maskgit import MaskGIT, MaskGITConfig, init_maskgit, masking_ratio
 from ..models.text import PAD, UNK, CaptionEncoder, CaptionEncoderConfig
 from ..tokenizers.vq import VQConfig, VQModel
 
@@ -155,6 +157,41 @@ AR_RECIPES = {
 # 78.6% on images 0-499) at the same causal next-token loss. Half the sequences at lags 2-4
 # closed the gap too, but cost 11 points of AR (67.3% against 78.3%).
 AR_RECIPES["visar-tiny-c2i"] = dict(AR_RECIPES["visar-tiny-c2i-causal"], zipar_lags=(2, 3), zipar_fraction=0.25)
+
+
+# Masked (MaskGIT-style) generators: visar.models.maskgit, trained by `train_masked`.
+MASKED_RECIPES = {
+    # The default raster model's data, size class and budget, for a bidirectional transformer: the
+    # visar-tiny-c2i training set (data_seed 1, the easy class renders), 0.76 M parameters (0.78 M
+    # raster), batch 16, lr 3e-3 with the weight average. A step costs about what a raster step
+    # costs (257 positions, 3 layers of width 128; no causal mask), so the raster budget of 6,400
+    # steps is the starting point; not timed here (the lead's run checks the rate).
+    "visar-tiny-maskgit-c2i": dict(
+        condition="class",
+        seed=4,
+        data_seed=1,
+        steps=6400,
+        batch_size=16,
+        lr=3e-3,
+        warmup=100,
+        ema_decay=0.999,
+        checkpoint_every=100,
+        dataset_size=20_000,
+        render=CLASS_RENDER_EASY,
+        model_args=dict(
+            dim=128,
+            n_layer=3,
+            n_head=4,
+            mlp_ratio=4.0,
+            vocab_size=512,
+            num_classes=40,
+            grid_size=16,
+            class_dropout_prob=0.1,
+            dropout_p=0.0,
+        ),
+        defaults=dict(guidance_scale=2.0, temperature=1.0, top_k=None, top_p=1.0),
+    ),
+}
 
 
 # -- shared plumbing -----------------------------------------------------------------------------
@@ -531,7 +568,15 @@ def init_llamagen(model: LlamaGen, std: float = 0.02):
 
 
 def export_ar(
-    name: str, recipe: dict, model, text_encoder, tokenizer, vq_config: dict, out: Path, folder: str = "export"
+    name: str,
+    recipe: dict,
+    model,
+    text_encoder,
+    tokenizer,
+    vq_config: dict,
+    out: Path,
+    folder: str = "export",
+    family: str = "llamagen",
 ) -> Path:
     """A self-contained model folder (config.json, weights, the tokenizer) that visar.load reads."""
     export = prepare_out_dir(out / folder)
@@ -543,7 +588,7 @@ def export_ar(
     weights = {"model": "model.safetensors", "tokenizer": "tokenizer.safetensors"}
     config = {
         "name": name,
-        "family": "llamagen",
+        "family": family,
         "description": "",
         "model_args": recipe["model_args"],
         "vq_args": vq_config["vq_args"],
@@ -588,3 +633,108 @@ def ship(export: str | os.PathLike, name: str, description: str, weights_dir: Pa
     config.update(name=name, description=description)
     (target / "config.json").write_text(json.dumps(config, indent=1))
     return target
+
+
+# -- masked generators --------------------------------------------------------------------------
+
+
+def masked_inputs(tokens: torch.Tensor, mask_id: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """MaskGIT's training corruption: per sequence a ratio r = cos(pi/2 u), u ~ U[0, 1), and ceil(r N)
+    positions (at least one) chosen uniformly set to the mask id -> (inputs [B, N], masked [B, N] bool).
+    Drawn from the step's generator, so a resumed run corrupts as an uninterrupted one."""
+    batch, num_tokens = tokens.shape
+    count = torch.ceil(masking_ratio(torch.rand(batch, generator=gen)) * num_tokens).clamp(1, num_tokens)
+    rank = torch.rand(batch, num_tokens, generator=gen).argsort(1).argsort(1)  # a random rank per position
+    masked = rank < count[:, None].to(rank.device)
+    return torch.where(masked.to(tokens.device), mask_id, tokens), masked.to(tokens.device)
+
+
+def train_masked(
+    recipe_name: str,
+    out: str | os.PathLike,
+    tokenizer: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    compile: bool = False,
+    **overrides,
+) -> Path:
+    """Train a MaskGIT-style generator by recipe on tokens of `tokenizer`; returns the export folder.
+
+    The loss is the cross-entropy of the masked positions' tokens given the rest and the class
+    (MaskGIT's objective), with cosine-distributed mask ratios; class dropout (the null class)
+    trains the unconditional half of classifier-free guidance. Checkpoints, resume, the weight
+    average and the export follow `train_ar`; the export's config.json names family "maskgit"."""
+    recipe = resolve_recipe(MASKED_RECIPES, recipe_name, overrides)
+    out = prepare_out_dir(out)
+    device = torch.device(device)
+    vq, vq_config = load_tokenizer_export(tokenizer)
+    data = build_token_dataset(recipe, vq.to(device), out / "dataset.npz", device)
+    tokens = torch.from_numpy(data["tokens"].astype(np.int64))
+    labels = torch.from_numpy(data["labels"])
+    torch.manual_seed(recipe["seed"])
+    model = MaskGIT(MaskGITConfig.from_dict(recipe["model_args"]))
+    init_maskgit(model)
+    model.to(device)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=recipe["lr"], betas=(0.9, 0.95), weight_decay=0.05)
+    ema = [p.detach().clone() for p in params] if recipe.get("ema_decay") else None
+    step = 0
+    state = load_checkpoint(out / "checkpoint.pt")
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        if ema is not None:
+            ema = [t.to(device) for t in state["ema"]]
+        step = state["step"]
+        torch.set_rng_state(state["rng_state"])  # class dropout draws from the global RNG
+        if device.type == "cuda" and "cuda_rng_state" in state:
+            torch.cuda.set_rng_state(state["cuda_rng_state"], device)
+    model.train()
+
+    def masked_loss(inputs: torch.Tensor, targets: torch.Tensor, masked: torch.Tensor, cond: torch.Tensor):
+        logits = model(inputs, cond)  # [B, N, V]
+        return F.cross_entropy(logits[masked], targets[masked])
+
+    loss_of = torch.compile(masked_loss) if compile else masked_loss
+    bar = tqdm(total=recipe["steps"], initial=step, desc=f"train {recipe_name}", unit="step")
+    while step < recipe["steps"]:
+        gen = step_generator(recipe["seed"], step)
+        index = torch.randint(0, tokens.shape[0], (recipe["batch_size"],), generator=gen)
+        targets = tokens[index].to(device)
+        inputs, masked = masked_inputs(targets, model.mask_token_id, gen)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, recipe)
+        loss = loss_of(inputs, targets, masked, labels[index].to(device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if ema is not None:
+            decay = min(recipe["ema_decay"], (1 + step) / (10 + step))
+            with torch.no_grad():
+                for average, p in zip(ema, params, strict=True):
+                    average.lerp_(p, 1 - decay)
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if step % recipe["checkpoint_every"] == 0 or step == recipe["steps"]:
+            state = {
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "step": step,
+                "loss": loss.item(),
+                "rng_state": torch.get_rng_state(),
+            }
+            if device.type == "cuda":
+                state["cuda_rng_state"] = torch.cuda.get_rng_state(device)
+            if ema is not None:
+                state["ema"] = ema
+            save_checkpoint(out / "checkpoint.pt", state)
+    bar.close()
+    export_args = (recipe_name, recipe, model, None, tokenizer, vq_config, out)
+    if ema is None:
+        return export_ar(*export_args, family="maskgit")
+    export_ar(*export_args, folder="export-last", family="maskgit")
+    with torch.no_grad():
+        for average, p in zip(ema, params, strict=True):
+            p.copy_(average)
+    return export_ar(*export_args, family="maskgit")

@@ -53,6 +53,8 @@ class Family:
     # for `recognises` and error messages), `load_folder(folder, model_args)` for a save_pretrained
     # folder, and a prompt encoder (`build_text_encoder(text_encoder_args)`, tiny args for the tests).
     architectures: tuple[str, ...] = ()
+    # Families over a diffusers pipeline folder (model_index.json "_class_name", e.g. AmusedPipeline).
+    pipeline_classes: tuple[str, ...] = ()
     load_folder: Callable[[os.PathLike, dict], FolderParts] | None = None
     build_text_encoder: Callable[[dict], object] | None = None
     tiny_text_encoder_args: dict = field(default_factory=dict)
@@ -60,7 +62,10 @@ class Family:
     check_tokenizer: Callable[[nn.Module, nn.Module], None] | None = None
 
     def recognises(self, config: dict) -> bool:
-        """Is this config.json a transformers config of one of this family's architectures?"""
+        """Is this config.json a transformers config of one of this family's architectures, or this
+        model_index.json a diffusers pipeline of one of its pipeline classes?"""
+        if "_class_name" in config:
+            return config["_class_name"] in self.pipeline_classes
         return bool(set(config.get("architectures") or ()) & set(self.architectures))
 
 
@@ -78,10 +83,23 @@ def get_family(name: str) -> Family:
 
 
 def hf_family(config: dict) -> Family:
-    """The family of a transformers config.json (no visar "family" key), or one sentence naming what loads."""
+    """The family of a transformers config.json or a diffusers model_index.json (no visar "family" key), or
+    one sentence naming what loads."""
     for family in FAMILIES.values():
         if family.recognises(config):
             return family
+    if "_class_name" in config:
+        pipelines = sorted(c for f in FAMILIES.values() for c in f.pipeline_classes)
+        what = config["_class_name"]
+        if config.get("_source") == "config.json":
+            raise VisarError(
+                f"this folder holds one diffusers component ({what}), not a pipeline: pass the pipeline's folder "
+                f"(the one with model_index.json); visar loads diffusers folders of {', '.join(pipelines)}"
+            )
+        raise VisarError(
+            f"this folder holds a diffusers {what}, which visar cannot generate images with: visar loads "
+            f"diffusers pipeline folders of {', '.join(pipelines)}"
+        )
     supported = sorted(a for f in FAMILIES.values() for a in f.architectures)
     found = ", ".join(config.get("architectures") or ()) or config.get("model_type", "unknown")
     raise VisarError(
@@ -102,6 +120,21 @@ def transformers_module():
             f"Hugging Face models need transformers: pip install 'visar-ar[hf]' ({TESTED_TRANSFORMERS})"
         ) from err
     return transformers
+
+
+TESTED_DIFFUSERS = "diffusers>=0.42,<0.43"
+
+
+def diffusers_module():
+    """diffusers, imported when a diffusers family builds a model (an optional dependency, with transformers)."""
+    transformers_module()
+    try:
+        import diffusers
+    except ImportError as err:
+        raise VisarError(
+            f"aMUSEd models need diffusers: pip install 'visar-ar[hf]' ({TESTED_DIFFUSERS}, {TESTED_TRANSFORMERS})"
+        ) from err
+    return diffusers
 
 
 def official_presets() -> dict[str, OfficialPreset]:

@@ -2,24 +2,22 @@
 
 A decoding method in `visar/accel` sees a model only through the interface of its kind, never a
 concrete model class, so a new family (a Hugging Face decoder, another LlamaGen-like GPT) joins
-every method of its kind by implementing the interface in its own file. Two kinds exist:
+every method of its kind by implementing the interface in its own file. Four kinds exist:
 
 - `RasterModel` ("raster"): next-token prediction over an H x W grid of image tokens in raster
   order, after a condition (a class id or caption embeddings), with a KV cache that methods set
   up, write at explicit positions, truncate per sample and clear.
 - `NextScaleModel` ("next-scale"): VAR-style prediction of a pyramid of token maps, one whole
   scale per pass, each scale's input made by the multi-scale tokenizer from the scales before it.
-
+- `MaskedModel` ("masked"): a bidirectional pass over the whole grid with unknown positions set
+  to a mask id, logits for every position (MaskGIT, aMUSEd); no cache.
 - `ContinuousTokenModel` ("continuous"): masked autoregression over continuous tokens (MAR): a
   bidirectional transformer gives each position a condition vector, and a small diffusion head
   samples the token from it. The diffusion schedule it shares with its methods is here too
   (`DiffusionSchedule`, `diffusion_step`), so plain sampling and verification use one formula.
 
-- `NextScaleModel` ("next-scale"): VAR's pyramid of square token maps, one whole scale per pass.
-
-The interface of masked (MaskGIT) models joins here with its family.
-A model declares its kind in `model_kind`; a method declares the kind it
-decodes (`visar.accel.Method.model_kind`) and refuses any other with one clear error.
+A model declares its kind in `model_kind`; a method declares the kind it decodes
+(`visar.accel.Method.model_kind`) and refuses any other with one clear error.
 """
 
 from __future__ import annotations
@@ -192,6 +190,58 @@ class NextScaleModel(Protocol):
     def __call__(
         self, cond: Tensor, latents: Tensor | None = None, *, first_scale: int = 0, keep_fraction: float = 1.0
     ) -> Tensor: ...
+
+
+@runtime_checkable
+class MaskedModel(Protocol):
+    """A masked (bidirectional) image-token model over an H x W grid: MaskGIT, aMUSEd's UVit2DModel.
+
+    `model(tokens, cond, cond_mask=None)`: tokens [B, N] (N = H * W, raster order) hold a code id
+    0 .. V - 1 at known positions and `mask_token_id` at unknown ones; cond is a class id [B] or a
+    prompt (`condition_layout`), cond_mask its valid positions [B, T] or None. Returns float32
+    logits [B, N, V] over the V codes for every position, known ones included (methods ignore
+    those). Every call is a full pass: nothing is cached between calls, so a method may change any
+    position between calls.
+    """
+
+    model_kind: ClassVar[str]  # "masked"
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """(H, W) of the image-token grid."""
+        ...
+
+    @property
+    def num_image_tokens(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int:
+        """V, the codes the logits cover (the mask id is not one of them)."""
+        ...
+
+    @property
+    def mask_token_id(self) -> int:
+        """The input id of an unknown position (>= V)."""
+        ...
+
+    @property
+    def condition_layout(self) -> ConditionLayout: ...
+
+    def null_condition(self, cond: Tensor) -> Tensor:
+        """The unconditional counterpart of `cond`, for classifier-free guidance."""
+        ...
+
+    def null_condition_mask(self, cond_mask: Tensor | None) -> Tensor | None:
+        """The valid positions of `null_condition(cond)`, given cond's."""
+        ...
+
+    def __call__(self, tokens: Tensor, cond: Tensor, cond_mask: Tensor | None = None) -> Tensor: ...
 
 
 def condition_validity(cond_mask: Tensor | None, batch_size: int, length: int, device) -> Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ...accel import reference_method
 from ...errors import VisarError
 
 
@@ -63,12 +64,19 @@ def load_pipeline(args):
         vq_checkpoint=args.vq_checkpoint,
         model_args=model_args,
     )
+    if getattr(args, "method", "") is None:  # the sampling flags' --method, unset: the reference of the model's kind
+        args.method = reference_method(pipe.model)
     return pipe.compile() if args.compile else pipe
 
 
 def add_sampling_args(parser: argparse.ArgumentParser):
     group = parser.add_argument_group("sampling (unset values take the model's defaults, see `visar models -v`)")
-    group.add_argument("--method", default="ar", help="decoding method (see `visar methods`); default ar")
+    group.add_argument(
+        "--method",
+        default=None,
+        help="decoding method (see `visar methods`); default the model kind's reference: ar for raster models, "
+        "maskgit for masked ones",
+    )
     group.add_argument("--seed", type=int, default=0, help="image i uses seed + i (default 0)")
     group.add_argument("--guidance-scale", "--cfg", type=float, help="classifier-free guidance scale (1 = off)")
     group.add_argument("--temperature", type=float, help="softmax temperature (> 0)")

@@ -15,17 +15,24 @@ def add_parser(subparsers):
         "checkpoints to OUT/checkpoint.pt and resumes from it when started again with the same --out; the "
         "result is exported as fp16 safetensors in OUT/export/. Recipes: tokenizer: visar-tiny-vq; ar: "
         "visar-tiny-c2i (the default, with ZipAR-aware training), visar-tiny-c2i-causal (the same without it), "
-        "visar-tiny-c2i-draft, visar-tiny-t2i. `ship` copies an ar export into visar/weights/ "
+        "visar-tiny-c2i-draft, visar-tiny-t2i; masked: visar-tiny-maskgit-c2i (a MaskGIT-style masked model). "
+        "`ship` copies an ar or masked export into visar/weights/ "
         "(the tokenizer into a shared folder named after its recipe).",
     )
     parser.add_argument(
         "what",
-        choices=["tokenizer", "ar", "ship"],
-        help="tokenizer or ar: train by recipe; ship: copy an ar export into the package",
+        choices=["tokenizer", "ar", "masked", "ship"],
+        help="tokenizer, ar or masked: train by recipe; ship: copy an ar or masked export into the package",
     )
-    parser.add_argument("--recipe", help="recipe name (default visar-tiny-vq / visar-tiny-c2i)")
+    parser.add_argument(
+        "--recipe", help="recipe name (default visar-tiny-vq / visar-tiny-c2i / visar-tiny-maskgit-c2i)"
+    )
     parser.add_argument("--out", help="run folder (checkpoints, dataset cache, export/)")
-    parser.add_argument("--tokenizer", help="for ar: the tokenizer export folder (OUT/export of a tokenizer run)")
+    parser.add_argument(
+        "--tokenizer",
+        help="for ar and masked: the tokenizer export folder (OUT/export of a tokenizer run, or the shipped "
+        "visar/weights/visar-tiny-vq)",
+    )
     parser.add_argument("--steps", type=int, help="override the recipe's step count (for quick trials)")
     parser.add_argument(
         "--device", default="cpu", help="for ar: where the arithmetic runs (cpu, cuda, cuda:1; default cpu)"
@@ -34,10 +41,10 @@ def add_parser(subparsers):
         "--compile",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="for ar: torch.compile the training step (visar-tiny-c2i: 2.04 against 1.74 steps/s on 2 CPU "
+        help="for ar and masked: torch.compile the training step (visar-tiny-c2i: 2.04 against 1.74 steps/s on 2 CPU "
         "threads; needs a C++ compiler); default --no-compile",
     )
-    parser.add_argument("--export", help="for ship: the export/ folder of an ar run")
+    parser.add_argument("--export", help="for ship: the export/ folder of an ar or masked run")
     parser.add_argument("--name", help="for ship: the registered name (e.g. visar-tiny-c2i)")
     parser.add_argument("--description", help="for ship: the one-line description shown by `visar models`")
     parser.set_defaults(func=run)
@@ -58,9 +65,14 @@ def run(args) -> int:
         export = train.train_tokenizer(args.recipe or "visar-tiny-vq", args.out, steps=args.steps)
     else:
         if not args.tokenizer:
-            raise VisarError("visar train ar needs --tokenizer (a folder made by `visar train tokenizer`, its export/)")
-        export = train.train_ar(
-            args.recipe or "visar-tiny-c2i",
+            raise VisarError(
+                f"visar train {args.what} needs --tokenizer (a folder made by `visar train tokenizer`, its export/)"
+            )
+        train_fn, default = (train.train_ar, "visar-tiny-c2i")
+        if args.what == "masked":
+            train_fn, default = (train.train_masked, "visar-tiny-maskgit-c2i")
+        export = train_fn(
+            args.recipe or default,
             args.out,
             args.tokenizer,
             device=args.device,

@@ -94,11 +94,14 @@ def test_bench_table_and_json(tmp_path, capsys):
         "detector_accuracy",
         "frechet_vs_ar",
         "ms_per_forward",
+        "warmup_s",
+        "compiled",
         "acceptance_rate",
         "acceptance_by_row",
         "acceptance_by_slot",
     }
     assert row["acceptance_rate"] is None and row["ms_per_forward"] > 0  # AR drafts nothing
+    assert row["compiled"] is False and row["warmup_s"] > 0
     assert 0 < row["peak_mem_mb"] < 100  # one batch's decode, the weights excluded
     assert row["acceptance_by_row"] == [None] * 16 and row["acceptance_by_slot"] == []
     assert "| ar | yes | 256.0 | 1.00 |" in md.read_text() and "| ar | yes" in capsys.readouterr().out
@@ -265,3 +268,32 @@ def test_bench_options_reach_methods_with_dashes(monkeypatch):
     args = ["bench", "--model", "visar-tiny-random", "--methods", "zipar-mc-sjd,sjd"]
     assert main([*args, "--opt", "zipar-mc-sjd.s=2", "--opt", "zipar-mc-sjd.cross-row=false"]) == 0
     assert seen == {"zipar-mc-sjd": {"s": 2, "cross_row": False}}
+
+
+def test_jacobi_passes_keep_to_a_few_shapes():
+    """Windows are padded to 1, 2, 4, 8 or 16 slots, so a compiled model compiles each once, not once per
+    length the end of an image leaves (an image of 256 tokens ends with windows of every length)."""
+    pipe = visar.load("visar-tiny-random", device="cpu")
+    lengths = []
+    forward = pipe.model.forward
+    pipe.model.forward = lambda tokens=None, cond=None, **kw: (
+        lengths.append((0 if tokens is None else tokens.shape[1], cond is not None)) or forward(tokens, cond, **kw)
+    )
+    out = pipe.generate(class_labels=[3, 5, 7], seed=1, method="mc-sjd", window=16, output_type="tokens")
+    del pipe.model.forward
+    window_lengths = {length for length, with_condition in lengths if not with_condition}
+    assert window_lengths <= {1, 2, 4, 8, 16} and 16 in window_lengths
+    assert len(lengths) == out.stats["forward_passes"]
+
+
+def test_bench_compiled_rows():
+    """--compiled-rows: every method again under torch.compile, marked, its warm-up apart, ratios against eager AR."""
+    from visar.eval.bench import bench, markdown_table
+
+    pipe = visar.load("visar-tiny-random", device="cpu")
+    report = bench(pipe, ["sjd"], n=2, progress=False, compiled_rows=True, compile_kwargs={"backend": "eager"})
+    rows = report["rows"]
+    assert [(r["method"], r["compiled"]) for r in rows] == [("ar", False), ("sjd", False), ("ar", True), ("sjd", True)]
+    assert rows[0]["latency_ratio_vs_ar"] == 1.0 and all(r["warmup_s"] > 0 for r in rows)
+    assert rows[1]["forward_passes"] == rows[3]["forward_passes"]  # the same tokens, compiled or not
+    assert pipe.is_compiled and "ar (compiled, warm-up" in markdown_table(report)

@@ -91,6 +91,10 @@ def same_tokenizer(a: TokenGridTokenizer, b: TokenGridTokenizer) -> bool:
     )
 
 
+# Input shapes a compiled generator compiles before new ones run eagerly (torch's default is 8).
+COMPILED_SHAPES = 32
+
+
 def warn_eager(module: torch.nn.Module, err: Exception):
     root = err
     while isinstance(inner := root.__cause__ or getattr(root, "inner_exception", None), Exception):
@@ -161,16 +165,28 @@ class Pipeline:
     def compile(self, **compile_kwargs) -> Pipeline:
         """torch.compile the generator's forward in place, so every method's forward passes use it.
 
-        Each new input shape (batch size, window, cache length) compiles on its first call; outputs
-        match eager mode up to kernel numerics. compile_kwargs go to torch.compile. Where compiling
-        fails (no C++ compiler, an unsupported platform or Python), the generator runs eagerly from
-        that call on, rerunning it, with one warning saying why (`EagerFallback`).
+        Static shapes by default (`dynamic=False`): each input shape compiles once, on its first
+        call, and the engines keep to few shapes (the prefill, one token, Jacobi windows padded to
+        1, 2, 4, 8 or 16 slots); zipar's passes vary in width and recompile per width up to
+        `COMPILED_SHAPES`, then run eagerly. Outputs match eager mode up to kernel numerics.
+        compile_kwargs go to torch.compile (e.g. mode="reduce-overhead" for CUDA graphs on a GPU).
+        Where compiling fails (no C++ compiler, an unsupported platform or Python), the generator
+        runs eagerly from that call on, rerunning it, with one warning saying why (`EagerFallback`).
         """
+        compile_kwargs.setdefault("dynamic", False)
+        dynamo = torch._dynamo.config
+        limit = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"
+        setattr(dynamo, limit, max(getattr(dynamo, limit), COMPILED_SHAPES))
         try:
             self.model.forward = EagerFallback(self.model, **compile_kwargs)
         except Exception as err:  # torch.compile refusing outright (e.g. a Python it does not support)
             warn_eager(self.model, err)
         return self
+
+    @property
+    def is_compiled(self) -> bool:
+        """The generator runs through torch.compile (False again after a compile failure fell back)."""
+        return isinstance(self.model.__dict__.get("forward"), EagerFallback)
 
     @property
     def device(self) -> torch.device:

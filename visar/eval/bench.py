@@ -121,11 +121,16 @@ def bench(
     method_options: dict[str, dict] | None = None,
     progress: bool = True,
     runs: list[tuple[str, dict]] | None = None,
+    compiled_rows: bool = False,
+    compile_kwargs: dict | None = None,
 ) -> dict:
     """Run AR plus `methods`; returns {"model", "settings", "rows": [...]} (rows as in ROW_KEYS).
 
     runs: (method, options) pairs to run after AR instead of `methods` (a sweep runs one method
-    with several option values; see visar.eval.sweep).
+    with several option values; see visar.eval.sweep). compiled_rows: then compile the generator
+    (`Pipeline.compile`, in place) and run every method again, as rows marked compiled; their
+    `warmup_s` is the first batch, compilation included, and every latency ratio is against the
+    eager AR row (compile_kwargs go to `Pipeline.compile`).
     """
     method_options = method_options or {}
     names = ["ar"] + [m for m in methods if m != "ar"]
@@ -138,54 +143,19 @@ def bench(
         raise VisarError("--n and --batch-size must be >= 1 and --quality-n >= 0")
     conds = conditions(pipe, max(n, quality_n))
     rows, ar_latency, ar_feats = [], None, None
-    for name, options in tqdm(plan, desc="bench", disable=not progress):
-        run_images(pipe, name, conds[:batch_size], batch_size, options, "tokens")  # warm-up
-        start = synchronized_clock(pipe.device)
-        with PeakMemory(pipe.device, count_tensors=False) as memory:  # CUDA: the allocator's peak, free to read
-            outs = run_images(pipe, name, conds[:n], batch_size, options, "tokens")
-        wall = synchronized_clock(pipe.device) - start
-        if memory.peak_mb is None:  # CPU: counting tensors slows a decode, so one batch of its own, untimed
-            with PeakMemory(pipe.device) as memory:
-                run_images(pipe, name, conds[:batch_size], batch_size, options, "tokens")
-        latency = sum(o.stats["latency_s"] for o in outs)
-        per_image_passes = sum(o.stats["forward_passes"] * o.tokens.shape[0] for o in outs) / n
-        tokens_per_forward = float(np.mean([o.stats["tokens_per_forward"] for o in outs]))
-        row = {
-            "method": name,
-            "lossless": all(o.stats["lossless"] for o in outs),  # at these options (gsd group_size=1 is exact)
-            "forward_passes": per_image_passes,
-            "tokens_per_forward": tokens_per_forward,
-            "step_compression": pipe.model.num_image_tokens / per_image_passes,
-            "latency_ratio_vs_ar": None,
-            "images_per_s": n / wall,
-            "peak_mem_mb": memory.peak_mb,
-            "detector_accuracy": None,
-            "frechet_vs_ar": None,
-            # Why a method is as fast as it is: cost of one pass, and where its drafts are accepted.
-            "ms_per_forward": 1000 * latency / sum(o.stats["forward_passes"] for o in outs),
-            **acceptance_columns([o.stats for o in outs]),
-        }
-        if name == "ar":
-            ar_latency = latency
-        row["latency_ratio_vs_ar"] = latency / ar_latency
-        if quality_n:
-            images = quality_images(pipe, name, conds[:quality_n], options)
-            feats = latent_features(pipe, images)
-            if name == "ar":  # the noise floor: AR against a second AR sample set (other seeds)
-                ar_feats = feats
-                again = quality_images(pipe, name, conds[:quality_n], options, seed=10**6)
-                row["frechet_vs_ar"] = frechet_distance(latent_features(pipe, again), ar_feats)
-            else:
-                row["frechet_vs_ar"] = frechet_distance(feats, ar_feats)
-            if pipe.is_class_conditional and pipe.class_names:
-                from .detector import detect, score_class
-
-                arrays = (images * 255).round().byte().permute(0, 2, 3, 1).cpu().numpy()
-                labels = conds[:quality_n]
-                row["detector_accuracy"] = float(
-                    np.mean([score_class(detect(a), c) for a, c in zip(arrays, labels, strict=True)])
-                )
-        rows.append(row)
+    passes = [False, True] if compiled_rows else [pipe.is_compiled]
+    for compiled in passes:
+        if compiled and not pipe.is_compiled:
+            pipe.compile(**(compile_kwargs or {}))
+        for name, options in tqdm(plan, desc="bench (compiled)" if compiled else "bench", disable=not progress):
+            row = speed_row(pipe, name, options, conds[:n], batch_size)
+            row["compiled"] = compiled
+            if ar_latency is None:
+                ar_latency = row["latency_s"]
+            row["latency_ratio_vs_ar"] = row.pop("latency_s") / ar_latency
+            if quality_n and compiled == passes[0]:
+                ar_feats = quality_columns(pipe, name, options, conds[:quality_n], row, ar_feats)
+            rows.append(row)
     return {
         "model": pipe.name,
         "settings": {
@@ -201,6 +171,58 @@ def bench(
     }
 
 
+def speed_row(pipe, name: str, options: dict, conds: list, batch_size: int) -> dict:
+    """One method's speed and memory columns over `conds`, after a timed warm-up batch."""
+    start = synchronized_clock(pipe.device)
+    run_images(pipe, name, conds[:batch_size], batch_size, options, "tokens")  # warm-up (compiles, if compiled)
+    warmup = synchronized_clock(pipe.device) - start
+    start = synchronized_clock(pipe.device)
+    with PeakMemory(pipe.device, count_tensors=False) as memory:  # CUDA: the allocator's peak, free to read
+        outs = run_images(pipe, name, conds, batch_size, options, "tokens")
+    wall = synchronized_clock(pipe.device) - start
+    if memory.peak_mb is None:  # CPU: counting tensors slows a decode, so one batch of its own, untimed
+        with PeakMemory(pipe.device) as memory:
+            run_images(pipe, name, conds[:batch_size], batch_size, options, "tokens")
+    latency = sum(o.stats["latency_s"] for o in outs)
+    per_image_passes = sum(o.stats["forward_passes"] * o.tokens.shape[0] for o in outs) / len(conds)
+    return {
+        "method": name,
+        "lossless": all(o.stats["lossless"] for o in outs),  # at these options (gsd group_size=1 is exact)
+        "forward_passes": per_image_passes,
+        "tokens_per_forward": float(np.mean([o.stats["tokens_per_forward"] for o in outs])),
+        "step_compression": pipe.model.num_image_tokens / per_image_passes,
+        "latency_s": latency,
+        "images_per_s": len(conds) / wall,
+        "peak_mem_mb": memory.peak_mb,
+        "detector_accuracy": None,
+        "frechet_vs_ar": None,
+        # Why a method is as fast as it is: cost of one pass, and where its drafts are accepted.
+        "ms_per_forward": 1000 * latency / sum(o.stats["forward_passes"] for o in outs),
+        "warmup_s": warmup,
+        **acceptance_columns([o.stats for o in outs]),
+    }
+
+
+def quality_columns(pipe, name: str, options: dict, conds: list, row: dict, ar_feats):
+    """Fill the row's detector accuracy and Frechet distance to AR -> AR's features (set by the AR row)."""
+    images = quality_images(pipe, name, conds, options)
+    feats = latent_features(pipe, images)
+    if name == "ar":  # the noise floor: AR against a second AR sample set (other seeds)
+        ar_feats = feats
+        again = quality_images(pipe, name, conds, options, seed=10**6)
+        row["frechet_vs_ar"] = frechet_distance(latent_features(pipe, again), ar_feats)
+    else:
+        row["frechet_vs_ar"] = frechet_distance(feats, ar_feats)
+    if pipe.is_class_conditional and pipe.class_names:
+        from .detector import detect, score_class
+
+        arrays = (images * 255).round().byte().permute(0, 2, 3, 1).cpu().numpy()
+        row["detector_accuracy"] = float(
+            np.mean([score_class(detect(a), c) for a, c in zip(arrays, conds, strict=True)])
+        )
+    return ar_feats
+
+
 def markdown_table(report: dict) -> str:
     header = (
         "| method | lossless | forward passes | step compression | tokens/forward | latency / AR | images/s "
@@ -212,8 +234,9 @@ def markdown_table(report: dict) -> str:
         def fmt(value, spec):
             return "-" if value is None else format(value, spec)
 
+        method = f"{r['method']} (compiled, warm-up {r['warmup_s']:.0f} s)" if r.get("compiled") else r["method"]
         lines.append(
-            f"| {r['method']} | {'yes' if r['lossless'] else 'no'} | {r['forward_passes']:.1f} "
+            f"| {method} | {'yes' if r['lossless'] else 'no'} | {r['forward_passes']:.1f} "
             f"| {r['step_compression']:.2f} | {r['tokens_per_forward']:.2f} | {r['latency_ratio_vs_ar']:.2f} "
             f"| {r['images_per_s']:.2f} | {fmt(r['peak_mem_mb'], '.1f')} "
             f"| {fmt(r['detector_accuracy'], '.1%')} | {fmt(r['frechet_vs_ar'], '.3f')} "
@@ -238,6 +261,8 @@ REPORT_NOTES = (
     "Frechet vs AR is measured in the tokenizer-latent feature space (visar.eval.bench), not Inception.",
     "ms/forward: token-sampling time per forward pass (a Jacobi window's pass costs more than AR's one token); "
     "draft acceptance: accepted / tested drafts, by window slot and image row in report.json.",
+    "Compiled rows (--compiled-rows, or --compile): the generator under torch.compile; their warm-up is the first "
+    "batch, compilation included, kept out of the latency; latency / AR is against the eager AR row.",
 )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import VisarError
-from .common import add_model_args, load_pipeline, parse_option
+from .common import add_model_args, compile_kwargs, load_pipeline, parse_option
 
 
 def add_parser(subparsers):
@@ -40,6 +40,12 @@ def add_parser(subparsers):
         metavar="OPTION=V1,V2,...",
         help="run the one method of --methods once per value of OPTION (e.g. delta=0,0.05,0.1) and plot "
         "step compression against quality (needs --quality-n)",
+    )
+    parser.add_argument(
+        "--compiled-rows",
+        action="store_true",
+        help="after the eager rows, compile the generator and run every method again (rows marked compiled, "
+        "their warm-up, compilation included, reported apart from the latency)",
     )
     parser.add_argument("--plot", default="bench-sweep.png", help="the sweep's PNG (default bench-sweep.png)")
     parser.add_argument("--json", help="write the report as JSON")
@@ -93,7 +99,14 @@ def run(args) -> int:
             print(f"report: {files['md']}, {files['json']}, {files['png']}")
         return 0
     report = bench(
-        pipe, methods, n=args.n, batch_size=args.batch_size, quality_n=args.quality_n, method_options=options
+        pipe,
+        methods,
+        n=args.n,
+        batch_size=args.batch_size,
+        quality_n=args.quality_n,
+        method_options=options,
+        compiled_rows=args.compiled_rows,
+        compile_kwargs=compile_kwargs(args),
     )
     print(markdown_table(report))
     write_report(report, args.json, args.md)

@@ -49,6 +49,11 @@ def add_model_args(parser: argparse.ArgumentParser):
         help="torch.compile the generator (each new input shape compiles on first use; on CPU this needs a C++ "
         "compiler; where compiling fails, a warning says why and the run continues eagerly); default --no-compile",
     )
+    group.add_argument(
+        "--compile-mode",
+        help="torch.compile mode with --compile (e.g. reduce-overhead: CUDA graphs on a GPU; max-autotune); "
+        "default: torch's",
+    )
 
 
 def load_pipeline(args):
@@ -66,7 +71,11 @@ def load_pipeline(args):
     )
     if getattr(args, "method", "") is None:  # the sampling flags' --method, unset: the reference of the model's kind
         args.method = reference_method(pipe.model)
-    return pipe.compile() if args.compile else pipe
+    return pipe.compile(**compile_kwargs(args)) if args.compile else pipe
+
+
+def compile_kwargs(args) -> dict:
+    return {"mode": args.compile_mode} if args.compile_mode else {}
 
 
 def add_sampling_args(parser: argparse.ArgumentParser):

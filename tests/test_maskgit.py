@@ -184,3 +184,15 @@ def test_masked_methods_refuse_a_raster_model():
 def test_teacher_forced_logits_are_for_raster_models():
     with pytest.raises(VisarError, match="Pipeline.logits is for raster models; recording is a masked model"):
         recording_pipeline().logits(torch.zeros(1, 36, dtype=torch.long), class_labels=[0])
+
+
+def test_bench_on_a_masked_model_measures_against_one_token_per_step():
+    from test_conformance import tiny_pipeline
+
+    from visar.eval.bench import bench
+
+    pipe = tiny_pipeline("maskgit")
+    report = bench(pipe, ["halton"], n=2, quality_n=2, method_options={"halton": {"steps": 4}}, progress=False)
+    reference, halton = report["rows"]
+    assert reference["method"] == "maskgit" and reference["forward_passes"] == pipe.model.num_image_tokens
+    assert halton["forward_passes"] == 4 and halton["frechet_vs_ar"] is not None

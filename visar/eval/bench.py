@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..accel import get_method
+from ..accel import get_method, reference_method
 from ..accel.timing import synchronized_clock
 from ..errors import VisarError
 from .memory import PeakMemory
@@ -133,8 +133,10 @@ def bench(
     eager AR row (compile_kwargs go to `Pipeline.compile`).
     """
     method_options = method_options or {}
-    names = ["ar"] + [m for m in methods if m != "ar"]
+    reference = reference_method(pipe.model)
+    names = [reference] + [m for m in methods if m != reference]
     plan = [(name, method_options.get(name, {})) for name in names]
+    plan[0] = (reference, {**reference_options(pipe), **plan[0][1]})
     if runs is not None:
         plan = plan[:1] + list(runs)
     for name, options in plan:
@@ -154,7 +156,7 @@ def bench(
                 ar_latency = row["latency_s"]
             row["latency_ratio_vs_ar"] = row.pop("latency_s") / ar_latency
             if quality_n and compiled == passes[0]:
-                ar_feats = quality_columns(pipe, name, options, conds[:quality_n], row, ar_feats)
+                ar_feats = quality_columns(pipe, name, options, conds[:quality_n], row, ar_feats, name == reference)
             rows.append(row)
     return {
         "model": pipe.name,
@@ -169,6 +171,12 @@ def bench(
         },
         "rows": rows,
     }
+
+
+def reference_options(pipe) -> dict:
+    """The reference row's options: plain decoding, and for a masked model one token per step (the
+    order every schedule approximates), not the reference method's own step count."""
+    return {"steps": pipe.model.num_image_tokens} if pipe.model.model_kind == "masked" else {}
 
 
 def speed_row(pipe, name: str, options: dict, conds: list, batch_size: int) -> dict:
@@ -203,11 +211,12 @@ def speed_row(pipe, name: str, options: dict, conds: list, batch_size: int) -> d
     }
 
 
-def quality_columns(pipe, name: str, options: dict, conds: list, row: dict, ar_feats):
-    """Fill the row's detector accuracy and Frechet distance to AR -> AR's features (set by the AR row)."""
+def quality_columns(pipe, name: str, options: dict, conds: list, row: dict, ar_feats, is_reference: bool):
+    """Fill the row's detector accuracy and Frechet distance to the reference -> the reference's
+    features (set by the reference row)."""
     images = quality_images(pipe, name, conds, options)
     feats = latent_features(pipe, images)
-    if name == "ar":  # the noise floor: AR against a second AR sample set (other seeds)
+    if is_reference:  # the noise floor: the reference against a second sample set of its own (other seeds)
         ar_feats = feats
         again = quality_images(pipe, name, conds, options, seed=10**6)
         row["frechet_vs_ar"] = frechet_distance(latent_features(pipe, again), ar_feats)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from ..accel import reference_method
 from ..errors import VisarError
 from .bench import bench
 
@@ -32,10 +33,11 @@ def parse_sweep(text: str) -> tuple[str, list]:
 def sweep(
     pipe, method: str, option: str, values: list, *, options: dict | None = None, quality_n: int = 100, **bench_kw
 ) -> dict:
-    """AR, then `method` with option=value for each value -> a bench report whose method rows carry
-    the swept value under `option`, plus report["sweep"] = {method, option, values}."""
-    if method == "ar":
-        raise VisarError("--sweep runs one method besides ar (e.g. --methods lantern)")
+    """The reference (AR, or one token per step for a masked model), then `method` with option=value
+    for each value -> a bench report whose method rows carry the swept value under `option`, plus
+    report["sweep"] = {method, option, values}."""
+    if method == reference_method(pipe.model):
+        raise VisarError(f"--sweep runs one method besides the reference {method} (e.g. --methods lantern)")
     if quality_n < 2:
         raise VisarError("--sweep plots quality: give --quality-n >= 2 (>= 500 for reported figures)")
     base = dict(options or {})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...accel import reference_method
 from ...errors import VisarError
 from .common import add_model_args, compile_kwargs, load_pipeline, parse_option
 
@@ -70,7 +71,7 @@ def run(args) -> int:
             raise VisarError(f"bench options are METHOD.KEY=VALUE (e.g. sjd.window=16), got {text!r}")
         method, rest = text.split(".", 1)  # the method keeps its dashes (zipar-mc-sjd); the key is normalised
         option, value = parse_option(rest)
-        if method not in ["ar", *methods]:
+        if method not in [reference_method(pipe.model), *methods]:
             raise VisarError(f"--opt {text!r} names method {method!r}, which --methods does not run")
         options.setdefault(method, {})[option] = value
     if args.sweep:
@@ -89,7 +90,7 @@ def run(args) -> int:
             n=args.n,
             batch_size=args.batch_size,
             quality_n=args.quality_n,
-            method_options={"ar": options.get("ar", {})},
+            method_options={reference_method(pipe.model): options.get(reference_method(pipe.model), {})},
         )
         print(markdown_table(report))
         print(f"plot: {plot_sweep(report, args.plot)}")

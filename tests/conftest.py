@@ -8,6 +8,18 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(os.environ.get("VISAR_FIXTURES", REPO.parent / "shared" / "fixtures"))
 
 
+@pytest.fixture(scope="module")
+def offline():
+    """HF_HUB_OFFLINE=1 for a module's tests (folders saved with save_pretrained load with nothing fetched)."""
+    old = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    yield
+    if old is None:
+        del os.environ["HF_HUB_OFFLINE"]
+    else:
+        os.environ["HF_HUB_OFFLINE"] = old
+
+
 def fixtures_dir(family: str) -> Path:
     """The official-code fixtures for a family; skip (outside CI) when ../shared is absent."""
     folder = FIXTURES / family

@@ -13,7 +13,6 @@ Every masked method on the tiny aMUSEd: tests/test_conformance.py (the family re
 """
 
 import json
-import os
 import shutil
 
 import pytest
@@ -49,17 +48,6 @@ def random_amused(seed: int, std: float = 0.3):
         transformer=transformer,
         scheduler=diffusers.AmusedScheduler(mask_token_id=8),
     )
-
-
-@pytest.fixture(scope="module")
-def offline():
-    old = os.environ.get("HF_HUB_OFFLINE")
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    yield
-    if old is None:
-        del os.environ["HF_HUB_OFFLINE"]
-    else:
-        os.environ["HF_HUB_OFFLINE"] = old
 
 
 @pytest.fixture(scope="module")

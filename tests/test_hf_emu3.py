@@ -15,7 +15,6 @@ Every raster method on the tiny Emu3: tests/test_conformance.py (the family regi
 """
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -23,9 +22,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from test_hf_janus import prompt_law  # noqa: E402  (the enumerated law of one prompt, teacher-forced)
+
 import visar  # noqa: E402
 from visar.accel import get_method  # noqa: E402
-from visar.accel.sampling import SamplingParams, logits_to_probs, make_generators, split_cfg  # noqa: E402
+from visar.accel.sampling import SamplingParams, make_generators  # noqa: E402
 from visar.errors import VisarError  # noqa: E402
 from visar.families import hf_emu3  # noqa: E402
 
@@ -50,17 +51,6 @@ def save_folder(model, image_vocab: int, folder) -> str:
     model.save_pretrained(folder)
     hf_emu3.tiny_processor(image_vocab).save_pretrained(folder)
     return str(folder)
-
-
-@pytest.fixture(scope="module")
-def offline():
-    old = os.environ.get("HF_HUB_OFFLINE")
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    yield
-    if old is None:
-        del os.environ["HF_HUB_OFFLINE"]
-    else:
-        os.environ["HF_HUB_OFFLINE"] = old
 
 
 @pytest.fixture(scope="module")
@@ -188,25 +178,6 @@ LAW_CASES = [
 def law_pipe(tmp_path_factory, offline):
     folder = save_folder(random_emu3(image_vocab=VOCAB, seed=1), VOCAB, tmp_path_factory.mktemp("law"))
     return visar.load(folder, device="cpu", model_args=LAW_OPTIONS)
-
-
-@torch.no_grad()
-def prompt_law(model, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams) -> np.ndarray:
-    """P(sequence) of one prompt [T] (mask [T]) for every sequence, teacher-forced without a cache."""
-    from test_jacobi import all_sequences
-
-    seqs = all_sequences(model.vocab_size, model.num_image_tokens)
-    cond, cond_mask = ids.expand(len(seqs), -1), mask.expand(len(seqs), -1)
-    seqs_in = seqs
-    if params.uses_cfg:
-        seqs_in = torch.cat([seqs, seqs])
-        null, null_mask = model.null_condition(cond), model.null_condition_mask(cond_mask)
-        cond, cond_mask = torch.cat([cond, null]), torch.cat([cond_mask, null_mask])
-    logits = model(seqs_in[:, :-1], cond, cond_mask=cond_mask)[:, model.num_condition_tokens - 1 :]
-    probs = logits_to_probs(split_cfg(logits, params), params)
-    law = probs.gather(-1, seqs[..., None]).squeeze(-1).double().prod(-1).numpy()
-    assert abs(law.sum() - 1) < 1e-5
-    return law
 
 
 @pytest.mark.slow

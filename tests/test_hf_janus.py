@@ -12,8 +12,6 @@ bad input: folders of models that generate no images, prompts too long, a draft 
 Every raster method on the tiny Janus: tests/test_conformance.py (the family registers tiny args).
 """
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -49,17 +47,6 @@ def save_folder(model, folder) -> str:
     model.save_pretrained(folder)
     hf_janus.tiny_processor().save_pretrained(folder)
     return str(folder)
-
-
-@pytest.fixture(scope="module")
-def offline():
-    old = os.environ.get("HF_HUB_OFFLINE")
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    yield
-    if old is None:
-        del os.environ["HF_HUB_OFFLINE"]
-    else:
-        os.environ["HF_HUB_OFFLINE"] = old
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +151,8 @@ def prompt_law(model, ids: torch.Tensor, mask: torch.Tensor, params: SamplingPar
     seqs_in = seqs
     if params.uses_cfg:
         seqs_in = torch.cat([seqs, seqs])
-        cond, cond_mask = torch.cat([cond, model.null_condition(cond)]), torch.cat([cond_mask, cond_mask])
+        null, null_mask = model.null_condition(cond), model.null_condition_mask(cond_mask)
+        cond, cond_mask = torch.cat([cond, null]), torch.cat([cond_mask, null_mask])
     logits = model(seqs_in[:, :-1], cond, cond_mask=cond_mask)[:, model.num_condition_tokens - 1 :]
     probs = logits_to_probs(split_cfg(logits, params), params)
     law = probs.gather(-1, seqs[..., None]).squeeze(-1).double().prod(-1).numpy()

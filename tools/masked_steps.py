@@ -7,7 +7,7 @@ token per step, on a class-conditional shapes-world masked model (docs/MASKED.md
 Image i of every row has class i mod 40 and seed i (`visar.eval.bench.quality_images`), so rows
 differ only by their schedule and step count. The reference (`maskgit` at one token per step, N
 passes an image) costs N / steps times a row, hence its own, smaller image count. Writes OUT.json,
-OUT.md and OUT.png. Not run by CI.
+OUT.md and OUT.png (`--plot-only` redraws the PNG from OUT.json). Not run by CI.
 """
 
 from __future__ import annotations
@@ -32,6 +32,57 @@ def detector_accuracy(images: torch.Tensor, labels: list[int]) -> float:
     return float(np.mean([score_class(detect(a), c) for a, c in zip(arrays, labels, strict=True)]))
 
 
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
+
+
+def plot(rows: list[dict], schedules: list[str], model: str, path: Path):
+    """Two panels (detector accuracy, Frechet vs one token per step) against steps, a line per schedule."""
+    from PIL import Image, ImageDraw
+
+    from visar.eval.plots import _font, nice_ticks
+
+    image = Image.new("RGB", (1040, 470), "white")
+    draw = ImageDraw.Draw(image)
+    font, small = _font(16), _font(12)
+    draw.text((520, 8), f"{model}: quality against steps", fill="black", font=font, anchor="ma")
+    mine = [r for r in rows[1:] if r["schedule"] in schedules]
+    for panel, (key, title) in enumerate(
+        [("detector_accuracy", "detector accuracy"), ("frechet_vs_one_per_step", "Frechet vs 1 token / step")]
+    ):
+        left = 520 * panel
+        box = (left + 70, 60, left + 500, 410)
+        values = [r[key] for r in mine] + ([rows[0][key]] if key == "detector_accuracy" else [])
+        xt, yt = nice_ticks(min(r["steps"] for r in mine), max(r["steps"] for r in mine)), nice_ticks(0, max(values))
+
+        def at(x, y, xt=xt, yt=yt, box=box):
+            return (
+                box[0] + (x - xt[0]) / (xt[-1] - xt[0]) * (box[2] - box[0]),
+                box[3] - (y - yt[0]) / (yt[-1] - yt[0]) * (box[3] - box[1]),
+            )
+
+        draw.text((left + 285, 36), title, fill="black", font=font, anchor="ma")
+        draw.rectangle(box, outline="black")
+        for x in xt:
+            draw.text((at(x, yt[0])[0], box[3] + 8), f"{x:g}", fill="black", font=small, anchor="ma")
+        for y in yt:
+            draw.line([(box[0], at(xt[0], y)[1]), (box[2], at(xt[0], y)[1])], fill="#e6e6e6")
+            draw.text((box[0] - 8, at(xt[0], y)[1]), f"{y:g}", fill="black", font=small, anchor="rm")
+        draw.text((left + 285, box[3] + 28), "steps (forward passes)", fill="black", font=small, anchor="ma")
+        if key == "detector_accuracy":  # the one-token-per-step reference, dashed
+            _, py = at(xt[0], rows[0][key])
+            for x0 in range(int(box[0]), int(box[2]), 12):
+                draw.line([(x0, py), (min(x0 + 6, box[2]), py)], fill="#888888")
+            draw.text((box[0] + 4, py - 3), "1 token / step", fill="#666666", font=small, anchor="ld")
+        for n, schedule in enumerate(schedules):
+            points = [at(r["steps"], r[key]) for r in mine if r["schedule"] == schedule]
+            colour = COLOURS[n % len(COLOURS)]
+            draw.line(points, fill=colour, width=2)
+            for px, py in points:
+                draw.ellipse([px - 3, py - 3, px + 3, py + 3], fill=colour)
+            draw.text((box[2] - 6, box[1] + 6 + 16 * n), schedule, fill=colour, font=small, anchor="ra")
+    image.save(path)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="visar-tiny-maskgit-c2i")
@@ -41,7 +92,12 @@ def main():
     parser.add_argument("--n-at", action="append", default=[], help="STEPS=N: more images at one step count")
     parser.add_argument("--reference-n", type=int, default=100, help="images of the one-token-per-step reference")
     parser.add_argument("--out", default="masked_steps")
+    parser.add_argument("--plot-only", action="store_true", help="redraw OUT.png from OUT.json")
     args = parser.parse_args()
+    if args.plot_only:
+        report = json.loads(Path(args.out).with_suffix(".json").read_text())
+        plot(report["rows"], args.schedules.split(","), report["model"], Path(args.out).with_suffix(".png"))
+        return
     torch.set_num_threads(torch.get_num_threads())
     pipe = visar.load(args.model)
     steps = [int(s) for s in args.steps.split(",")]
@@ -88,24 +144,7 @@ def main():
         for r in rows
     ]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for schedule in args.schedules.split(","):
-        mine = [r for r in rows[1:] if r["schedule"] == schedule]
-        xs = [r["steps"] for r in mine]
-        axes[0].plot(xs, [r["detector_accuracy"] for r in mine], marker="o", label=schedule)
-        axes[1].plot(xs, [r["frechet_vs_one_per_step"] for r in mine], marker="o", label=schedule)
-    axes[0].axhline(rows[0]["detector_accuracy"], color="grey", linestyle="--", label="1 token / step")
-    axes[0].set(xlabel="steps (forward passes)", ylabel="detector accuracy")
-    axes[1].set(xlabel="steps (forward passes)", ylabel="Frechet vs 1 token / step (latent features)")
-    axes[0].legend()
-    fig.suptitle(f"{pipe.name}: quality against steps")
-    fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=100)
+    plot(rows, args.schedules.split(","), pipe.name, out.with_suffix(".png"))
     print("\n".join(lines))
 
 

@@ -22,7 +22,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_hf_janus import prompt_law  # noqa: E402  (the enumerated law of one prompt, teacher-forced)
+from test_hf_janus import prompt_law, sample_each_prompt_s_law  # noqa: E402
 
 import visar  # noqa: E402
 from visar.accel import get_method  # noqa: E402
@@ -183,21 +183,9 @@ def law_pipe(tmp_path_factory, offline):
 @pytest.mark.slow
 @pytest.mark.parametrize("method, options, params", LAW_CASES, ids=[c[0] for c in LAW_CASES])
 def test_joint_law_with_left_padded_prompts(law_pipe, method, options, params):
-    from test_jacobi import compare_laws, sequence_index
-
     model = law_pipe.model
     ids, mask = law_pipe.text_encoder.encode(PROMPTS)
-    which = torch.arange(SAMPLES) % 2  # the two prompts interleaved in one batch
-    tokens, stats = get_method(method).fn(
-        model, ids[which], params, make_generators(SAMPLES, 100), cond_mask=mask[which], **options
-    )
-    for prompt in (0, 1):
-        law = prompt_law(model, ids[prompt], mask[prompt], params)
-        pvalue, tv, tolerance = compare_laws(sequence_index(tokens[which == prompt], VOCAB), law)
-        print(f"{method} prompt {prompt}: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
-        assert pvalue > 1e-3 and tv < tolerance, (prompt, pvalue, tv, tolerance)
-    if method != "ar":
-        assert stats["tokens_per_forward"] > 1.0
+    sample_each_prompt_s_law(model, ids, mask, method, options, params, VOCAB, SAMPLES)
     # negative controls: the prompt reaches the image tokens, and so does the row end (a model that
     # predicted row 1 from row 0's last token instead of its end-of-line token has another law)
     laws = [prompt_law(model, ids[p], mask[p], params) for p in (0, 1)]

@@ -160,24 +160,31 @@ def prompt_law(model, ids: torch.Tensor, mask: torch.Tensor, params: SamplingPar
     return law
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("method, options, params", LAW_CASES, ids=[c[0] for c in LAW_CASES])
-def test_joint_law_with_left_padded_prompts(law_pipe, method, options, params):
+def sample_each_prompt_s_law(model, ids, mask, method, options, params, vocab: int, samples: int):
+    """`samples` images of the two prompts interleaved in one batch; each prompt's images follow its
+    enumerated law (chi-square and TV). -> (tokens, stats, which prompt each image had)."""
     from test_jacobi import compare_laws, sequence_index
 
-    model = law_pipe.model
-    ids, mask = law_pipe.text_encoder.encode(PROMPTS)
-    which = torch.arange(SAMPLES) % 2  # the two prompts interleaved in one batch
+    which = torch.arange(samples) % 2
     tokens, stats = get_method(method).fn(
-        model, ids[which], params, make_generators(SAMPLES, 100), cond_mask=mask[which], **options
+        model, ids[which], params, make_generators(samples, 100), cond_mask=mask[which], **options
     )
     for prompt in (0, 1):
         law = prompt_law(model, ids[prompt], mask[prompt], params)
-        pvalue, tv, tolerance = compare_laws(sequence_index(tokens[which == prompt], VOCAB), law)
+        pvalue, tv, tolerance = compare_laws(sequence_index(tokens[which == prompt], vocab), law)
         print(f"{method} prompt {prompt}: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
         assert pvalue > 1e-3 and tv < tolerance, (prompt, pvalue, tv, tolerance)
     if method != "ar":
         assert stats["tokens_per_forward"] > 1.0
+    return tokens, stats, which
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, options, params", LAW_CASES, ids=[c[0] for c in LAW_CASES])
+def test_joint_law_with_left_padded_prompts(law_pipe, method, options, params):
+    model = law_pipe.model
+    ids, mask = law_pipe.text_encoder.encode(PROMPTS)
+    tokens, _, which = sample_each_prompt_s_law(model, ids, mask, method, options, params, VOCAB, SAMPLES)
     # batch 1: an image decoded alone (its own prompt, its own seed) has its tokens from the big batch
     for index in (0, 1, 7):
         alone, _ = get_method(method).fn(

@@ -238,6 +238,67 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
+def resume(out: Path, modules: dict, opt, ema: list | None, device: torch.device) -> tuple[int, list | None]:
+    """Load OUT/checkpoint.pt into `modules` (checkpoint key -> module), the optimiser, the weight
+    average and the RNGs, if it exists -> (the step to go on from, the weight average)."""
+    state = load_checkpoint(out / "checkpoint.pt")
+    if state is None:
+        return 0, ema
+    for key, module in modules.items():
+        module.load_state_dict(state[key])
+    opt.load_state_dict(state["optimizer"])
+    if ema is not None:
+        ema = [t.to(device) for t in state["ema"]]
+    torch.set_rng_state(state["rng_state"])  # class/caption dropout draws from the global RNG
+    if device.type == "cuda" and "cuda_rng_state" in state:
+        torch.cuda.set_rng_state(state["cuda_rng_state"], device)
+    return state["step"], ema
+
+
+def optimizer_step(loss: torch.Tensor, opt, params: list, ema: list | None, step: int, recipe: dict):
+    """Backward, gradient clipping at 1, the optimiser's step, then the weight average's update."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    if ema is not None:
+        # Warm-up of the average (timm, LlamaGen): early weights are forgotten quickly.
+        decay = min(recipe["ema_decay"], (1 + step) / (10 + step))
+        with torch.no_grad():
+            for average, p in zip(ema, params, strict=True):
+                average.lerp_(p, 1 - decay)
+
+
+def save_training_state(out: Path, modules: dict, opt, ema, step: int, loss, recipe: dict, device: torch.device):
+    """OUT/checkpoint.pt every `checkpoint_every` steps and at the last one (what `resume` reads)."""
+    if step % recipe["checkpoint_every"] and step != recipe["steps"]:
+        return
+    state = {
+        **{key: module.state_dict() for key, module in modules.items()},
+        "optimizer": opt.state_dict(),
+        "step": step,
+        "loss": loss.item(),
+        "rng_state": torch.get_rng_state(),
+    }
+    if device.type == "cuda":
+        state["cuda_rng_state"] = torch.cuda.get_rng_state(device)
+    if ema is not None:
+        state["ema"] = ema
+    save_checkpoint(out / "checkpoint.pt", state)
+
+
+def export_averaged(export, ema: list | None, params: list) -> Path:
+    """export(folder=...) the trained weights: without an average, as they are; with one, the last
+    step's weights to export-last/, then the average (copied into the weights) to export/."""
+    if ema is None:
+        return export()
+    export(folder="export-last")
+    with torch.no_grad():
+        for average, p in zip(ema, params, strict=True):
+            p.copy_(average)
+    return export()
+
+
 def export_fp16(module: torch.nn.Module, path: Path):
     tensors = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in module.state_dict().items()}
     save_file(tensors, str(path))
@@ -463,19 +524,8 @@ def train_ar(
     params = list(model.parameters()) + (list(text_encoder.parameters()) if text_encoder else [])
     opt = torch.optim.AdamW(params, lr=recipe["lr"], betas=(0.9, 0.95), weight_decay=0.05)
     ema = [p.detach().clone() for p in params] if recipe.get("ema_decay") else None
-    step = 0
-    state = load_checkpoint(out / "checkpoint.pt")
-    if state is not None:
-        model.load_state_dict(state["model"])
-        if text_encoder is not None:
-            text_encoder.load_state_dict(state["text_encoder"])
-        opt.load_state_dict(state["optimizer"])
-        if ema is not None:
-            ema = [t.to(device) for t in state["ema"]]
-        step = state["step"]
-        torch.set_rng_state(state["rng_state"])  # class/caption dropout draws from the global RNG
-        if device.type == "cuda" and "cuda_rng_state" in state:
-            torch.cuda.set_rng_state(state["cuda_rng_state"], device)
+    modules = {"model": model} | ({"text_encoder": text_encoder} if text_encoder is not None else {})
+    step, ema = resume(out, modules, opt, ema, device)
     model.train()
 
     lag_masks = lag_mask_table(recipe, model, device)
@@ -503,42 +553,17 @@ def train_ar(
         for group in opt.param_groups:
             group["lr"] = lr_at(step, recipe)
         loss = loss_of(batch_tokens, cond, lag_mask)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if ema is not None:
-            # Warm-up of the average (timm, LlamaGen): early weights are forgotten quickly.
-            decay = min(recipe["ema_decay"], (1 + step) / (10 + step))
-            with torch.no_grad():
-                for average, p in zip(ema, params, strict=True):
-                    average.lerp_(p, 1 - decay)
+        optimizer_step(loss, opt, params, ema, step, recipe)
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        if step % recipe["checkpoint_every"] == 0 or step == recipe["steps"]:
-            state = {
-                "model": model.state_dict(),
-                "optimizer": opt.state_dict(),
-                "step": step,
-                "loss": loss.item(),
-                "rng_state": torch.get_rng_state(),
-            }
-            if device.type == "cuda":
-                state["cuda_rng_state"] = torch.cuda.get_rng_state(device)
-            if text_encoder is not None:
-                state["text_encoder"] = text_encoder.state_dict()
-            if ema is not None:
-                state["ema"] = ema
-            save_checkpoint(out / "checkpoint.pt", state)
+        save_training_state(out, modules, opt, ema, step, loss, recipe, device)
     bar.close()
-    if ema is None:
-        return export_ar(recipe_name, recipe, model, text_encoder, tokenizer, vq_config, out)
-    export_ar(recipe_name, recipe, model, text_encoder, tokenizer, vq_config, out, folder="export-last")
-    with torch.no_grad():
-        for average, p in zip(ema, params, strict=True):
-            p.copy_(average)
-    return export_ar(recipe_name, recipe, model, text_encoder, tokenizer, vq_config, out)
+    return export_averaged(
+        lambda **folder: export_ar(recipe_name, recipe, model, text_encoder, tokenizer, vq_config, out, **folder),
+        ema,
+        params,
+    )
 
 
 def lag_mask_table(recipe: dict, model: LlamaGen, device: torch.device) -> torch.Tensor | None:
@@ -677,17 +702,8 @@ def train_masked(
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=recipe["lr"], betas=(0.9, 0.95), weight_decay=0.05)
     ema = [p.detach().clone() for p in params] if recipe.get("ema_decay") else None
-    step = 0
-    state = load_checkpoint(out / "checkpoint.pt")
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        if ema is not None:
-            ema = [t.to(device) for t in state["ema"]]
-        step = state["step"]
-        torch.set_rng_state(state["rng_state"])  # class dropout draws from the global RNG
-        if device.type == "cuda" and "cuda_rng_state" in state:
-            torch.cuda.set_rng_state(state["cuda_rng_state"], device)
+    modules = {"model": model}
+    step, ema = resume(out, modules, opt, ema, device)
     model.train()
 
     def masked_loss(inputs: torch.Tensor, targets: torch.Tensor, masked: torch.Tensor, cond: torch.Tensor):
@@ -704,37 +720,16 @@ def train_masked(
         for group in opt.param_groups:
             group["lr"] = lr_at(step, recipe)
         loss = loss_of(inputs, targets, masked, labels[index].to(device))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if ema is not None:
-            decay = min(recipe["ema_decay"], (1 + step) / (10 + step))
-            with torch.no_grad():
-                for average, p in zip(ema, params, strict=True):
-                    average.lerp_(p, 1 - decay)
+        optimizer_step(loss, opt, params, ema, step, recipe)
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        if step % recipe["checkpoint_every"] == 0 or step == recipe["steps"]:
-            state = {
-                "model": model.state_dict(),
-                "optimizer": opt.state_dict(),
-                "step": step,
-                "loss": loss.item(),
-                "rng_state": torch.get_rng_state(),
-            }
-            if device.type == "cuda":
-                state["cuda_rng_state"] = torch.cuda.get_rng_state(device)
-            if ema is not None:
-                state["ema"] = ema
-            save_checkpoint(out / "checkpoint.pt", state)
+        save_training_state(out, modules, opt, ema, step, loss, recipe, device)
     bar.close()
-    export_args = (recipe_name, recipe, model, None, tokenizer, vq_config, out)
-    if ema is None:
-        return export_ar(*export_args, family="maskgit")
-    export_ar(*export_args, folder="export-last", family="maskgit")
-    with torch.no_grad():
-        for average, p in zip(ema, params, strict=True):
-            p.copy_(average)
-    return export_ar(*export_args, family="maskgit")
+    return export_averaged(
+        lambda **folder: export_ar(
+            recipe_name, recipe, model, None, tokenizer, vq_config, out, family="maskgit", **folder
+        ),
+        ema,
+        params,
+    )

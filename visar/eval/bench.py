@@ -1,4 +1,5 @@
-"""`visar bench`: plain AR and each requested method, in one process, side by side.
+"""`visar bench`: the reference decoding of the model's kind (plain AR for raster models; see
+`reference_options`) and each requested method, in one process, side by side.
 
 Speed: every method generates the same `n` images (image i: condition i, seed i) at the same
 batch size, after one warm-up batch; forward passes and tokens per forward are per image, the

@@ -10,8 +10,10 @@ from .common import add_model_args, compile_kwargs, load_pipeline, parse_option
 def add_parser(subparsers):
     parser = subparsers.add_parser(
         "bench",
-        help="benchmark methods against plain AR in one run (speed and quality table)",
-        description="Run plain AR and each requested method in one process on the same images (image i: "
+        help="benchmark methods against the model's reference decoding in one run (speed and quality table)",
+        description="Run the reference decoding of the model's kind (plain AR; var for VAR; mar for MAR; maskgit "
+        "at one token per step for a masked model) and each requested method in one process on the same images "
+        "(image i: "
         "condition i, seed i) and print a table: lossless flag, forward passes per image, step compression "
         "(image tokens / forward passes), tokens per forward, latency / AR (< 1 is faster), images per second, "
         "peak memory per method (what one batch's decode allocates above the weights: CUDA's allocator peak, on CPU "
@@ -20,7 +22,11 @@ def add_parser(subparsers):
         "visar.eval.bench). --report DIR also writes the run's report.md, report.json and frontier.png.",
     )
     add_model_args(parser)
-    parser.add_argument("--methods", default="", help="comma-separated methods besides ar (default: none)")
+    parser.add_argument(
+        "--methods",
+        default="",
+        help="comma-separated methods besides the reference (ar for raster models; default: none)",
+    )
     parser.add_argument("--n", type=int, default=16, help="images for the speed columns (default 16)")
     parser.add_argument("--batch-size", type=int, default=1, help="batch size of the speed run (default 1)")
     parser.add_argument(

@@ -168,6 +168,20 @@ def test_easy_class_renders_keep_their_size_and_calm_background():
         render_class(0, 0, background_amplitude=(10.0, 5.0))
 
 
+def test_easy_caption_renders_take_the_largest_size_their_count_allows():
+    """The visar-tiny-t2i recipe's renders: the class renders' size floor, capped per object count,
+    the same prompt stream as the default renders (only sizes and the background change)."""
+    options = dict(shapes.CLASS_RENDER_EASY)
+    for task in TASKS:
+        for seed in range(30):
+            easy, default = render_caption_sample(seed, task, **options), render_caption_sample(seed, task)
+            assert easy.caption == default.caption
+            cap = shapes._MAX_SIZE_FOR_COUNT[len(easy.objects)]
+            assert all(obj.box[2] - obj.box[0] == cap for obj in easy.objects)
+    with pytest.raises(ValueError, match="min_size"):
+        render_caption_sample(0, min_size=8)
+
+
 @pytest.mark.parametrize("task", TASKS)
 def test_caption_renders_satisfy_their_metadata(task):
     for seed in range(120):

@@ -475,6 +475,7 @@ def _layout(
 ) -> list[Box]:
     """Boxes for `plan` (shape, colour, include group) that are apart and satisfy every position clause."""
     max_size = _MAX_SIZE_FOR_COUNT[len(plan)]
+    min_size = min(min_size, max_size)  # an easy render's size floor gives way where many objects must fit
     for _ in range(_MAX_LAYOUT_ATTEMPTS):
         boxes: list[Box] = []
         group_boxes: dict[int, list[Box]] = {}
@@ -569,16 +570,34 @@ def render_from_metadata(metadata: Mapping[str, Any], seed: int) -> ShapesSample
     return ShapesSample(image=image, objects=objects, class_label=None, caption=caption, metadata=entry)
 
 
-def render_caption_sample(seed: int, task: str | None = None) -> ShapesSample:
-    """A text-conditional sample: a GenEval task (uniform over `TASKS` if None), its prompt and image."""
+def render_caption_sample(
+    seed: int,
+    task: str | None = None,
+    *,
+    min_size: int = MIN_OBJECT_SIZE,
+    background_amplitude: tuple[float, float] = _BACKGROUND_AMPLITUDE_RANGE,
+) -> ShapesSample:
+    """A text-conditional sample: a GenEval task (uniform over `TASKS` if None), its prompt and image.
+
+    `min_size` and `background_amplitude` select an easier variant as in `render_class`; the
+    size floor is capped at the largest size that `count` objects may take (20 px for three)."""
+    _check_render_options(min_size, background_amplitude)
     rng = np.random.default_rng(seed)
     if task is None:
         task = TASKS[int(rng.integers(len(TASKS)))]
     entries = _task_entries(task)  # raises ValueError for an unknown task
     entry = copy.deepcopy(entries[int(rng.integers(len(entries)))])
-    image, objects = _render_entry(entry, rng)
+    image, objects = _render_entry(entry, rng, min_size, background_amplitude)
     caption = entry["prompt"]
     return ShapesSample(image=image, objects=objects, class_label=None, caption=caption, metadata=entry)
+
+
+def _check_render_options(min_size: int, background_amplitude: tuple[float, float]) -> None:
+    if not MIN_OBJECT_SIZE <= min_size <= MAX_OBJECT_SIZE:
+        raise ValueError(f"min_size must be in [{MIN_OBJECT_SIZE}, {MAX_OBJECT_SIZE}], got {min_size}")
+    low, high = background_amplitude
+    if not 0 <= low <= high <= _BACKGROUND_AMPLITUDE_RANGE[1]:
+        raise ValueError(f"background_amplitude must satisfy 0 <= low <= high <= 28, got {background_amplitude}")
 
 
 def class_render_options(recipe: Mapping[str, Any] | None) -> dict:
@@ -603,11 +622,7 @@ def render_class(
     luminance swing) select an easier variant of the world; the visar-tiny-c2i recipe uses one
     (see `CLASS_RENDER_EASY`). The defaults draw the same world as the caption renders.
     """
-    if not MIN_OBJECT_SIZE <= min_size <= MAX_OBJECT_SIZE:
-        raise ValueError(f"min_size must be in [{MIN_OBJECT_SIZE}, {MAX_OBJECT_SIZE}], got {min_size}")
-    low, high = background_amplitude
-    if not 0 <= low <= high <= _BACKGROUND_AMPLITUDE_RANGE[1]:
-        raise ValueError(f"background_amplitude must satisfy 0 <= low <= high <= 28, got {background_amplitude}")
+    _check_render_options(min_size, background_amplitude)
     shape, color = shape_and_color(label)
     entry = {
         "tag": "colors",

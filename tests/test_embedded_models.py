@@ -43,6 +43,18 @@ def test_trained_models_load_and_generate(name):
     assert out.images.shape == (2, 64, 64, 3)
 
 
+def test_t2i_prompts_outside_the_vocabulary_warn_once_and_generate():
+    pipe = visar.load("visar-tiny-t2i", device="cpu")
+    prompt = "a photo of a purple dog"
+    with pytest.warns(UserWarning, match="'purple', 'dog'") as record:
+        pipe.generate(prompts=[prompt, "a photo of a dog"], output_type="tokens")
+    assert len([w for w in record if "does not know" in str(w.message)]) == 1
+    long = " ".join(["a photo of a red circle"] * 5)  # 25 words: cut to the encoder's 16
+    with pytest.warns(UserWarning, match="25 words was cut"):
+        out = pipe.generate(prompts=[long, prompt], output_type="tokens")  # 'dog' is not named again
+    assert out.tokens.shape == (2, 16, 16)
+
+
 @pytest.mark.parametrize("name", TRAINED)
 def test_shipped_config_records_the_current_recipe(name):
     """`visar train ar --recipe NAME` reproduces what ships: same recipe fields, model and defaults."""

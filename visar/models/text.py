@@ -9,6 +9,7 @@ only through the caption vectors themselves.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 
 import torch
@@ -49,19 +50,45 @@ class CaptionEncoder(nn.Module):
         )
         self.layers = nn.TransformerEncoder(layer, config.n_layer, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(config.dim)
+        self._warned_words: set[str] = set()  # each unknown word is named once per encoder
+        self._warned_truncation = False
 
     def tokenize(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
-        """prompts -> (word ids [B, max_len], mask [B, max_len]), left-padded."""
+        """prompts -> (word ids [B, max_len], mask [B, max_len]), left-padded.
+
+        Words outside the vocabulary become <unk> and a prompt longer than `max_len` words keeps
+        its first `max_len` (as LlamaGen truncates its T5 input); each is said once per encoder in
+        a warning that names the words, never an error: the shapes world's vocabulary is small."""
         ids = torch.zeros(len(prompts), self.config.max_len, dtype=torch.long)
+        unknown, truncated = [], 0
         for row, prompt in enumerate(prompts):
             words = prompt.lower().split()
-            if len(words) > self.config.max_len:
-                raise VisarError(f"prompt has {len(words)} words, more than this encoder's {self.config.max_len}")
             if not words:
                 raise VisarError("empty prompt")
+            if len(words) > self.config.max_len:
+                truncated = max(truncated, len(words))
+                words = words[: self.config.max_len]
+            unknown += [w for w in words if w not in self.word_index and w not in unknown]
             unk = self.word_index[UNK]
             ids[row, -len(words) :] = torch.tensor([self.word_index.get(w, unk) for w in words])
+        self._warn_once(unknown, truncated)
         return ids, ids != 0
+
+    def _warn_once(self, unknown: list[str], truncated: int):
+        new = [w for w in unknown if w not in self._warned_words]
+        if new:
+            self._warned_words.update(new)
+            known = ", ".join(w for w in self.config.vocab[2:])
+            warnings.warn(
+                f"the caption encoder does not know {', '.join(map(repr, new))}: encoded as {UNK} "
+                f"(its vocabulary: {known})",
+                stacklevel=3,
+            )
+        if truncated and not self._warned_truncation:
+            self._warned_truncation = True
+            warnings.warn(
+                f"a prompt of {truncated} words was cut to this encoder's first {self.config.max_len}", stacklevel=3
+            )
 
     def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
         """word ids [B, T], mask [B, T] -> caption vectors [B, T, dim] (zero on padding)."""

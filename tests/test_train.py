@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import load_file
 
 import visar
-from visar.apps.train import train_ar, train_tokenizer
+from visar.apps.train import AR_RECIPES, train_ar, train_tokenizer
 from visar.errors import VisarError
 
 pytestmark = pytest.mark.slow  # every test here trains (or needs the module's trained tokenizer)
@@ -65,6 +65,34 @@ def test_t2i_export_generates_from_prompts(tmp_path, quick_tokenizer):
     assert out.tokens.shape == (2, 16, 16)
     with pytest.raises(VisarError, match="text-conditional"):
         pipe.generate(class_labels=[0])
+
+
+def test_t2i_training_hides_the_caption_padding_as_sampling_does(tmp_path, quick_tokenizer, monkeypatch):
+    """Left-padded caption keys are invisible in training, as in the KV cache at sampling time (the
+    shipped t2i model of 2026-11-29 was trained with them visible and sampled as if from a wrong
+    caption); with a zipar lag mask the padding is hidden too."""
+    from visar.models.llamagen import LlamaGen
+
+    seen, forward = [], LlamaGen.forward
+
+    def recording(self, *args, mask=None, cond_mask=None, **kw):
+        seen.append((mask, cond_mask))
+        return forward(self, *args, mask=mask, cond_mask=cond_mask, **kw)
+
+    monkeypatch.setattr(LlamaGen, "forward", recording)
+    train_ar("visar-tiny-t2i", tmp_path / "plain", quick_tokenizer, steps=1, **QUICK_AR)
+    ((mask, cond_mask),) = seen
+    assert mask is None and cond_mask is not None and not cond_mask.all()  # short captions are padded
+    seen.clear()
+    # a zipar-aware caption recipe (the shipped one has none: docs/MODELS.md says why)
+    lagged = dict(AR_RECIPES["visar-tiny-t2i"], zipar_lags=(2,), zipar_fraction=1.0)
+    monkeypatch.setitem(AR_RECIPES, "t2i-lagged", lagged)
+    train_ar("t2i-lagged", tmp_path / "lag", quick_tokenizer, steps=1, **QUICK_AR)
+    ((mask, cond_mask),) = seen
+    padded = ~cond_mask  # [B, T]: no query but a padded position itself sees a padded key
+    for b in range(len(mask)):
+        keys = padded[b].nonzero().flatten()
+        assert (mask[b][:, keys].sum(0) == 1).all()
 
 
 def test_corrupt_checkpoint_is_reported_not_loaded(tmp_path, quick_tokenizer):

@@ -297,3 +297,27 @@ def test_bench_compiled_rows():
     assert rows[0]["latency_ratio_vs_ar"] == 1.0 and all(r["warmup_s"] > 0 for r in rows)
     assert rows[1]["forward_passes"] == rows[3]["forward_passes"]  # the same tokens, compiled or not
     assert pipe.is_compiled and "ar (compiled, warm-up" in markdown_table(report)
+
+
+def test_bench_scores_a_text_conditional_model_by_geneval_task(monkeypatch):
+    """A t2i model's quality columns: the GenEval-style overall score and per-task accuracies, the
+    detector's verdict on each image against its own prompt's metadata (stubbed here to 'correct
+    only for single_object prompts', so the scores are known)."""
+    import visar.eval.detector as detector
+    from visar.eval.bench import bench, markdown_table
+
+    verdicts = []
+
+    def only_single_objects(found, entry):
+        verdicts.append(entry["tag"])
+        return entry["tag"] == "single_object", ""
+
+    monkeypatch.setattr(detector, "score_geneval", only_single_objects)
+    pipe = visar.load("visar-tiny-t2i", device="cpu")
+    report = bench(pipe, ["zipar"], n=2, quality_n=12, progress=False, method_options={"zipar": {"s": 3}})
+    for row in report["rows"]:
+        assert row["geneval_tasks"]["single_object"] == 1.0 and row["geneval_tasks"]["color_attr"] == 0.0
+        assert row["geneval_overall"] == pytest.approx(1 / 6) and row["detector_accuracy"] is None
+    assert verdicts.count("position") == 4  # 12 images, 6 tasks interleaved, two rows
+    table = markdown_table(report)
+    assert "| GenEval overall |" in table and "| single_object | two_object |" in table

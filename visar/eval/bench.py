@@ -10,6 +10,9 @@ untimed, under `memory.TensorMemory`, which counts the tensors it creates.
 
 Quality (`--quality-n` images per method, same seeds for every method):
 - detector accuracy: the shapes-world detector's class score (class-conditional shapes models);
+- GenEval-style scores (text-conditional shapes models): image i gets prompt i of
+  `caption_metadata`, six tasks interleaved; the overall score (the unweighted mean over the six
+  tasks) and each task's accuracy, by the shapes-world detector (`visar eval shapes` scores the same);
 - Frechet distance to plain AR's images in the tokenizer-latent feature space
   (`latent_features`): the model's own VQ encoder, pre-quantisation latents average-pooled to
   4x4, flattened (C x 16 dims). It runs offline and is sensitive to layout and colour, but it is
@@ -44,6 +47,7 @@ ROW_KEYS = (
     "images_per_s",
     "peak_mem_mb",
     "detector_accuracy",
+    "geneval_overall",
     "frechet_vs_ar",
 )
 
@@ -74,11 +78,12 @@ def latent_features(pipe, images: torch.Tensor) -> np.ndarray:
 
 
 def conditions(pipe, n: int) -> list:
+    """Image i's condition: class i mod C, or the GenEval entry `caption_metadata(n)[i]`."""
     if pipe.is_class_conditional:
         return [i % pipe.num_classes for i in range(n)]
     from .shapes_eval import caption_metadata
 
-    return [m["prompt"] for m in caption_metadata(n)]
+    return caption_metadata(n)
 
 
 def run_images(pipe, method, conds, batch_size, options, output_type, seed=0):
@@ -87,6 +92,8 @@ def run_images(pipe, method, conds, batch_size, options, output_type, seed=0):
     key = "class_labels" if pipe.is_class_conditional else "prompts"
     for first in range(0, len(conds), batch_size):
         chunk = conds[first : first + batch_size]
+        if not pipe.is_class_conditional:
+            chunk = [entry["prompt"] for entry in chunk]
         outs.append(pipe.generate(**{key: chunk}, method=method, seed=seed + first, output_type=output_type, **options))
     return outs
 
@@ -204,6 +211,7 @@ def speed_row(pipe, name: str, options: dict, conds: list, batch_size: int) -> d
         "images_per_s": len(conds) / wall,
         "peak_mem_mb": memory.peak_mb,
         "detector_accuracy": None,
+        "geneval_overall": None,
         "frechet_vs_ar": None,
         # Why a method is as fast as it is: cost of one pass, and where its drafts are accepted.
         "ms_per_forward": 1000 * latency / sum(o.stats["forward_passes"] for o in outs),
@@ -223,33 +231,46 @@ def quality_columns(pipe, name: str, options: dict, conds: list, row: dict, ar_f
         row["frechet_vs_ar"] = frechet_distance(latent_features(pipe, again), ar_feats)
     else:
         row["frechet_vs_ar"] = frechet_distance(feats, ar_feats)
-    if pipe.is_class_conditional and pipe.class_names:
-        from .detector import detect, score_class
+    from .detector import detect, score_class, score_geneval, summarize
 
-        arrays = (images * 255).round().byte().permute(0, 2, 3, 1).cpu().numpy()
+    arrays = (images * 255).round().byte().permute(0, 2, 3, 1).cpu().numpy()
+    if pipe.is_class_conditional and pipe.class_names:
         row["detector_accuracy"] = float(
             np.mean([score_class(detect(a), c) for a, c in zip(arrays, conds, strict=True)])
         )
+    elif not pipe.is_class_conditional:
+        tasks = summarize(
+            {"tag": entry["tag"], "correct": score_geneval(detect(a), entry)[0]}
+            for a, entry in zip(arrays, conds, strict=True)
+        )
+        row["geneval_overall"] = tasks.pop("overall")
+        row["geneval_tasks"] = tasks
     return ar_feats
 
 
 def markdown_table(report: dict) -> str:
+    """The report's table; a text-conditional model's quality column is the GenEval-style overall
+    score, with a second table of its per-task accuracies."""
+    geneval = any(r.get("geneval_overall") is not None for r in report["rows"])
+    quality = ("GenEval overall", "geneval_overall") if geneval else ("detector acc.", "detector_accuracy")
     header = (
         "| method | lossless | forward passes | step compression | tokens/forward | latency / AR | images/s "
-        "| peak MB | detector acc. | Frechet vs AR | ms/forward | draft acceptance |"
+        f"| peak MB | {quality[0]} | Frechet vs AR | ms/forward | draft acceptance |"
     )
     lines = [header, "|" + "---|" * 12]
+
+    def fmt(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    def label(r):
+        return f"{r['method']} (compiled, warm-up {r['warmup_s']:.0f} s)" if r.get("compiled") else r["method"]
+
     for r in report["rows"]:
-
-        def fmt(value, spec):
-            return "-" if value is None else format(value, spec)
-
-        method = f"{r['method']} (compiled, warm-up {r['warmup_s']:.0f} s)" if r.get("compiled") else r["method"]
         lines.append(
-            f"| {method} | {'yes' if r['lossless'] else 'no'} | {r['forward_passes']:.1f} "
+            f"| {label(r)} | {'yes' if r['lossless'] else 'no'} | {r['forward_passes']:.1f} "
             f"| {r['step_compression']:.2f} | {r['tokens_per_forward']:.2f} | {r['latency_ratio_vs_ar']:.2f} "
             f"| {r['images_per_s']:.2f} | {fmt(r['peak_mem_mb'], '.1f')} "
-            f"| {fmt(r['detector_accuracy'], '.1%')} | {fmt(r['frechet_vs_ar'], '.3f')} "
+            f"| {fmt(r.get(quality[1]), '.1%')} | {fmt(r['frechet_vs_ar'], '.3f')} "
             f"| {fmt(r.get('ms_per_forward'), '.1f')} | {fmt(r.get('acceptance_rate'), '.1%')} |"
         )
     s = report["settings"]
@@ -258,6 +279,17 @@ def markdown_table(report: dict) -> str:
         f"model {report['model']}, {s['n']} images at batch size {s['batch_size']} on {s['device']} "
         f"({s['dtype']}), quality over {s['quality_n']} images per method, sampling {s['sampling']}"
     )
+    scored = [r for r in report["rows"] if r.get("geneval_tasks")]
+    if scored:
+        tasks = list(scored[0]["geneval_tasks"])
+        lines += ["", "| method | step compression | latency / AR | overall | " + " | ".join(tasks) + " |"]
+        lines.append("|" + "---|" * (4 + len(tasks)))
+        for r in scored:
+            cells = " | ".join(f"{r['geneval_tasks'][t]:.1%}" for t in tasks)
+            lines.append(
+                f"| {label(r)} | {r['step_compression']:.2f} | {r['latency_ratio_vs_ar']:.2f} "
+                f"| {r['geneval_overall']:.1%} | {cells} |"
+            )
     return "\n".join(lines)
 
 

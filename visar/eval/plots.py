@@ -19,7 +19,11 @@ from PIL import Image, ImageDraw, ImageFont
 
 from ..errors import VisarError
 
-QUALITY_COLUMNS = (("detector_accuracy", "detector accuracy"), ("frechet_vs_ar", "Frechet distance vs AR"))
+QUALITY_COLUMNS = (
+    ("detector_accuracy", "detector accuracy"),
+    ("geneval_overall", "GenEval-style overall"),
+    ("frechet_vs_ar", "Frechet distance vs AR"),
+)
 
 
 # -- panels ------------------------------------------------------------------------------------------

@@ -4,6 +4,11 @@ token per step, on a class-conditional shapes-world masked model (docs/MASKED.md
     python tools/masked_steps.py --model visar-tiny-maskgit-c2i --steps 8,12,16,20,32 --n 200 \
         --n-at 16=500 --reference-n 100 --out docs/masked_steps
 
+With --latency-n N it times instead, in one process at batch 1 on the same N classes and seeds
+(`visar.eval.bench.speed_row`, after a warm-up batch): each schedule at --latency-steps, and the
+raster default (--raster) with plain AR and its fastest methods (--raster-runs); writes
+OUT_latency.json and OUT_latency.md (latency per image and against the raster model's AR).
+
 Image i of every row has class i mod 40 and seed i (`visar.eval.bench.quality_images`), so rows
 differ only by their schedule and step count. The reference (`maskgit` at one token per step, N
 passes an image) costs N / steps times a row, hence its own, smaller image count. Writes OUT.json,
@@ -83,6 +88,52 @@ def plot(rows: list[dict], schedules: list[str], model: str, path: Path):
     image.save(path)
 
 
+def parse_runs(text: str) -> list[tuple[str, dict]]:
+    """Parse "ar;zipar:s=3;mc-sjd" -> [("ar", {}), ("zipar", {"s": 3}), ("mc-sjd", {})]."""
+    runs = []
+    for item in text.split(";"):
+        method, _, opts = item.partition(":")
+        runs.append((method, {k: int(v) for k, v in (o.split("=") for o in opts.split(",") if o)}))
+    return runs
+
+
+def latency(args, pipe):
+    """Per-image latency of the masked schedules and of the raster default's methods, one run."""
+    from visar.eval.bench import speed_row
+
+    raster = visar.load(args.raster)
+    labels = conditions(pipe, args.latency_n)
+    plan = [(pipe, schedule, {"steps": step}) for schedule in args.schedules.split(",") for step in args.latency_steps]
+    plan += [(raster, method, options) for method, options in parse_runs(args.raster_runs)]
+    rows = []
+    for model, method, options in plan:
+        row = speed_row(model, method, options, labels, batch_size=1)
+        rows.append(
+            {
+                "model": model.name,
+                "method": method,
+                "options": options,
+                "forward_passes": row["forward_passes"],
+                "ms_per_image": 1000 * row["latency_s"] / len(labels),
+            }
+        )
+        print(rows[-1], flush=True)
+    ar_ms = next(r["ms_per_image"] for r in rows if r["model"] == raster.name and r["method"] == "ar")
+    lines = ["| model | method | forward passes | ms / image | latency / raster AR |", "|---|---|---|---|---|"]
+    for r in rows:
+        name = r["method"] + "".join(f", {k} {v}" for k, v in r["options"].items())
+        lines.append(
+            f"| {r['model']} | {name} | {r['forward_passes']:.1f} | {r['ms_per_image']:.1f} "
+            f"| {r['ms_per_image'] / ar_ms:.2f} |"
+        )
+    out = Path(f"{args.out}_latency")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    settings = {"n": args.latency_n, "batch_size": 1, "threads": torch.get_num_threads()}
+    out.with_suffix(".json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="visar-tiny-maskgit-c2i")
@@ -93,7 +144,14 @@ def main():
     parser.add_argument("--reference-n", type=int, default=100, help="images of the one-token-per-step reference")
     parser.add_argument("--out", default="masked_steps")
     parser.add_argument("--plot-only", action="store_true", help="redraw OUT.png from OUT.json")
+    parser.add_argument("--latency-n", type=int, help="time N images per row at batch 1 instead (see above)")
+    parser.add_argument("--latency-steps", type=lambda t: [int(x) for x in t.split(",")], default=[16])
+    parser.add_argument("--raster", default="visar-tiny-c2i", help="the raster model timed beside (default)")
+    parser.add_argument("--raster-runs", default="ar;zipar:s=3;mc-sjd", help="its methods, ';'-separated")
     args = parser.parse_args()
+    if args.latency_n:
+        latency(args, visar.load(args.model))
+        return
     if args.plot_only:
         report = json.loads(Path(args.out).with_suffix(".json").read_text())
         plot(report["rows"], args.schedules.split(","), report["model"], Path(args.out).with_suffix(".png"))

@@ -92,6 +92,7 @@ def test_bench_table_and_json(tmp_path, capsys):
         "images_per_s",
         "peak_mem_mb",
         "detector_accuracy",
+        "geneval_overall",  # None for a class-conditional model; per-task scores only for a text model
         "frechet_vs_ar",
         "ms_per_forward",
         "warmup_s",

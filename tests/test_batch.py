@@ -223,7 +223,16 @@ def sjd_reference(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_a_killed_run_resumes_to_the_same_files(sjd_reference, tmp_path, sig):
     out = tmp_path / "killed"
-    process = run_module(*BATCH, "--batch-size", "1", "--out", str(out))
+    # A suite started in the background by a non-interactive shell (`nohup ... &`) ignores SIGINT, and
+    # an ignored signal stays ignored across exec: the child would never see the ^C this test sends.
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # reset to the default by exec
+    try:
+        process = run_module(*BATCH, "--batch-size", "1", "--out", str(out))
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     deadline = time.monotonic() + 120
     while len(list(out.glob("*.png"))) < 4 and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -273,13 +273,40 @@ def test_prune_changes_only_the_pruned_scales(pair):
     assert out.stats["lossless"] is False and out.stats["pruned_scales"] == [2, 3]
 
 
+@pytest.mark.parametrize("drafted", [1, 2])
+def test_code_with_pruning_and_the_same_model_twice_is_var_prune(pair, drafted):
+    """The refiner's prefill records its last scale as a one-scale call would, so the next scale prunes
+    alike: CoDe with the drafter as its own refiner equals var-prune (scale N is never pruned)."""
+    drafter, _ = pair
+    pruned = [drafted + 1]  # the first scale after the prefill
+    combined = generate(drafter, method="code", draft=drafter, draft_scales=drafted, keep_fraction=0.25,
+                        prune_scales=pruned, top_k=1)  # fmt: skip
+    alone = generate(drafter, method="var-prune", keep_fraction=0.25, prune_scales=pruned, top_k=1)
+    assert same(combined, alone)
+    assert not same(alone, generate(drafter, top_k=1))  # the pruning changes tokens: the comparison can fail
+
+
+def test_code_with_pruning_reports_the_pruned_scales_and_is_lossy(pair):
+    drafter, refiner = pair
+    scales = len(drafter.model.scale_sizes)
+    out = drafter.generate(class_labels=[0], method="code", draft=refiner, draft_scales=2, keep_fraction=0.5,
+                           output_type="tokens")  # fmt: skip
+    assert out.stats["pruned_scales"] == [3] and out.stats["lossless"] is False  # scale 2 is the prefill's
+    out = drafter.generate(class_labels=[0], method="code", draft=refiner, draft_scales=scales, keep_fraction=0.5,
+                           output_type="tokens")  # fmt: skip
+    assert out.stats["pruned_scales"] == [2, 3] and out.stats["lossless"] is False
+    with pytest.raises(VisarError, match="keep_fraction must be in"):
+        generate(drafter, method="code", draft=refiner, keep_fraction=0)
+
+
 def test_methods_list_the_next_scale_kind():
     from visar.accel import METHODS
 
     assert {METHODS[m].model_kind for m in ("var", "code", "var-prune")} == {"next-scale"}
     assert METHODS["var"].lossless and not METHODS["code"].lossless
     assert METHODS["var-prune"].lossless_label == "lossy (exact when keep_fraction=1)"
-    assert METHODS["code"].needs_draft and METHODS["code"].options == ["draft", "draft_scales"]
+    assert METHODS["code"].needs_draft
+    assert METHODS["code"].options == ["draft", "draft_scales", "keep_fraction", "prune_scales"]
 
 
 # -- bad input: one clear error each ------------------------------------------------------------------

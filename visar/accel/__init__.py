@@ -265,10 +265,11 @@ register_method(
     next_scale.code,
     lossless=False,
     description="collaborative decoding (CoDe, Chen et al. 2025): this model drafts the first draft_scales "
-    "scales, a smaller refiner (draft=) prefills them in one pass and decodes the rest",
+    "scales, a smaller refiner (draft=) prefills them in one pass and decodes the rest; keep_fraction < 1 adds "
+    "var-prune's token pruning at the prune_scales",
     model_kind="next-scale",
     exact_when=next_scale.code_is_exact,
-    exact_when_text="draft_scales = the number of scales",
+    exact_when_text="draft_scales = the number of scales and keep_fraction=1",
     needs_draft=True,
 )
 register_method(

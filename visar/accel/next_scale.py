@@ -219,6 +219,8 @@ def code(
     *,
     draft: NextScaleModel | None = None,
     draft_scales: int | None = None,
+    keep_fraction: float = 1.0,
+    prune_scales: int | list[int] = 2,
     tokenizer: MultiScaleTokenizer | None = None,
     cond_mask: Tensor | None = None,
     progress: bool = False,
@@ -226,10 +228,15 @@ def code(
     """CoDe: this model (the drafter) decodes scales 0 .. N - 1, `draft` (the refiner) the rest.
 
     N = draft_scales (default S - 2). The refiner enters with one block-causal prefill over the
-    inputs of scales 1 .. N and reads scale N's law from it. stats: forward_passes counts both
-    models' passes (one per scale), draft_forward_passes the refiner's."""
+    inputs of scales 1 .. N and reads scale N's law from it. keep_fraction < 1 adds var-prune's
+    cached token pruning at the `prune_scales`, in whichever model decodes them; scale N, read from
+    the refiner's prefill, is never pruned. stats: forward_passes counts both models' passes (one
+    per scale), draft_forward_passes the refiner's."""
     num_drafted = check_refiner(model, draft, draft_scales)
     check_pair(model, tokenizer)
+    check_keep_fraction(keep_fraction)
+    num_scales = len(model.scale_sizes)
+    chosen = pruned_scales(prune_scales, num_scales) - {num_drafted} if keep_fraction < 1 else set()
     refiner = draft
     start = synchronized_clock(model.device)
     drafter_scorer, refiner_scorer = (
@@ -237,29 +244,36 @@ def code(
         ScaleScorer(refiner, cond.to(refiner.device), params),
     )
     state = ScaleState(tokenizer.empty_latent(cond.shape[0], model.device))
-    num_scales = len(model.scale_sizes)
+    keep = lambda k: keep_fraction if k in chosen else 1.0  # noqa: E731
     if num_drafted:
-        with drafter_scorer.cache():
-            sample_scales(drafter_scorer, tokenizer, generators, state, range(num_drafted), progress=progress)
+        with drafter_scorer.cache(pruning=any(k < num_drafted for k in chosen)):
+            sample_scales(drafter_scorer, tokenizer, generators, state, range(num_drafted), keep, progress=progress)
     if num_drafted < num_scales:
         state.inputs = [x.to(refiner.device, refiner.dtype) for x in state.inputs]
-        with refiner_scorer.cache():
+        with refiner_scorer.cache(pruning=any(k > num_drafted for k in chosen)):
             sample_scales(
-                refiner_scorer, tokenizer, generators, state, range(num_drafted, num_scales), progress=progress
+                refiner_scorer, tokenizer, generators, state, range(num_drafted, num_scales), keep, progress=progress
             )
     passes = drafter_scorer.forward_passes + refiner_scorer.forward_passes
     stats = scale_stats(start, model, cond.shape[0], passes, refiner_scorer.forward_passes)
     stats.update(draft_scales=num_drafted, drafter_passes=drafter_scorer.forward_passes)
+    if chosen:
+        stats.update(keep_fraction=keep_fraction, pruned_scales=sorted(chosen))
     return state.tokens, stats
 
 
 def code_is_exact(options: dict, model) -> bool:
-    """Every scale drafted: the drafter (this model) alone."""
+    """Every scale drafted, none pruned: the drafter (this model) alone."""
     scales = len(model.scale_sizes)
-    return options.get("draft_scales") == scales
+    return options.get("draft_scales") == scales and prune_is_exact({"keep_fraction": 1.0, **options}, model)
 
 
 # -- FastVAR cached token pruning ------------------------------------------------------------------------
+
+
+def check_keep_fraction(keep_fraction):
+    if not (isinstance(keep_fraction, (int, float)) and 0 < keep_fraction <= 1):
+        raise VisarError(f"keep_fraction must be in (0, 1], got {keep_fraction}")
 
 
 def pruned_scales(prune_scales: int | list[int], num_scales: int) -> set[int]:
@@ -291,8 +305,7 @@ def var_prune(
     scale's inputs go through the layers: those whose layer input changed most against the previous
     scale's (upsampled); the others take the previous scale's layer updates. keep_fraction 1 is `var`."""
     check_pair(model, tokenizer)
-    if not (isinstance(keep_fraction, (int, float)) and 0 < keep_fraction <= 1):
-        raise VisarError(f"keep_fraction must be in (0, 1], got {keep_fraction}")
+    check_keep_fraction(keep_fraction)
     chosen = pruned_scales(prune_scales, len(model.scale_sizes))
     start = synchronized_clock(model.device)
     scorer = ScaleScorer(model, cond, params)

@@ -145,8 +145,8 @@ class NextScaleModel(Protocol):
     - Without a cache the call must start at scale 0 (teacher forcing).
     - With a cache (`setup_cache`), the call's keys and values are appended to it; a method feeds
       the scales in order, one call per scale or several at once (a prefill).
-    - keep_fraction < 1 (FastVAR's cached token pruning; a one-scale call right after another, on a
-      cache set up with pruning=True): only that fraction of the scale's inputs go through each
+    - keep_fraction < 1 (FastVAR's cached token pruning; a one-scale call right after another call,
+      on a cache set up with pruning=True): only that fraction of the scale's inputs go through each
       layer, those that changed most against the previous scale; the others take the previous
       scale's layer outputs, upsampled. 1 is exact.
     A method never reads the cache or any attribute outside this interface.
@@ -182,7 +182,7 @@ class NextScaleModel(Protocol):
 
     def setup_cache(self, batch_size: int, pruning: bool = False) -> None:
         """An empty KV cache for every scale, for batch_size rows; pruning: keep what later calls with
-        keep_fraction < 1 reuse (each one-scale call's layer outputs)."""
+        keep_fraction < 1 reuse (the layer outputs of each call's last scale)."""
         ...
 
     def clear_cache(self) -> None: ...

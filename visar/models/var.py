@@ -198,9 +198,10 @@ class AdaLNBlock(nn.Module):
         return list(self.ada_lin(condition).view(condition.shape[0], 1, 6, -1).unbind(2))
 
     def forward(
-        self, x: Tensor, condition: Tensor, visible: Tensor | None, keep: int | None = None, record: bool = False
+        self, x: Tensor, condition: Tensor, visible: Tensor | None, keep: int | None = None, record_last: int = 0
     ) -> Tensor:
-        """x [B, l, C]; keep: prune to that many inputs; record: keep this call's updates for later pruning."""
+        """x [B, l, C]; keep: prune to that many inputs; record_last: keep the updates of this call's last
+        `record_last` inputs (its last scale) for a later pruned call (0: keep nothing)."""
         gamma1, gamma2, scale1, scale2, shift1, shift2 = self.modulation(condition)
         block_input = x
         if keep is None:
@@ -210,7 +211,10 @@ class AdaLNBlock(nn.Module):
             x = x + ffn_update
         else:
             x, attn_update, ffn_update = self.pruned(x, keep, gamma1, gamma2, scale1, scale2, shift1, shift2)
-        self.record = ScaleRecord(block_input, attn_update, ffn_update) if record else None
+        self.record = None
+        if record_last:
+            last = slice(x.shape[1] - record_last, None)
+            self.record = ScaleRecord(block_input[:, last], attn_update[:, last], ffn_update[:, last])
         return x
 
     def pruned(self, x, keep, gamma1, gamma2, scale1, scale2, shift1, shift2):
@@ -316,7 +320,7 @@ class VAR(nn.Module):
         return torch.full_like(cond, self.config.num_classes)
 
     def setup_cache(self, batch_size: int, pruning: bool = False) -> None:
-        # pruning: keep each one-scale call's layer updates for a later pruned call (memory: three
+        # pruning: keep each call's last-scale layer updates for a later pruned call (memory: three
         # [B, pn^2, C] tensors per layer), only when a method will prune.
         self.recording = pruning
         heads, head_dim = self.config.num_heads, self.config.embed_dim // self.config.num_heads
@@ -377,9 +381,11 @@ class VAR(nn.Module):
             condition = self.shared_ada_lin(cond_embedding).view(cond.shape[0], 1, 6, -1)
         keep = self.tokens_kept(keep_fraction, x.shape[1], end_scale - first_scale, cache)
         visible = self.visibility(first_scale, end_scale, 0 if cache is None else cache.length)
-        record = self.recording and end_scale - first_scale == 1
+        # A multi-scale call (CoDe's refiner prefill) records its last scale: block-causal attention
+        # gives that scale's inputs what a one-scale call would, so the next scale can be pruned.
+        record_last = self.scale_sizes[end_scale - 1] ** 2 if self.recording else 0
         for block in self.blocks:
-            x = block(x, condition, visible, keep, record=record)
+            x = block(x, condition, visible, keep, record_last=record_last)
         return F.linear(self.head_nm(x, cond_embedding), self.head.weight.float(), self.head.bias.float())
 
     def tokens_kept(self, keep_fraction: float, length: int, num_scales: int, cache) -> int | None:

@@ -383,10 +383,15 @@ class MultiScaleVQVAE(nn.Module):
         """f_hat [B, C, H, W] -> images in [-1, 1] (clamped, as upstream's fhat_to_img)."""
         return self.decoder(self.post_quant_conv(f_hat)).clamp(-1, 1)
 
+    def pre_quant(self, images: Tensor) -> Tensor:
+        """images [B, 3, H, W] in [-1, 1] -> the continuous latents before quantisation [B, C, h, w]
+        (what `encode` quantises; visar.eval.bench pools them into its Frechet features)."""
+        return self.quant_conv(self.encoder(images))
+
     def encode(self, images: Tensor) -> list[Tensor]:
         """images [B, 3, H, W] in [-1, 1] -> token maps [B, pn, pn] per scale (residual quantisation:
         each scale codes what the earlier ones left, area-downsampled)."""
-        f_rest = self.quant_conv(self.encoder(images)).float()
+        f_rest = self.pre_quant(images).float()
         batch, side = f_rest.shape[0], self.scale_sizes[-1]
         if f_rest.shape[-1] != side:
             raise VisarError(

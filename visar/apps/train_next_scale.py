@@ -1,0 +1,366 @@
+"""`visar train tokenizer --recipe visar-tiny-msvq` and `visar train next-scale`: VAR on the shapes world.
+
+The embedded next-scale pair: one multi-scale VQVAE (VAR's tokenizer, visar/tokenizers/msvq.py)
+and two VAR transformers of different depths trained on its tokens, a larger drafter and a smaller
+refiner for `code` (collaborative decoding). Checkpoints, resume, the weight average and the fp16
+export follow visar.apps.train; the exports name family "var", so `visar.load` and `visar train
+ship` read them as they read the raster models.
+
+VAR's tokenizer training is not released upstream; the objective here is the one its quantizer
+implements (`VectorQuantizer2.forward`): residual quantisation over the scales of the detached
+encoder output, a codebook loss ||f_hat - sg(f)||^2 plus beta ||sg(f_hat) - f||^2, and the
+straight-through estimator into the decoder; the reconstruction loss is visar-tiny-vq's (MSE +
+0.5 L1), without the perceptual and GAN terms (no pretrained network offline, and minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..checkpoints import load_strict, read_state_dict
+from ..data.shapes import CLASS_RENDER_EASY, class_render_options
+from ..models.var import VAR, VARConfig
+from ..tokenizers.msvq import MSVQConfig, MultiScaleVQVAE
+from .train import (
+    export_ar,
+    export_averaged,
+    export_fp16,
+    images_to_tensor,
+    load_checkpoint,
+    lr_at,
+    optimizer_step,
+    prepare_out_dir,
+    psnr,
+    resolve_recipe,
+    resume,
+    save_checkpoint,
+    save_training_state,
+    step_generator,
+    training_renders,
+)
+
+# The issue's schedule for 64 px images: 9 scales ending at the 16 x 16 map, 655 tokens per image.
+SHAPES_SCALES = (1, 2, 3, 4, 6, 8, 10, 13, 16)
+
+MSVQ_RECIPES = {
+    # visar-tiny-vq's size class (ch 32, ch_mult 1-1-2, one res block; 64 px -> 16 x 16) with VAR's
+    # quantizer: 512 codes of width 16 shared by the 9 scales, 4 Phi convs. Whole 64 px images
+    # (the scales are fixed fractions of the last map, so crops would need another schedule).
+    "visar-tiny-msvq": dict(
+        seed=0,
+        steps=3000,
+        batch_size=16,
+        lr=1e-3,
+        warmup=100,
+        checkpoint_every=100,
+        dead_code_every=100,
+        eval_images=512,
+        vq_args=dict(
+            vocab_size=512,
+            z_channels=16,
+            ch=32,
+            ch_mult=(1, 1, 2),
+            num_res_blocks=1,
+            beta=0.25,
+            quant_resi=0.5,
+            share_quant_resi=4,
+            v_patch_nums=SHAPES_SCALES,
+            using_sa=False,
+            using_mid_sa=True,
+        ),
+    ),
+}
+
+
+def var_args(depth: int, dim: int, heads: int) -> dict:
+    return dict(
+        vocab_size=512,
+        z_channels=16,
+        num_classes=40,
+        depth=depth,
+        embed_dim=dim,
+        num_heads=heads,
+        mlp_ratio=4.0,
+        attn_l2_norm=True,  # as every release
+        patch_nums=SHAPES_SCALES,
+    )
+
+
+NEXT_SCALE_RECIPES = {
+    # The drafter (CoDe's large model): the raster default's size class (width 128, 3 layers, batch
+    # 16, lr 3e-3 with the weight average). A step holds 655 positions against the raster's 256, so
+    # the hour holds fewer steps: 3,000 at 1.13 s a step on one thread.
+    "visar-tiny-var-c2i": dict(
+        condition="class",
+        seed=5,
+        data_seed=1,
+        steps=3000,
+        batch_size=16,
+        lr=3e-3,
+        warmup=100,
+        ema_decay=0.999,
+        checkpoint_every=100,
+        dataset_size=20_000,
+        class_dropout_prob=0.1,
+        render=CLASS_RENDER_EASY,
+        model_args=var_args(depth=3, dim=128, heads=4),
+        # VAR's convention: guidance 1 + cfg at the last scale (ramped); the raster default's cfg 2
+        # is guidance_scale 3 here. No top-k/top-p: the 512-code vocabulary is small.
+        defaults=dict(guidance_scale=3.0, temperature=1.0, top_k=None, top_p=1.0),
+    ),
+    # The refiner (CoDe's small model): half the width, 2 layers (about a fifth of the drafter's
+    # parameters), trained on the same tokens; it is cheap, so it takes more steps in less time.
+    "visar-tiny-var-c2i-refiner": dict(
+        condition="class",
+        seed=6,
+        data_seed=1,
+        steps=3000,
+        batch_size=16,
+        lr=3e-3,
+        warmup=100,
+        ema_decay=0.999,
+        checkpoint_every=100,
+        dataset_size=20_000,
+        class_dropout_prob=0.1,
+        render=CLASS_RENDER_EASY,
+        model_args=var_args(depth=2, dim=64, heads=2),
+        defaults=dict(guidance_scale=3.0, temperature=1.0, top_k=None, top_p=1.0),
+    ),
+}
+
+
+# -- the multi-scale VQVAE -----------------------------------------------------------------------
+
+
+def quantize_for_training(msvq: MultiScaleVQVAE, f: torch.Tensor, beta: float):
+    """VAR's residual quantisation in training -> (straight-through latents, tokens per scale, VQ loss).
+
+    Codes are chosen on the detached encoder output; the codebook and the Phi convs learn from
+    ||f_hat - sg(f)||^2, the encoder from beta ||sg(f_hat) - f||^2 summed over scales (upstream's
+    mean_vq_loss), and the decoder's gradient reaches the encoder through f_hat's straight-through."""
+    quantizer, sides = msvq.quantize, msvq.scale_sizes
+    target = f.detach().float()
+    f_rest, f_hat = target.clone(), torch.zeros_like(target)
+    loss, scale_tokens = f.new_zeros(()), []
+    for k, side in enumerate(sides):
+        latents = f_rest if k == len(sides) - 1 else F.interpolate(f_rest, size=(side, side), mode="area")
+        flat = latents.permute(0, 2, 3, 1).reshape(-1, msvq.latent_dim)
+        tokens = quantizer.nearest_codes(flat).reshape(f.shape[0], side, side)
+        h = quantizer.residual(tokens, k)
+        f_hat = f_hat + h
+        f_rest = f_rest - h.detach()
+        loss = loss + F.mse_loss(f_hat, target) + beta * F.mse_loss(f_hat.detach(), f)
+        scale_tokens.append(tokens)
+    straight_through = f_hat.detach() - f.detach() + f
+    return straight_through, scale_tokens, loss / len(sides)
+
+
+@torch.no_grad()
+def evaluate_msvq(msvq: MultiScaleVQVAE, n: int = 512, seed: int = 999) -> dict:
+    """Held-out reconstruction PSNR and codebook usage over all scales (renders no recipe trains on)."""
+    msvq.eval()
+    total_mse, used = 0.0, torch.zeros(msvq.vocab_size, dtype=torch.bool)
+    for start in range(0, n, 64):
+        images = images_to_tensor([training_renders(seed, i)[0] for i in range(start, min(n, start + 64))])
+        scale_tokens = msvq.encode(images)
+        total_mse += F.mse_loss(msvq.decode(scale_tokens), images, reduction="sum").item()
+        for tokens in scale_tokens:
+            used[tokens.unique()] = True
+    mse = total_mse / (n * images[0].numel())
+    return {"psnr_db": 10 * np.log10(4 / mse), "codebook_usage": used.float().mean().item(), "n_images": n}
+
+
+@torch.no_grad()
+def restart_dead_msvq_codes(msvq: MultiScaleVQVAE, usage: torch.Tensor, f: torch.Tensor, gen: torch.Generator):
+    """Re-seed codes unused since the last restart with encoder outputs of this batch (as train.py does
+    for visar-tiny-vq: minutes of training do not keep a codebook in use by themselves)."""
+    dead = (usage == 0).nonzero().flatten()
+    if dead.numel() == 0:
+        return
+    vectors = f.permute(0, 2, 3, 1).reshape(-1, f.shape[1])
+    picks = torch.randint(0, vectors.shape[0], (dead.numel(),), generator=gen)
+    noise = 0.01 * torch.randn(dead.numel(), vectors.shape[1], generator=gen)
+    msvq.quantize.embedding.weight.data[dead] = vectors[picks] + noise
+
+
+def train_msvq(recipe_name: str, out: str | os.PathLike, **overrides) -> Path:
+    """Train VAR's multi-scale VQVAE by recipe; returns the export folder (tokenizer.json + safetensors)."""
+    recipe = resolve_recipe(MSVQ_RECIPES, recipe_name, overrides)
+    out = prepare_out_dir(out)
+    torch.manual_seed(recipe["seed"])
+    config = MSVQConfig.from_dict(recipe["vq_args"])
+    msvq = MultiScaleVQVAE(config)
+    opt = torch.optim.Adam(msvq.parameters(), lr=recipe["lr"], betas=(0.5, 0.9))
+    step, usage = 0, torch.zeros(config.vocab_size)  # code counts since the last dead-code restart
+    state = load_checkpoint(out / "checkpoint.pt")
+    if state is not None:
+        msvq.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step, usage = state["step"], state["usage"]
+    bar = tqdm(total=recipe["steps"], initial=step, desc=f"train {recipe_name}", unit="step")
+    msvq.train()
+    while step < recipe["steps"]:
+        gen = step_generator(recipe["seed"], step)
+        first = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+        images = images_to_tensor([training_renders(recipe["seed"], first + i)[0] for i in range(recipe["batch_size"])])
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, recipe)
+        f = msvq.pre_quant(images)
+        f_hat, scale_tokens, vq_loss = quantize_for_training(msvq, f, config.beta)
+        recon = msvq.decoder(msvq.post_quant_conv(f_hat))
+        loss = F.mse_loss(recon, images) + 0.5 * F.l1_loss(recon, images) + vq_loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(msvq.parameters(), 1.0)
+        opt.step()
+        for tokens in scale_tokens:
+            usage += torch.bincount(tokens.flatten(), minlength=config.vocab_size)
+        step += 1
+        if step % recipe["dead_code_every"] == 0:
+            restart_dead_msvq_codes(msvq, usage, f.detach(), gen)
+            usage.zero_()
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.4f}", psnr=f"{psnr(recon.detach(), images):.1f}")
+        if step % recipe["checkpoint_every"] == 0 or step == recipe["steps"]:
+            state = {"model": msvq.state_dict(), "optimizer": opt.state_dict(), "step": step, "usage": usage}
+            save_checkpoint(out / "checkpoint.pt", state)
+    bar.close()
+    metrics = evaluate_msvq(msvq, n=recipe["eval_images"])
+    export = prepare_out_dir(out / "export")
+    export_fp16(msvq, export / "tokenizer.safetensors")
+    record = {"vq_args": config.to_dict(), "recipe": {"name": recipe_name, **recipe}, "metrics": metrics}
+    (export / "tokenizer.json").write_text(json.dumps(record, indent=1))
+    print(f"{recipe_name}: held-out PSNR {metrics['psnr_db']:.2f} dB, codebook usage {metrics['codebook_usage']:.1%}")
+    return export
+
+
+def load_msvq_export(path: str | os.PathLike) -> tuple[MultiScaleVQVAE, dict]:
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    config = json.loads((folder / "tokenizer.json").read_text())
+    msvq = MultiScaleVQVAE(MSVQConfig.from_dict(config["vq_args"]))
+    load_strict(msvq, read_state_dict(folder / "tokenizer.safetensors"), source=str(folder))
+    return msvq.float().eval(), config
+
+
+# -- the VAR transformers ------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def build_scale_dataset(recipe: dict, msvq: MultiScaleVQVAE, cache: Path, device) -> dict:
+    """Render and tokenize the recipe's class renders once -> tokens [n, 655] (every scale, flattened in
+    order) and labels; cached in OUT/dataset.npz (the drafter's and the refiner's runs can share it)."""
+    from ..data.shapes import NUM_CLASSES, render_class
+
+    if cache.exists():
+        return dict(np.load(cache, allow_pickle=False))
+    n, seed, render = recipe["dataset_size"], recipe["data_seed"], class_render_options(recipe)
+    length = sum(side * side for side in msvq.scale_sizes)
+    tokens, labels = np.zeros((n, length), dtype=np.int16), np.arange(n) % NUM_CLASSES
+    for start in tqdm(range(0, n, 256), desc="tokenize dataset", unit="chunk"):
+        stop = min(n, start + 256)
+        images = [render_class(int(labels[i]), seed * 10_000_019 + i, **render).image for i in range(start, stop)]
+        scale_tokens = msvq.encode(images_to_tensor(images).to(device))
+        tokens[start:stop] = torch.cat([t.flatten(1) for t in scale_tokens], 1).cpu().numpy()
+    data = {"tokens": tokens, "labels": labels}
+    np.savez(cache, **data)
+    return data
+
+
+def split_scales(flat: torch.Tensor, sides: tuple[int, ...]) -> list[torch.Tensor]:
+    """[B, L] tokens of every scale in order -> one [B, side, side] map per scale."""
+    maps = flat.split([side * side for side in sides], dim=1)
+    return [m.reshape(len(flat), side, side) for m, side in zip(maps, sides, strict=True)]
+
+
+def init_var(model: VAR, std: float | None = None):
+    """VAR's init in short (upstream `init_weights`): truncated normal sqrt(1/(3 C)) for linear layers,
+    embeddings and positions; a zero head; AdaLN projections scaled down so that every block starts
+    near the identity (gamma ~ 0) and the modulation near (scale 0, shift 0)."""
+    std = std or (1 / model.config.embed_dim / 3) ** 0.5
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            torch.nn.init.trunc_normal_(module.weight, std=std)
+            if getattr(module, "bias", None) is not None:
+                torch.nn.init.zeros_(module.bias)
+    for parameter in (model.pos_start, model.pos_1LC):
+        torch.nn.init.trunc_normal_(parameter, std=std)
+    torch.nn.init.zeros_(model.head.weight)
+    torch.nn.init.zeros_(model.head.bias)
+    with torch.no_grad():
+        for block in model.blocks:
+            if hasattr(block, "ada_lin"):
+                block.ada_lin[1].weight.mul_(0.5)
+                block.ada_lin[1].bias.zero_()
+        model.head_nm.ada_lin[1].weight.mul_(0.5)
+
+
+def train_next_scale(
+    recipe_name: str,
+    out: str | os.PathLike,
+    tokenizer: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    compile: bool = False,
+    **overrides,
+) -> Path:
+    """Train a VAR transformer by recipe on the scale tokens of `tokenizer` (an msvq export); returns
+    the export folder (family "var").
+
+    The loss is VAR's: the cross-entropy of every scale's tokens given the earlier scales (block-causal
+    teacher forcing in one pass), uniform over the 655 positions; class dropout to the null class
+    trains the unconditional half of guidance (upstream's cond_drop_rate)."""
+    recipe = resolve_recipe(NEXT_SCALE_RECIPES, recipe_name, overrides)
+    out = prepare_out_dir(out)
+    device = torch.device(device)
+    msvq, vq_config = load_msvq_export(tokenizer)
+    msvq.to(device)
+    data = build_scale_dataset(recipe, msvq, out / "dataset.npz", device)
+    tokens = torch.from_numpy(data["tokens"].astype(np.int64))
+    labels = torch.from_numpy(data["labels"])
+    torch.manual_seed(recipe["seed"])
+    model = VAR(VARConfig.from_dict(recipe["model_args"]))
+    init_var(model)
+    model.to(device)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=recipe["lr"], betas=(0.9, 0.95), weight_decay=0.05)
+    ema = [p.detach().clone() for p in params] if recipe.get("ema_decay") else None
+    modules = {"model": model}
+    step, ema = resume(out, modules, opt, ema, device)
+    model.train()
+    sides, null = model.scale_sizes, model.config.num_classes
+
+    def next_scale_loss(batch_tokens: torch.Tensor, inputs: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        logits = model(cond, inputs)  # [B, L, V]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch_tokens.reshape(-1))
+
+    loss_of = torch.compile(next_scale_loss) if compile else next_scale_loss
+    bar = tqdm(total=recipe["steps"], initial=step, desc=f"train {recipe_name}", unit="step")
+    while step < recipe["steps"]:
+        gen = step_generator(recipe["seed"], step)
+        index = torch.randint(0, tokens.shape[0], (recipe["batch_size"],), generator=gen)
+        dropped = torch.rand(len(index), generator=gen) < recipe["class_dropout_prob"]
+        cond = torch.where(dropped, null, labels[index]).to(device)
+        batch_tokens = tokens[index].to(device)
+        with torch.no_grad():
+            inputs = msvq.teacher_forcing_inputs(split_scales(batch_tokens, sides))
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, recipe)
+        loss = loss_of(batch_tokens, inputs, cond)
+        optimizer_step(loss, opt, params, ema, step, recipe)
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        save_training_state(out, modules, opt, ema, step, loss, recipe, device)
+    bar.close()
+    return export_averaged(
+        lambda **folder: export_ar(recipe_name, recipe, model, None, tokenizer, vq_config, out, family="var", **folder),
+        ema,
+        params,
+    )

@@ -299,6 +299,18 @@ def test_code_with_pruning_reports_the_pruned_scales_and_is_lossy(pair):
         generate(drafter, method="code", draft=refiner, keep_fraction=0)
 
 
+def test_layer_tokens_count_what_went_through_each_models_layers(pair):
+    drafter, refiner = pair  # scales 1, 2, 3, 4: 1 + 4 + 9 + 16 = 30 inputs
+
+    def stats(method, **options):
+        return drafter.generate(class_labels=[0, 1], method=method, output_type="tokens", **options).stats
+
+    assert (stats("var")["layer_tokens"], stats("var")["draft_layer_tokens"]) == (30, 0)
+    assert stats("var-prune", keep_fraction=0.25)["layer_tokens"] == 1 + 4 + 3 + 4  # ceil(9 / 4), 16 / 4
+    code = stats("code", draft=refiner, draft_scales=2)
+    assert (code["layer_tokens"], code["draft_layer_tokens"]) == (1 + 4, 1 + 4 + 9 + 16)  # the prefill re-reads 0, 1
+
+
 def test_methods_list_the_next_scale_kind():
     from visar.accel import METHODS
 

@@ -24,6 +24,7 @@ logits of scale N, so N = S is the drafter alone and N = 0 the refiner alone, dr
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -56,6 +57,7 @@ class ScaleScorer:
         self.cond = torch.cat([cond, model.null_condition(cond)]) if self.guided else cond
         self.num_scales = len(model.scale_sizes)
         self.forward_passes = 0
+        self.layer_tokens = 0  # per image: the inputs that went through the layers (pruned ones do not)
 
     @contextmanager
     def cache(self, pruning: bool = False):
@@ -71,6 +73,8 @@ class ScaleScorer:
             latents = torch.cat([latents, latents])
         logits = self.model(self.cond, latents, first_scale=first_scale, keep_fraction=keep_fraction)
         self.forward_passes += 1
+        fed = (first_scale == 0) + (0 if latents is None else latents.shape[1])
+        self.layer_tokens += math.ceil(keep_fraction * fed)  # the model's own rounding (VAR.tokens_kept)
         logits = logits[:, -(self.model.scale_sizes[k] ** 2) :]
         weight = ramped_guidance(self.params.guidance_scale, k, self.num_scales)
         if self.guided:
@@ -136,9 +140,15 @@ def check_pair(model: NextScaleModel, tokenizer: MultiScaleTokenizer | None):
         )
 
 
-def scale_stats(start: float, model: NextScaleModel, batch: int, passes: int, draft_passes: int = 0) -> dict:
+def scale_stats(
+    start: float, model: NextScaleModel, batch: int, scorer: ScaleScorer, refiner: ScaleScorer | None = None
+) -> dict:
     """The common statistics (visar.accel.stats.COMMON_STATS) of a next-scale decode: no drafts are
-    tested; "rows" are scales; commit_pass holds, per scale, the pass [B, pn, pn] that made each token."""
+    tested; "rows" are scales; commit_pass holds, per scale, the pass [B, pn, pn] that made each token.
+    layer_tokens / draft_layer_tokens: per image, the inputs that went through the model's / the
+    refiner's layers (the cost that pruning and the refiner's smaller width cut)."""
+    passes = scorer.forward_passes + (refiner.forward_passes if refiner else 0)
+    draft_passes = refiner.forward_passes if refiner else 0
     sizes = model.scale_sizes
     scales = len(sizes)
     num_tokens = sum(side * side for side in sizes)
@@ -156,6 +166,8 @@ def scale_stats(start: float, model: NextScaleModel, batch: int, passes: int, dr
         "draft_tokens_by_slot": [],
         "accepted_tokens_by_slot": [],
         "draft_forward_passes": draft_passes,
+        "layer_tokens": scorer.layer_tokens,
+        "draft_layer_tokens": refiner.layer_tokens if refiner else 0,
         "commit_pass": [torch.full((batch, side, side), pass_of_scale[k]) for k, side in enumerate(sizes)],
     }
 
@@ -178,7 +190,7 @@ def var(
     state = ScaleState(tokenizer.empty_latent(cond.shape[0], model.device))
     with scorer.cache():
         sample_scales(scorer, tokenizer, generators, state, range(len(model.scale_sizes)), progress=progress)
-    return state.tokens, scale_stats(start, model, cond.shape[0], scorer.forward_passes)
+    return state.tokens, scale_stats(start, model, cond.shape[0], scorer)
 
 
 # -- CoDe ------------------------------------------------------------------------------------------------
@@ -254,8 +266,7 @@ def code(
             sample_scales(
                 refiner_scorer, tokenizer, generators, state, range(num_drafted, num_scales), keep, progress=progress
             )
-    passes = drafter_scorer.forward_passes + refiner_scorer.forward_passes
-    stats = scale_stats(start, model, cond.shape[0], passes, refiner_scorer.forward_passes)
+    stats = scale_stats(start, model, cond.shape[0], drafter_scorer, refiner_scorer)
     stats.update(draft_scales=num_drafted, drafter_passes=drafter_scorer.forward_passes)
     if chosen:
         stats.update(keep_fraction=keep_fraction, pruned_scales=sorted(chosen))
@@ -320,7 +331,7 @@ def var_prune(
             keep_fraction=lambda k: keep_fraction if k in chosen else 1.0,
             progress=progress,
         )
-    stats = scale_stats(start, model, cond.shape[0], scorer.forward_passes)
+    stats = scale_stats(start, model, cond.shape[0], scorer)
     stats.update(keep_fraction=keep_fraction, pruned_scales=sorted(chosen))
     return state.tokens, stats
 

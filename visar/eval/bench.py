@@ -217,7 +217,16 @@ def speed_row(pipe, name: str, options: dict, conds: list, batch_size: int) -> d
         "ms_per_forward": 1000 * latency / sum(o.stats["forward_passes"] for o in outs),
         "warmup_s": warmup,
         **acceptance_columns([o.stats for o in outs]),
+        **layer_token_columns([o.stats for o in outs]),
     }
+
+
+def layer_token_columns(stats: list[dict]) -> dict:
+    """Next-scale methods count, per image, the inputs that went through each model's layers (pruned
+    inputs do not; CoDe's refiner apart): the cost that pruning and collaborative decoding cut."""
+    if any(s.get("layer_tokens") is None for s in stats):
+        return {}
+    return {key: float(np.mean([s[key] for s in stats])) for key in ("layer_tokens", "draft_layer_tokens")}
 
 
 def quality_columns(pipe, name: str, options: dict, conds: list, row: dict, ar_feats, is_reference: bool):

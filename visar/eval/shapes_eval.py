@@ -32,11 +32,21 @@ def shapes_conditions(pipe, n: int) -> list:
 
 
 def evaluate_shapes(
-    pipe, *, n: int, method: str = "ar", seed: int = 0, batch_size: int = 16, progress: bool = True, **generate_kwargs
+    pipe,
+    *,
+    n: int,
+    method: str | None = None,
+    seed: int = 0,
+    batch_size: int = 16,
+    progress: bool = True,
+    **generate_kwargs,
 ) -> dict:
-    """Generate n images and score them; returns the JSON record of `visar eval shapes`."""
+    """Generate n images and score them; returns the JSON record of `visar eval shapes`. method None:
+    the reference decoding of the model's kind (ar, var, maskgit, mar)."""
+    from ..accel import reference_method
     from .detector import detect, score_class, score_geneval, summarize
 
+    method = method or reference_method(pipe.model)
     if n < 1:
         raise VisarError("--n must be >= 1")
     conditions = shapes_conditions(pipe, n)

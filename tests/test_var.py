@@ -408,3 +408,16 @@ def test_a_pruned_scale_sends_only_the_kept_tokens_through_the_layers():
             model(cond, inputs[:, :4], first_scale=1, keep_fraction=0.5)
         model.clear_cache()
     assert logits.shape == (2, 16, 16) and lengths == {1 + 4 + 9 + 4}
+
+
+def test_bench_measures_next_scale_methods_against_var(pair):
+    from visar.eval.bench import bench
+
+    drafter, refiner = pair
+    options = {"code": {"draft": refiner, "draft_scales": 2}, "var-prune": {"keep_fraction": 0.25}}
+    report = bench(drafter, ["code", "var-prune"], n=3, batch_size=2, method_options=options, progress=False)
+    rows = {r["method"]: r for r in report["rows"]}
+    assert list(rows) == ["var", "code", "var-prune"] and rows["var"]["latency_ratio_vs_ar"] == 1.0
+    assert all(r["forward_passes"] == 4 and r["step_compression"] == 30 / 4 for r in rows.values())
+    assert (rows["code"]["layer_tokens"], rows["code"]["draft_layer_tokens"]) == (5, 30)
+    assert rows["var-prune"]["layer_tokens"] == 12 and not rows["var-prune"]["lossless"]

@@ -32,9 +32,7 @@ def plan(refiner, draft_scales, keeps, prune_scales, combined) -> list[tuple[str
     """(method, options, row label) for every row after the reference."""
     rows = [("code", {"draft": refiner, "draft_scales": 0}, "refiner alone (code N=0)")]
     rows += [("code", {"draft": refiner, "draft_scales": n}, f"code N={n}") for n in draft_scales]
-    rows += [
-        ("var-prune", {"keep_fraction": f, "prune_scales": prune_scales}, f"var-prune keep={f}") for f in keeps
-    ]
+    rows += [("var-prune", {"keep_fraction": f, "prune_scales": prune_scales}, f"var-prune keep={f}") for f in keeps]
     for pair in combined:
         n, f = pair.split(":")
         options = {"draft": refiner, "draft_scales": int(n), "keep_fraction": float(f), "prune_scales": prune_scales}

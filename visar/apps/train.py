@@ -294,6 +294,32 @@ def save_training_state(out: Path, modules: dict, opt, ema, step: int, loss, rec
     save_checkpoint(out / "checkpoint.pt", state)
 
 
+def fit(recipe_name: str, recipe: dict, out: Path, modules: dict, device: torch.device, batch_loss) -> tuple:
+    """The generators' training loop (train_ar, train_masked, train_next_scale): AdamW (0.9, 0.95,
+    weight decay 0.05) over every module's parameters at the recipe's learning-rate schedule, the
+    weight average, checkpoints and resume. batch_loss(gen) -> the loss of the step's batch, drawn
+    from `gen`, the generator keyed to (seed, step): a resumed run draws what an uninterrupted one
+    does. Returns (the parameters, their average or None) for `export_averaged`."""
+    params = [p for module in modules.values() for p in module.parameters()]
+    opt = torch.optim.AdamW(params, lr=recipe["lr"], betas=(0.9, 0.95), weight_decay=0.05)
+    ema = [p.detach().clone() for p in params] if recipe.get("ema_decay") else None
+    step, ema = resume(out, modules, opt, ema, device)
+    for module in modules.values():
+        module.train()
+    bar = tqdm(total=recipe["steps"], initial=step, desc=f"train {recipe_name}", unit="step")
+    while step < recipe["steps"]:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, recipe)
+        loss = batch_loss(step_generator(recipe["seed"], step))
+        optimizer_step(loss, opt, params, ema, step, recipe)
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        save_training_state(out, modules, opt, ema, step, loss, recipe, device)
+    bar.close()
+    return params, ema
+
+
 def export_averaged(export, ema: list | None, params: list) -> Path:
     """export(folder=...) the trained weights: without an average, as they are; with one, the last
     step's weights to export-last/, then the average (copied into the weights) to export/."""
@@ -528,13 +554,7 @@ def train_ar(
         text_encoder = CaptionEncoder(CaptionEncoderConfig(vocab=caption_vocabulary(), **recipe["text_encoder_args"]))
         text_encoder.to(device)
         caption_ids, caption_mask = text_encoder.tokenize([str(c) for c in data["captions"]])
-    params = list(model.parameters()) + (list(text_encoder.parameters()) if text_encoder else [])
-    opt = torch.optim.AdamW(params, lr=recipe["lr"], betas=(0.9, 0.95), weight_decay=0.05)
-    ema = [p.detach().clone() for p in params] if recipe.get("ema_decay") else None
     modules = {"model": model} | ({"text_encoder": text_encoder} if text_encoder is not None else {})
-    step, ema = resume(out, modules, opt, ema, device)
-    model.train()
-
     lag_masks = lag_mask_table(recipe, model, device)
 
     def next_token_loss(
@@ -551,9 +571,8 @@ def train_ar(
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch_tokens.reshape(-1))
 
     loss_of = torch.compile(next_token_loss) if compile else next_token_loss
-    bar = tqdm(total=recipe["steps"], initial=step, desc=f"train {recipe_name}", unit="step")
-    while step < recipe["steps"]:
-        gen = step_generator(recipe["seed"], step)
+
+    def batch_loss(gen: torch.Generator) -> torch.Tensor:
         index = torch.randint(0, tokens.shape[0], (recipe["batch_size"],), generator=gen)
         batch_tokens = tokens[index].to(device)
         lag_mask = None
@@ -567,15 +586,9 @@ def train_ar(
         else:
             ids, cond_mask = caption_ids[index].to(device), caption_mask[index].to(device)
             cond = text_encoder(ids, cond_mask)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, recipe)
-        loss = loss_of(batch_tokens, cond, lag_mask, cond_mask)
-        optimizer_step(loss, opt, params, ema, step, recipe)
-        step += 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        save_training_state(out, modules, opt, ema, step, loss, recipe, device)
-    bar.close()
+        return loss_of(batch_tokens, cond, lag_mask, cond_mask)
+
+    params, ema = fit(recipe_name, recipe, out, modules, device, batch_loss)
     return export_averaged(
         lambda **folder: export_ar(recipe_name, recipe, model, text_encoder, tokenizer, vq_config, out, **folder),
         ema,
@@ -716,33 +729,20 @@ def train_masked(
     model = MaskGIT(MaskGITConfig.from_dict(recipe["model_args"]))
     init_maskgit(model)
     model.to(device)
-    params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=recipe["lr"], betas=(0.9, 0.95), weight_decay=0.05)
-    ema = [p.detach().clone() for p in params] if recipe.get("ema_decay") else None
-    modules = {"model": model}
-    step, ema = resume(out, modules, opt, ema, device)
-    model.train()
 
     def masked_loss(inputs: torch.Tensor, targets: torch.Tensor, masked: torch.Tensor, cond: torch.Tensor):
         logits = model(inputs, cond)  # [B, N, V]
         return F.cross_entropy(logits[masked], targets[masked])
 
     loss_of = torch.compile(masked_loss) if compile else masked_loss
-    bar = tqdm(total=recipe["steps"], initial=step, desc=f"train {recipe_name}", unit="step")
-    while step < recipe["steps"]:
-        gen = step_generator(recipe["seed"], step)
+
+    def batch_loss(gen: torch.Generator) -> torch.Tensor:
         index = torch.randint(0, tokens.shape[0], (recipe["batch_size"],), generator=gen)
         targets = tokens[index].to(device)
         inputs, masked = masked_inputs(targets, model.mask_token_id, gen)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, recipe)
-        loss = loss_of(inputs, targets, masked, labels[index].to(device))
-        optimizer_step(loss, opt, params, ema, step, recipe)
-        step += 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        save_training_state(out, modules, opt, ema, step, loss, recipe, device)
-    bar.close()
+        return loss_of(inputs, targets, masked, labels[index].to(device))
+
+    params, ema = fit(recipe_name, recipe, out, {"model": model}, device, batch_loss)
     return export_averaged(
         lambda **folder: export_ar(
             recipe_name, recipe, model, None, tokenizer, vq_config, out, family="maskgit", **folder

@@ -32,16 +32,14 @@ from .train import (
     export_ar,
     export_averaged,
     export_fp16,
+    fit,
     images_to_tensor,
     load_checkpoint,
     lr_at,
-    optimizer_step,
     prepare_out_dir,
     psnr,
     resolve_recipe,
-    resume,
     save_checkpoint,
-    save_training_state,
     step_generator,
     training_renders,
 )
@@ -328,12 +326,6 @@ def train_next_scale(
     model = VAR(VARConfig.from_dict(recipe["model_args"]))
     init_var(model)
     model.to(device)
-    params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=recipe["lr"], betas=(0.9, 0.95), weight_decay=0.05)
-    ema = [p.detach().clone() for p in params] if recipe.get("ema_decay") else None
-    modules = {"model": model}
-    step, ema = resume(out, modules, opt, ema, device)
-    model.train()
     sides, null = model.scale_sizes, model.config.num_classes
 
     def next_scale_loss(batch_tokens: torch.Tensor, inputs: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
@@ -341,24 +333,17 @@ def train_next_scale(
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch_tokens.reshape(-1))
 
     loss_of = torch.compile(next_scale_loss) if compile else next_scale_loss
-    bar = tqdm(total=recipe["steps"], initial=step, desc=f"train {recipe_name}", unit="step")
-    while step < recipe["steps"]:
-        gen = step_generator(recipe["seed"], step)
+
+    def batch_loss(gen: torch.Generator) -> torch.Tensor:
         index = torch.randint(0, tokens.shape[0], (recipe["batch_size"],), generator=gen)
         dropped = torch.rand(len(index), generator=gen) < recipe["class_dropout_prob"]
         cond = torch.where(dropped, null, labels[index]).to(device)
         batch_tokens = tokens[index].to(device)
         with torch.no_grad():
             inputs = msvq.teacher_forcing_inputs(split_scales(batch_tokens, sides))
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, recipe)
-        loss = loss_of(batch_tokens, inputs, cond)
-        optimizer_step(loss, opt, params, ema, step, recipe)
-        step += 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        save_training_state(out, modules, opt, ema, step, loss, recipe, device)
-    bar.close()
+        return loss_of(batch_tokens, inputs, cond)
+
+    params, ema = fit(recipe_name, recipe, out, {"model": model}, device, batch_loss)
     return export_averaged(
         lambda **folder: export_ar(recipe_name, recipe, model, None, tokenizer, vq_config, out, family="var", **folder),
         ema,

@@ -133,3 +133,43 @@ def test_t2i_model_reads_its_caption():
 
         right, null, other = loss(captions), loss(captions, null=True), loss(captions[1:] + captions[:1])
     assert right < null - 0.02 and null < other - 0.05, (right, null, other)
+
+
+# -- the next-scale (VAR) pair: drafter and refiner on one multi-scale VQVAE ----------------------------
+
+VAR_PAIR = ["visar-tiny-var-c2i", "visar-tiny-var-c2i-refiner"]
+
+
+@pytest.mark.parametrize("name", VAR_PAIR)
+def test_var_pair_records_its_recipes_and_shares_the_multiscale_tokenizer(name):
+    from visar.apps.train_next_scale import MSVQ_RECIPES, NEXT_SCALE_RECIPES
+
+    config = json.loads((embedded_models()[name] / "config.json").read_text())
+    recipe = json.loads(json.dumps(NEXT_SCALE_RECIPES[name]))
+    assert config["family"] == "var" and config["model_args"] == recipe.pop("model_args")
+    assert config["defaults"] == recipe.pop("defaults")
+    assert {k: v for k, v in config["recipe"].items() if k != "name"} == recipe
+    assert config["tokenizer_recipe"]["name"] == "visar-tiny-msvq"
+    tokenizer_recipe = json.loads(json.dumps(MSVQ_RECIPES["visar-tiny-msvq"]))
+    assert {k: v for k, v in config["tokenizer_recipe"].items() if k != "name"} == tokenizer_recipe
+    pipe = visar.load(name, device="cpu")
+    out = pipe.generate(class_labels=[0, 13], output_type="np")
+    assert out.images.shape == (2, 64, 64, 3) and out.stats["forward_passes"] == 9
+
+
+def test_var_refiner_is_smaller_and_takes_over_from_the_drafter():
+    drafter, refiner = (visar.load(name, device="cpu") for name in VAR_PAIR)
+    count = lambda pipe: sum(p.numel() for p in pipe.model.parameters())  # noqa: E731
+    assert count(refiner) * 4 <= count(drafter)
+    out = drafter.generate(class_labels=[0, 13], method="code", draft=refiner, draft_scales=6, output_type="np")
+    assert out.images.shape == (2, 64, 64, 3) and out.stats["draft_forward_passes"] == 3
+
+
+@pytest.mark.slow
+def test_var_drafter_follows_its_class():
+    """The shipped drafter draws the class's shape and colour far above chance (2.5%); see
+    docs/MODELS.md for its figure on 500 images. 80 images, seeded: a pass or a failure repeats."""
+    from visar.eval.shapes_eval import evaluate_shapes
+
+    record = evaluate_shapes(visar.load("visar-tiny-var-c2i", device="cpu"), n=80, batch_size=40, progress=False)
+    assert record["accuracy"] >= 0.60

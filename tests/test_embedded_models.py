@@ -140,7 +140,7 @@ def test_t2i_model_reads_its_caption():
 VAR_PAIR = ["visar-tiny-var-c2i", "visar-tiny-var-c2i-refiner"]
 
 
-@pytest.mark.parametrize("name", VAR_PAIR)
+@pytest.mark.parametrize("name", [*VAR_PAIR, "visar-tiny-var-c2i-refiner-s6"])
 def test_var_pair_records_its_recipes_and_shares_the_multiscale_tokenizer(name):
     from visar.apps.train_next_scale import MSVQ_RECIPES, NEXT_SCALE_RECIPES
 

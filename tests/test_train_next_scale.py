@@ -20,6 +20,7 @@ from visar.apps.train import ship
 from visar.apps.train_next_scale import (
     MSVQ_RECIPES,
     quantize_for_training,
+    scored_cross_entropy,
     split_scales,
     train_msvq,
     train_next_scale,
@@ -139,3 +140,25 @@ def test_unknown_recipes(tmp_path, quick_msvq):
         train_msvq("visar-tiny-vq", tmp_path)
     with pytest.raises(VisarError, match="unknown recipe"):
         train_next_scale("visar-tiny-c2i", tmp_path, quick_msvq)
+
+
+def test_specialised_loss_scores_only_the_later_scales():
+    logits, tokens = torch.randn(2, 10, 5), torch.randint(0, 5, (2, 10))
+    changed = logits.clone()
+    changed[:, :4] += torch.randn(2, 4, 5)
+    assert scored_cross_entropy(changed, tokens, 4) == scored_cross_entropy(logits, tokens, 4)
+    assert scored_cross_entropy(changed, tokens, 0) != scored_cross_entropy(logits, tokens, 0)
+    changed[:, 4:] += 1.0 + torch.randn(2, 6, 5)
+    assert scored_cross_entropy(changed, tokens, 4) != scored_cross_entropy(logits, tokens, 4)
+
+
+def test_a_fine_tuning_recipe_starts_from_the_registered_model(tmp_path):
+    from visar.registry import WEIGHTS_DIR
+
+    quick = {**QUICK_VAR, "dataset_size": 16, "lr": 0.0}  # no step moves the weights: the export is the init
+    export = train_next_scale(
+        "visar-tiny-var-c2i-refiner-s6", tmp_path, WEIGHTS_DIR / "visar-tiny-msvq", steps=1, **quick
+    )
+    a = load_file(str(export / "model.safetensors"))
+    b = load_file(str(WEIGHTS_DIR / "visar-tiny-var-c2i-refiner" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -19,8 +19,9 @@ def add_parser(subparsers):
         "ZipAR-aware training), visar-tiny-c2i-causal (the same without it), "
         "visar-tiny-c2i-draft, visar-tiny-t2i; masked: visar-tiny-maskgit-c2i (a MaskGIT-style masked model); "
         "next-scale: visar-tiny-var-c2i (VAR, CoDe's drafter), visar-tiny-var-c2i-refiner (CoDe's refiner), "
-        "visar-tiny-var-c2i-refiner-s6 (the refiner fine-tuned on scales 6-8), on a visar-tiny-msvq tokenizer. `ship` copies an ar, masked or next-scale export into visar/weights/ "
-        "(the tokenizer into a shared folder named after its recipe).",
+        "visar-tiny-var-c2i-refiner-s6 (the refiner fine-tuned on scales 6-8), on a visar-tiny-msvq tokenizer. "
+        "`ship` copies an ar, masked or next-scale export into visar/weights/ (the tokenizer into a shared folder "
+        "named after its recipe).",
     )
     parser.add_argument(
         "what",

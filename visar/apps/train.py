@@ -390,51 +390,66 @@ def resolve_recipe(recipes: dict, name: str, overrides: dict) -> dict:
 def train_tokenizer(recipe_name: str, out: str | os.PathLike, **overrides) -> Path:
     """Train a VQ tokenizer by recipe; returns the export folder (tokenizer.json + safetensors)."""
     recipe = resolve_recipe(TOKENIZER_RECIPES, recipe_name, overrides)
-    out = prepare_out_dir(out)
     torch.manual_seed(recipe["seed"])
     vq = VQModel(VQConfig.from_dict(recipe["vq_args"]))
-    opt = torch.optim.Adam(vq.parameters(), lr=recipe["lr"], betas=(0.5, 0.9))
-    step = 0
-    state = load_checkpoint(out / "checkpoint.pt")  # all randomness below is keyed to (seed, step)
-    usage = torch.zeros(vq.vocab_size)  # code counts since the last dead-code restart
+
+    def forward(images: torch.Tensor):
+        pre = vq.pre_quant(images)
+        z_q, codes, losses = vq.quantize(pre)
+        recon = vq.decode_latents(z_q)
+        loss = F.mse_loss(recon, images) + 0.5 * F.l1_loss(recon, images) + losses["codebook"] + losses["commit"]
+        return loss, recon, codes.flatten(), pre
+
+    return fit_tokenizer(
+        recipe_name, recipe, out, vq, recipe["vq_args"], forward, restart_dead_codes, evaluate_tokenizer
+    )
+
+
+def fit_tokenizer(recipe_name: str, recipe: dict, out, tokenizer, vq_args: dict, forward, restart, evaluate) -> Path:
+    """The tokenizers' training loop (visar-tiny-vq, visar-tiny-msvq): Adam (0.5, 0.9) at the recipe's
+    schedule on training renders (random crops when the recipe has `crop`), gradient clipping,
+    dead-code restarts every `dead_code_every` steps, checkpoints and resume; then the held-out
+    metrics and the fp16 export. forward(images) -> (loss, reconstruction, the codes used [N],
+    the latents restarts draw from). All randomness is keyed to (seed, step)."""
+    out = prepare_out_dir(out)
+    opt = torch.optim.Adam(tokenizer.parameters(), lr=recipe["lr"], betas=(0.5, 0.9))
+    step, usage = 0, torch.zeros(tokenizer.vocab_size)  # code counts since the last dead-code restart
+    state = load_checkpoint(out / "checkpoint.pt")
     if state is not None:
-        vq.load_state_dict(state["model"])
+        tokenizer.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, usage = state["step"], state["usage"]
     bar = tqdm(total=recipe["steps"], initial=step, desc=f"train {recipe_name}", unit="step")
-    vq.train()
+    tokenizer.train()
     while step < recipe["steps"]:
         gen = step_generator(recipe["seed"], step)
         first = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
         images = images_to_tensor([training_renders(recipe["seed"], first + i)[0] for i in range(recipe["batch_size"])])
-        images = random_crops(images, recipe["crop"], gen)
+        if recipe.get("crop"):
+            images = random_crops(images, recipe["crop"], gen)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, recipe)
-        pre = vq.pre_quant(images)
-        z_q, codes, losses = vq.quantize(pre)
-        recon = vq.decode_latents(z_q)
-        rec_loss = F.mse_loss(recon, images) + 0.5 * F.l1_loss(recon, images)
-        loss = rec_loss + losses["codebook"] + losses["commit"]
+        loss, recon, codes, latents = forward(images)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(vq.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(tokenizer.parameters(), 1.0)
         opt.step()
-        usage += torch.bincount(codes.flatten(), minlength=vq.vocab_size)
+        usage += torch.bincount(codes, minlength=tokenizer.vocab_size)
         step += 1
         if step % recipe["dead_code_every"] == 0:
-            restart_dead_codes(vq, usage, pre.detach(), gen)
+            restart(tokenizer, usage, latents.detach(), gen)
             usage.zero_()
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.4f}", psnr=f"{psnr(recon.detach(), images):.1f}")
         if step % recipe["checkpoint_every"] == 0 or step == recipe["steps"]:
-            state = {"model": vq.state_dict(), "optimizer": opt.state_dict(), "step": step, "usage": usage}
+            state = {"model": tokenizer.state_dict(), "optimizer": opt.state_dict(), "step": step, "usage": usage}
             save_checkpoint(out / "checkpoint.pt", state)
     bar.close()
-    metrics = evaluate_tokenizer(vq, n=recipe["eval_images"])
+    metrics = evaluate(tokenizer, n=recipe["eval_images"])
     export = prepare_out_dir(out / "export")
-    export_fp16(vq, export / "tokenizer.safetensors")
-    config = {"vq_args": recipe["vq_args"], "recipe": {"name": recipe_name, **recipe}, "metrics": metrics}
-    (export / "tokenizer.json").write_text(json.dumps(config, indent=1))
+    export_fp16(tokenizer, export / "tokenizer.safetensors")
+    record = {"vq_args": vq_args, "recipe": {"name": recipe_name, **recipe}, "metrics": metrics}
+    (export / "tokenizer.json").write_text(json.dumps(record, indent=1))
     print(f"{recipe_name}: held-out PSNR {metrics['psnr_db']:.2f} dB, codebook usage {metrics['codebook_usage']:.1%}")
     return export
 
@@ -477,13 +492,15 @@ def caption_vocabulary() -> tuple[str, ...]:
     return (PAD, UNK, *sorted(words))
 
 
-def load_tokenizer_export(path: str | os.PathLike) -> tuple[VQModel, dict]:
+def load_tokenizer_export(path: str | os.PathLike, build=None) -> tuple[torch.nn.Module, dict]:
+    """A tokenizer export folder (tokenizer.json + tokenizer.safetensors) -> (the tokenizer, its record).
+    build(vq_args) makes the module; default LlamaGen's VQ (visar-tiny-vq)."""
     from ..checkpoints import load_strict, read_state_dict
 
     path = Path(path)
     folder = path if path.is_dir() else path.parent
     config = json.loads((folder / "tokenizer.json").read_text())
-    vq = VQModel(VQConfig.from_dict(config["vq_args"]))
+    vq = build(config["vq_args"]) if build else VQModel(VQConfig.from_dict(config["vq_args"]))
     load_strict(vq, read_state_dict(folder / "tokenizer.safetensors"), source=str(folder))
     return vq.float().eval(), config
 

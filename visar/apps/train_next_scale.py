@@ -15,7 +15,6 @@ straight-through estimator into the decoder; the reconstruction loss is visar-ti
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -24,7 +23,6 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..checkpoints import load_strict, read_state_dict
 from ..data.shapes import CLASS_RENDER_EASY, class_render_options
 from ..errors import VisarError
 from ..models.var import VAR, VARConfig
@@ -32,16 +30,12 @@ from ..tokenizers.msvq import MSVQConfig, MultiScaleVQVAE
 from .train import (
     export_ar,
     export_averaged,
-    export_fp16,
     fit,
+    fit_tokenizer,
     images_to_tensor,
-    load_checkpoint,
-    lr_at,
+    load_tokenizer_export,
     prepare_out_dir,
-    psnr,
     resolve_recipe,
-    save_checkpoint,
-    step_generator,
     training_renders,
 )
 
@@ -191,61 +185,20 @@ def restart_dead_msvq_codes(msvq: MultiScaleVQVAE, usage: torch.Tensor, f: torch
 def train_msvq(recipe_name: str, out: str | os.PathLike, **overrides) -> Path:
     """Train VAR's multi-scale VQVAE by recipe; returns the export folder (tokenizer.json + safetensors)."""
     recipe = resolve_recipe(MSVQ_RECIPES, recipe_name, overrides)
-    out = prepare_out_dir(out)
     torch.manual_seed(recipe["seed"])
     config = MSVQConfig.from_dict(recipe["vq_args"])
     msvq = MultiScaleVQVAE(config)
-    opt = torch.optim.Adam(msvq.parameters(), lr=recipe["lr"], betas=(0.5, 0.9))
-    step, usage = 0, torch.zeros(config.vocab_size)  # code counts since the last dead-code restart
-    state = load_checkpoint(out / "checkpoint.pt")
-    if state is not None:
-        msvq.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step, usage = state["step"], state["usage"]
-    bar = tqdm(total=recipe["steps"], initial=step, desc=f"train {recipe_name}", unit="step")
-    msvq.train()
-    while step < recipe["steps"]:
-        gen = step_generator(recipe["seed"], step)
-        first = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
-        images = images_to_tensor([training_renders(recipe["seed"], first + i)[0] for i in range(recipe["batch_size"])])
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, recipe)
+
+    def forward(images: torch.Tensor):
         f = msvq.pre_quant(images)
         f_hat, scale_tokens, vq_loss = quantize_for_training(msvq, f, config.beta)
         recon = msvq.decoder(msvq.post_quant_conv(f_hat))
         loss = F.mse_loss(recon, images) + 0.5 * F.l1_loss(recon, images) + vq_loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(msvq.parameters(), 1.0)
-        opt.step()
-        for tokens in scale_tokens:
-            usage += torch.bincount(tokens.flatten(), minlength=config.vocab_size)
-        step += 1
-        if step % recipe["dead_code_every"] == 0:
-            restart_dead_msvq_codes(msvq, usage, f.detach(), gen)
-            usage.zero_()
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.4f}", psnr=f"{psnr(recon.detach(), images):.1f}")
-        if step % recipe["checkpoint_every"] == 0 or step == recipe["steps"]:
-            state = {"model": msvq.state_dict(), "optimizer": opt.state_dict(), "step": step, "usage": usage}
-            save_checkpoint(out / "checkpoint.pt", state)
-    bar.close()
-    metrics = evaluate_msvq(msvq, n=recipe["eval_images"])
-    export = prepare_out_dir(out / "export")
-    export_fp16(msvq, export / "tokenizer.safetensors")
-    record = {"vq_args": config.to_dict(), "recipe": {"name": recipe_name, **recipe}, "metrics": metrics}
-    (export / "tokenizer.json").write_text(json.dumps(record, indent=1))
-    print(f"{recipe_name}: held-out PSNR {metrics['psnr_db']:.2f} dB, codebook usage {metrics['codebook_usage']:.1%}")
-    return export
+        return loss, recon, torch.cat([tokens.flatten() for tokens in scale_tokens]), f
 
-
-def load_msvq_export(path: str | os.PathLike) -> tuple[MultiScaleVQVAE, dict]:
-    path = Path(path)
-    folder = path if path.is_dir() else path.parent
-    config = json.loads((folder / "tokenizer.json").read_text())
-    msvq = MultiScaleVQVAE(MSVQConfig.from_dict(config["vq_args"]))
-    load_strict(msvq, read_state_dict(folder / "tokenizer.safetensors"), source=str(folder))
-    return msvq.float().eval(), config
+    return fit_tokenizer(
+        recipe_name, recipe, out, msvq, config.to_dict(), forward, restart_dead_msvq_codes, evaluate_msvq
+    )
 
 
 # -- the VAR transformers ------------------------------------------------------------------------
@@ -336,7 +289,7 @@ def train_next_scale(
     recipe = resolve_recipe(NEXT_SCALE_RECIPES, recipe_name, overrides)
     out = prepare_out_dir(out)
     device = torch.device(device)
-    msvq, vq_config = load_msvq_export(tokenizer)
+    msvq, vq_config = load_tokenizer_export(tokenizer, lambda args: MultiScaleVQVAE(MSVQConfig.from_dict(args)))
     msvq.to(device)
     data = build_scale_dataset(recipe, msvq, out / "dataset.npz", device)
     tokens = torch.from_numpy(data["tokens"].astype(np.int64))

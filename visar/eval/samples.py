@@ -117,11 +117,21 @@ def one_cpu_thread(on: bool = True):
             torch.set_num_threads(threads)
 
 
-def decode_alone(pipe, tokens: torch.Tensor) -> np.ndarray:
-    """One image's tokens [h, w] -> uint8 [H, W, 3], decoded alone (on CPU on one thread, see above)."""
+def per_image(tokens) -> list:
+    """A batch's tokens -> one entry per image: [h, w] (or a latent), or for a next-scale model the
+    list of its [pn, pn] maps (a batch's tokens are then a list of [B, pn, pn], one per scale)."""
+    if isinstance(tokens, (list, tuple)):
+        return [list(maps) for maps in zip(*tokens, strict=True)]
+    return list(tokens)
+
+
+def decode_alone(pipe, tokens) -> np.ndarray:
+    """One image's tokens (an entry of `per_image`) -> uint8 [H, W, 3], decoded alone (on CPU on one
+    thread, see above)."""
     on_cpu = pipe.tokenizer is not None and next(pipe.tokenizer.parameters()).device.type == "cpu"
+    batch = [t[None] for t in tokens] if isinstance(tokens, list) else tokens[None]
     with one_cpu_thread(on_cpu):
-        return pipe.to_output(pipe.decode(tokens[None]), "np")[0]
+        return pipe.to_output(pipe.decode(batch), "np")[0]
 
 
 def _batches(jobs: list[SampleJob], size: int) -> Iterator[list[SampleJob]]:
@@ -166,7 +176,7 @@ def generate_missing(
                 **generate_kwargs,
             )
             start = time.perf_counter()
-            for i, (job, tokens) in enumerate(zip(chunk, out.tokens, strict=True)):
+            for i, (job, tokens) in enumerate(zip(chunk, per_image(out.tokens), strict=True)):
                 job.path.parent.mkdir(parents=True, exist_ok=True)
                 save_png(decode_alone(pipe, tokens), job.path)
                 if on_image is not None:

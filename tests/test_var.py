@@ -439,3 +439,26 @@ def test_batch_generation_decodes_each_next_scale_image_alone(pair, tmp_path):
         expected = drafter.generate(class_labels=[job.condition], seed=job.seed, method="code", draft=refiner,
                                     draft_scales=2, output_type="np").images[0]  # fmt: skip
         assert np.array_equal(np.asarray(Image.open(job.path).convert("RGB")), expected)
+
+
+def test_demo_compares_a_next_scale_model_and_draws_its_scales():
+    """The demo's comparison on the shipped VAR drafter: the reference side is `var`, the refiner is
+    offered by name, and the heatmap shows one map per scale (one pass each)."""
+    from visar.apps.demo import ModelCache, commit_heatmap, compare, default_options, method_choices, tokens_per_pass
+
+    cache = ModelCache(device="cpu")
+    pipe = cache.get("visar-tiny-var-c2i")
+    assert method_choices(pipe) == ["var", "code", "var-prune"]
+    texts = default_options("code", "visar-tiny-var-c2i")
+    assert texts["draft"] == "visar-tiny-var-c2i-refiner"
+    fields = [texts.get(name, "") for name in ("draft", "draft_scales", "keep_fraction", "prune_scales")]
+    *_, summary, heatmap, commit_pass, stats = compare(
+        cache, "visar-tiny-var-c2i", "red circle", "", "code", 0, 3.0, 1.0, 0, 1.0, fields + [""] * 7
+    )
+    assert stats["ar"]["method"] == "var" and stats["method"]["forward_passes"] == 9
+    assert "| var | code |" in summary
+    per_pass = tokens_per_pass(commit_pass)  # what the page's bar plot shows
+    assert list(per_pass["tokens committed"]) == [side * side for side in pipe.model.scale_sizes]
+    assert heatmap.size[1] == 16 * 16 + 34  # the last scale sets the height: 16 cells of 16 px
+    picture = commit_heatmap([torch.full((s, s), k + 1) for k, s in enumerate((1, 2, 3))])
+    assert picture.size[0] > picture.size[1] - 34  # the scales side by side, over the colour bar

@@ -4,8 +4,8 @@ One click samples the chosen class or prompt twice, with `ar` and with the chose
 image from one `torch.Generator` seeded with the seed, and shows both images, their forward
 passes, step compression (image tokens / forward passes), wall time, the measured speed-up and
 whether the method is lossless at these options; then how the method decoded: a heatmap over
-the token grid of the forward pass that committed each token (`stats["commit_pass"]`) and the
-tokens committed per pass.
+the token grid of the forward pass that committed each token (`stats["commit_pass"]`; for a
+next-scale model every scale's map, side by side) and the tokens committed per pass.
 
 Sessions share nothing but the loaded models (one per name and device, never changed after
 loading). A model keeps its KV cache between the forward passes of one generation, so the
@@ -105,8 +105,9 @@ def default_options(method_name: str, model_name: str) -> dict[str, str]:
     for name, value in method.defaults.items():
         texts[name] = "" if value is None else json.dumps(value)
     if method.needs_draft and not texts.get("draft"):
-        draft = f"{resolve_name(model_name or DEFAULT_MODEL)}-draft"
-        texts["draft"] = draft if draft in embedded_models() else ""
+        # an embedded companion by name: MODEL-draft (raster), MODEL-refiner (CoDe's refiner)
+        base = resolve_name(model_name or DEFAULT_MODEL)
+        texts["draft"] = next((n for n in (f"{base}-draft", f"{base}-refiner") if n in embedded_models()), "")
     return texts
 
 
@@ -143,24 +144,31 @@ def colour(fraction: float) -> tuple[int, int, int]:
     return tuple(round(a + (b - a) * t) for a, b in zip(VIRIDIS[low], VIRIDIS[low + 1], strict=True))
 
 
-def commit_heatmap(commit_pass: torch.Tensor) -> Image.Image:
-    """commit_pass [h, w] (1-based passes) -> a picture: one cell per token, coloured by the pass that
-    committed it (dark: early, yellow: late), over a colour bar from pass 1 to the last."""
-    grid = commit_pass.long().cpu()
-    rows, cols = grid.shape
-    last = int(grid.max())
-    cell = max(4, math.ceil(DISPLAY_PX / max(rows, cols)))
+def commit_heatmap(commit_pass) -> Image.Image:
+    """commit_pass [h, w] (1-based passes), or a next-scale model's list of [pn, pn] maps (one per
+    scale) -> a picture: one cell per token, coloured by the pass that committed it (dark: early,
+    yellow: late), the scales side by side, over a colour bar from pass 1 to the last."""
+    grids = [g.long().cpu() for g in (commit_pass if isinstance(commit_pass, (list, tuple)) else [commit_pass])]
+    rows = max(g.shape[0] for g in grids)
+    last = max(int(g.max()) for g in grids)
+    cell = max(4, math.ceil(DISPLAY_PX / max(rows, grids[-1].shape[1])))
     try:
         font = ImageFont.load_default(size=12)
     except TypeError:  # Pillow < 10.1: one fixed-size bitmap font
         font = ImageFont.load_default()
-    width, bar = cols * cell, 34
+    gap, bar = (6 if len(grids) > 1 else 0), 34
+    width = sum(g.shape[1] * cell for g in grids) + gap * (len(grids) - 1)
     picture = Image.new("RGB", (width, rows * cell + bar), "white")
     draw = ImageDraw.Draw(picture)
     palette = [colour((p - 1) / max(last - 1, 1)) for p in range(last + 1)]
-    for r in range(rows):
-        for c in range(cols):
-            draw.rectangle((c * cell, r * cell, (c + 1) * cell - 1, (r + 1) * cell - 1), fill=palette[int(grid[r, c])])
+    left = 0
+    for grid in grids:
+        top = (rows - grid.shape[0]) * cell  # scales stand on a common baseline
+        for r in range(grid.shape[0]):
+            for c in range(grid.shape[1]):
+                x, y = left + c * cell, top + r * cell
+                draw.rectangle((x, y, x + cell - 1, y + cell - 1), fill=palette[int(grid[r, c])])
+        left += grid.shape[1] * cell + gap
     y = rows * cell + 6
     for x in range(width):
         draw.line((x, y, x, y + 8), fill=colour(x / max(width - 1, 1)))
@@ -170,10 +178,13 @@ def commit_heatmap(commit_pass: torch.Tensor) -> Image.Image:
     return picture
 
 
-def tokens_per_pass(commit_pass: torch.Tensor):
-    """A table (pandas) of the tokens committed at each forward pass 1..P, for the bar plot."""
+def tokens_per_pass(commit_pass):
+    """A table (pandas) of the tokens committed at each forward pass 1..P, for the bar plot (a
+    next-scale model's list of maps counts every scale's tokens)."""
     import pandas as pd
 
+    if isinstance(commit_pass, (list, tuple)):
+        commit_pass = torch.cat([g.reshape(-1) for g in commit_pass])
     counts = torch.bincount(commit_pass.reshape(-1).long().cpu())[1:]
     return pd.DataFrame({"forward pass": list(range(1, len(counts) + 1)), "tokens committed": counts.tolist()})
 
@@ -218,6 +229,13 @@ def condition_of(pipe, class_value, prompt) -> dict:
     return {"prompts": [str(prompt).strip()]}
 
 
+def first_image(commit_pass):
+    """The batch's first image's commit passes: [h, w], or one [pn, pn] map per scale."""
+    if isinstance(commit_pass, (list, tuple)):
+        return [g[0] for g in commit_pass]
+    return commit_pass[0]
+
+
 def run_side(pipe, method: str, seed: int, condition: dict, sampling: dict, options: dict) -> dict:
     start = time.perf_counter()
     out = pipe.generate(
@@ -232,7 +250,7 @@ def run_side(pipe, method: str, seed: int, condition: dict, sampling: dict, opti
     passes = out.stats["forward_passes_per_image"][0]
     return {
         "image": out.images[0],
-        "commit_pass": out.stats["commit_pass"][0],
+        "commit_pass": first_image(out.stats["commit_pass"]),
         "summary": {
             "method": method,
             "forward_passes": passes,

@@ -29,6 +29,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from ..accel import METHODS, get_method, reference_method
 from ..errors import VisarError, require
+from ..eval.samples import per_image
 from ..registry import DEFAULT_MODEL, embedded_models, resolve_name
 
 log = logging.getLogger("visar.demo")
@@ -229,13 +230,6 @@ def condition_of(pipe, class_value, prompt) -> dict:
     return {"prompts": [str(prompt).strip()]}
 
 
-def first_image(commit_pass):
-    """The batch's first image's commit passes: [h, w], or one [pn, pn] map per scale."""
-    if isinstance(commit_pass, (list, tuple)):
-        return [g[0] for g in commit_pass]
-    return commit_pass[0]
-
-
 def run_side(pipe, method: str, seed: int, condition: dict, sampling: dict, options: dict) -> dict:
     start = time.perf_counter()
     out = pipe.generate(
@@ -250,7 +244,7 @@ def run_side(pipe, method: str, seed: int, condition: dict, sampling: dict, opti
     passes = out.stats["forward_passes_per_image"][0]
     return {
         "image": out.images[0],
-        "commit_pass": first_image(out.stats["commit_pass"]),
+        "commit_pass": per_image(out.stats["commit_pass"])[0],  # [h, w], or one map per scale
         "summary": {
             "method": method,
             "forward_passes": passes,

@@ -363,17 +363,26 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def evaluate_tokenizer(vq: VQModel, n: int = 512, seed: int = 999) -> dict:
-    """Held-out reconstruction PSNR and codebook usage (renders from a seed no recipe trains on)."""
-    vq.eval()
-    total_mse, used = 0.0, torch.zeros(vq.vocab_size, dtype=torch.bool)
+def evaluate_tokenizer(tokenizer, n: int = 512, seed: int = 999) -> dict:
+    """Held-out reconstruction PSNR and codebook usage (renders from a seed no recipe trains on); a
+    multi-scale tokenizer's codes are a list of maps, its usage counts every scale."""
+    tokenizer.eval()
+    total_mse, used = 0.0, torch.zeros(tokenizer.vocab_size, dtype=torch.bool)
     for start in range(0, n, 64):
         images = images_to_tensor([training_renders(seed, i)[0] for i in range(start, min(n, start + 64))])
-        codes = vq.encode(images)
-        total_mse += F.mse_loss(vq.decode(codes).clamp(-1, 1), images, reduction="sum").item()
-        used[codes.unique()] = True
+        codes = tokenizer.encode(images)
+        total_mse += F.mse_loss(tokenizer.decode(codes).clamp(-1, 1), images, reduction="sum").item()
+        used[flat_codes(codes, len(images)).unique()] = True
     mse = total_mse / (n * 3 * 64 * 64)
     return {"psnr_db": 10 * math.log10(4 / mse), "codebook_usage": used.float().mean().item(), "n_images": n}
+
+
+def flat_codes(codes, count: int) -> torch.Tensor:
+    """A batch's codes -> [count, L]: a grid [count, h, w], or a multi-scale tokenizer's maps
+    [count, pn, pn] one after the other, coarsest first (the next-scale models' token order)."""
+    if isinstance(codes, (list, tuple)):
+        return torch.cat([c.reshape(count, -1) for c in codes], 1)
+    return codes.reshape(count, -1)
 
 
 def resolve_recipe(recipes: dict, name: str, overrides: dict) -> dict:
@@ -400,12 +409,10 @@ def train_tokenizer(recipe_name: str, out: str | os.PathLike, **overrides) -> Pa
         loss = F.mse_loss(recon, images) + 0.5 * F.l1_loss(recon, images) + losses["codebook"] + losses["commit"]
         return loss, recon, codes.flatten(), pre
 
-    return fit_tokenizer(
-        recipe_name, recipe, out, vq, recipe["vq_args"], forward, restart_dead_codes, evaluate_tokenizer
-    )
+    return fit_tokenizer(recipe_name, recipe, out, vq, recipe["vq_args"], forward)
 
 
-def fit_tokenizer(recipe_name: str, recipe: dict, out, tokenizer, vq_args: dict, forward, restart, evaluate) -> Path:
+def fit_tokenizer(recipe_name: str, recipe: dict, out, tokenizer, vq_args: dict, forward) -> Path:
     """The tokenizers' training loop (visar-tiny-vq, visar-tiny-msvq): Adam (0.5, 0.9) at the recipe's
     schedule on training renders (random crops when the recipe has `crop`), gradient clipping,
     dead-code restarts every `dead_code_every` steps, checkpoints and resume; then the held-out
@@ -437,7 +444,7 @@ def fit_tokenizer(recipe_name: str, recipe: dict, out, tokenizer, vq_args: dict,
         usage += torch.bincount(codes, minlength=tokenizer.vocab_size)
         step += 1
         if step % recipe["dead_code_every"] == 0:
-            restart(tokenizer, usage, latents.detach(), gen)
+            restart_dead_codes(tokenizer, usage, latents.detach(), gen)
             usage.zero_()
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.4f}", psnr=f"{psnr(recon.detach(), images):.1f}")
@@ -445,7 +452,7 @@ def fit_tokenizer(recipe_name: str, recipe: dict, out, tokenizer, vq_args: dict,
             state = {"model": tokenizer.state_dict(), "optimizer": opt.state_dict(), "step": step, "usage": usage}
             save_checkpoint(out / "checkpoint.pt", state)
     bar.close()
-    metrics = evaluate(tokenizer, n=recipe["eval_images"])
+    metrics = evaluate_tokenizer(tokenizer, n=recipe["eval_images"])
     export = prepare_out_dir(out / "export")
     export_fp16(tokenizer, export / "tokenizer.safetensors")
     record = {"vq_args": vq_args, "recipe": {"name": recipe_name, **recipe}, "metrics": metrics}
@@ -464,19 +471,20 @@ def random_crops(images: torch.Tensor, size: int, gen: torch.Generator) -> torch
 
 
 @torch.no_grad()
-def restart_dead_codes(vq: VQModel, usage: torch.Tensor, pre_quant: torch.Tensor, gen: torch.Generator):
+def restart_dead_codes(tokenizer, usage: torch.Tensor, pre_quant: torch.Tensor, gen: torch.Generator):
     """Re-seed codes unused since the last restart with random encoder outputs of this batch.
 
     Keeps the codebook in use (LlamaGen's recipe relies on long training instead; we have minutes).
+    Both tokenizers keep their codebook in `quantize.embedding`; LlamaGen's may L2-normalise it.
     """
     dead = (usage == 0).nonzero().flatten()
     if dead.numel() == 0:
         return
     vectors = pre_quant.permute(0, 2, 3, 1).reshape(-1, pre_quant.shape[1])
-    if vq.config.codebook_l2_norm:
+    if getattr(tokenizer.config, "codebook_l2_norm", False):
         vectors = F.normalize(vectors, dim=-1)
     picks = torch.randint(0, vectors.shape[0], (dead.numel(),), generator=gen)
-    vq.quantize.embedding.weight.data[dead] = vectors[picks] + 0.01 * torch.randn(
+    tokenizer.quantize.embedding.weight.data[dead] = vectors[picks] + 0.01 * torch.randn(
         dead.numel(), vectors.shape[1], generator=gen
     )
 
@@ -506,15 +514,16 @@ def load_tokenizer_export(path: str | os.PathLike, build=None) -> tuple[torch.nn
 
 
 @torch.no_grad()
-def build_token_dataset(recipe: dict, vq: VQModel, cache: Path, device: str | torch.device = "cpu") -> dict:
-    """Render and tokenize the recipe's dataset once; cached in OUT/dataset.npz for later runs."""
+def build_token_dataset(recipe: dict, vq, cache: Path, device: str | torch.device = "cpu") -> dict:
+    """Render and tokenize the recipe's dataset once; cached in OUT/dataset.npz for later runs.
+    tokens [n, L]: the grid in raster order, or a multi-scale tokenizer's maps coarsest first."""
     from ..data.shapes import NUM_CLASSES, render_caption_sample, render_class
 
     n, seed = recipe["dataset_size"], recipe["data_seed"]
     class_render = class_render_options(recipe)
     if cache.exists():
         return dict(np.load(cache, allow_pickle=False))
-    tokens = np.zeros((n, 256), dtype=np.int16)
+    chunks = []
     labels = np.zeros(n, dtype=np.int64)
     captions = []
     for start in tqdm(range(0, n, 256), desc="tokenize dataset", unit="chunk"):
@@ -528,8 +537,8 @@ def build_token_dataset(recipe: dict, vq: VQModel, cache: Path, device: str | to
                 captions.append(sample.caption)
                 images.append(sample.image)
         codes = vq.encode(images_to_tensor(images).to(device))
-        tokens[start : start + len(images)] = codes.reshape(len(images), -1).cpu().numpy()
-    data = {"tokens": tokens, "labels": labels}
+        chunks.append(flat_codes(codes, len(images)).cpu().numpy().astype(np.int16))
+    data = {"tokens": np.concatenate(chunks), "labels": labels}
     if captions:
         data["captions"] = np.array(captions)
     np.savez(cache, **data)

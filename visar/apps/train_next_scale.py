@@ -21,22 +21,20 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
-from ..data.shapes import CLASS_RENDER_EASY, class_render_options
+from ..data.shapes import CLASS_RENDER_EASY
 from ..errors import VisarError
 from ..models.var import VAR, VARConfig
 from ..tokenizers.msvq import MSVQConfig, MultiScaleVQVAE
 from .train import (
+    build_token_dataset,
     export_ar,
     export_averaged,
     fit,
     fit_tokenizer,
-    images_to_tensor,
     load_tokenizer_export,
     prepare_out_dir,
     resolve_recipe,
-    training_renders,
 )
 
 # The issue's schedule for 64 px images: 9 scales ending at the 16 x 16 map, 655 tokens per image.
@@ -154,34 +152,6 @@ def quantize_for_training(msvq: MultiScaleVQVAE, f: torch.Tensor, beta: float):
     return straight_through, scale_tokens, loss / len(sides)
 
 
-@torch.no_grad()
-def evaluate_msvq(msvq: MultiScaleVQVAE, n: int = 512, seed: int = 999) -> dict:
-    """Held-out reconstruction PSNR and codebook usage over all scales (renders no recipe trains on)."""
-    msvq.eval()
-    total_mse, used = 0.0, torch.zeros(msvq.vocab_size, dtype=torch.bool)
-    for start in range(0, n, 64):
-        images = images_to_tensor([training_renders(seed, i)[0] for i in range(start, min(n, start + 64))])
-        scale_tokens = msvq.encode(images)
-        total_mse += F.mse_loss(msvq.decode(scale_tokens), images, reduction="sum").item()
-        for tokens in scale_tokens:
-            used[tokens.unique()] = True
-    mse = total_mse / (n * images[0].numel())
-    return {"psnr_db": 10 * np.log10(4 / mse), "codebook_usage": used.float().mean().item(), "n_images": n}
-
-
-@torch.no_grad()
-def restart_dead_msvq_codes(msvq: MultiScaleVQVAE, usage: torch.Tensor, f: torch.Tensor, gen: torch.Generator):
-    """Re-seed codes unused since the last restart with encoder outputs of this batch (as train.py does
-    for visar-tiny-vq: minutes of training do not keep a codebook in use by themselves)."""
-    dead = (usage == 0).nonzero().flatten()
-    if dead.numel() == 0:
-        return
-    vectors = f.permute(0, 2, 3, 1).reshape(-1, f.shape[1])
-    picks = torch.randint(0, vectors.shape[0], (dead.numel(),), generator=gen)
-    noise = 0.01 * torch.randn(dead.numel(), vectors.shape[1], generator=gen)
-    msvq.quantize.embedding.weight.data[dead] = vectors[picks] + noise
-
-
 def train_msvq(recipe_name: str, out: str | os.PathLike, **overrides) -> Path:
     """Train VAR's multi-scale VQVAE by recipe; returns the export folder (tokenizer.json + safetensors)."""
     recipe = resolve_recipe(MSVQ_RECIPES, recipe_name, overrides)
@@ -196,33 +166,10 @@ def train_msvq(recipe_name: str, out: str | os.PathLike, **overrides) -> Path:
         loss = F.mse_loss(recon, images) + 0.5 * F.l1_loss(recon, images) + vq_loss
         return loss, recon, torch.cat([tokens.flatten() for tokens in scale_tokens]), f
 
-    return fit_tokenizer(
-        recipe_name, recipe, out, msvq, config.to_dict(), forward, restart_dead_msvq_codes, evaluate_msvq
-    )
+    return fit_tokenizer(recipe_name, recipe, out, msvq, config.to_dict(), forward)
 
 
 # -- the VAR transformers ------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def build_scale_dataset(recipe: dict, msvq: MultiScaleVQVAE, cache: Path, device) -> dict:
-    """Render and tokenize the recipe's class renders once -> tokens [n, 655] (every scale, flattened in
-    order) and labels; cached in OUT/dataset.npz (the drafter's and the refiner's runs can share it)."""
-    from ..data.shapes import NUM_CLASSES, render_class
-
-    if cache.exists():
-        return dict(np.load(cache, allow_pickle=False))
-    n, seed, render = recipe["dataset_size"], recipe["data_seed"], class_render_options(recipe)
-    length = sum(side * side for side in msvq.scale_sizes)
-    tokens, labels = np.zeros((n, length), dtype=np.int16), np.arange(n) % NUM_CLASSES
-    for start in tqdm(range(0, n, 256), desc="tokenize dataset", unit="chunk"):
-        stop = min(n, start + 256)
-        images = [render_class(int(labels[i]), seed * 10_000_019 + i, **render).image for i in range(start, stop)]
-        scale_tokens = msvq.encode(images_to_tensor(images).to(device))
-        tokens[start:stop] = torch.cat([t.flatten(1) for t in scale_tokens], 1).cpu().numpy()
-    data = {"tokens": tokens, "labels": labels}
-    np.savez(cache, **data)
-    return data
 
 
 def split_scales(flat: torch.Tensor, sides: tuple[int, ...]) -> list[torch.Tensor]:
@@ -291,7 +238,7 @@ def train_next_scale(
     device = torch.device(device)
     msvq, vq_config = load_tokenizer_export(tokenizer, lambda args: MultiScaleVQVAE(MSVQConfig.from_dict(args)))
     msvq.to(device)
-    data = build_scale_dataset(recipe, msvq, out / "dataset.npz", device)
+    data = build_token_dataset(recipe, msvq, out / "dataset.npz", device)
     tokens = torch.from_numpy(data["tokens"].astype(np.int64))
     labels = torch.from_numpy(data["labels"])
     torch.manual_seed(recipe["seed"])

@@ -200,10 +200,9 @@ def speed_row(pipe, name: str, options: dict, conds: list, batch_size: int) -> d
         with PeakMemory(pipe.device) as memory:
             run_images(pipe, name, conds[:batch_size], batch_size, options, "tokens")
     latency = sum(o.stats["latency_s"] for o in outs)
-    # forward_passes_per_image has one entry per image of the batch (next-scale tokens are a list of maps)
-    per_image_passes = sum(o.stats["forward_passes"] * len(o.stats["forward_passes_per_image"]) for o in outs) / len(
-        conds
-    )
+    # each batch's passes times its images, counted from the stats (next-scale tokens are a list of maps)
+    batch_images = [len(o.stats["forward_passes_per_image"]) for o in outs]
+    per_image_passes = sum(o.stats["forward_passes"] * b for o, b in zip(outs, batch_images, strict=True)) / len(conds)
     return {
         "method": name,
         "lossless": all(o.stats["lossless"] for o in outs),  # at these options (gsd group_size=1 is exact)

@@ -9,7 +9,8 @@ from safetensors.torch import load_file
 
 import visar
 from visar.accel.mar import BatchNoise, denoise, sample_tokens
-from visar.models.base import DiffusionSchedule, diffusion_step
+from visar.families import FAMILIES
+from visar.models.base import DiffusionSchedule, diffusion_step, respaced_timesteps
 from visar.models.mar import MAR, MARConfig, preset_config
 from visar.tokenizers.kl import KL16, AutoencoderKL
 
@@ -64,6 +65,18 @@ def test_diffusion_schedules_match():
         schedule = DiffusionSchedule.cosine(int(steps))
         assert list(schedule.timestep_map) == expected["timestep_map"]
         assert torch.equal(torch.from_numpy(schedule.betas), torch.tensor(expected["betas"], dtype=torch.float64))
+
+
+def test_respacing_strings_as_upstream_reads_them():
+    """guided-diffusion's space_timesteps (MAR's copy): "N" as N, sections, and the DDIM stride."""
+    assert respaced_timesteps(1000, "100") == respaced_timesteps(1000, 100)
+    assert respaced_timesteps(1000, "ddim25") == list(range(0, 1000, 40))
+    # two sections of 10 steps: strides 9 and 4.5 (4.5 rounds half to even: 4)
+    assert respaced_timesteps(20, "2,3") == [0, 9, 10, 14, 19]
+    with pytest.raises(ValueError, match="exactly 999"):
+        respaced_timesteps(1000, "ddim999")  # no integer stride gives 999 steps of 1000
+    model = MAR(MARConfig.from_dict({**FAMILIES["mar"].tiny_model_args, "num_sampling_steps": "ddim25"}))
+    assert model.num_sampling_steps == 25 and model.diffusion_schedule().timestep_map[-1] == 960
 
 
 def test_ema_weights_load_and_encoder_decoder_match(pipe):

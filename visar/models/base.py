@@ -370,16 +370,30 @@ def cosine_betas(num_steps: int = 1000, max_beta: float = 0.999) -> np.ndarray:
     )
 
 
-def respaced_timesteps(num_timesteps: int, num_steps: int) -> list[int]:
-    """The original steps kept by respacing to num_steps: a float stride accumulated and rounded by
-    Python's round (half to even), as guided-diffusion's space_timesteps does with one section."""
-    if num_steps > num_timesteps or num_steps < 1:
-        raise ValueError(f"cannot respace {num_timesteps} diffusion steps to {num_steps}")
-    stride = 1 if num_steps <= 1 else (num_timesteps - 1) / (num_steps - 1)
-    taken, position = [], 0.0
-    for _ in range(num_steps):
-        taken.append(round(position))
-        position += stride
+def respaced_timesteps(num_timesteps: int, spacing: int | str) -> list[int]:
+    """The original steps kept by respacing, as guided-diffusion's `space_timesteps` (which MAR's
+    diffusion copies): an int N or a string "N" or "N1,N2,...": per section of equal length, a float
+    stride accumulated and rounded by Python's round (half to even); "ddimN": the integer stride
+    that gives exactly N steps, from 0 (so the last step is below num_timesteps - 1)."""
+    if isinstance(spacing, str) and spacing.startswith("ddim"):
+        count = int(spacing[len("ddim") :])
+        for stride in range(1, num_timesteps):
+            if len(range(0, num_timesteps, stride)) == count:
+                return list(range(0, num_timesteps, stride))
+        raise ValueError(f"cannot respace {num_timesteps} diffusion steps to exactly {count} with an integer stride")
+    sections = [int(spacing)] if isinstance(spacing, int) else [int(x) for x in str(spacing).split(",")]
+    size_per, extra = divmod(num_timesteps, len(sections))
+    taken, start = [], 0
+    for index, count in enumerate(sections):
+        size = size_per + (1 if index < extra else 0)
+        if count > size or count < 1:
+            raise ValueError(f"cannot respace {size} diffusion steps to {count}")
+        stride = 1 if count <= 1 else (size - 1) / (count - 1)
+        position = 0.0
+        for _ in range(count):
+            taken.append(start + round(position))
+            position += stride
+        start += size
     return sorted(set(taken))
 
 
@@ -395,9 +409,10 @@ class DiffusionSchedule:
     betas: np.ndarray
 
     @classmethod
-    def cosine(cls, num_steps: int, num_timesteps: int = 1000) -> DiffusionSchedule:
+    def cosine(cls, spacing: int | str, num_timesteps: int = 1000) -> DiffusionSchedule:
+        """The cosine schedule respaced by `spacing` (MAR's num_sampling_steps: "100", "ddim25", ...)."""
         alphas_cumprod = np.cumprod(1.0 - cosine_betas(num_timesteps))
-        kept = respaced_timesteps(num_timesteps, num_steps)
+        kept = respaced_timesteps(num_timesteps, spacing)
         betas, last = [], 1.0
         for step in kept:
             betas.append(1 - alphas_cumprod[step] / last)

@@ -311,7 +311,8 @@ class MAR(nn.Module):
 
     @property
     def num_sampling_steps(self) -> int:
-        return int(self.config.num_sampling_steps)
+        """The head's reverse steps at the config's respacing ("100", or "ddim25": 25 steps)."""
+        return self.diffusion_schedule().num_steps
 
     def embed_condition(self, cond: Tensor) -> Tensor:
         return self.class_emb(cond)
@@ -320,7 +321,8 @@ class MAR(nn.Module):
         return self.fake_latent.expand(batch_size, -1)
 
     def diffusion_schedule(self, num_steps: int | None = None) -> DiffusionSchedule:
-        steps = self.num_sampling_steps if num_steps is None else int(num_steps)
+        # the config's respacing string as upstream reads it; an int respaces evenly to that many
+        steps = self.config.num_sampling_steps if num_steps is None else int(num_steps)
         if steps not in self._schedules:
             self._schedules[steps] = DiffusionSchedule.cosine(steps)
         return self._schedules[steps]

@@ -49,6 +49,7 @@ from .mar import (
     PositionNoise,
     check_params,
     condition_pass,
+    default_num_iter,
     draw_orders,
     head_output,
     predicted_positions,
@@ -95,24 +96,32 @@ class TokenHead:
 
     def inverse_final(self, x0: Tensor, rows: Tensor, iterations: int = 50) -> Tensor:
         """x_1 with f(x_1) = x_0. f is a small perturbation of a scaling (x_0 = a x_1 - b eps,
-        b about 6e-3 at 100 steps), so the fixed point x_1 <- x_1 + (x_0 - f(x_1)) / a converges fast."""
+        b about 6e-3 at 100 steps), so the fixed point x_1 <- x_1 + (x_0 - f(x_1)) / a converges
+        fast: it stops once a step moves no coordinate by more than float32 resolution (a few
+        iterations in practice, each one call of the head), or after `iterations`."""
         zero = torch.zeros_like(x0)
         scale = self.final(torch.ones_like(x0), rows) - self.final(zero, rows)  # a up to the eps term
         scale = torch.where(scale.abs() > 0.5, scale, torch.ones_like(scale))
+        tolerance = 2 * torch.finfo(x0.dtype).eps * (1 + x0.abs())
         x1 = x0.clone()
         for _ in range(iterations):
-            x1 = x1 + (x0 - self.final(x1, rows)) / scale
+            update = (x0 - self.final(x1, rows)) / scale
+            x1 = x1 + update
+            if bool((update.abs() <= tolerance).all()):
+                break
         return x1
 
     def final_log_det(self, x1: Tensor, rows: Tensor) -> Tensor:
-        """log |det df/dx_1| per token [N], by one backward pass per channel."""
+        """log |det df/dx_1| per token [N]. The head acts on each token alone, so the C rows of every
+        token's Jacobian come from one pass over C copies of the tokens (copy c backpropagates
+        output channel c) and one backward."""
+        count, channels = x1.shape
         with torch.enable_grad():
-            x = x1.detach().requires_grad_(True)
-            out = self.final(x, rows)
-            rows_of_jacobian = [
-                torch.autograd.grad(out[:, c].sum(), x, retain_graph=True)[0] for c in range(x.shape[1])
-            ]
-        jacobian = torch.stack(rows_of_jacobian, dim=1)  # [N, C, C]
+            x = x1.detach().repeat(channels, 1).requires_grad_(True)  # copy c = rows c*N .. c*N + N - 1
+            out = self.final(x, rows.repeat(channels)).reshape(channels, count, channels)
+            picked = out.diagonal(dim1=0, dim2=2)  # [N, C]: output channel c of copy c
+            (grad,) = torch.autograd.grad(picked.sum(), x)
+        jacobian = grad.reshape(channels, count, channels).transpose(0, 1)  # [N, C (output), C (input)]
         return torch.linalg.slogdet(jacobian.double())[1].float()
 
     def log_trajectory(
@@ -159,13 +168,17 @@ def speculate(
     inner_temperature: float = 42.0,
     max_tries: int | None = None,
     proposals_per_round: int = 8,
+    needs_residual=None,
 ):
     """Verify N drafted tokens (trajectories draft_path [T, N, C], outputs draft_x0 [N, C]) and replace
     the rejected ones -> (tokens [N, C], accepted [N] bool, residual_tries [N]).
 
     draw_uniform(n, index) -> [P, n]; draw_normal(n, index) -> [P, n, T + 1, C] (step noise, then the
     start, per proposal), for the tokens `index` [P] only, each from its own image's generator (so
-    an image's draws do not depend on the rest of the batch).
+    an image's draws do not depend on the rest of the batch). needs_residual(accepted) -> [N] bool:
+    the rejected tokens the caller keeps (default: every rejected one); the others keep their
+    draft value and the residual sampler skips them (cspd discards an image's steps after its
+    first rejection, so their residual draws would be wasted).
     """
     inner = 1.0 if mode == "exact" else inner_temperature
     log_q = draft.log_trajectory(draft_path, draft_x0, rows, temperature, inner, own=True)
@@ -174,7 +187,7 @@ def speculate(
     accepted = draw_uniform(1, everyone)[:, 0] < accept_probability(log_p, log_q)
     tokens = draft_x0.clone()
     tries = torch.zeros(len(rows), dtype=torch.long, device=rows.device)
-    pending = ~accepted
+    pending = ~accepted if needs_residual is None else needs_residual(accepted) & ~accepted
     done_tries = 0
     while bool(pending.any()) and (max_tries is None or done_tries < max_tries):
         # proposals_per_round proposals at once for every pending token; the first accepted one
@@ -203,6 +216,20 @@ def speculate(
         _, x0 = target.sample(noise[:, -1], rows[index], temperature, noise[:, :-1].transpose(0, 1))
         tokens[index] = x0
     return tokens, accepted, tries
+
+
+def first_rejections(block: Tensor, images: Tensor, token_step: Tensor, accepted: Tensor) -> Tensor:
+    """Each image's first rejected draft step [B] (block[b], the steps it drafted, where none is),
+    from the outcomes of its drafted tokens (image, draft step)."""
+    first = block.clone()
+    rejected = ~accepted
+    return first.scatter_reduce_(0, images[rejected], token_step[rejected], reduce="amin")
+
+
+def residuals_kept(block: Tensor, images: Tensor, token_step: Tensor):
+    """speculate's needs_residual for cspd: only the tokens of each image's first rejected step are
+    kept (the steps after it are discarded), so only their rejections need a residual draw."""
+    return lambda accepted: token_step == first_rejections(block, images, token_step, accepted)[images]
 
 
 RELAXED_MAX_TRIES = 100  # MarkXCloud/CSpD's bound on residual tries
@@ -279,7 +306,7 @@ def cspd(
     cond_mask=None,
     progress=False,
     draft=None,
-    num_iter: int = 64,
+    num_iter: int | None = None,
     num_diffusion_steps: int | None = None,
     cfg_schedule: str = "linear",
     num_draft: int = 4,
@@ -290,6 +317,7 @@ def cspd(
 ):
     """CSpD: `draft` (a MAR) drafts num_draft steps, the target verifies them in one batched pass."""
     check_params(params)
+    num_iter = num_iter or default_num_iter(model)
     if draft is None:
         raise VisarError("cspd needs draft= (a smaller MAR of the same family: name, folder, pipeline or model)")
     if mode not in ("exact", "relaxed"):
@@ -382,28 +410,37 @@ def cspd(
         target_passes += 1
         log.count_pass(active)
         row_of = {(b, j): r for r, (b, j) in enumerate(zip(row_image.tolist(), row_step.tolist(), strict=True))}
-        # Test every drafted token; then per image keep the steps up to its first rejection.
-        first_reject = block.clone()  # the draft step of each image's first rejection (block: none)
-        outcomes = []
+        # Test every drafted token of every step in one call; per image keep the steps up to its first rejection.
+        parts = {key: [] for key in ("images", "positions", "step", "path", "x0", "z", "z_null", "dz", "dz_null")}
         for j, (drafted, draft_z, draft_z_null) in enumerate(records):
             if drafted is None:
-                outcomes.append(None)
                 continue
             images, positions, (x0, path, _means, _log_vars) = drafted
             token_rows = torch.tensor([row_of[(b, j)] for b in images.tolist()], device=device, dtype=torch.long)
-            z_t = z_rows[token_rows, positions]
-            z_tn = None if z_null_rows is None else z_null_rows[token_rows, positions]
-            guidance = guidance_by_step[(step_of[images] + j).clamp(max=num_iter - 1)]
-            target_head = model_head(model, target_constants, z_t, z_tn, guidance)
-            zd = draft_z[images, positions]
-            zdn = None if draft_z_null is None else draft_z_null[images, positions]
-            draft_head = model_head(draft, draft_constants, zd, zdn, guidance)
+            parts["images"].append(images)
+            parts["positions"].append(positions)
+            parts["step"].append(torch.full_like(images, j))
+            parts["path"].append(path)
+            parts["x0"].append(x0)
+            parts["z"].append(z_rows[token_rows, positions])
+            parts["dz"].append(draft_z[images, positions])
+            if guided:
+                parts["z_null"].append(z_null_rows[token_rows, positions])
+                parts["dz_null"].append(draft_z_null[images, positions])
+        if parts["images"]:
+            images, positions, token_step = (torch.cat(parts[k]) for k in ("images", "positions", "step"))
+            path, x0 = torch.cat(parts["path"], dim=1), torch.cat(parts["x0"])
+            guidance = guidance_by_step[(step_of[images] + token_step).clamp(max=num_iter - 1)]
+            z_null_all = torch.cat(parts["z_null"]) if guided else None
+            dz_null_all = torch.cat(parts["dz_null"]) if guided else None
+            target_head = model_head(model, target_constants, torch.cat(parts["z"]), z_null_all, guidance)
+            draft_head = model_head(draft, draft_constants, torch.cat(parts["dz"]), dz_null_all, guidance)
             draws = ImageDraws(generators, images, steps, model.token_dim, device)
-            index = torch.arange(len(images), device=device)
+
             new_tokens, accepted, _ = speculate(
                 target_head,
                 draft_head,
-                index,
+                torch.arange(len(images), device=device),
                 path,
                 x0,
                 temperature,
@@ -412,24 +449,28 @@ def cspd(
                 mode=mode,
                 inner_temperature=inner_temperature,
                 max_tries=max_tries,
+                needs_residual=residuals_kept(block, images, token_step),
             )
-            outcomes.append((images, positions, new_tokens, accepted))
-            rejected_images = images[~accepted]
-            if len(rejected_images):
-                first_reject[rejected_images] = torch.minimum(
-                    first_reject[rejected_images], torch.full_like(rejected_images, j)
+            first_reject = first_rejections(block, images, token_step, accepted)
+            for j in range(len(records)):
+                in_step = token_step == j
+                if not bool(in_step.any()):
+                    continue
+                kept = in_step & (j <= first_reject[images])  # steps after the first rejection are discarded
+                tokens[images[kept], positions[kept]] = new_tokens[kept]
+                visible[images[kept], positions[kept]] = True
+                step_positions = positions[in_step]
+                log.drafts(
+                    step_positions[None],
+                    torch.full_like(step_positions, j)[None],
+                    kept[in_step][None],
+                    (accepted & kept)[in_step][None],
                 )
-        for j, outcome in enumerate(outcomes):
-            if outcome is None:
-                continue
-            images, positions, new_tokens, accepted = outcome
-            kept = j <= first_reject[images]  # steps after the first rejection are discarded
-            tokens[images[kept], positions[kept]] = new_tokens[kept]
-            visible[images[kept], positions[kept]] = True
-            log.drafts(positions[None], torch.full_like(positions, j)[None], kept[None], (accepted & kept)[None])
-            reveal = torch.zeros_like(visible)
-            reveal[images[kept], positions[kept]] = True
-            log.commit(every, reveal, target_passes)
+                reveal = torch.zeros_like(visible)
+                reveal[images[kept], positions[kept]] = True
+                log.commit(every, reveal, target_passes)
+        else:
+            first_reject = block.clone()
         step_of = step_of + torch.where(first_reject < block, first_reject + 1, block)
 
     stats = log.stats(target_passes, draft_passes)

@@ -233,6 +233,11 @@ def sample_tokens(
     return tokens
 
 
+def default_num_iter(model) -> int:
+    """Upstream's 64 steps for MAR's 256 tokens, as a quarter of the token count for other grids."""
+    return max(1, model.num_image_tokens // 4)
+
+
 def draw_orders(generators, num_tokens: int, device) -> Tensor:
     """One random order per image, from its own generator (before any of its noise)."""
     return torch.stack([torch.randperm(num_tokens, generator=g, device=g.device) for g in generators]).to(device)
@@ -247,12 +252,15 @@ def mar(
     *,
     cond_mask=None,
     progress=False,
-    num_iter: int = 64,
+    num_iter: int | None = None,
     num_diffusion_steps: int | None = None,
     cfg_schedule: str = "linear",
 ):
-    """Plain MAR sampling (the reference for continuous-token models)."""
+    """Plain MAR sampling (the reference for continuous-token models). num_iter: the mask schedule's
+    steps (default a quarter of the tokens: upstream's 64 for 256); num_diffusion_steps: the head's
+    (default the model's num_sampling_steps)."""
     check_params(params)
+    num_iter = num_iter or default_num_iter(model)
     batch, num_tokens = cond.shape[0], model.num_image_tokens
     steps = model.diffusion_schedule(num_diffusion_steps).num_steps
     orders = draw_orders(generators, num_tokens, model.device)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..errors import VisarError
-from .mar import PositionNoise, check_params, draw_orders, sample_tokens
+from .mar import PositionNoise, check_params, default_num_iter, draw_orders, sample_tokens
 from .stats import DecodeLog
 
 
@@ -62,7 +62,7 @@ def mar_cache(
     *,
     cond_mask=None,
     progress=False,
-    num_iter: int = 64,
+    num_iter: int | None = None,
     num_diffusion_steps: int | None = None,
     cfg_schedule: str = "linear",
     token_threshold: float = 0.05,
@@ -70,6 +70,7 @@ def mar_cache(
 ):
     """MAR with reuse of decoder-block features and of the null condition across steps."""
     check_params(params)
+    num_iter = num_iter or default_num_iter(model)
     if token_threshold < 0 or null_interval < 1:
         raise VisarError("mar-cache needs token_threshold >= 0 and null_interval >= 1")
     batch, num_tokens = cond.shape[0], model.num_image_tokens

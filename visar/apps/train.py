@@ -402,7 +402,7 @@ def train_tokenizer(recipe_name: str, out: str | os.PathLike, **overrides) -> Pa
     torch.manual_seed(recipe["seed"])
     vq = VQModel(VQConfig.from_dict(recipe["vq_args"]))
 
-    def forward(images: torch.Tensor):
+    def forward(images: torch.Tensor, gen: torch.Generator):
         pre = vq.pre_quant(images)
         z_q, codes, losses = vq.quantize(pre)
         recon = vq.decode_latents(z_q)
@@ -412,15 +412,19 @@ def train_tokenizer(recipe_name: str, out: str | os.PathLike, **overrides) -> Pa
     return fit_tokenizer(recipe_name, recipe, out, vq, recipe["vq_args"], forward)
 
 
-def fit_tokenizer(recipe_name: str, recipe: dict, out, tokenizer, vq_args: dict, forward) -> Path:
-    """The tokenizers' training loop (visar-tiny-vq, visar-tiny-msvq): Adam (0.5, 0.9) at the recipe's
-    schedule on training renders (random crops when the recipe has `crop`), gradient clipping,
-    dead-code restarts every `dead_code_every` steps, checkpoints and resume; then the held-out
-    metrics and the fp16 export. forward(images) -> (loss, reconstruction, the codes used [N],
-    the latents restarts draw from). All randomness is keyed to (seed, step)."""
+def fit_tokenizer(recipe_name: str, recipe: dict, out, tokenizer, vq_args: dict, forward, evaluate=None) -> Path:
+    """The tokenizers' training loop (visar-tiny-vq, visar-tiny-msvq, visar-tiny-kl): Adam (0.5, 0.9) at
+    the recipe's schedule on training renders (random crops when the recipe has `crop`), gradient
+    clipping, dead-code restarts every `dead_code_every` steps (codebook tokenizers), checkpoints and
+    resume; then the held-out metrics and the fp16 export. forward(images, gen) -> (loss,
+    reconstruction, the codes used [N] or None without a codebook, the latents restarts draw from). evaluate(tokenizer,
+    n) -> the held-out metrics (default `evaluate_tokenizer`); it may complete `vq_args` (the KL
+    tokenizer's latent scale is measured there). All randomness is keyed to (seed, step)."""
     out = prepare_out_dir(out)
     opt = torch.optim.Adam(tokenizer.parameters(), lr=recipe["lr"], betas=(0.5, 0.9))
-    step, usage = 0, torch.zeros(tokenizer.vocab_size)  # code counts since the last dead-code restart
+    codebook = recipe.get("dead_code_every") is not None
+    # code counts since the last dead-code restart
+    step, usage = 0, torch.zeros(tokenizer.vocab_size if codebook else 0)
     state = load_checkpoint(out / "checkpoint.pt")
     if state is not None:
         tokenizer.load_state_dict(state["model"])
@@ -436,28 +440,30 @@ def fit_tokenizer(recipe_name: str, recipe: dict, out, tokenizer, vq_args: dict,
             images = random_crops(images, recipe["crop"], gen)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, recipe)
-        loss, recon, codes, latents = forward(images)
+        loss, recon, codes, latents = forward(images, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(tokenizer.parameters(), 1.0)
         opt.step()
-        usage += torch.bincount(codes, minlength=tokenizer.vocab_size)
         step += 1
-        if step % recipe["dead_code_every"] == 0:
-            restart_dead_codes(tokenizer, usage, latents.detach(), gen)
-            usage.zero_()
+        if codebook:
+            usage += torch.bincount(codes, minlength=tokenizer.vocab_size)
+            if step % recipe["dead_code_every"] == 0:
+                restart_dead_codes(tokenizer, usage, latents.detach(), gen)
+                usage.zero_()
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.4f}", psnr=f"{psnr(recon.detach(), images):.1f}")
         if step % recipe["checkpoint_every"] == 0 or step == recipe["steps"]:
             state = {"model": tokenizer.state_dict(), "optimizer": opt.state_dict(), "step": step, "usage": usage}
             save_checkpoint(out / "checkpoint.pt", state)
     bar.close()
-    metrics = evaluate_tokenizer(tokenizer, n=recipe["eval_images"])
+    metrics = (evaluate or evaluate_tokenizer)(tokenizer, n=recipe["eval_images"])
     export = prepare_out_dir(out / "export")
     export_fp16(tokenizer, export / "tokenizer.safetensors")
     record = {"vq_args": vq_args, "recipe": {"name": recipe_name, **recipe}, "metrics": metrics}
     (export / "tokenizer.json").write_text(json.dumps(record, indent=1))
-    print(f"{recipe_name}: held-out PSNR {metrics['psnr_db']:.2f} dB, codebook usage {metrics['codebook_usage']:.1%}")
+    usage_note = f", codebook usage {metrics['codebook_usage']:.1%}" if "codebook_usage" in metrics else ""
+    print(f"{recipe_name}: held-out PSNR {metrics['psnr_db']:.2f} dB{usage_note}")
     return export
 
 
@@ -514,9 +520,10 @@ def load_tokenizer_export(path: str | os.PathLike, build=None) -> tuple[torch.nn
 
 
 @torch.no_grad()
-def build_token_dataset(recipe: dict, vq, cache: Path, device: str | torch.device = "cpu") -> dict:
+def build_token_dataset(recipe: dict, vq, cache: Path, device: str | torch.device = "cpu", encode=None) -> dict:
     """Render and tokenize the recipe's dataset once; cached in OUT/dataset.npz for later runs.
-    tokens [n, L]: the grid in raster order, or a multi-scale tokenizer's maps coarsest first."""
+    tokens [n, L]: the grid in raster order, or a multi-scale tokenizer's maps coarsest first; or
+    whatever encode(images [B, 3, H, W]) -> np.ndarray [B, ...] returns (a KL tokenizer's latents)."""
     from ..data.shapes import NUM_CLASSES, render_caption_sample, render_class
 
     n, seed = recipe["dataset_size"], recipe["data_seed"]
@@ -536,8 +543,11 @@ def build_token_dataset(recipe: dict, vq, cache: Path, device: str | torch.devic
                 sample = render_caption_sample(seed * 10_000_019 + i, **class_render)
                 captions.append(sample.caption)
                 images.append(sample.image)
-        codes = vq.encode(images_to_tensor(images).to(device))
-        chunks.append(flat_codes(codes, len(images)).cpu().numpy().astype(np.int16))
+        batch = images_to_tensor(images).to(device)
+        if encode is not None:
+            chunks.append(encode(batch))
+            continue
+        chunks.append(flat_codes(vq.encode(batch), len(images)).cpu().numpy().astype(np.int16))
     data = {"tokens": np.concatenate(chunks), "labels": labels}
     if captions:
         data["captions"] = np.array(captions)

@@ -159,7 +159,7 @@ def train_msvq(recipe_name: str, out: str | os.PathLike, **overrides) -> Path:
     config = MSVQConfig.from_dict(recipe["vq_args"])
     msvq = MultiScaleVQVAE(config)
 
-    def forward(images: torch.Tensor):
+    def forward(images: torch.Tensor, gen: torch.Generator):
         f = msvq.pre_quant(images)
         f_hat, scale_tokens, vq_loss = quantize_for_training(msvq, f, config.beta)
         recon = msvq.decoder(msvq.post_quant_conv(f_hat))

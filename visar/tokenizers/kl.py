@@ -165,6 +165,11 @@ class AutoencoderKL(nn.Module):
         mean, logvar = moments.chunk(2, dim=1)
         return Posterior(mean, logvar.clamp(-30.0, 20.0))
 
+    def pre_quant(self, images: Tensor) -> Tensor:
+        """The posterior mean (unscaled): the latent an image is encoded to, as the VQ tokenizers'
+        pre-quantisation latents (visar.eval.bench pools them into Frechet features)."""
+        return self.encode(images).mean
+
     def decode_latent(self, latent: Tensor) -> Tensor:
         """Unscaled latents [B, E, h, w] -> images [B, 3, H, W] in about [-1, 1]."""
         return self.decoder(self.post_quant_conv(latent))

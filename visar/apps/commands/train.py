@@ -1,5 +1,5 @@
-"""`visar train tokenizer | ar | masked | next-scale | ship`: the command line of visar.apps.train and
-visar.apps.train_next_scale (the recipes live there)."""
+"""`visar train tokenizer | ar | masked | next-scale | continuous | ship`: the command line of
+visar.apps.train, visar.apps.train_next_scale and visar.apps.train_continuous (the recipes live there)."""
 
 from __future__ import annotations
 
@@ -15,50 +15,53 @@ def add_parser(subparsers):
         description="Train visar's embedded models on the offline shapes world by their fixed recipes. A run "
         "checkpoints to OUT/checkpoint.pt and resumes from it when started again with the same --out; the "
         "result is exported as fp16 safetensors in OUT/export/. Recipes: tokenizer: visar-tiny-vq "
-        "(LlamaGen's VQ), visar-tiny-msvq (VAR's multi-scale VQVAE); ar: visar-tiny-c2i (the default, with "
-        "ZipAR-aware training), visar-tiny-c2i-causal (the same without it), "
+        "(LlamaGen's VQ), visar-tiny-msvq (VAR's multi-scale VQVAE), visar-tiny-kl (MAR's KL VAE); ar: "
+        "visar-tiny-c2i (the default, with ZipAR-aware training), visar-tiny-c2i-causal (the same without it), "
         "visar-tiny-c2i-draft, visar-tiny-t2i; masked: visar-tiny-maskgit-c2i (a MaskGIT-style masked model); "
         "next-scale: visar-tiny-var-c2i (VAR, CoDe's drafter), visar-tiny-var-c2i-refiner (CoDe's refiner), "
-        "visar-tiny-var-c2i-refiner-s6 (the refiner fine-tuned on scales 6-8), on a visar-tiny-msvq tokenizer. "
-        "`ship` copies an ar, masked or next-scale export into visar/weights/ (the tokenizer into a shared folder "
-        "named after its recipe).",
+        "visar-tiny-var-c2i-refiner-s6 (the refiner fine-tuned on scales 6-8), on a visar-tiny-msvq tokenizer; "
+        "continuous: visar-tiny-mar-c2i (MAR, cspd's target), visar-tiny-mar-c2i-draft (its draft), on a "
+        "visar-tiny-kl tokenizer. `ship` copies an ar, masked, next-scale or continuous export into "
+        "visar/weights/ (the tokenizer into a shared folder named after its recipe).",
     )
     parser.add_argument(
         "what",
-        choices=["tokenizer", "ar", "masked", "next-scale", "ship"],
-        help="tokenizer, ar, masked or next-scale: train by recipe; ship: copy such an export into the package",
+        choices=["tokenizer", "ar", "masked", "next-scale", "continuous", "ship"],
+        help="tokenizer, ar, masked, next-scale or continuous: train by recipe; ship: copy such an export into the "
+        "package",
     )
     parser.add_argument(
         "--recipe",
-        help="recipe name (default visar-tiny-vq / visar-tiny-c2i / visar-tiny-maskgit-c2i / visar-tiny-var-c2i)",
+        help="recipe name (default visar-tiny-vq / visar-tiny-c2i / visar-tiny-maskgit-c2i / visar-tiny-var-c2i / "
+        "visar-tiny-mar-c2i)",
     )
     parser.add_argument("--out", help="run folder (checkpoints, dataset cache, export/)")
     parser.add_argument(
         "--tokenizer",
-        help="for ar, masked and next-scale: the tokenizer export folder (OUT/export of a tokenizer run, or the "
-        "shipped visar/weights/visar-tiny-vq; visar-tiny-msvq for next-scale)",
+        help="for ar, masked, next-scale and continuous: the tokenizer export folder (OUT/export of a tokenizer run, "
+        "or the shipped visar/weights/visar-tiny-vq; visar-tiny-msvq for next-scale, visar-tiny-kl for continuous)",
     )
     parser.add_argument("--steps", type=int, help="override the recipe's step count (for quick trials)")
     parser.add_argument(
         "--device",
         default="cpu",
-        help="for ar, masked and next-scale: where the arithmetic runs (cpu, cuda, cuda:1; default cpu)",
+        help="for the generators: where the arithmetic runs (cpu, cuda, cuda:1; default cpu)",
     )
     parser.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="for ar, masked and next-scale: torch.compile the training step (visar-tiny-c2i: 2.04 against 1.74 "
+        help="for the generators: torch.compile the training step (visar-tiny-c2i: 2.04 against 1.74 "
         "steps/s on 2 CPU threads; needs a C++ compiler); default --no-compile",
     )
-    parser.add_argument("--export", help="for ship: the export/ folder of an ar, masked or next-scale run")
+    parser.add_argument("--export", help="for ship: the export/ folder of an ar, masked, next-scale or continuous run")
     parser.add_argument("--name", help="for ship: the registered name (e.g. visar-tiny-c2i)")
     parser.add_argument("--description", help="for ship: the one-line description shown by `visar models`")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from .. import train, train_next_scale
+    from .. import train, train_continuous, train_next_scale
 
     if args.what == "ship":
         if not (args.export and args.name):
@@ -70,7 +73,11 @@ def run(args) -> int:
         raise VisarError(f"visar train {args.what} needs --out (the run folder)")
     if args.what == "tokenizer":
         recipe = args.recipe or "visar-tiny-vq"
-        train_fn = train_next_scale.train_msvq if recipe in train_next_scale.MSVQ_RECIPES else train.train_tokenizer
+        train_fn = train.train_tokenizer
+        if recipe in train_next_scale.MSVQ_RECIPES:
+            train_fn = train_next_scale.train_msvq
+        elif recipe in train_continuous.KL_RECIPES:
+            train_fn = train_continuous.train_kl
         export = train_fn(recipe, args.out, steps=args.steps)
     else:
         if not args.tokenizer:
@@ -82,6 +89,8 @@ def run(args) -> int:
             train_fn, default = (train.train_masked, "visar-tiny-maskgit-c2i")
         elif args.what == "next-scale":
             train_fn, default = (train_next_scale.train_next_scale, "visar-tiny-var-c2i")
+        elif args.what == "continuous":
+            train_fn, default = (train_continuous.train_continuous, "visar-tiny-mar-c2i")
         export = train_fn(
             args.recipe or default,
             args.out,

@@ -1,0 +1,385 @@
+"""`visar train tokenizer --recipe visar-tiny-kl` and `visar train continuous`: MAR on the shapes world.
+
+The embedded continuous-token pair: one KL-regularised VAE (MAR's tokenizer, visar/tokenizers/kl.py)
+and two MAR models of different sizes trained on its latents, a target and a draft for `cspd`.
+Checkpoints, resume, the weight average and the fp16 export follow visar.apps.train; the exports
+name family "mar", so `visar.load` and `visar train ship` read them as they read the other models.
+
+MAR's objective is upstream's (LTH14/mar `MAR.forward`, `DiffLoss`): a random order per image and
+one mask ratio per batch from a normal centred at 1 (scale 0.25) truncated to [mask_ratio_min, 1];
+the masked tokens' conditions z from the encoder / decoder pass; the diffusion head trained on each
+masked token `diffusion_batch_mul` times at uniform timesteps of the 1000-step cosine schedule, with
+the improved-DDPM loss (MSE on eps plus the variational bound for the learned variance, its mean
+frozen); class dropout to `fake_latent` at `label_drop_prob`. Left out: the attention / projection
+dropouts (0.1 upstream; our blocks are inference blocks, and the runs are short).
+
+The VAE's objective is visar-tiny-vq's reconstruction loss (MSE + 0.5 L1) on a posterior sample,
+plus `kl_weight` times the KL to N(0, I) (per latent element); MAR's fixed 0.2325 latent scale is
+replaced by the one measured on held-out renders (1 / the std of the posterior means), recorded in
+the tokenizer's config as `scale_factor`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..data.shapes import CLASS_RENDER_EASY
+from ..errors import VisarError
+from ..models.base import DiffusionSchedule, diffusion_step
+from ..models.mar import MAR, MARConfig
+from ..tokenizers.kl import AutoencoderKL, KLConfig
+from .train import (
+    build_token_dataset,
+    export_ar,
+    export_averaged,
+    fit,
+    fit_tokenizer,
+    images_to_tensor,
+    load_tokenizer_export,
+    prepare_out_dir,
+    resolve_recipe,
+    training_renders,
+)
+
+KL_RECIPES = {
+    # visar-tiny-vq's size class (ch 32, ch_mult 1-1-2, one res block; 64 px -> 16 x 16) with
+    # continuous latents of 4 channels and MAR's VAE layout (no encoder attention at these sizes).
+    "visar-tiny-kl": dict(
+        seed=0,
+        steps=3000,
+        batch_size=16,
+        crop=32,  # as visar-tiny-vq: 4x cheaper, and the conv net is size-agnostic
+        lr=1e-3,
+        warmup=100,
+        checkpoint_every=100,
+        eval_images=512,
+        kl_weight=1e-5,
+        vq_args=dict(
+            embed_dim=4,
+            ch_mult=(1, 1, 2),
+            ch=32,
+            resolution=64,
+            num_res_blocks=1,
+            attn_resolutions=(),
+            use_variational=True,
+        ),
+    ),
+}
+
+
+def mar_args(width: int, depth: int, heads: int, head_depth: int, head_width: int) -> dict:
+    """A MAR over the KL latents in 2 x 2 patches (8 x 8 tokens of 16 numbers, 8 px each)."""
+    return dict(
+        img_size=64,
+        vae_stride=4,
+        patch_size=2,
+        encoder_embed_dim=width,
+        encoder_depth=depth,
+        encoder_num_heads=heads,
+        decoder_embed_dim=width,
+        decoder_depth=depth,
+        decoder_num_heads=heads,
+        vae_embed_dim=4,
+        class_num=40,
+        buffer_size=4,
+        diffloss_d=head_depth,
+        diffloss_w=head_width,
+        num_sampling_steps="ddim25",  # 0, 40, ..., 960: see below
+        diffusion_batch_mul=4,
+        label_drop_prob=0.1,
+        mask_ratio_min=0.7,
+    )
+
+
+# The head samples with upstream's "ddim25" respacing (guided-diffusion's space_timesteps: stride
+# 40 from 0, so the first reverse step is t = 960), not "25" (even spacing, ending at t = 999). At
+# t = 999 the cosine schedule's sqrt(1 / abar) is 2.0e4, and the first reverse step scales the
+# head's eps error by about 1,300 (2.0e4 x sqrt(abar) of the next step); this recipe's head at step
+# 4,800 had an eps MSE of 0.0015 there (upstream's large heads, trained for 400 epochs, are far
+# more precise) and drew latents of std 770, noise images, while from t = 960 (sqrt(1 / abar) 17)
+# the same weights draw the class's colour in shapes. Sampling starts from N(0, I), which q(x_960)
+# is up to a signal of sqrt(abar) = 0.06.
+MAR_RECIPES = {
+    # The target: width 128, 2 + 2 blocks (the raster default's size class), a 3-block head of width
+    # 128. The head is kept small, as upstream's are next to their trunks: per image it runs
+    # 25 steps x 2 (guidance) on every token, and at width 192 it took 68% of the sampling time
+    # (upstream MAR-B: about a fifth of the arithmetic), which no trunk-side method can touch.
+    "visar-tiny-mar-c2i": dict(
+        condition="class",
+        seed=8,
+        data_seed=1,
+        steps=18_000,  # 6.4 steps/s on 2 threads: 47 minutes
+        batch_size=16,
+        lr=2e-3,
+        warmup=100,
+        ema_decay=0.999,
+        checkpoint_every=100,
+        dataset_size=20_000,
+        render=CLASS_RENDER_EASY,
+        model_args=mar_args(width=128, depth=2, heads=4, head_depth=3, head_width=128),
+        defaults=dict(guidance_scale=3.0, temperature=1.0, top_k=None, top_p=1.0),
+    ),
+}
+# The draft for cspd: half the width, one block each side, a 2-block head of width 96 (under a
+# quarter of the target's parameters); same latents, classes and sampling defaults.
+MAR_RECIPES["visar-tiny-mar-c2i-draft"] = dict(
+    MAR_RECIPES["visar-tiny-mar-c2i"],
+    seed=9,
+    steps=6000,
+    model_args=mar_args(width=64, depth=1, heads=2, head_depth=2, head_width=96),
+    # cspd accepts a drafted token by how close the draft's reverse steps are to the target's: the
+    # draft learns the target's head outputs as well as the data (distillation, weight 1).
+    distill_from="visar-tiny-mar-c2i",
+    distill_weight=1.0,
+)
+
+
+# -- the KL tokenizer ----------------------------------------------------------------------------
+
+
+def kl_to_standard_normal(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+    """KL(N(mean, exp(logvar)) || N(0, 1)), averaged over elements."""
+    return 0.5 * (mean.pow(2) + logvar.exp() - 1.0 - logvar).mean()
+
+
+@torch.no_grad()
+def evaluate_kl(vae: AutoencoderKL, n: int = 512, seed: int = 999) -> dict:
+    """Held-out PSNR of the posterior mean's reconstruction, the latent std (whose inverse is the
+    scale MAR models the latents at) and the mean posterior std relative to it."""
+    vae.eval()
+    total_mse, means, stds = 0.0, [], []
+    for start in range(0, n, 64):
+        images = images_to_tensor([training_renders(seed, i)[0] for i in range(start, min(n, start + 64))])
+        posterior = vae.encode(images)
+        total_mse += F.mse_loss(vae.decode_latent(posterior.mean).clamp(-1, 1), images, reduction="sum").item()
+        means.append(posterior.mean)
+        stds.append(posterior.std)
+    mse = total_mse / (n * 3 * 64 * 64)
+    latent_std = torch.cat(means).std().item()
+    return {
+        "psnr_db": 10 * math.log10(4 / mse),
+        "latent_std": latent_std,
+        "posterior_std_relative": torch.cat(stds).mean().item() / latent_std,
+        "n_images": n,
+    }
+
+
+def train_kl(recipe_name: str, out: str | os.PathLike, **overrides) -> Path:
+    """Train a KL VAE by recipe; returns the export folder (tokenizer.json + safetensors)."""
+    recipe = resolve_recipe(KL_RECIPES, recipe_name, overrides)
+    torch.manual_seed(recipe["seed"])
+    vq_args = dict(recipe["vq_args"])
+    vae = AutoencoderKL(KLConfig.from_dict(vq_args))
+
+    def forward(images: torch.Tensor, gen: torch.Generator):
+        posterior = vae.encode(images)
+        latent = posterior.mean + posterior.std * torch.randn(posterior.mean.shape, generator=gen)
+        recon = vae.decode_latent(latent)
+        kl = kl_to_standard_normal(posterior.mean, posterior.logvar)
+        loss = F.mse_loss(recon, images) + 0.5 * F.l1_loss(recon, images) + recipe["kl_weight"] * kl
+        return loss, recon, None, latent
+
+    def evaluate(tokenizer: AutoencoderKL, n: int) -> dict:
+        metrics = evaluate_kl(tokenizer, n)
+        vq_args["scale_factor"] = 1.0 / metrics["latent_std"]  # MAR models unit-scale latents
+        tokenizer.config = dataclasses.replace(tokenizer.config, scale_factor=vq_args["scale_factor"])
+        return metrics
+
+    return fit_tokenizer(recipe_name, recipe, out, vae, vq_args, forward, evaluate)
+
+
+# -- the MAR models ------------------------------------------------------------------------------
+
+
+def init_mar(model: MAR):
+    """Upstream's init: xavier-uniform linear layers with zero bias, N(0, 0.02) embeddings, tokens and
+    positions; in the head N(0, 0.02) time embedding and zero modulations and output layer, so that
+    every head block starts as the identity and the head predicts eps = 0, v = 0."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            torch.nn.init.xavier_uniform_(module.weight)
+            torch.nn.init.zeros_(module.bias)
+    for parameter in (
+        model.class_emb.weight,
+        model.fake_latent,
+        model.mask_token,
+        model.encoder_pos_embed_learned,
+        model.decoder_pos_embed_learned,
+        model.diffusion_pos_embed_learned,
+    ):
+        torch.nn.init.normal_(parameter, std=0.02)
+    net = model.diffloss.net
+    for layer in net.time_embed.mlp:
+        if isinstance(layer, torch.nn.Linear):
+            torch.nn.init.normal_(layer.weight, std=0.02)
+    for block in net.res_blocks:
+        torch.nn.init.zeros_(block.adaLN_modulation[-1].weight)
+        torch.nn.init.zeros_(block.adaLN_modulation[-1].bias)
+    for layer in (net.final_layer.adaLN_modulation[-1], net.final_layer.linear):
+        torch.nn.init.zeros_(layer.weight)
+        torch.nn.init.zeros_(layer.bias)
+
+
+def training_diffusion(device) -> dict[str, torch.Tensor]:
+    """The 1000-step cosine schedule's constants, with the forward process's two coefficients."""
+    constants = DiffusionSchedule.cosine(1000).constants(device)
+    sqrt_alphas_cumprod = 1.0 / constants["sqrt_recip_alphas_cumprod"]
+    constants["sqrt_alphas_cumprod"] = sqrt_alphas_cumprod
+    constants["sqrt_one_minus_alphas_cumprod"] = constants["sqrt_recipm1_alphas_cumprod"] * sqrt_alphas_cumprod
+    return constants
+
+
+def diffusion_loss(
+    net, x0: torch.Tensor, z: torch.Tensor, constants: dict, gen: torch.Generator, teacher=None, weight: float = 0.0
+) -> torch.Tensor:
+    """The improved-DDPM loss of the head on clean tokens x0 [N, C] given conditions z [N, Dz]: MSE
+    on eps at a uniform timestep, plus the variational bound term (KL of the true posterior to the
+    model's step, in bits; Gaussian NLL of x0 at t = 0) through the variance channels only.
+
+    teacher(x_t, t) -> [eps | v] of another head at the same noisy tokens (a draft's target): adds
+    `weight` x the mean squared difference of the two outputs (both channels), which pulls the
+    draft's reverse steps toward the target's, the steps cspd compares."""
+    count, device = x0.shape[0], x0.device
+    t = torch.randint(0, len(constants["log_betas"]), (count,), generator=gen).to(device)
+    noise = torch.randn(x0.shape, generator=gen).to(device)
+    x_t = constants["sqrt_alphas_cumprod"][t, None] * x0 + constants["sqrt_one_minus_alphas_cumprod"][t, None] * noise
+    out = net(x_t, t, z)
+    eps, values = out.chunk(2, dim=-1)
+    mse = (eps - noise).pow(2).mean(-1)
+    if teacher is not None:
+        with torch.no_grad():
+            target_out = teacher(x_t, t)
+        mse = mse + weight * (out - target_out).pow(2).mean(-1)
+    # The bound trains the variance only: the mean comes from the detached eps (Nichol & Dhariwal).
+    mean, log_var, _ = diffusion_step(constants, t, x_t, torch.cat([eps.detach(), values], dim=-1))
+    true_mean = constants["posterior_mean_coef1"][t, None] * x0 + constants["posterior_mean_coef2"][t, None] * x_t
+    true_log_var = constants["posterior_log_variance_clipped"][t, None]
+    kl = 0.5 * (
+        -1.0 + log_var - true_log_var + (true_log_var - log_var).exp() + (true_mean - mean).pow(2) * (-log_var).exp()
+    )
+    nll = 0.5 * (math.log(2 * math.pi) + log_var + (x0 - mean).pow(2) * (-log_var).exp())
+    bound = torch.where(t[:, None] == 0, nll, kl).mean(-1) / math.log(2.0)
+    return (mse + bound).mean()
+
+
+def mask_ratio(minimum: float, gen: torch.Generator) -> float:
+    """Upstream's truncnorm((minimum - 1) / 0.25, 0, loc=1, scale=0.25): 1 - |N(0, 0.25)| kept in
+    [minimum, 1], by rejection."""
+    while True:
+        ratio = 1.0 - abs(float(torch.randn((), generator=gen))) * 0.25
+        if ratio >= minimum:
+            return ratio
+
+
+def masked_token_loss(
+    model: MAR,
+    tokens: torch.Tensor,
+    cond: torch.Tensor,
+    gen: torch.Generator,
+    constants,
+    teacher: MAR | None = None,
+    weight: float = 0.0,
+) -> torch.Tensor:
+    """MAR's training loss on a batch of clean tokens [B, L, C] with class labels [B]. With a
+    teacher (the target, for a draft): its head's outputs on the same masked tokens, seen through
+    its own encoder / decoder with the same mask and class dropout, are a second regression target
+    (`diffusion_loss`)."""
+    batch, length, _ = tokens.shape
+    config, device = model.config, tokens.device
+    num_masked = int(math.ceil(length * mask_ratio(config.mask_ratio_min, gen)))
+    orders = torch.argsort(torch.rand(batch, length, generator=gen), dim=1).to(device)
+    mask = torch.zeros(batch, length, device=device).scatter_(1, orders[:, :num_masked], 1.0)
+    dropped = (torch.rand(batch, generator=gen) < config.label_drop_prob).to(device)
+    class_embedding = torch.where(dropped[:, None], model.fake_latent.expand(batch, -1), model.class_emb(cond))
+    z = model.forward_mae_decoder(model.forward_mae_encoder(tokens, mask, class_embedding), mask)
+    masked = mask.bool()
+    repeat = config.diffusion_batch_mul
+    head = None
+    if teacher is not None:
+        with torch.no_grad():
+            teacher_class = torch.where(
+                dropped[:, None], teacher.fake_latent.expand(batch, -1), teacher.class_emb(cond)
+            )
+            teacher_z = teacher.forward_mae_decoder(teacher.forward_mae_encoder(tokens, mask, teacher_class), mask)
+        teacher_z = teacher_z[masked].repeat(repeat, 1)
+
+        def head(x_t, t):
+            return teacher.diffloss.net(x_t, t, teacher_z)
+
+    x0, z = tokens[masked].repeat(repeat, 1), z[masked].repeat(repeat, 1)
+    return diffusion_loss(model.diffloss.net, x0, z, constants, gen, head, weight)
+
+
+def registered_model(name: str, student: MARConfig, device) -> MAR:
+    """A registered MAR (name or folder) as a frozen teacher; its tokens must be the student's."""
+    from ..pipeline import load
+
+    teacher = load(name, device=device).model.float().eval().requires_grad_(False)
+    fits = isinstance(teacher, MAR) and (
+        (teacher.config.seq_side, teacher.config.token_dim, teacher.config.class_num)
+        == (student.seq_side, student.token_dim, student.class_num)
+    )
+    if not fits:
+        raise VisarError(f"distill_from {name!r} is not a MAR over the recipe's tokens and classes")
+    return teacher
+
+
+def latent_encoder(vae: AutoencoderKL):
+    """images -> float16 [B, C, h, w] posterior means at MAR's scale (the dataset's tokens)."""
+
+    def encode(images: torch.Tensor) -> np.ndarray:
+        latent = vae.encode(images).mean * vae.config.scale_factor
+        return latent.cpu().numpy().astype(np.float16)
+
+    return encode
+
+
+def train_continuous(
+    recipe_name: str,
+    out: str | os.PathLike,
+    tokenizer: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    compile: bool = False,
+    **overrides,
+) -> Path:
+    """Train a MAR by recipe on the latents of `tokenizer` (a KL export); returns the export folder
+    (family "mar"). The dataset holds posterior means (the VAE's posterior std is recorded in its
+    metrics); upstream samples the posterior, which matters little at this KL weight."""
+    recipe = resolve_recipe(MAR_RECIPES, recipe_name, overrides)
+    out = prepare_out_dir(out)
+    device = torch.device(device)
+    vae, vq_config = load_tokenizer_export(tokenizer, lambda args: AutoencoderKL(KLConfig.from_dict(args)))
+    vae.to(device)
+    data = build_token_dataset(recipe, vae, out / "dataset.npz", device, encode=latent_encoder(vae))
+    latents = torch.from_numpy(data["tokens"].astype(np.float32))
+    labels = torch.from_numpy(data["labels"])
+    torch.manual_seed(recipe["seed"])
+    model = MAR(MARConfig.from_dict(recipe["model_args"]))
+    init_mar(model)
+    model.to(device)
+    constants = training_diffusion(device)
+    teacher = None
+    if recipe.get("distill_from"):
+        teacher = registered_model(recipe["distill_from"], model.config, device)
+    loss_of = torch.compile(masked_token_loss) if compile else masked_token_loss
+
+    def batch_loss(gen: torch.Generator) -> torch.Tensor:
+        index = torch.randint(0, latents.shape[0], (recipe["batch_size"],), generator=gen)
+        tokens = model.patchify(latents[index].to(device))
+        return loss_of(
+            model, tokens, labels[index].to(device), gen, constants, teacher, recipe.get("distill_weight", 0.0)
+        )
+
+    params, ema = fit(recipe_name, recipe, out, {"model": model}, device, batch_loss)
+    return export_averaged(
+        lambda **folder: export_ar(recipe_name, recipe, model, None, tokenizer, vq_config, out, family="mar", **folder),
+        ema,
+        params,
+    )

@@ -41,6 +41,7 @@ ROW_KEYS = (
     "method",
     "lossless",
     "forward_passes",
+    "draft_forward_passes",
     "tokens_per_forward",
     "step_compression",
     "latency_ratio_vs_ar",
@@ -203,10 +204,12 @@ def speed_row(pipe, name: str, options: dict, conds: list, batch_size: int) -> d
     # each batch's passes times its images, counted from the stats (next-scale tokens are a list of maps)
     batch_images = [len(o.stats["forward_passes_per_image"]) for o in outs]
     per_image_passes = sum(o.stats["forward_passes"] * b for o, b in zip(outs, batch_images, strict=True)) / len(conds)
+    draft_passes = sum(o.stats["draft_forward_passes"] * b for o, b in zip(outs, batch_images, strict=True))
     return {
         "method": name,
         "lossless": all(o.stats["lossless"] for o in outs),  # at these options (gsd group_size=1 is exact)
         "forward_passes": per_image_passes,
+        "draft_forward_passes": draft_passes / len(conds),
         "tokens_per_forward": float(np.mean([o.stats["tokens_per_forward"] for o in outs])),
         "step_compression": pipe.model.num_image_tokens / per_image_passes,
         "latency_s": latency,

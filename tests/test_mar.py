@@ -129,6 +129,17 @@ def test_a_draft_identical_to_the_target_is_accepted():
     assert out.stats["acceptance_rate"] > 0.95
 
 
+def test_a_self_draft_reproduces_plain_sampling_at_the_models_respacing():
+    """cspd runs draft and target on the target's own schedule ("ddim4" here, not an even 4)."""
+    model = tiny_mar(0, num_sampling_steps="ddim4")
+    pipe = visar.Pipeline(model, None, name="tiny-mar")
+    run = dict(class_labels=[0, 1], num_iter=4, output_type="tokens", seed=1)
+    plain = pipe.generate(method="mar", **run)
+    spec = pipe.generate(method="cspd", draft=model, prefill=0.0, **run)
+    assert spec.stats["acceptance_rate"] > 0.95
+    torch.testing.assert_close(spec.tokens, plain.tokens, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.slow
 def test_cspd_marginals_match_plain_target_sampling():
     """Per-token marginals (every position and channel) of cspd against plain target sampling, on a

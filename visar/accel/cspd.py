@@ -332,9 +332,11 @@ def cspd(
     cfg, temperature = params.guidance_scale, params.temperature
     guided = cfg != 1.0
     schedule = MaskSchedule.cosine(num_tokens, num_iter, cfg, cfg_schedule)
-    steps = model.diffusion_schedule(num_diffusion_steps).num_steps
-    target_constants = model.diffusion_schedule(steps).constants(device)
-    draft_constants = draft.diffusion_schedule(steps).constants(device)
+    # One schedule for both, the target's (its respacing, e.g. "ddim25", not an even spacing of as
+    # many steps): trajectory alignment compares the two heads step for step.
+    diffusion = model.diffusion_schedule(num_diffusion_steps)
+    steps = diffusion.num_steps
+    target_constants = draft_constants = diffusion.constants(device)
     orders = draw_orders(generators, num_tokens, device)
     noise = PositionNoise(generators, num_tokens, steps, model.token_dim, device)
     log = DecodeLog(batch, model.grid_size, num_draft, device)

@@ -119,8 +119,11 @@ def test_method_on_every_family(family_pair, method_name):
         labels = {k: v[i : i + 1] for k, v in conditions(pipe, 3).items()}
         alone = pipe.generate(**labels, **{**run, "seed": 5 + i})
         if continuous:  # float chains: equal up to kernel rounding, relative to the image's scale
+            # (this random head's chains pass t = 999, where sqrt(1 / abar) = 2e4 amplifies the
+            # rounding of batch-shaped matmuls; cspd's residual chains run on other row counts
+            # alone than in the batch: 1.2e-5 of the scale was seen)
             scale = float(tokens[i].abs().max())
-            torch.testing.assert_close(alone.tokens[0], tokens[i], rtol=0, atol=1e-5 * scale)
+            torch.testing.assert_close(alone.tokens[0], tokens[i], rtol=0, atol=5e-5 * scale)
         else:
             assert torch.equal(alone.tokens[0], tokens[i]), f"image {i} depends on its batch"
 

@@ -86,6 +86,7 @@ def test_bench_table_and_json(tmp_path, capsys):
         "method",
         "lossless",
         "forward_passes",
+        "draft_forward_passes",
         "tokens_per_forward",
         "step_compression",
         "latency_ratio_vs_ar",

@@ -362,14 +362,19 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     return 10 * math.log10(4 / mse)
 
 
+def held_out_batches(n: int, seed: int, size: int = 64):
+    """n training-stream renders of `seed` (one no recipe trains on) as image batches [<= size, 3, H, W]."""
+    for start in range(0, n, size):
+        yield images_to_tensor([training_renders(seed, i)[0] for i in range(start, min(n, start + size))])
+
+
 @torch.no_grad()
 def evaluate_tokenizer(tokenizer, n: int = 512, seed: int = 999) -> dict:
     """Held-out reconstruction PSNR and codebook usage (renders from a seed no recipe trains on); a
     multi-scale tokenizer's codes are a list of maps, its usage counts every scale."""
     tokenizer.eval()
     total_mse, used = 0.0, torch.zeros(tokenizer.vocab_size, dtype=torch.bool)
-    for start in range(0, n, 64):
-        images = images_to_tensor([training_renders(seed, i)[0] for i in range(start, min(n, start + 64))])
+    for images in held_out_batches(n, seed):
         codes = tokenizer.encode(images)
         total_mse += F.mse_loss(tokenizer.decode(codes).clamp(-1, 1), images, reduction="sum").item()
         used[flat_codes(codes, len(images)).unique()] = True

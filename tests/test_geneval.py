@@ -111,7 +111,9 @@ def test_layout_seeds_resume_and_score(t2i, tmp_path, monkeypatch, capsys):
     meta = write_jsonl(tmp_path / "meta.jsonl", ONE_PER_TASK[:3])
     out = tmp_path / "geneval"
     args = ["eval", "geneval", "--model", "visar-tiny-t2i", "--metadata", str(meta), "--out", str(out)]
-    args += ["--n-samples", "2", "--seed", "10", "--batch-size", "4", "--device", "cpu", "--no-compile"]
+    # batch size 1: an image remade in another batch can differ where a draw is a near-tie that the
+    # batch shape's rounding flips (visar/eval/samples.py; it happened here with batches of 4 and 2)
+    args += ["--n-samples", "2", "--seed", "10", "--batch-size", "1", "--device", "cpu", "--no-compile"]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "3 prompts x 2 images" in printed and "Overall score (avg. over tasks):" in printed

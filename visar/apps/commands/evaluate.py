@@ -94,7 +94,8 @@ def add_fid_parser(subparsers):
         "fid",
         help="generate (resumable) or read N images, pack the ADM .npz, and compute FID / IS / precision-recall",
         description="Image g of N has class g mod C (N a multiple of the C classes) or prompt g mod P, and seed "
-        "SEED + g, so the set is the same for any batch size, any --shard split and any interruption (complete "
+        "SEED + g, so the set is the same for any batch size, any --shard split and any interruption (up to a rare "
+        "near-tie that another batch shape's rounding flips; complete "
         "files are kept). Writes OUT/samples/000000.png ..., OUT/config.json, OUT/samples.npz (arr_0, uint8 "
         "[N, H, W, 3], the ADM evaluator's format) and, with --ref, OUT/metrics.json, using torch-fidelity "
         "(pip install 'visar-ar[eval]').",

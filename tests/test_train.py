@@ -67,6 +67,28 @@ def test_t2i_export_generates_from_prompts(tmp_path, quick_tokenizer):
         pipe.generate(class_labels=[0])
 
 
+def test_t2i_recipe_starts_from_the_class_model_transformer():
+    """The t2i recipe's `init`: every weight of the c2i model's transformer is copied, the caption
+    embedding stays fresh; a recipe whose transformer differs is refused, naming the weight."""
+    from visar.apps.train import start_backbone_from
+    from visar.models.llamagen import LlamaGen, LlamaGenConfig
+
+    recipe = AR_RECIPES["visar-tiny-t2i"]
+    torch.manual_seed(0)
+    model = LlamaGen(LlamaGenConfig.from_dict(recipe["model_args"]))
+    fresh = {k: v.clone() for k, v in model.state_dict().items()}
+    start_backbone_from(model, recipe["init"])
+    source = visar.load(recipe["init"], device="cpu").model.float().state_dict()
+    for key, value in model.state_dict().items():
+        if key.startswith("cls_embedding."):
+            assert torch.equal(value, fresh[key]), key
+        else:
+            assert torch.equal(value, source[key]), key
+    deeper = LlamaGen(LlamaGenConfig.from_dict(dict(recipe["model_args"], n_layer=4)))
+    with pytest.raises(VisarError, match="another transformer.*layers.3"):
+        start_backbone_from(deeper, recipe["init"])
+
+
 def test_t2i_training_hides_the_caption_padding_as_sampling_does(tmp_path, quick_tokenizer, monkeypatch):
     """Left-padded caption keys are invisible in training, as in the KV cache at sampling time (the
     shipped t2i model of 2026-11-29 was trained with them visible and sampled as if from a wrong

@@ -648,10 +648,16 @@ def train_ar(
 def start_backbone_from(model: LlamaGen, name: str):
     """Load a registered LlamaGen model's transformer into `model`, keeping `model`'s own condition
     embedding: a text-conditional recipe can start from a class-conditional model that already draws
-    the shapes (every weight but `cls_embedding.*` must match in name and shape)."""
-    from ..pipeline import load
+    the shapes (every weight but `cls_embedding.*` must match in name and shape). The weights are
+    read from the embedded model's folder (training code does not go through the pipeline)."""
+    from ..checkpoints import read_state_dict
+    from ..registry import embedded_models
 
-    source = {k: v.float() for k, v in load(name, device="cpu").model.state_dict().items()}
+    folder = embedded_models().get(name)
+    if folder is None:
+        raise VisarError(f"init model {name!r} is not an embedded model; known: {sorted(embedded_models())}")
+    weights = json.loads((folder / "config.json").read_text())["weights"]["model"]
+    source = {k: v.float() for k, v in read_state_dict(folder / weights).items()}
     own = model.state_dict()
     backbone = {k for k in own if not k.startswith("cls_embedding.")}
     source_backbone = {k for k in source if not k.startswith("cls_embedding.")}

@@ -149,6 +149,29 @@ def test_t2i_model_follows_its_prompts():
     assert record["overall"] >= 0.20, record
 
 
+def check_recorded_recipes(
+    name: str, family: str, recipe: dict, tokenizer_name: str, tokenizer_recipes: dict, forward_passes: int
+):
+    """A shipped model's config.json records its family, its recipe (model_args, defaults and the rest)
+    and its tokenizer's recipe exactly as the code holds them (through JSON, as written), and the
+    model generates two images in `forward_passes` passes."""
+    config = json.loads((embedded_models()[name] / "config.json").read_text())
+    recipe = json.loads(json.dumps(recipe))
+    assert config["family"] == family and config["model_args"] == recipe.pop("model_args")
+    assert config["defaults"] == recipe.pop("defaults")
+    assert {k: v for k, v in config["recipe"].items() if k != "name"} == recipe
+    assert config["tokenizer_recipe"]["name"] == tokenizer_name
+    tokenizer_recipe = json.loads(json.dumps(tokenizer_recipes[tokenizer_name]))
+    assert {k: v for k, v in config["tokenizer_recipe"].items() if k != "name"} == tokenizer_recipe
+    pipe = visar.load(name, device="cpu")
+    out = pipe.generate(class_labels=[0, 13], output_type="np")
+    assert out.images.shape == (2, 64, 64, 3) and out.stats["forward_passes"] == forward_passes
+
+
+def parameter_count(pipe) -> int:
+    return sum(p.numel() for p in pipe.model.parameters())
+
+
 # -- the next-scale (VAR) pair: drafter and refiner on one multi-scale VQVAE ----------------------------
 
 VAR_PAIR = ["visar-tiny-var-c2i", "visar-tiny-var-c2i-refiner"]
@@ -158,23 +181,12 @@ VAR_PAIR = ["visar-tiny-var-c2i", "visar-tiny-var-c2i-refiner"]
 def test_var_pair_records_its_recipes_and_shares_the_multiscale_tokenizer(name):
     from visar.apps.train_next_scale import MSVQ_RECIPES, NEXT_SCALE_RECIPES
 
-    config = json.loads((embedded_models()[name] / "config.json").read_text())
-    recipe = json.loads(json.dumps(NEXT_SCALE_RECIPES[name]))
-    assert config["family"] == "var" and config["model_args"] == recipe.pop("model_args")
-    assert config["defaults"] == recipe.pop("defaults")
-    assert {k: v for k, v in config["recipe"].items() if k != "name"} == recipe
-    assert config["tokenizer_recipe"]["name"] == "visar-tiny-msvq"
-    tokenizer_recipe = json.loads(json.dumps(MSVQ_RECIPES["visar-tiny-msvq"]))
-    assert {k: v for k, v in config["tokenizer_recipe"].items() if k != "name"} == tokenizer_recipe
-    pipe = visar.load(name, device="cpu")
-    out = pipe.generate(class_labels=[0, 13], output_type="np")
-    assert out.images.shape == (2, 64, 64, 3) and out.stats["forward_passes"] == 9
+    check_recorded_recipes(name, "var", NEXT_SCALE_RECIPES[name], "visar-tiny-msvq", MSVQ_RECIPES, forward_passes=9)
 
 
 def test_var_refiner_is_smaller_and_takes_over_from_the_drafter():
     drafter, refiner = (visar.load(name, device="cpu") for name in VAR_PAIR)
-    count = lambda pipe: sum(p.numel() for p in pipe.model.parameters())  # noqa: E731
-    assert count(refiner) * 4 <= count(drafter)
+    assert parameter_count(refiner) * 4 <= parameter_count(drafter)
     out = drafter.generate(class_labels=[0, 13], method="code", draft=refiner, draft_scales=6, output_type="np")
     assert out.images.shape == (2, 64, 64, 3) and out.stats["draft_forward_passes"] == 3
 
@@ -196,23 +208,12 @@ MAR_PAIR = ["visar-tiny-mar-c2i", "visar-tiny-mar-c2i-draft"]
 def test_mar_pair_records_its_recipes_and_shares_the_kl_tokenizer(name):
     from visar.apps.train_continuous import KL_RECIPES, MAR_RECIPES
 
-    config = json.loads((embedded_models()[name] / "config.json").read_text())
-    recipe = json.loads(json.dumps(MAR_RECIPES[name]))
-    assert config["family"] == "mar" and config["model_args"] == recipe.pop("model_args")
-    assert config["defaults"] == recipe.pop("defaults")
-    assert {k: v for k, v in config["recipe"].items() if k != "name"} == recipe
-    assert config["tokenizer_recipe"]["name"] == "visar-tiny-kl"
-    tokenizer_recipe = json.loads(json.dumps(KL_RECIPES["visar-tiny-kl"]))
-    assert {k: v for k, v in config["tokenizer_recipe"].items() if k != "name"} == tokenizer_recipe
-    pipe = visar.load(name, device="cpu")
-    out = pipe.generate(class_labels=[0, 13], output_type="np")
-    assert out.images.shape == (2, 64, 64, 3) and out.stats["forward_passes"] == 16
+    check_recorded_recipes(name, "mar", MAR_RECIPES[name], "visar-tiny-kl", KL_RECIPES, forward_passes=16)
 
 
 def test_mar_draft_is_under_a_quarter_and_drafts_for_the_target():
     target, draft = (visar.load(name, device="cpu") for name in MAR_PAIR)
-    count = lambda pipe: sum(p.numel() for p in pipe.model.parameters())  # noqa: E731
-    assert count(draft) * 4 <= count(target)
+    assert parameter_count(draft) * 4 <= parameter_count(target)
     for method, options in {"cspd": {"draft": draft}, "mar-cache": {}}.items():
         out = target.generate(class_labels=[0, 13], method=method, output_type="np", **options)
         assert out.images.shape == (2, 64, 64, 3)

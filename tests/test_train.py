@@ -89,6 +89,37 @@ def test_t2i_recipe_starts_from_the_class_model_transformer():
         start_backbone_from(deeper, recipe["init"])
 
 
+def test_a_caption_on_its_class_embedding_is_read_as_the_class():
+    """How a t2i model started from the class model's transformer reads its caption (docs/MODELS.md):
+    the condition positions' queries and keys are zeroed (LlamaGen's rotary table), so a caption of
+    one valid position holding a class's embedding gives exactly the class model's logits, whatever
+    the padding holds; a longer caption on the class's embedding gives the same value at every
+    condition position, read with the weight of as many keys (so not the same logits)."""
+    from visar.models.llamagen import LlamaGen, LlamaGenConfig
+
+    args = dict(AR_RECIPES["visar-tiny-t2i"]["model_args"], caption_dim=128)
+    torch.manual_seed(0)
+    t2i = LlamaGen(LlamaGenConfig.from_dict(args)).eval()
+    c2i = LlamaGen(LlamaGenConfig.from_dict(AR_RECIPES["visar-tiny-c2i-causal"]["model_args"])).eval()
+    for module in (t2i, c2i):  # LlamaGen zero-inits the head; random weights make the test bite
+        for p in module.parameters():
+            torch.nn.init.normal_(p, std=0.3)
+    c2i.load_state_dict({k: v for k, v in t2i.state_dict().items() if not k.startswith("cls_embedding.")}, strict=False)
+    t2i.cls_embedding.cap_proj = torch.nn.Identity()  # caption vectors are the condition vectors
+    labels = torch.tensor([3, 17])
+    tokens = torch.randint(0, 512, (2, 40))
+    expected = c2i(tokens[:, :-1], labels)
+    table = c2i.cls_embedding.embedding_table.weight.detach()
+    cond = torch.randn(2, 16, 128)  # padding is hidden, whatever it holds
+    cond[:, -1] = table[labels]
+    cond_mask = torch.zeros(2, 16, dtype=torch.bool)
+    cond_mask[:, -1] = True
+    got = t2i(tokens[:, :-1], cond, cond_mask=cond_mask)[:, 15:]
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    full = table[labels][:, None].expand(-1, 16, -1)
+    assert (t2i(tokens[:, :-1], full, cond_mask=torch.ones_like(cond_mask))[:, 15:] - expected).abs().max() > 0.1
+
+
 def test_t2i_training_hides_the_caption_padding_as_sampling_does(tmp_path, quick_tokenizer, monkeypatch):
     """Left-padded caption keys are invisible in training, as in the KV cache at sampling time (the
     shipped t2i model of 2026-11-29 was trained with them visible and sampled as if from a wrong

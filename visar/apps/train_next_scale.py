@@ -103,14 +103,20 @@ NEXT_SCALE_RECIPES = {
         render=CLASS_RENDER_EASY,
         model_args=var_args(depth=3, dim=128, heads=4),
         # VAR's convention: guidance 1 + cfg at the last scale (ramped); the raster default's cfg 2
-        # is guidance_scale 3 here. No top-k/top-p: the 512-code vocabulary is small.
-        defaults=dict(guidance_scale=3.0, temperature=1.0, top_k=None, top_p=1.0),
+        # is guidance_scale 3 here. No top-k/top-p: the 512-code vocabulary is small. Temperature
+        # 0.7 (2026-12-01, 1,000 held-out images, seed 200,000): 70.6% against 67.6% at 1.0; 0.5 /
+        # 0.6 level with 0.7 (70.7 / 70.8%); top-p 0.96 68.2%.
+        defaults=dict(guidance_scale=3.0, temperature=0.7, top_k=None, top_p=1.0),
     ),
 }
 # The refiner (CoDe's small model): half the width, 2 layers (about a fifth of the drafter's
 # parameters), trained on the same tokens; it is cheap, so the same 3,000 steps take 17 minutes.
 NEXT_SCALE_RECIPES["visar-tiny-var-c2i-refiner"] = dict(
-    NEXT_SCALE_RECIPES["visar-tiny-var-c2i"], seed=6, model_args=var_args(depth=2, dim=64, heads=2)
+    NEXT_SCALE_RECIPES["visar-tiny-var-c2i"],
+    seed=6,
+    model_args=var_args(depth=2, dim=64, heads=2),
+    # alone, the refiner keeps plain sampling (its record, 33.6%); inside `code` the drafter's call sets it
+    defaults=dict(guidance_scale=3.0, temperature=1.0, top_k=None, top_p=1.0),
 )
 # CoDe's specialised fine-tuning: the refiner, trained on every scale, fine-tuned on the scales it
 # decodes after the drafter's 6 (sizes 10, 13, 16: 525 of the 655 tokens); the loss still sees

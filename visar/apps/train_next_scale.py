@@ -116,7 +116,7 @@ NEXT_SCALE_RECIPES["visar-tiny-var-c2i-refiner"] = dict(
     seed=6,
     model_args=var_args(depth=2, dim=64, heads=2),
     # alone, the refiner keeps plain sampling (its record, 33.6%); inside `code` the drafter's call sets it
-    defaults=dict(guidance_scale=3.0, temperature=1.0, top_k=None, top_p=1.0),
+    defaults=dict(NEXT_SCALE_RECIPES["visar-tiny-var-c2i"]["defaults"], temperature=1.0),
 )
 # CoDe's specialised fine-tuning: the refiner, trained on every scale, fine-tuned on the scales it
 # decodes after the drafter's 6 (sizes 10, 13, 16: 525 of the 655 tokens); the loss still sees

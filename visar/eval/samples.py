@@ -11,10 +11,10 @@ round differently for another batch shape (on CPU too), which flips a token when
 within that rounding (about 1e-6) of a bin edge of the sampling CDF (seen once: one image of six,
 a gap of 5e-7 at its 166th token, generated in a batch of 4 and in a batch of 2; every token after
 it then differs). Such a flip is rare and changes one sample, not the set's law. An image is then
-decoded alone, because a
-batched convolution can differ in the last bit from an unbatched one, and on CPU on one thread,
-because a multi-threaded convolution sums in an order set by the thread count (which moves about
-one pixel value in a thousand by 1; torchrun gives each process one thread). An image's file is
+decoded alone, because a batched convolution can differ in the last bit from an unbatched one,
+and on CPU on one thread, because a multi-threaded convolution sums in an order set by the thread
+count (which moves about one pixel value in a thousand by 1; torchrun gives each process one
+thread). An image's file is
 therefore the same for any batch size, thread count and split into shards or processes, except
 where a near-tie flips as above.
 """

@@ -47,8 +47,10 @@ def test_inverse_cdf_draw_follows_the_distribution():
 
 def test_inverse_cdf_edges_never_pick_zero_mass():
     probs = torch.tensor([[0.0, 1.0, 0.0]])
-    for u in (0.0, 0.5, 1.0 - 1e-7):
+    for u in (0.0, 0.5, 1.0 - 1e-7, 1.0):  # 1.0: a target rounded up to the total falls back to the last bin
         assert sample_from_probs(probs, torch.tensor([u])).item() == 1
+    tail = torch.tensor([[0.25, 0.0, 0.75, 0.0, 0.0]])
+    assert sample_from_probs(tail.expand(3, -1), torch.tensor([0.2, 0.3, 1.0])).tolist() == [0, 2, 2]
 
 
 def test_generators_are_per_image():

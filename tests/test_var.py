@@ -215,6 +215,16 @@ def test_code_hands_over_midway(pair):
     assert len(out.images) == 2 and out.images[0].size == (8, 8)
 
 
+def test_code_samples_the_refiner_at_its_own_temperature(pair):
+    drafter, refiner = pair
+    base = generate(drafter, method="code", draft=refiner, draft_scales=2)
+    assert same(generate(drafter, method="code", draft=refiner, draft_scales=2, refiner_temperature=1.0), base)
+    cooled = generate(drafter, method="code", draft=refiner, draft_scales=2, refiner_temperature=0.05)
+    assert same(cooled[:2], base[:2]) and not same(cooled[2:], base[2:])  # only the refiner's scales move
+    with pytest.raises(VisarError, match="temperature must be > 0"):
+        generate(drafter, method="code", draft=refiner, refiner_temperature=0)
+
+
 @pytest.mark.parametrize("drafted", [1, 2, 3])
 def test_refiner_prefill_cache_equals_a_scale_by_scale_run(drafted):
     """One block-causal pass over scales 0 .. N gives the cache and scale-N logits of N + 1 cached passes."""
@@ -232,13 +242,21 @@ def test_refiner_prefill_cache_equals_a_scale_by_scale_run(drafted):
         stepwise = [(b.attn.cache.k.clone(), b.attn.cache.v.clone(), b.attn.cache.length) for b in model.blocks]
         model.setup_cache(3)
         prefill_logits = model(cond, inputs[:, : sum(sides[1 : drafted + 1])])
-        prefill = [(b.attn.cache.k, b.attn.cache.v, b.attn.cache.length) for b in model.blocks]
+        prefill = [(b.attn.cache.k.clone(), b.attn.cache.v.clone(), b.attn.cache.length) for b in model.blocks]
+        # last_scale_only (what CoDe's refiner calls): the last block skips the earlier scales' outputs
+        model.setup_cache(3)
+        last_only = model(cond, inputs[:, : sum(sides[1 : drafted + 1])], last_scale_only=True)
+        last_only_cache = [(b.attn.cache.k, b.attn.cache.v, b.attn.cache.length) for b in model.blocks]
         model.clear_cache()
     torch.testing.assert_close(prefill_logits[:, -sides[drafted] :], logits, atol=1e-5, rtol=1e-5)
-    for (k1, v1, n1), (k2, v2, n2) in zip(stepwise, prefill, strict=True):
-        assert n1 == n2 == sum(sides[: drafted + 1])
-        torch.testing.assert_close(k1[:, :, :n1], k2[:, :, :n2], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(v1[:, :, :n1], v2[:, :, :n2], atol=1e-5, rtol=1e-5)
+    assert last_only.shape == logits.shape
+    torch.testing.assert_close(last_only, logits, atol=1e-5, rtol=1e-5)
+    for (k1, v1, n1), (k2, v2, n2), (k3, v3, n3) in zip(stepwise, prefill, last_only_cache, strict=True):
+        assert n1 == n2 == n3 == sum(sides[: drafted + 1])
+        for cached in (k2[:, :, :n2], k3[:, :, :n3]):
+            torch.testing.assert_close(k1[:, :, :n1], cached, atol=1e-5, rtol=1e-5)
+        for cached in (v2[:, :, :n2], v3[:, :, :n3]):
+            torch.testing.assert_close(v1[:, :, :n1], cached, atol=1e-5, rtol=1e-5)
 
 
 def test_teacher_forcing_equals_the_cached_scale_by_scale_logits():
@@ -318,7 +336,7 @@ def test_methods_list_the_next_scale_kind():
     assert METHODS["var"].lossless and not METHODS["code"].lossless
     assert METHODS["var-prune"].lossless_label == "lossy (exact when keep_fraction=1)"
     assert METHODS["code"].needs_draft
-    assert METHODS["code"].options == ["draft", "draft_scales", "keep_fraction", "prune_scales"]
+    assert METHODS["code"].options == ["draft", "draft_scales", "keep_fraction", "prune_scales", "refiner_temperature"]
 
 
 # -- bad input: one clear error each ------------------------------------------------------------------

@@ -5,8 +5,9 @@
         --out docs/bench/var
 
 Rows, after the drafter alone (`var`, the reference): the refiner alone (`code` with N = 0),
-`code` at each N of --draft-scales, `var-prune` at each --keep fraction (the --prune-scales largest
-scales), and `code` with pruning for each N:fraction of --combined. Speed columns from --n images
+`code` at each N of --draft-scales (then again at each --refiner-temperature, the refiner's own
+sampling temperature), `var-prune` at each --keep fraction (the --prune-scales largest scales), and
+`code` with pruning for each N:fraction of --combined. Speed columns from --n images
 at --batch-size in one process (latency against the drafter alone; peak memory; the inputs that
 went through each model's layers per image), quality columns (shapes-world detector accuracy,
 Frechet distance to the drafter alone in the tokenizer's latent space) over --quality-n images per
@@ -28,10 +29,13 @@ def csv(kind):
     return lambda text: [kind(v) for v in text.split(",") if v]
 
 
-def plan(refiner, draft_scales, keeps, prune_scales, combined) -> list[tuple[str, dict, str]]:
+def plan(refiner, draft_scales, keeps, prune_scales, combined, refiner_temperatures=()) -> list[tuple[str, dict, str]]:
     """(method, options, row label) for every row after the reference."""
     rows = [("code", {"draft": refiner, "draft_scales": 0}, "refiner alone (code N=0)")]
     rows += [("code", {"draft": refiner, "draft_scales": n}, f"code N={n}") for n in draft_scales]
+    for t in refiner_temperatures:
+        options = [{"draft": refiner, "draft_scales": n, "refiner_temperature": t} for n in draft_scales]
+        rows += [("code", o, f"code N={o['draft_scales']}, refiner temperature {t}") for o in options]
     rows += [("var-prune", {"keep_fraction": f, "prune_scales": prune_scales}, f"var-prune keep={f}") for f in keeps]
     for pair in combined:
         n, f = pair.split(":")
@@ -72,6 +76,9 @@ def main(argv=None) -> int:
     parser.add_argument("--draft-scales", type=csv(int), default=[3, 4, 5, 6, 7], help="CoDe's N values")
     parser.add_argument("--keep", type=csv(float), default=[0.75, 0.5, 0.25], help="var-prune keep fractions")
     parser.add_argument("--prune-scales", type=int, default=2, help="prune the n largest scales (default 2)")
+    parser.add_argument(
+        "--refiner-temperature", type=csv(float), default=[], help="also code rows with these refiner temperatures"
+    )
     parser.add_argument("--combined", type=csv(str), default=["6:0.5"], help="code + pruning rows, N:fraction")
     parser.add_argument("--n", type=int, default=16, help="images for the speed columns")
     parser.add_argument("--batch-size", type=int, default=1)
@@ -82,7 +89,7 @@ def main(argv=None) -> int:
 
     pipe = visar.load(args.model, device=args.device)
     refiner = visar.load(args.refiner, device=args.device)
-    rows = plan(refiner, args.draft_scales, args.keep, args.prune_scales, args.combined)
+    rows = plan(refiner, args.draft_scales, args.keep, args.prune_scales, args.combined, args.refiner_temperature)
     report = bench(
         pipe,
         [],

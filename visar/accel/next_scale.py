@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -71,11 +71,12 @@ class ScaleScorer:
         """Feed scales first_scale .. k (latents [B, l, C] for those past scale 0) -> scale k's law [B, pn^2, V]."""
         if latents is not None and self.guided:
             latents = torch.cat([latents, latents])
-        logits = self.model(self.cond, latents, first_scale=first_scale, keep_fraction=keep_fraction)
+        logits = self.model(
+            self.cond, latents, first_scale=first_scale, keep_fraction=keep_fraction, last_scale_only=True
+        )
         self.forward_passes += 1
         fed = (first_scale == 0) + (0 if latents is None else latents.shape[1])
         self.layer_tokens += math.ceil(keep_fraction * fed)  # the model's own rounding (VAR.tokens_kept)
-        logits = logits[:, -(self.model.scale_sizes[k] ** 2) :]
         weight = ramped_guidance(self.params.guidance_scale, k, self.num_scales)
         if self.guided:
             cond, uncond = logits.chunk(2)
@@ -233,6 +234,7 @@ def code(
     draft_scales: int | None = None,
     keep_fraction: float = 1.0,
     prune_scales: int | list[int] = 2,
+    refiner_temperature: float | None = None,
     tokenizer: MultiScaleTokenizer | None = None,
     cond_mask: Tensor | None = None,
     progress: bool = False,
@@ -243,7 +245,8 @@ def code(
     inputs of scales 1 .. N and reads scale N's law from it. keep_fraction < 1 adds var-prune's
     cached token pruning at the `prune_scales`, in whichever model decodes them; scale N, read from
     the refiner's prefill, is never pruned. stats: forward_passes counts both models' passes (one
-    per scale), draft_forward_passes the refiner's."""
+    per scale), draft_forward_passes the refiner's. refiner_temperature: the refiner's sampling
+    temperature (None: the call's), as CoDe samples its two models with their own settings."""
     num_drafted = check_refiner(model, draft, draft_scales)
     check_pair(model, tokenizer)
     check_keep_fraction(keep_fraction)
@@ -253,7 +256,7 @@ def code(
     start = synchronized_clock(model.device)
     drafter_scorer, refiner_scorer = (
         ScaleScorer(model, cond, params),
-        ScaleScorer(refiner, cond.to(refiner.device), params),
+        ScaleScorer(refiner, cond.to(refiner.device), refiner_params(params, refiner_temperature)),
     )
     state = ScaleState(tokenizer.empty_latent(cond.shape[0], model.device))
     keep = lambda k: keep_fraction if k in chosen else 1.0  # noqa: E731
@@ -271,6 +274,10 @@ def code(
     if chosen:
         stats.update(keep_fraction=keep_fraction, pruned_scales=sorted(chosen))
     return state.tokens, stats
+
+
+def refiner_params(params: SamplingParams, temperature: float | None) -> SamplingParams:
+    return params if temperature is None else replace(params, temperature=temperature)
 
 
 def code_is_exact(options: dict, model) -> bool:

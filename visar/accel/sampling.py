@@ -79,9 +79,11 @@ def sample_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:
     cdf = probs.float().cumsum(-1)
     target = (uniforms.to(cdf.device) * cdf[..., -1]).unsqueeze(-1)
     tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    # Rounding can push the target past the last non-zero bin; fall back to the last such bin.
-    last_nonzero = probs.shape[-1] - 1 - (probs > 0).flip(-1).float().argmax(-1)
-    return torch.minimum(tokens, last_nonzero)
+    # Rounding can push the target past the last bin that adds mass (the search then returns V);
+    # fall back to that bin: the first whose cumulative sum reaches the total (a binary search per
+    # row, where a scan for the last non-zero probability would cost as much as the draw).
+    last_bin = torch.searchsorted(cdf, cdf[..., -1:].contiguous()).squeeze(-1)
+    return torch.minimum(tokens, last_bin)
 
 
 def make_generators(batch_size: int, seed: int) -> list[torch.Generator]:

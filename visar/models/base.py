@@ -138,7 +138,7 @@ class NextScaleModel(Protocol):
     makes from the tokens of scales 0 .. k - 1. The output at an input of scale k is the logits of
     scale k's token at that place. The condition also modulates every layer (AdaLN).
 
-    Calls (`model(cond, latents, first_scale=k, keep_fraction=1.0)`) return float32 logits
+    Calls (`model(cond, latents, first_scale=k, keep_fraction=1.0, last_scale_only=False)`) return float32 logits
     [B, l, V] for the inputs fed: scale `first_scale` and the scales after it that `latents`
     [B, l', latent_dim] cover (scale 0 adds its start token to them). Attention is block-causal: an
     input sees the inputs of its own and earlier scales, in this call and in the cache.
@@ -149,6 +149,9 @@ class NextScaleModel(Protocol):
       on a cache set up with pruning=True): only that fraction of the scale's inputs go through each
       layer, those that changed most against the previous scale; the others take the previous
       scale's layer outputs, upsampled. 1 is exact.
+    - last_scale_only: return the logits of the call's last scale only [B, pn^2, V]; the model may
+      skip work that only the other inputs' outputs need (their keys and values still enter the
+      cache), as a prefill that reads one scale's law wants.
     A method never reads the cache or any attribute outside this interface.
     """
 
@@ -188,7 +191,13 @@ class NextScaleModel(Protocol):
     def clear_cache(self) -> None: ...
 
     def __call__(
-        self, cond: Tensor, latents: Tensor | None = None, *, first_scale: int = 0, keep_fraction: float = 1.0
+        self,
+        cond: Tensor,
+        latents: Tensor | None = None,
+        *,
+        first_scale: int = 0,
+        keep_fraction: float = 1.0,
+        last_scale_only: bool = False,
     ) -> Tensor: ...
 
 

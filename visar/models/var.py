@@ -104,8 +104,10 @@ class KVCache:
 
     def __init__(self, batch_size: int, heads: int, length: int, head_dim: int, dtype, device):
         shape = (batch_size, heads, length, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # empty, not zeros: only the appended prefix is ever read (zero-filling every layer's cache
+        # cost about 4 ms a decode at batch 16, as much as a small scale's pass)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
         self.length = 0
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -135,19 +137,21 @@ class SelfAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.cache: KVCache | None = None
 
-    def forward(self, x: Tensor, visible: Tensor | None) -> Tensor:
-        """x [B, l, C]; visible [l, S] bool over the cached and new keys (None: all)."""
+    def forward(self, x: Tensor, visible: Tensor | None, queries_from: int = 0) -> Tensor:
+        """x [B, l, C]; visible [l, S] bool over the cached and new keys (None: all) -> the outputs of
+        inputs queries_from .. l - 1 (every input's key and value still enters the cache)."""
         batch, length, dim = x.shape
         bias = torch.cat([self.q_bias, self.zero_k_bias, self.v_bias])
         qkv = F.linear(x, self.mat_qkv.weight, bias).view(batch, length, 3, self.heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, l, D]
+        q = q[:, :, queries_from:]
         if self.l2_norm:
             scale_mul = self.scale_mul_1H11.clamp_max(math.log(100)).exp()
             q, k = F.normalize(q, dim=-1) * scale_mul, F.normalize(k, dim=-1)
         if self.cache is not None:
             k, v = self.cache.append(k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=self.softmax_scale)
-        return self.proj(out.transpose(1, 2).reshape(batch, length, dim))
+        return self.proj(out.transpose(1, 2).reshape(batch, length - queries_from, dim))
 
 
 class FFN(nn.Module):
@@ -198,18 +202,29 @@ class AdaLNBlock(nn.Module):
         return list(self.ada_lin(condition).view(condition.shape[0], 1, 6, -1).unbind(2))
 
     def forward(
-        self, x: Tensor, condition: Tensor, visible: Tensor | None, keep: int | None = None, record_last: int = 0
+        self,
+        x: Tensor,
+        condition: Tensor,
+        visible: Tensor | None,
+        keep: int | None = None,
+        record_last: int = 0,
+        outputs_from: int = 0,
     ) -> Tensor:
-        """x [B, l, C]; keep: prune to that many inputs; record_last: keep the updates of this call's last
+        """x [B, l, C] -> the outputs of inputs outputs_from .. l - 1 (the keys and values of all enter
+        the cache); keep: prune to that many inputs; record_last: keep the updates of this call's last
         `record_last` inputs (its last scale) for a later pruned call (0: keep nothing)."""
         gamma1, gamma2, scale1, scale2, shift1, shift2 = self.modulation(condition)
-        block_input = x
+        if outputs_from:
+            visible = None if visible is None else visible[outputs_from:]
         if keep is None:
-            attn_update = self.attn(modulate(self.norm(x), scale1, shift1), visible) * gamma1
+            attn_update = self.attn(modulate(self.norm(x), scale1, shift1), visible, outputs_from) * gamma1
+            x = x[:, outputs_from:]
+            block_input = x
             x = x + attn_update
             ffn_update = self.ffn(modulate(self.norm(x), scale2, shift2)) * gamma2
             x = x + ffn_update
         else:
+            block_input = x
             x, attn_update, ffn_update = self.pruned(x, keep, gamma1, gamma2, scale1, scale2, shift1, shift2)
         self.record = None
         if record_last:
@@ -367,9 +382,16 @@ class VAR(nn.Module):
         return torch.cat([new.new_ones(len(levels), cached), new], dim=1)
 
     def forward(
-        self, cond: Tensor, latents: Tensor | None = None, *, first_scale: int = 0, keep_fraction: float = 1.0
+        self,
+        cond: Tensor,
+        latents: Tensor | None = None,
+        *,
+        first_scale: int = 0,
+        keep_fraction: float = 1.0,
+        last_scale_only: bool = False,
     ) -> Tensor:
-        """cond [B] class ids (num_classes = the null class); latents [B, l', z_channels] -> logits [B, l, V]."""
+        """cond [B] class ids (num_classes = the null class); latents [B, l', z_channels] -> logits [B, l, V],
+        or with last_scale_only those of the call's last scale [B, pn^2, V]."""
         cache = self.blocks[0].attn.cache
         if cache is None and first_scale != 0:
             raise VisarError("a VAR call without a KV cache must start at scale 0 (teacher forcing)")
@@ -383,9 +405,16 @@ class VAR(nn.Module):
         visible = self.visibility(first_scale, end_scale, 0 if cache is None else cache.length)
         # A multi-scale call (CoDe's refiner prefill) records its last scale: block-causal attention
         # gives that scale's inputs what a one-scale call would, so the next scale can be pruned.
-        record_last = self.scale_sizes[end_scale - 1] ** 2 if self.recording else 0
-        for block in self.blocks:
-            x = block(x, condition, visible, keep, record_last=record_last)
+        last_scale = self.scale_sizes[end_scale - 1] ** 2
+        record_last = last_scale if self.recording else 0
+        # The outputs of earlier scales feed only later blocks' keys and values: the last block can
+        # skip them (a prefill's attention and FFN work on those inputs, and its head).
+        outputs_from = x.shape[1] - last_scale if last_scale_only else 0
+        for i, block in enumerate(self.blocks):
+            last_block = i == len(self.blocks) - 1
+            x = block(
+                x, condition, visible, keep, record_last=record_last, outputs_from=outputs_from if last_block else 0
+            )
         return F.linear(self.head_nm(x, cond_embedding), self.head.weight.float(), self.head.bias.float())
 
     def tokens_kept(self, keep_fraction: float, length: int, num_scales: int, cache) -> int | None:

@@ -103,7 +103,14 @@ class TrainedLikeMAR(MAR):
     multiply their eps error by sqrt(1/abar_999) ~ 2e4 and no two models ever agree."""
 
     def diffusion_head(self, x, timesteps, z):
-        out = super().diffusion_head(x, timesteps, z)
+        return self.read_as_trained(super().diffusion_head(x, timesteps, z), x, timesteps)
+
+    def diffusion_chain(self, z, timesteps):
+        head = super().diffusion_chain(z, timesteps)
+        return lambda x, i: self.read_as_trained(head(x, i), x, timesteps[i].expand(len(x)))
+
+    @staticmethod
+    def read_as_trained(out, x, timesteps):
         channels = x.shape[-1]
         a = ALPHA_BAR.to(x.device)[timesteps][:, None]
         eps = (1 - a).sqrt() * (x - a.sqrt() * 2 * torch.tanh(out[:, :channels]))
@@ -127,6 +134,22 @@ def test_a_draft_identical_to_the_target_is_accepted():
     pipe = visar.Pipeline(model, None, name="tiny-mar")
     out = pipe.generate(class_labels=[0, 1], method="cspd", draft=model, num_iter=4, output_type="tokens", seed=1)
     assert out.stats["acceptance_rate"] > 0.95
+
+
+def test_the_head_along_a_chain_equals_its_calls_one_by_one():
+    """diffusion_chain computes the timestep and condition embeddings once; its outputs are the head's."""
+    model = tiny_mar(0, num_sampling_steps="ddim4")
+    timesteps = torch.tensor(model.diffusion_schedule().timestep_map)
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(5, model.diffloss.net.cond_embed.in_features, generator=gen)
+    with torch.no_grad():
+        head = model.diffusion_chain(z, timesteps)
+        for i in range(len(timesteps)):
+            x = torch.randn(5, model.token_dim, generator=gen)
+            one_by_one = model.diffusion_head(x, timesteps[i].expand(5), z)
+            torch.testing.assert_close(head(x, i), one_by_one, rtol=1e-5, atol=1e-6)
+            other = timesteps[(i + 1) % len(timesteps)].expand(5)  # the step matters: the check can fail
+            assert not torch.allclose(head(x, i), model.diffusion_head(x, other, z))
 
 
 def test_a_self_draft_reproduces_plain_sampling_at_the_models_respacing():

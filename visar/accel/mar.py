@@ -95,17 +95,15 @@ def head_output(model, constants, x: Tensor, step: Tensor, z: Tensor, z_null: Te
     if z_null is None:
         return model.diffusion_head(x, timesteps, z)
     out = model.diffusion_head(torch.cat([x, x]), torch.cat([timesteps, timesteps]), torch.cat([z, z_null]))
+    return guided(out, x.shape[-1], cfg)
+
+
+def guided(out: Tensor, channels: int, cfg) -> Tensor:
+    """The head's output on [class rows ; null rows] -> eps guided, v the class's [N, 2C]."""
     cond, null = out.chunk(2)
-    channels = x.shape[-1]
     scale = cfg[:, None] if isinstance(cfg, Tensor) else cfg
     eps = null[:, :channels] + scale * (cond[:, :channels] - null[:, :channels])
     return torch.cat([eps, cond[:, channels:]], dim=-1)
-
-
-def transition(model, constants, x, step, z, z_null, cfg):
-    """(mean, log_variance) of the Gaussian step from x at respaced step `step` [N]."""
-    mean, log_variance, _ = diffusion_step(constants, step, x, head_output(model, constants, x, step, z, z_null, cfg))
-    return mean, log_variance
 
 
 def denoise(model, constants, start: Tensor, z, z_null, cfg, temperature: float, noise_at, record: bool = False):
@@ -116,10 +114,12 @@ def denoise(model, constants, start: Tensor, z, z_null, cfg, temperature: float,
     """
     x = start
     num_steps = len(constants["timestep_map"])
+    head = model.diffusion_chain(z if z_null is None else torch.cat([z, z_null]), constants["timestep_map"])
     path, means, log_vars = [], [], []
     for i in reversed(range(num_steps)):
         step = torch.full((x.shape[0],), i, dtype=torch.long, device=x.device)
-        mean, log_variance = transition(model, constants, x, step, z, z_null, cfg)
+        out = head(x, i) if z_null is None else guided(head(torch.cat([x, x]), i), x.shape[-1], cfg)
+        mean, log_variance, _ = diffusion_step(constants, step, x, out)
         noise = noise_at(i)
         if record:
             path.append(x)

@@ -23,6 +23,7 @@ A model declares its kind in `model_kind`; a method declares the kind it decodes
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Protocol, runtime_checkable
 
@@ -359,6 +360,12 @@ class ContinuousTokenModel(Protocol):
     def diffusion_head(self, x: Tensor, timesteps: Tensor, z: Tensor) -> Tensor:
         """x [N, C] noisy tokens, timesteps [N] on the original 0..999 scale, z [N, Dz] -> [N, 2C]:
         eps, then the variance interpolation values v in [-1, 1]."""
+        ...
+
+    def diffusion_chain(self, z: Tensor, timesteps: Tensor) -> Callable[[Tensor, int], Tensor]:
+        """The head along reverse chains that share z [N, Dz]: the returned head(x [N, C], i) is
+        diffusion_head(x, timesteps[i] for every row, z); what depends only on z or the timestep
+        (computed once here, not at every step) is the model's to choose."""
         ...
 
     def diffusion_schedule(self, num_steps: int | None = None) -> DiffusionSchedule: ...

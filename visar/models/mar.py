@@ -12,6 +12,7 @@ method (visar.accel.mar), written once against that interface.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -225,8 +226,11 @@ class DiffusionMLP(nn.Module):
         self.final_layer = FinalLayer(width, 2 * channels)
 
     def forward(self, x: Tensor, t: Tensor, c: Tensor) -> Tensor:
+        return self.forward_embedded(x, self.time_embed(t) + self.cond_embed(c))
+
+    def forward_embedded(self, x: Tensor, y: Tensor) -> Tensor:
+        """The head given y = time_embed(t) + cond_embed(c) [N or 1, width]."""
         x = self.input_proj(x)
-        y = self.time_embed(t) + self.cond_embed(c)
         for block in self.res_blocks:
             x = block(x, y)
         return self.final_layer(x, y)
@@ -329,6 +333,18 @@ class MAR(nn.Module):
 
     def diffusion_head(self, x: Tensor, timesteps: Tensor, z: Tensor) -> Tensor:
         return self.diffloss.net(x.to(self.dtype), timesteps, z.to(self.dtype)).float()
+
+    def diffusion_chain(self, z: Tensor, timesteps: Tensor) -> Callable[[Tensor, int], Tensor]:
+        # A token's chain calls the head once per step with the same z: the timestep and condition
+        # embeddings (a sixth of a small head call) are computed once here, not at every call.
+        net = self.diffloss.net
+        times = net.time_embed(timesteps)  # [T, width]
+        cond = net.cond_embed(z.to(self.dtype))  # [N, width]
+
+        def head(x: Tensor, i: int) -> Tensor:
+            return net.forward_embedded(x.to(self.dtype), times[i] + cond).float()
+
+        return head
 
     def condition_features(
         self, tokens: Tensor, visible: Tensor, cond_embedding: Tensor, reuse: BlockReuse | None = None

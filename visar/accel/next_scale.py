@@ -256,7 +256,11 @@ def code(
     start = synchronized_clock(model.device)
     drafter_scorer, refiner_scorer = (
         ScaleScorer(model, cond, params),
-        ScaleScorer(refiner, cond.to(refiner.device), refiner_params(params, refiner_temperature)),
+        ScaleScorer(
+            refiner,
+            cond.to(refiner.device),
+            params if refiner_temperature is None else replace(params, temperature=refiner_temperature),
+        ),
     )
     state = ScaleState(tokenizer.empty_latent(cond.shape[0], model.device))
     keep = lambda k: keep_fraction if k in chosen else 1.0  # noqa: E731
@@ -274,10 +278,6 @@ def code(
     if chosen:
         stats.update(keep_fraction=keep_fraction, pruned_scales=sorted(chosen))
     return state.tokens, stats
-
-
-def refiner_params(params: SamplingParams, temperature: float | None) -> SamplingParams:
-    return params if temperature is None else replace(params, temperature=temperature)
 
 
 def code_is_exact(options: dict, model) -> bool:

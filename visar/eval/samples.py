@@ -14,9 +14,8 @@ it then differs). Such a flip is rare and changes one sample, not the set's law.
 decoded alone, because a batched convolution can differ in the last bit from an unbatched one,
 and on CPU on one thread, because a multi-threaded convolution sums in an order set by the thread
 count (which moves about one pixel value in a thousand by 1; torchrun gives each process one
-thread). An image's file is
-therefore the same for any batch size, thread count and split into shards or processes, except
-where a near-tie flips as above.
+thread). An image's file is therefore the same for any batch size, thread count and split into
+shards or processes, except where a near-tie flips as above.
 """
 
 from __future__ import annotations

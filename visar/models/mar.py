@@ -229,7 +229,7 @@ class DiffusionMLP(nn.Module):
         return self.forward_embedded(x, self.time_embed(t) + self.cond_embed(c))
 
     def forward_embedded(self, x: Tensor, y: Tensor) -> Tensor:
-        """The head given y = time_embed(t) + cond_embed(c) [N or 1, width]."""
+        """The head given y = time_embed(t) + cond_embed(c) [N, width]."""
         x = self.input_proj(x)
         for block in self.res_blocks:
             x = block(x, y)

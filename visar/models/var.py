@@ -211,11 +211,10 @@ class AdaLNBlock(nn.Module):
         outputs_from: int = 0,
     ) -> Tensor:
         """x [B, l, C] -> the outputs of inputs outputs_from .. l - 1 (the keys and values of all enter
-        the cache); keep: prune to that many inputs; record_last: keep the updates of this call's last
-        `record_last` inputs (its last scale) for a later pruned call (0: keep nothing)."""
+        the cache); visible: the rows of those outputs; keep: prune to that many inputs; record_last:
+        keep the updates of this call's last `record_last` inputs (its last scale) for a later pruned
+        call (0: keep nothing)."""
         gamma1, gamma2, scale1, scale2, shift1, shift2 = self.modulation(condition)
-        if outputs_from:
-            visible = None if visible is None else visible[outputs_from:]
         if keep is None:
             attn_update = self.attn(modulate(self.norm(x), scale1, shift1), visible, outputs_from) * gamma1
             x = x[:, outputs_from:]
@@ -408,13 +407,14 @@ class VAR(nn.Module):
         last_scale = self.scale_sizes[end_scale - 1] ** 2
         record_last = last_scale if self.recording else 0
         # The outputs of earlier scales feed only later blocks' keys and values: the last block can
-        # skip them (a prefill's attention and FFN work on those inputs, and its head).
+        # skip them (a prefill's attention and FFN work on those inputs, and its head). The last
+        # scale sees every key, so that block needs no mask.
         outputs_from = x.shape[1] - last_scale if last_scale_only else 0
         for i, block in enumerate(self.blocks):
-            last_block = i == len(self.blocks) - 1
-            x = block(
-                x, condition, visible, keep, record_last=record_last, outputs_from=outputs_from if last_block else 0
-            )
+            if i == len(self.blocks) - 1 and outputs_from:
+                x = block(x, condition, None, keep, record_last=record_last, outputs_from=outputs_from)
+            else:
+                x = block(x, condition, visible, keep, record_last=record_last)
         return F.linear(self.head_nm(x, cond_embedding), self.head.weight.float(), self.head.bias.float())
 
     def tokens_kept(self, keep_fraction: float, length: int, num_scales: int, cache) -> int | None:

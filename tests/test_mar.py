@@ -152,6 +152,29 @@ def test_the_head_along_a_chain_equals_its_calls_one_by_one():
             assert not torch.allclose(head(x, i), model.diffusion_head(x, other, z))
 
 
+def test_a_model_heads_chain_samples_as_its_transitions_do():
+    """cspd's residual chains run through diffusion_chain (conditions embedded once per chain); with
+    guidance, the path and token equal those of the transition called step by step, row by row."""
+    from visar.accel.cspd import model_head
+
+    model = tiny_mar(0, num_sampling_steps="ddim4")
+    constants = model.diffusion_schedule().constants("cpu")
+    gen = torch.Generator().manual_seed(0)
+    width, steps = model.diffloss.net.cond_embed.in_features, len(constants["timestep_map"])
+    z, z_null = torch.randn(6, width, generator=gen), torch.randn(6, width, generator=gen)
+    head = model_head(model, constants, z, z_null, torch.tensor([1.0, 1.5, 2.0, 3.0, 4.0, 5.0]))
+    rows = torch.tensor([4, 1, 1, 0])  # a chain may repeat a row (several residual proposals)
+    start, noise = torch.randn(4, model.token_dim, generator=gen), torch.randn(steps, 4, model.token_dim, generator=gen)
+    with torch.no_grad():
+        path, x0 = head.sample(start, rows, 1.0, noise)
+        plain = TokenHead(head.transition)
+        plain_path, plain_x0 = plain.sample(start, rows, 1.0, noise)
+        other_path, _ = plain.sample(start, rows.flip(0), 1.0, noise)  # the rows matter: the check can fail
+    torch.testing.assert_close(path, plain_path, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(x0, plain_x0, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(path[0], other_path[0], atol=1e-3)
+
+
 def test_a_self_draft_reproduces_plain_sampling_at_the_models_respacing():
     """cspd runs draft and target on the target's own schedule ("ddim4" here, not an even 4)."""
     model = tiny_mar(0, num_sampling_steps="ddim4")

@@ -51,6 +51,7 @@ from .mar import (
     condition_pass,
     default_num_iter,
     draw_orders,
+    guided,
     head_output,
     predicted_positions,
     sample_step,
@@ -88,8 +89,11 @@ class TokenHead:
     """The reverse chain of one model on N tokens: transition(x, step) for token rows, and the
     final deterministic map f(x_1) (respaced step 0) with its inverse and Jacobian."""
 
-    def __init__(self, transition):
+    def __init__(self, transition, chain=None):
         self.transition = transition  # (x [M, C], step [M], rows [M]) -> (mean, log_variance)
+        # rows [M] -> step(x [M, C], i) -> (mean, log_variance): the transition along one chain of
+        # fixed rows, which embeds the rows' conditions once (the model's diffusion_chain)
+        self.chain = chain
 
     def final(self, x1: Tensor, rows: Tensor) -> Tensor:
         return self.transition(x1, torch.zeros_like(rows), rows)[0]
@@ -147,9 +151,15 @@ class TokenHead:
     def sample(self, start: Tensor, rows: Tensor, temperature: float, noise: Tensor):
         """A fresh chain from start [N, C] with step noise [T, N, C] -> (path [T, N, C], x_0)."""
         x, path = start, []
+
+        def step_of(x, i):
+            return self.transition(x, torch.full_like(rows, i), rows)
+
+        if self.chain is not None:
+            step_of = self.chain(rows)
         for i in reversed(range(noise.shape[0])):
             path.append(x)
-            mean, log_variance = self.transition(x, torch.full_like(rows, i), rows)
+            mean, log_variance = step_of(x, i)
             x = mean + float(i != 0) * torch.exp(0.5 * log_variance) * noise[i] * temperature
         return torch.stack(path[::-1]), x
 
@@ -270,7 +280,19 @@ def model_head(model, constants, z: Tensor, z_null: Tensor | None, guidance: Ten
         mean, log_variance, _ = diffusion_step(constants, step, x, out)
         return mean, log_variance
 
-    return TokenHead(transition)
+    def chain(rows):
+        conditions = z[rows] if z_null is None else torch.cat([z[rows], z_null[rows]])
+        head = model.diffusion_chain(conditions, constants["timestep_map"])
+        cfg = guidance[rows]
+
+        def step(x, i):
+            out = head(x, i) if z_null is None else guided(head(torch.cat([x, x]), i), x.shape[-1], cfg)
+            mean, log_variance, _ = diffusion_step(constants, torch.full_like(rows, i), x, out)
+            return mean, log_variance
+
+        return step
+
+    return TokenHead(transition, chain)
 
 
 class ImageDraws:

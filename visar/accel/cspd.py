@@ -47,11 +47,11 @@ from ..models.base import diffusion_step
 from .mar import (
     MaskSchedule,
     PositionNoise,
+    chain_output,
     check_params,
     condition_pass,
     default_num_iter,
     draw_orders,
-    guided,
     head_output,
     predicted_positions,
     sample_step,
@@ -92,8 +92,11 @@ class TokenHead:
     def __init__(self, transition, chain=None):
         self.transition = transition  # (x [M, C], step [M], rows [M]) -> (mean, log_variance)
         # rows [M] -> step(x [M, C], i) -> (mean, log_variance): the transition along one chain of
-        # fixed rows, which embeds the rows' conditions once (the model's diffusion_chain)
-        self.chain = chain
+        # fixed rows (a model's head embeds the rows' conditions once); default: transition itself
+        self.chain = chain or self.stepwise_chain
+
+    def stepwise_chain(self, rows: Tensor):
+        return lambda x, i: self.transition(x, torch.full_like(rows, i), rows)
 
     def final(self, x1: Tensor, rows: Tensor) -> Tensor:
         return self.transition(x1, torch.zeros_like(rows), rows)[0]
@@ -150,13 +153,7 @@ class TokenHead:
 
     def sample(self, start: Tensor, rows: Tensor, temperature: float, noise: Tensor):
         """A fresh chain from start [N, C] with step noise [T, N, C] -> (path [T, N, C], x_0)."""
-        x, path = start, []
-
-        def step_of(x, i):
-            return self.transition(x, torch.full_like(rows, i), rows)
-
-        if self.chain is not None:
-            step_of = self.chain(rows)
+        x, path, step_of = start, [], self.chain(rows)
         for i in reversed(range(noise.shape[0])):
             path.append(x)
             mean, log_variance = step_of(x, i)
@@ -281,13 +278,10 @@ def model_head(model, constants, z: Tensor, z_null: Tensor | None, guidance: Ten
         return mean, log_variance
 
     def chain(rows):
-        conditions = z[rows] if z_null is None else torch.cat([z[rows], z_null[rows]])
-        head = model.diffusion_chain(conditions, constants["timestep_map"])
-        cfg = guidance[rows]
+        head = chain_output(model, constants, z[rows], None if z_null is None else z_null[rows], guidance[rows])
 
         def step(x, i):
-            out = head(x, i) if z_null is None else guided(head(torch.cat([x, x]), i), x.shape[-1], cfg)
-            mean, log_variance, _ = diffusion_step(constants, torch.full_like(rows, i), x, out)
+            mean, log_variance, _ = diffusion_step(constants, torch.full_like(rows, i), x, head(x, i))
             return mean, log_variance
 
         return step

@@ -106,6 +106,16 @@ def guided(out: Tensor, channels: int, cfg) -> Tensor:
     return torch.cat([eps, cond[:, channels:]], dim=-1)
 
 
+def chain_output(model, constants, z: Tensor, z_null: Tensor | None, cfg):
+    """head_output along reverse chains of fixed tokens (conditions z [N, Dz], z_null, cfg a float or
+    [N]): -> head(x [N, C], i), the [eps | v] at respaced step i, through the model's
+    diffusion_chain (the conditions and timesteps embedded once, not at every step)."""
+    head = model.diffusion_chain(z if z_null is None else torch.cat([z, z_null]), constants["timestep_map"])
+    if z_null is None:
+        return head
+    return lambda x, i: guided(head(torch.cat([x, x]), i), x.shape[-1], cfg)
+
+
 def denoise(model, constants, start: Tensor, z, z_null, cfg, temperature: float, noise_at, record: bool = False):
     """Run the reverse chain from start [N, C] (x_T) -> x_0 [N, C]. noise_at(i) gives step i's noise.
 
@@ -114,12 +124,11 @@ def denoise(model, constants, start: Tensor, z, z_null, cfg, temperature: float,
     """
     x = start
     num_steps = len(constants["timestep_map"])
-    head = model.diffusion_chain(z if z_null is None else torch.cat([z, z_null]), constants["timestep_map"])
+    head = chain_output(model, constants, z, z_null, cfg)
     path, means, log_vars = [], [], []
     for i in reversed(range(num_steps)):
         step = torch.full((x.shape[0],), i, dtype=torch.long, device=x.device)
-        out = head(x, i) if z_null is None else guided(head(torch.cat([x, x]), i), x.shape[-1], cfg)
-        mean, log_variance, _ = diffusion_step(constants, step, x, out)
+        mean, log_variance, _ = diffusion_step(constants, step, x, head(x, i))
         noise = noise_at(i)
         if record:
             path.append(x)

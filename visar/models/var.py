@@ -410,11 +410,10 @@ class VAR(nn.Module):
         # skip them (a prefill's attention and FFN work on those inputs, and its head). The last
         # scale sees every key, so that block needs no mask.
         outputs_from = x.shape[1] - last_scale if last_scale_only else 0
-        for i, block in enumerate(self.blocks):
-            if i == len(self.blocks) - 1 and outputs_from:
-                x = block(x, condition, None, keep, record_last=record_last, outputs_from=outputs_from)
-            else:
-                x = block(x, condition, visible, keep, record_last=record_last)
+        for block in self.blocks[:-1]:
+            x = block(x, condition, visible, keep, record_last=record_last)
+        last_visible = None if outputs_from else visible
+        x = self.blocks[-1](x, condition, last_visible, keep, record_last=record_last, outputs_from=outputs_from)
         return F.linear(self.head_nm(x, cond_embedding), self.head.weight.float(), self.head.bias.float())
 
     def tokens_kept(self, keep_fraction: float, length: int, num_scales: int, cache) -> int | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..errors import VisarError
 from ..models.base import model_kind
-from . import ar, cspd, drafts, halton, jacobi, lpd, mar, mar_cache, maskgit, next_scale, relaxed, zipar
+from . import ar, cspd, drafts, halton, jacobi, lpd, mar, mar_cache, maskgit, next_scale, relaxed, tree_jacobi, zipar
 
 # Arguments every method takes from the caller, not from the user; `tokenizer` is handed over by
 # Pipeline.generate to methods that compare tokens by their code vectors.
@@ -137,6 +137,20 @@ register_method(
     lossless=True,
     description="speculative sampling with a draft model of the same family (draft=name, folder or model)",
     needs_draft=True,
+)
+register_method(
+    "sjd-pac",
+    tree_jacobi.sjd_pac,
+    lossless=True,
+    description="SJD-PAC (Kang et al. 2026): a K-ary draft tree after each commit, a chain to the window, every "
+    "slot verified; candidates drawn from the law they are verified under, exact at any batch size",
+)
+register_method(
+    "tree-mc-sjd",
+    tree_jacobi.tree_mc_sjd,
+    lossless=True,
+    description="coupled draft trees: SJD-PAC's tree verified by recursive rejection, MC-SJD's coupled "
+    "carry-over and 2-D drafts for new slots, exact at any batch size",
 )
 register_method(
     "gsd",

@@ -1,0 +1,524 @@
+"""Speculative Jacobi decoding with a draft tree at the head of the window: SJD-PAC and tree-mc-sjd.
+
+Papers and upstream code the rules were checked against:
+- SJD-PAC (Kang et al., CVPR 2026, arXiv 2603.18599; KangJialiang/SJD-PAC at 4fbc099,
+  `scheduler/sjd_pac_iteration_lumina_mgpt.py`): after a rejection, the next positions are drafted
+  as a K-ary tree of depth D (`generate_tree_mask_and_retrieve`: every node of depth < D - 1 has K
+  children, the same K candidate tokens at one depth whatever the parent), the first branch goes
+  on as a chain to L nodes in all, the whole tree is scored in one pass, and every slot is
+  verified (a slot's draft is kept when it passes its own test, past the first rejection).
+- MC-SJD / SCD (So et al., ICML 2026, arXiv 2510.24211; junhyukso/SCD): the slot outputs that are
+  not committed are carried over as the next drafts, coupled to the old ones (maximal coupling).
+- Recursive rejection sampling over several candidates (SpecInfer, Miao et al. 2024; SpecTr, Sun et
+  al. 2023): try the candidates of a position in order; candidate k is tested against
+  p_k = norm((p_{k-1} - q_{k-1})+), q_{k-1} the law candidate k - 1 was drawn from given those
+  before it; after the last rejection the token is drawn from the last residual. The output
+  follows p whatever the q_k, as long as each q_k is the candidate's true conditional law.
+
+One iteration, for every image of the batch at once:
+1. propose: position j after the committed prefix (j = 0 .. M - 2) gets candidate 0, the draft
+   carried over from the last pass (law: the p that produced it) or, for a new slot, the
+   initialiser's (random, or the token above); the first D - 1 positions get K - 1 more,
+   drawn without replacement from candidate 0's law (uniformly from the unused tokens when that
+   law has no mass left, e.g. a one-hot copy of the token above);
+2. score: one target pass over [committed tokens not yet in the cache ; the tree]: the main path
+   (rank-0 candidates) sits at its true cache slots, the other branches at scratch slots past the
+   image, and an explicit mask gives each node its committed prefix and its ancestors;
+3. verify every node at once: the test of a child of rank k uses its parent's residual ladder;
+   a node is reached when it and each ancestor is the first accepted child of its parent; the
+   deepest reached node's last residual (its p at a leaf) gives one token more;
+4. commit the reached path plus that token (1 .. M tokens); the cache keeps the main-path
+   nodes that were reached, the other committed tokens are fed again next pass (at most D - 1);
+5. carry over: the main path's slot outputs (its own draft when that passes its test, else a
+   residual draw: distributed as p) past the new commit become the next drafts, with q = p.
+
+The two registered methods share this engine:
+- `sjd-pac`: SJD-PAC's shape (K = 3, D = 3, L = 16, the window of its `eval_model.py`; its README
+  says K = 4, D = 3, L = 64) with random new slots, as upstream. Upstream draws the extra
+  candidates from the residual or from p without excluding the kept draft, then verifies them as
+  if drawn from p without replacement; here they are drawn from the law they are verified under,
+  so the method is exact (tests/test_tree_jacobi.py); upstream also decodes one image at a time.
+- `tree-mc-sjd`: the same engine with 2-D drafts for new slots (the token above) and its own
+  default shape, chosen on held-out seeds (docs/SPEED.md).
+
+Randomness: every image draws one fixed-size block of uniforms per pass from its own generator,
+so its tokens do not depend on the rest of its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from ..errors import VisarError
+from ..models.base import RasterModel
+from .acceptance import speculative_residual
+from .jacobi import DRAFT, DecodeState, JacobiProposer, Window, image_keys, maximal_coupling_carry, resolve_initialiser
+from .sampling import SamplingParams, draw_uniforms, sample_from_probs
+from .scoring import GuidedScorer
+from .stats import DecodeLog
+from .tree import StaticTree
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A K-ary tree over the first `depth` - 1 draft positions, whose rank-0 branch goes on as a chain
+    (the main path) to `window` nodes in all.
+
+    Node 0 is the root (the newest committed token), nodes are sorted by depth (StaticTree's
+    order), so the main path (all ranks 0) is node `main[d]` at depth d.
+    """
+
+    tree: StaticTree
+    branch: int  # K, candidates at each branching position
+    depth: int  # D: positions 1 .. D - 1 branch
+    rank: Tensor  # [T] the node's rank among its siblings (0 for the root)
+    main: Tensor  # [M] node id of the main path at depth 0 .. M - 1
+    on_main: Tensor  # [T] bool
+    side_slot: Tensor  # [T] scratch index of a side node (-1 on the main path)
+    main_depth: Tensor  # [T] depth of the deepest main-path node among the node and its ancestors
+    candidate: Tensor  # [T] index (d - 1) * K + rank of the node's candidate (0 for the root)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tree.num_nodes + 1
+
+    @property
+    def main_length(self) -> int:
+        return len(self.main)
+
+    @property
+    def num_side(self) -> int:
+        return int((~self.on_main).sum())
+
+    @classmethod
+    def build(cls, window: int, branch: int, depth: int) -> DraftTree:
+        for name, value, minimum in (("window", window, 2), ("branch", branch, 1), ("depth", depth, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise VisarError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        tree_nodes = sum(branch**d for d in range(depth))  # depths 0 .. D - 1, the root included
+        if tree_nodes > window:
+            raise VisarError(
+                f"a tree of branch {branch} and depth {depth} has {tree_nodes} nodes, more than the window of "
+                f"{window} slots: raise window or lower branch / depth"
+            )
+        paths = [p for d in range(1, depth) for p in _rank_paths(branch, d)]
+        paths += [(0,) * d for d in range(depth, window - tree_nodes + depth)]
+        tree = StaticTree.from_paths(paths)
+        rank = torch.tensor([0] + [p[-1] for p in tree.paths])
+        on_main = torch.tensor([True] + [max(p) == 0 for p in tree.paths])
+        main = torch.tensor([i for i in range(len(rank)) if on_main[i]])
+        side_slot = torch.where(on_main, -1, (~on_main).long().cumsum(0) - 1)
+        # the deepest ancestor-or-self on the main path: the true cache slots a node may see
+        main_depth = torch.tensor([0] + [next((i for i, r in enumerate(p) if r), len(p)) for p in tree.paths])
+        main_depth = torch.minimum(main_depth, tree.depth)
+        candidate = torch.tensor([0] + [(len(p) - 1) * branch + p[-1] for p in tree.paths])
+        return cls(tree, branch, depth, rank, main, on_main, side_slot, main_depth, candidate)
+
+
+def _rank_paths(branch: int, depth: int) -> list[tuple[int, ...]]:
+    if depth == 0:
+        return [()]
+    return [p + (r,) for p in _rank_paths(branch, depth - 1) for r in range(branch)]
+
+
+def neighbour_candidates(canvas: Tensor, index: Tensor, width: int, names: tuple[str, ...]) -> Tensor:
+    """The known neighbours of each position, in the order named ("left", "above"): [B, P, len(names)], -1 unknown.
+
+    canvas [B, C] committed tokens and carried drafts, -1 elsewhere; index [B, P] image-token indices.
+    """
+    last = canvas.shape[1] - 1
+    found = []
+    for name in names:
+        offset, ok = (1, index % width > 0) if name == "left" else (width, index >= width)
+        token = canvas.gather(1, (index - offset).clamp(0, last))
+        found.append(torch.where(ok, token, -1))
+    return torch.stack(found, -1)
+
+
+def without_replacement(
+    base: Tensor, first: Tensor, branch: int, uniforms: Tensor, fixed: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Candidates 1 .. K - 1 of each position, drawn without replacement from the law of candidate 0.
+
+    base [B, P, V] candidate 0's law, first [B, P] its token, uniforms [B, P, K - 1].
+    Candidate k is drawn from norm(base with candidates 0 .. k - 1 removed); where that has no
+    mass left (a one-hot copy, or a law with fewer than K tokens), uniformly from the unused
+    tokens. -> tokens [B, P, K], laws [B, P, K, V]: each candidate's law given those before it.
+    """
+    used = torch.zeros_like(base, dtype=torch.bool).scatter_(-1, first[..., None], True)
+    tokens, laws = [first], [base]
+    for k in range(1, branch):
+        remaining = torch.where(used, 0.0, base)
+        mass = remaining.sum(-1, keepdim=True)
+        unused = (~used).to(base.dtype)
+        spread = remaining / mass.clamp(min=torch.finfo(mass.dtype).tiny)
+        law = torch.where(mass > 0, spread, unused / unused.sum(-1, keepdim=True).clamp(min=1))
+        token = sample_from_probs(law, uniforms[..., k - 1])
+        if fixed is not None:  # the first known neighbour not tried yet, with a one-hot law
+            fresh = (fixed >= 0) & ~used.gather(-1, fixed.clamp(min=0))  # [B, P, J]
+            pick = fixed.gather(-1, fresh.long().argmax(-1, keepdim=True))[..., 0]
+            has = fresh.any(-1)
+            token = torch.where(has, pick, token)
+            law = torch.where(
+                has[..., None], torch.zeros_like(law).scatter_(-1, pick.clamp(min=0)[..., None], 1.0), law
+            )
+        used.scatter_(-1, token[..., None], True)
+        tokens.append(token)
+        laws.append(law)
+    return torch.stack(tokens, 2), torch.stack(laws, 2)
+
+
+# The residual after a rejected candidate; tests replace it to show that the law test catches its absence.
+ladder_residual = speculative_residual
+
+
+@dataclass
+class TreeVerdict:
+    accepted: Tensor  # [B] accepted depth a: the pass commits a + 1 tokens
+    path: Tensor  # [B, M + 1] column d: the token at depth d of the reached path, column a + 1 the final draw
+    main_reached: Tensor  # [B] main-path nodes reached (depth >= 1): their cache slots stay valid
+    tried: Tensor  # [B, T] the node's test decided something (its parent reached, no earlier sibling accepted)
+    accept: Tensor  # [B, T] the node's own test passed
+    main_outputs: Tensor  # [B, M] the main path's slot outputs (distributed as p of each main node)
+
+
+def verify_tree(
+    layout: DraftTree, probs: Tensor, node_tokens: Tensor, node_q: Tensor, valid: Tensor, uniforms: Tensor
+) -> TreeVerdict:
+    """Verify every node of every image at once (no loop over depth).
+
+    probs [B, T, V] the target at every node; node_q [B, T, V] the law each node's token was
+    drawn from (given its earlier siblings); valid [B, T] nodes inside the image; uniforms
+    [B, T + M + 1]: the nodes' tests, the main path's residual draws, the final draw.
+    """
+    tree = layout.tree
+    device = probs.device
+    num_nodes, main_len = layout.num_nodes, layout.main_length
+    batch = probs.shape[0]
+    children = tree.children.to(device)  # [T, C]
+    width = children.shape[1]
+    parent = tree.parent.to(device).clamp(min=0)
+    rank = layout.rank.to(device)
+    # The residual ladder of every node: R_0 = p, R_k = norm((R_{k-1} - q of child k - 1)+).
+    child_q = node_q[:, children.clamp(min=0)]  # [B, T, C, V]
+    ladder = [probs]
+    for k in range(width):
+        exists = (children[:, k] >= 0)[None, :, None]
+        ladder.append(torch.where(exists, ladder_residual(ladder[-1], child_q[:, :, k]), ladder[-1]))
+    ladder = torch.stack(ladder, 2)  # [B, T, C + 1, V]
+    # Each node's test against its parent's rung for its rank.
+    rung = ladder[:, parent, rank]  # [B, T, V]
+    x = node_tokens[..., None]
+    accept = uniforms[:, :num_nodes] * node_q.gather(-1, x)[..., 0] < rung.gather(-1, x)[..., 0]
+    accept &= valid
+    accept[:, 0] = True
+    # First accepted child of each parent: accepted, and no earlier sibling accepted.
+    sibling = accept[:, children.clamp(min=0)] & (children >= 0)  # [B, T, C]
+    first = sibling & (sibling.long().cumsum(-1) == 1)
+    taken = torch.zeros_like(accept)
+    taken[:, children[children >= 0]] = first[:, children >= 0]
+    taken[:, 0] = True
+    # Reached: the node and every ancestor taken.
+    ancestors = tree.ancestors.to(device).float()  # [T, T], column j ancestor-or-self of row i
+    reached = ((~taken).float() @ ancestors.T) == 0
+    depth = tree.depth.to(device)
+    accepted = (reached * depth).amax(-1)
+    end = (reached * (depth + 1)).argmax(-1)  # the deepest reached node (one per depth)
+    # The final token: the end node's last rung (all its children rejected), or p at a leaf.
+    num_children = (children >= 0).sum(-1)
+    rows = torch.arange(batch, device=device)
+    final_law = ladder[rows, end, num_children[end]]
+    final = sample_from_probs(final_law, uniforms[:, -1])
+    path = torch.zeros(batch, main_len + 1, dtype=torch.long, device=device)
+    path.scatter_(1, torch.where(reached, depth, main_len).clamp(max=main_len), torch.where(reached, node_tokens, 0))
+    path.scatter_(1, (accepted + 1)[:, None], final[:, None])
+    on_main = layout.on_main.to(device)
+    main_reached = (reached & on_main).sum(-1) - 1
+    # Tried: the parent reached and no earlier sibling accepted (the tests that decided something).
+    earlier_accepted = (sibling.long().cumsum(-1) - sibling.long()) > 0  # [B, T, C]
+    blocked = torch.zeros_like(accept)
+    blocked[:, children[children >= 0]] = earlier_accepted[:, children >= 0]
+    tried = reached[:, parent] & ~blocked & valid
+    tried[:, 0] = False
+    # Main-path slot outputs: the rank-0 child's draft if it passed, else a draw from R_1 (p at the last node).
+    main = layout.main.to(device)
+    has_child = torch.arange(main_len, device=device) < main_len - 1
+    child = torch.cat([main[1:], main[-1:]])
+    draw_law = ladder[:, main, has_child.long()]  # [B, M, V]
+    drawn = sample_from_probs(draw_law, uniforms[:, num_nodes : num_nodes + main_len])
+    kept = accept[:, child] & has_child
+    main_outputs = torch.where(kept, node_tokens[:, child], drawn)
+    return TreeVerdict(accepted, path, main_reached, tried, accept, main_outputs)
+
+
+class TreePass:
+    """Inputs, cache slots and masks of one pass over [tokens fed again ; the tree].
+
+    Cache layout: [condition ; image tokens ; one scratch slot per side node ; 1 trash slot]. The
+    main path is written at its true slots (kept when reached: no copy, no re-feed); a side node
+    at its scratch slot, with its true position for RoPE; left padding writes to the trash slot.
+    """
+
+    def __init__(self, scorer: GuidedScorer, layout: DraftTree):
+        model = scorer.model
+        self.scorer, self.layout = scorer, layout
+        self.num_cond, self.num_tokens = model.num_condition_tokens, model.num_image_tokens
+        self.max_pos = self.num_cond + self.num_tokens - 1
+        self.scratch = self.num_cond + self.num_tokens
+        self.trash = self.scratch + layout.num_side
+        self.size = self.trash + 1
+        device = self.device = model.device
+        self.slots = torch.arange(self.size, device=device)
+        side = ~layout.on_main
+        side_visible = torch.zeros(layout.num_nodes, self.size, dtype=torch.bool)
+        side_visible[:, self.scratch + layout.side_slot[side]] = layout.tree.ancestors[:, side]
+        self.side_visible = side_visible[1:].to(device)  # [T - 1, S] for nodes 1 ..
+        self.depth = layout.tree.depth[1:].to(device)
+        self.main_depth = layout.main_depth[1:].to(device)
+        self.on_main = layout.on_main[1:].to(device)
+        self.side_slot = (self.scratch + layout.side_slot[1:]).to(device)
+
+    def nodes(self, committed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Nodes 1 .. T - 1 of every image -> (input_pos, cache_pos, mask), each [B, T - 1(, S)]."""
+        root = self.num_cond + committed - 1  # [B] the root's position (the last condition slot at first)
+        position = root[:, None] + self.depth[None]
+        cache_pos = torch.where(
+            self.on_main, torch.where(position <= self.max_pos, position, self.trash), self.side_slot
+        )
+        seen = root[:, None] + self.main_depth[None]  # [B, T - 1] the last true slot each node sees
+        true_slots = (self.slots < self.scratch)[None, None]
+        mask = (true_slots & (self.slots[None, None] <= seen[..., None])) | self.side_visible[None]
+        return position.clamp(max=self.max_pos), cache_pos, mask
+
+    def chain(self, tokens: Tensor, fed: Tensor, committed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Committed tokens fed .. committed - 1 of each image at their true slots, left-padded; the
+        last column is the root. -> (tokens, input_pos, cache_pos, mask [B, P, S])."""
+        count = committed - fed  # [B] >= 1 for an unfinished image
+        width = max(int(count.max()), 1)
+        column = torch.arange(width, device=self.device)
+        index = committed[:, None] - width + column
+        real = column >= width - count[:, None]
+        feed = tokens.gather(1, index.clamp(min=0))
+        input_pos = (self.num_cond + torch.where(real, index, committed[:, None] - 1)).clamp(0, self.max_pos)
+        cache_pos = torch.where(real, input_pos, self.trash)
+        causal = (self.slots[None, None] <= input_pos[..., None]) & (self.slots < self.scratch)[None, None]
+        mask = torch.where(real[..., None], causal, self.slots[None, None] == self.trash)
+        return feed, input_pos, cache_pos, mask
+
+    def probs(self, tokens: Tensor, fed: Tensor, committed: Tensor, node_tokens: Tensor, first: bool) -> Tensor:
+        """One target pass -> p at every node [B, T, V] (node 0: the root's, the law of index `committed`)."""
+        input_pos, cache_pos, mask = self.nodes(committed)
+        batch = committed.shape[0]
+        if first:  # the condition is the chain; its last position is the root
+            cond_pos = torch.arange(self.num_cond, device=self.device)[None].expand(batch, -1)
+            cond_mask = (self.slots[None, None] <= cond_pos[..., None]) & (self.slots < self.scratch)[None, None]
+            logits = self.scorer.logits(
+                node_tokens[:, 1:],
+                torch.cat([cond_pos, input_pos], 1),
+                mask=torch.cat([cond_mask, mask], 1),
+                cache_pos=torch.cat([cond_pos, cache_pos], 1),
+                with_condition=True,
+            )
+            width = self.num_cond
+        else:
+            feed, feed_pos, feed_slots, feed_mask = self.chain(tokens, fed, committed)
+            logits = self.scorer.logits(
+                torch.cat([feed, node_tokens[:, 1:]], 1),
+                torch.cat([feed_pos, input_pos], 1),
+                mask=torch.cat([feed_mask, mask], 1),
+                cache_pos=torch.cat([feed_slots, cache_pos], 1),
+            )
+            width = feed.shape[1]
+        return self.scorer.target_probs(logits[:, width - 1 :])
+
+
+@torch.no_grad()
+def tree_jacobi_decode(
+    model: RasterModel,
+    cond: Tensor,
+    params: SamplingParams,
+    generators: list[torch.Generator],
+    layout: DraftTree,
+    initialiser: Callable,
+    *,
+    neighbours: tuple[str, ...] = (),
+    cond_mask: Tensor | None = None,
+    progress: bool = False,
+) -> tuple[Tensor, dict]:
+    """Propose a tree, score it in one pass, verify every node, commit, carry over. -> (tokens [B, N], stats)."""
+    device = model.device
+    batch, num_tokens = cond.shape[0], model.num_image_tokens
+    main_len, num_nodes, branch = layout.main_length, layout.num_nodes, layout.branch
+    num_branching = layout.depth - 1  # positions with K candidates
+    state = DecodeState(
+        tokens=torch.zeros(batch, num_tokens + main_len + 1, dtype=torch.long, device=device),
+        committed=torch.zeros(batch, dtype=torch.long, device=device),
+        keys=image_keys(generators, device),
+        num_tokens=num_tokens,
+        vocab_size=model.vocab_size,
+        grid_size=tuple(model.grid_size),
+        window=main_len,
+    )
+    scorer = GuidedScorer(model, cond, cond_mask, params)
+    proposer = JacobiProposer(initialiser, maximal_coupling_carry)
+    log = DecodeLog(batch, model.grid_size, main_len, device)
+    node_candidate = layout.candidate.to(device)
+    node_depth = layout.tree.depth.to(device)
+    main = layout.main.to(device)
+    columns = torch.arange(1, main_len + 1, device=device)
+    # one block per image and pass: main drafts, extra candidates, node tests, main-path draws, the final draw
+    num_extra = num_branching * (branch - 1)
+    num_uniforms = (main_len - 1) + num_extra + num_nodes + main_len + 1
+    fed = torch.zeros(batch, dtype=torch.long, device=device)
+    bar = tqdm(total=num_tokens, disable=not progress, desc="tree", leave=False)
+    with scorer.cache(TreePass(scorer, layout).size):
+        step = TreePass(scorer, layout)
+        proposer.start(state)
+        try:
+            while True:
+                active = state.committed < num_tokens
+                if not bool(active.any()):
+                    break
+                uniforms = draw_uniforms(generators, num_uniforms).to(device)
+                draft_u, rest = uniforms[:, : main_len - 1], uniforms[:, main_len - 1 :]
+                extra_u, test_u = rest[:, :num_extra], rest[:, num_extra:]
+                window_u = torch.zeros(batch, 4, main_len, device=device)
+                window_u[:, DRAFT, : main_len - 1] = draft_u
+                length = torch.where(active, main_len, 0)
+                window = Window(length, (length - 1).clamp(min=0), window_u, main_len - 1)
+                first_tokens, first_q = proposer.propose(state, window)  # [B, M - 1], [B, M - 1, V]
+                candidates = first_tokens[..., None].expand(-1, -1, branch).clone()  # [B, M - 1, K]
+                laws = first_q[:, :, None].expand(-1, -1, branch, -1).clone()
+                if branch > 1 and num_branching > 0:
+                    fixed = None
+                    if neighbours:
+                        canvas = proposer.canvas(state)
+                        position = state.committed[:, None] + torch.arange(num_branching, device=device)
+                        fixed = neighbour_candidates(canvas, position, state.grid_size[1], neighbours)
+                    extra_tokens, extra_laws = without_replacement(
+                        first_q[:, :num_branching],
+                        first_tokens[:, :num_branching],
+                        branch,
+                        extra_u.view(batch, num_branching, branch - 1),
+                        fixed,
+                    )
+                    candidates[:, :num_branching], laws[:, :num_branching] = extra_tokens, extra_laws
+                flat_tokens = torch.cat([first_tokens[:, :1], candidates.flatten(1)], 1)  # root placeholder first
+                node_index = torch.where(node_depth > 0, node_candidate + 1, 0)
+                node_tokens = flat_tokens[:, node_index]  # [B, T]
+                node_q = torch.cat([first_q[:, :1], laws.flatten(1, 2)], 1)[:, node_index]
+                node_tokens[:, 0] = state.tokens.gather(1, (state.committed - 1).clamp(min=0)[:, None])[:, 0]
+
+                probs = step.probs(state.tokens, fed, state.committed, node_tokens, first=scorer.forward_passes == 0)
+                valid = active[:, None] & (node_depth[None] <= (num_tokens - state.committed)[:, None])
+                verdict = verify_tree(layout, probs, node_tokens, node_q, valid, test_u)
+                commit_count = torch.where(active, verdict.accepted + 1, 0)
+
+                index = state.committed[:, None] - 1 + columns  # column d of the path: index committed - 1 + d
+                state.tokens.scatter_(1, index.clamp(min=0), verdict.path[:, 1:])
+                node_index_abs = state.committed[:, None] - 1 + node_depth[None]
+                log.drafts(
+                    node_index_abs,
+                    (node_depth - 1).clamp(min=0)[None].expand(batch, -1),
+                    verdict.tried & active[:, None],
+                    verdict.accept,
+                )
+                log.commit(index, (columns <= commit_count[:, None]) & (index < num_tokens), scorer.forward_passes)
+                log.count_pass(active)
+                main_probs = probs[:, main]
+                proposer.after_commit(state, window, main_probs, verdict.main_outputs, commit_count, main_probs)
+                fed = torch.where(active, state.committed + verdict.main_reached, fed)
+                state.committed = (state.committed + commit_count).clamp(max=num_tokens)
+                scorer.truncate_cache(step.num_cond + fed)
+                if progress:
+                    bar.update(int(state.committed.min()) - bar.n)
+        finally:
+            bar.close()
+    stats = log.stats(scorer.forward_passes)
+    return state.tokens[:, :num_tokens], {
+        **stats,
+        "window": num_nodes,
+        "branch": branch,
+        "depth": layout.depth,
+        "rows_per_pass": num_nodes,
+    }
+
+
+def sjd_pac(
+    model: RasterModel,
+    cond: Tensor,
+    params: SamplingParams,
+    generators: list[torch.Generator],
+    *,
+    cond_mask: Tensor | None = None,
+    progress: bool = False,
+    window: int = 16,
+    branch: int = 3,
+    depth: int = 3,
+    init: str | Callable = "random",
+) -> tuple[Tensor, dict]:
+    """SJD-PAC (Kang et al. 2026), exact at every batch size.
+
+    window: tree nodes per pass, the root included (L); branch: candidates at each branching
+    position (K); depth: the tree's depth, root included (D: positions 1 .. D - 1 branch);
+    init: the draft of a new slot, "random" as upstream ("above", "left", "above-left" as sjd).
+    Defaults are those of upstream's `eval_model.py` (L = 16, K = 3, D = 3).
+    """
+    layout = check_tree(model, window, branch, depth)
+    return tree_jacobi_decode(
+        model, cond, params, generators, layout, resolve_initialiser(init), cond_mask=cond_mask, progress=progress
+    )
+
+
+def tree_mc_sjd(
+    model: RasterModel,
+    cond: Tensor,
+    params: SamplingParams,
+    generators: list[torch.Generator],
+    *,
+    cond_mask: Tensor | None = None,
+    progress: bool = False,
+    window: int = 64,
+    branch: int = 4,
+    depth: int = 2,
+    init: str | Callable = "above",
+    neighbours: str = "left,above",
+) -> tuple[Tensor, dict]:
+    """Coupled draft trees: SJD-PAC's tree after each commit, MC-SJD's coupled carry-over, 2-D new slots.
+
+    window: tree nodes per pass, the root included; branch: candidates at each of the first
+    depth - 1 draft positions (drawn without replacement from the carried draft's law, the
+    unused tokens when it is a one-hot copy); init: the draft of a new slot ("above" by default).
+    """
+    layout = check_tree(model, window, branch, depth)
+    names = tuple(n for n in neighbours.split(",") if n) if neighbours else ()
+    return tree_jacobi_decode(
+        model,
+        cond,
+        params,
+        generators,
+        layout,
+        resolve_initialiser(init),
+        neighbours=names,
+        cond_mask=cond_mask,
+        progress=progress,
+    )
+
+
+def check_tree(model: RasterModel, window: int, branch: int, depth: int) -> DraftTree:
+    """The draft tree of these options, or one clear VisarError (before any model call). A main path
+    longer than the image is clipped to it (its extra nodes could only be padding)."""
+    layout = DraftTree.build(window, branch, depth)
+    if branch > model.vocab_size:
+        raise VisarError(
+            f"branch {branch} asks for more candidates than the vocabulary has tokens ({model.vocab_size})"
+        )
+    if depth - 1 > model.num_image_tokens:
+        raise VisarError(f"depth {depth} branches past the image's {model.num_image_tokens} tokens: lower depth")
+    longest = layout.num_nodes - layout.main_length + model.num_image_tokens + 1  # main path: root + N drafts
+    return DraftTree.build(longest, branch, depth) if window > longest else layout

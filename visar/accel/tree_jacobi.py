@@ -48,7 +48,7 @@ so its tokens do not depend on the rest of its batch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -82,6 +82,16 @@ class DraftTree:
     side_slot: Tensor  # [T] scratch index of a side node (-1 on the main path)
     main_depth: Tensor  # [T] depth of the deepest main-path node among the node and its ancestors
     candidate: Tensor  # [T] index (d - 1) * K + rank of the node's candidate (0 for the root)
+    earlier: Tensor  # [T, T] float: column j is a sibling of row i of a lower rank
+    main_child: Tensor  # [M] the rank-0 child of each main-path node (the last node: itself)
+
+    def to(self, device) -> DraftTree:
+        """The same tree with every index on `device` (moved once per decode, not per pass)."""
+        moved = {
+            f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)
+        }
+        tree = StaticTree(**{f.name: _to(getattr(self.tree, f.name), device) for f in fields(self.tree)})
+        return replace(self, tree=tree, **moved)
 
     @property
     def num_nodes(self) -> int:
@@ -117,7 +127,17 @@ class DraftTree:
         main_depth = torch.tensor([0] + [next((i for i, r in enumerate(p) if r), len(p)) for p in tree.paths])
         main_depth = torch.minimum(main_depth, tree.depth)
         candidate = torch.tensor([0] + [(len(p) - 1) * branch + p[-1] for p in tree.paths])
-        return cls(tree, branch, depth, rank, main, on_main, side_slot, main_depth, candidate)
+        parent = tree.parent.clamp(min=0)
+        siblings = (parent[:, None] == parent[None]) & (tree.depth[:, None] > 0) & (tree.depth[None] > 0)
+        earlier = siblings & (rank[None] < rank[:, None])
+        main_child = torch.cat([main[1:], main[-1:]])
+        return cls(
+            tree, branch, depth, rank, main, on_main, side_slot, main_depth, candidate, earlier.float(), main_child
+        )
+
+
+def _to(value, device):
+    return value.to(device) if isinstance(value, Tensor) else value
 
 
 def _rank_paths(branch: int, depth: int) -> list[tuple[int, ...]]:
@@ -196,63 +216,43 @@ def verify_tree(
     drawn from (given its earlier siblings); valid [B, T] nodes inside the image; uniforms
     [B, T + M + 1]: the nodes' tests, the main path's residual draws, the final draw.
     """
-    tree = layout.tree
-    device = probs.device
+    tree = layout.tree  # indices already on the device (DraftTree.to)
     num_nodes, main_len = layout.num_nodes, layout.main_length
-    batch = probs.shape[0]
-    children = tree.children.to(device)  # [T, C]
-    width = children.shape[1]
-    parent = tree.parent.to(device).clamp(min=0)
-    rank = layout.rank.to(device)
+    children, parent, depth = tree.children, tree.parent.clamp(min=0), tree.depth
     # The residual ladder of every node: R_0 = p, R_k = norm((R_{k-1} - q of child k - 1)+).
     child_q = node_q[:, children.clamp(min=0)]  # [B, T, C, V]
     ladder = [probs]
-    for k in range(width):
+    for k in range(children.shape[1]):
         exists = (children[:, k] >= 0)[None, :, None]
         ladder.append(torch.where(exists, ladder_residual(ladder[-1], child_q[:, :, k]), ladder[-1]))
     ladder = torch.stack(ladder, 2)  # [B, T, C + 1, V]
     # Each node's test against its parent's rung for its rank.
-    rung = ladder[:, parent, rank]  # [B, T, V]
+    rung = ladder[:, parent, layout.rank]  # [B, T, V]
     x = node_tokens[..., None]
-    accept = uniforms[:, :num_nodes] * node_q.gather(-1, x)[..., 0] < rung.gather(-1, x)[..., 0]
-    accept &= valid
-    accept[:, 0] = True
-    # First accepted child of each parent: accepted, and no earlier sibling accepted.
-    sibling = accept[:, children.clamp(min=0)] & (children >= 0)  # [B, T, C]
-    first = sibling & (sibling.long().cumsum(-1) == 1)
-    taken = torch.zeros_like(accept)
-    taken[:, children[children >= 0]] = first[:, children >= 0]
-    taken[:, 0] = True
-    # Reached: the node and every ancestor taken.
-    ancestors = tree.ancestors.to(device).float()  # [T, T], column j ancestor-or-self of row i
-    reached = ((~taken).float() @ ancestors.T) == 0
-    depth = tree.depth.to(device)
+    accept = (uniforms[:, :num_nodes] * node_q.gather(-1, x)[..., 0] < rung.gather(-1, x)[..., 0]) & valid
+    # A test decides only when no earlier sibling passed; the first that passes is taken.
+    blocked = (accept.float() @ layout.earlier.T) > 0
+    taken = (accept & ~blocked) | (depth == 0)
+    # Reached: the node and every ancestor taken (one node per depth at most).
+    reached = ((~taken).float() @ tree.ancestors.float().T) == 0
     accepted = (reached * depth).amax(-1)
-    end = (reached * (depth + 1)).argmax(-1)  # the deepest reached node (one per depth)
+    end = (reached * (depth + 1)).argmax(-1)  # the deepest reached node
     # The final token: the end node's last rung (all its children rejected), or p at a leaf.
     num_children = (children >= 0).sum(-1)
-    rows = torch.arange(batch, device=device)
-    final_law = ladder[rows, end, num_children[end]]
+    final_law = ladder.gather(1, end[:, None, None, None].expand(-1, 1, *ladder.shape[2:]))[:, 0]  # [B, C + 1, V]
+    final_law = final_law.gather(1, num_children[end][:, None, None].expand(-1, 1, ladder.shape[-1]))[:, 0]
     final = sample_from_probs(final_law, uniforms[:, -1])
-    path = torch.zeros(batch, main_len + 1, dtype=torch.long, device=device)
-    path.scatter_(1, torch.where(reached, depth, main_len).clamp(max=main_len), torch.where(reached, node_tokens, 0))
+    path = torch.where(reached, depth, main_len).clamp(max=main_len)
+    path = torch.zeros_like(node_tokens[:, : main_len + 1]).scatter_(1, path, torch.where(reached, node_tokens, 0))
     path.scatter_(1, (accepted + 1)[:, None], final[:, None])
-    on_main = layout.on_main.to(device)
-    main_reached = (reached & on_main).sum(-1) - 1
-    # Tried: the parent reached and no earlier sibling accepted (the tests that decided something).
-    earlier_accepted = (sibling.long().cumsum(-1) - sibling.long()) > 0  # [B, T, C]
-    blocked = torch.zeros_like(accept)
-    blocked[:, children[children >= 0]] = earlier_accepted[:, children >= 0]
-    tried = reached[:, parent] & ~blocked & valid
-    tried[:, 0] = False
+    main_reached = (reached & layout.on_main).sum(-1) - 1
+    tried = reached[:, parent] & ~blocked & valid & (depth > 0)
     # Main-path slot outputs: the rank-0 child's draft if it passed, else a draw from R_1 (p at the last node).
-    main = layout.main.to(device)
-    has_child = torch.arange(main_len, device=device) < main_len - 1
-    child = torch.cat([main[1:], main[-1:]])
-    draw_law = ladder[:, main, has_child.long()]  # [B, M, V]
+    has_child = layout.main_child != layout.main
+    draw_law = ladder[:, layout.main, has_child.long()]  # [B, M, V]
     drawn = sample_from_probs(draw_law, uniforms[:, num_nodes : num_nodes + main_len])
-    kept = accept[:, child] & has_child
-    main_outputs = torch.where(kept, node_tokens[:, child], drawn)
+    kept = accept[:, layout.main_child] & has_child
+    main_outputs = torch.where(kept, node_tokens[:, layout.main_child], drawn)
     return TreeVerdict(accepted, path, main_reached, tried, accept, main_outputs)
 
 
@@ -298,8 +298,8 @@ class TreePass:
     def chain(self, tokens: Tensor, fed: Tensor, committed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Committed tokens fed .. committed - 1 of each image at their true slots, left-padded; the
         last column is the root. -> (tokens, input_pos, cache_pos, mask [B, P, S])."""
-        count = committed - fed  # [B] >= 1 for an unfinished image
-        width = max(int(count.max()), 1)
+        count = committed - fed  # [B] 1 .. D: a path off the main branch leaves the tree by depth D - 1
+        width = self.layout.depth  # a fixed width: no read-back of the counts, one shape for every pass
         column = torch.arange(width, device=self.device)
         index = committed[:, None] - width + column
         real = column >= width - count[:, None]
@@ -367,17 +367,16 @@ def tree_jacobi_decode(
     scorer = GuidedScorer(model, cond, cond_mask, params)
     proposer = JacobiProposer(initialiser, maximal_coupling_carry)
     log = DecodeLog(batch, model.grid_size, main_len, device)
-    node_candidate = layout.candidate.to(device)
-    node_depth = layout.tree.depth.to(device)
-    main = layout.main.to(device)
+    step = TreePass(scorer, layout)
+    layout = layout.to(device)
+    node_candidate, node_depth, main = layout.candidate, layout.tree.depth, layout.main
     columns = torch.arange(1, main_len + 1, device=device)
     # one block per image and pass: main drafts, extra candidates, node tests, main-path draws, the final draw
     num_extra = num_branching * (branch - 1)
     num_uniforms = (main_len - 1) + num_extra + num_nodes + main_len + 1
     fed = torch.zeros(batch, dtype=torch.long, device=device)
     bar = tqdm(total=num_tokens, disable=not progress, desc="tree", leave=False)
-    with scorer.cache(TreePass(scorer, layout).size):
-        step = TreePass(scorer, layout)
+    with scorer.cache(step.size):
         proposer.start(state)
         try:
             while True:

@@ -109,6 +109,8 @@ def test_tree_layout():
         (dict(window=8, branch=3, depth=3), "13 nodes, more than the window of 8"),
         (dict(branch=17, depth=2), "more candidates than the vocabulary has tokens"),
         (dict(depth=18, branch=1, window=40), "branches past the image's 16 tokens"),
+        (dict(neighbours="left,below"), "unknown neighbour 'below'"),
+        (dict(neighbours=["left"]), "neighbours must be a comma-separated string"),
     ],
 )
 def test_bad_tree_options(model16, options, message):
@@ -126,3 +128,10 @@ def test_registered_and_long_windows_are_clipped(model16):
         model16, torch.tensor([0]), SamplingParams(), make_generators(1, 0), window=200, branch=2, depth=2
     )
     assert tokens.shape == (1, 16) and stats["rows_per_pass"] == 2 + 16  # root + side + 16 main drafts
+
+
+def test_neighbour_candidates_never_wrap_round_a_row():
+    canvas = torch.arange(16)[None]  # a 4 x 4 grid whose tokens are their indices
+    index = torch.tensor([[0, 3, 4, 7, 9]])
+    found = tree_jacobi.neighbour_candidates(canvas, index, 4, tree_jacobi.NEIGHBOURS)
+    assert found[0].tolist() == [[-1, -1, -1, -1], [2, -1, -1, -1], [-1, 0, -1, 1], [6, 3, 2, -1], [8, 5, 4, 6]]

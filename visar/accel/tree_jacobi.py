@@ -146,15 +146,25 @@ def _rank_paths(branch: int, depth: int) -> list[tuple[int, ...]]:
     return [p + (r,) for p in _rank_paths(branch, depth - 1) for r in range(branch)]
 
 
+NEIGHBOURS = ("left", "above", "above-left", "above-right")
+
+
 def neighbour_candidates(canvas: Tensor, index: Tensor, width: int, names: tuple[str, ...]) -> Tensor:
     """The known neighbours of each position, in the order named ("left", "above"): [B, P, len(names)], -1 unknown.
 
     canvas [B, C] committed tokens and carried drafts, -1 elsewhere; index [B, P] image-token indices.
     """
     last = canvas.shape[1] - 1
+    column = index % width
+    offsets = {
+        "left": (1, column > 0),
+        "above": (width, index >= width),
+        "above-left": (width + 1, (index >= width) & (column > 0)),
+        "above-right": (width - 1, (index >= width) & (column < width - 1)),
+    }
     found = []
     for name in names:
-        offset, ok = (1, index % width > 0) if name == "left" else (width, index >= width)
+        offset, ok = offsets[name]
         token = canvas.gather(1, (index - offset).clamp(0, last))
         found.append(torch.where(ok, token, -1))
     return torch.stack(found, -1)
@@ -165,10 +175,13 @@ def without_replacement(
 ) -> tuple[Tensor, Tensor]:
     """Candidates 1 .. K - 1 of each position, drawn without replacement from the law of candidate 0.
 
-    base [B, P, V] candidate 0's law, first [B, P] its token, uniforms [B, P, K - 1].
-    Candidate k is drawn from norm(base with candidates 0 .. k - 1 removed); where that has no
-    mass left (a one-hot copy, or a law with fewer than K tokens), uniformly from the unused
-    tokens. -> tokens [B, P, K], laws [B, P, K, V]: each candidate's law given those before it.
+    base [B, P, V] candidate 0's law, first [B, P] its token, uniforms [B, P, K - 1]; fixed
+    [B, P, J] (optional): known neighbour tokens (-1 unknown), which come first, each as a one-hot
+    law, while one is not a candidate yet. Otherwise candidate k is drawn from norm(base with
+    candidates 0 .. k - 1 removed); where that has no mass left (a one-hot copy, or a law with
+    fewer than K tokens), uniformly from the unused tokens. Either way the law is fixed by what
+    the verifier's uniforms are independent of, as recursive rejection needs.
+    -> tokens [B, P, K], laws [B, P, K, V]: each candidate's law given those before it.
     """
     used = torch.zeros_like(base, dtype=torch.bool).scatter_(-1, first[..., None], True)
     tokens, laws = [first], [base]
@@ -483,19 +496,27 @@ def tree_mc_sjd(
     cond_mask: Tensor | None = None,
     progress: bool = False,
     window: int = 64,
-    branch: int = 4,
+    branch: int = 5,
     depth: int = 2,
     init: str | Callable = "above",
-    neighbours: str = "left,above",
+    neighbours: str = "left,above,above-right",
 ) -> tuple[Tensor, dict]:
-    """Coupled draft trees: SJD-PAC's tree after each commit, MC-SJD's coupled carry-over, 2-D new slots.
+    """Coupled draft trees: SJD-PAC's tree after each commit, MC-SJD's coupled carry-over, 2-D drafts.
 
-    window: tree nodes per pass, the root included; branch: candidates at each of the first
-    depth - 1 draft positions (drawn without replacement from the carried draft's law, the
-    unused tokens when it is a one-hot copy); init: the draft of a new slot ("above" by default).
+    window: tree nodes per pass, the root included (rows per pass); branch: candidates at each
+    of the first depth - 1 draft positions: the carried (or initialised) draft, then the known
+    `neighbours` of the position not tried yet (one-hot laws; "left", "above", "above-left",
+    "above-right", comma-separated, "" for none), then draws without replacement from the
+    carried draft's law; init: the draft of a new slot ("above"). Defaults chosen on held-out
+    seeds for passes and rows per pass (docs/SPEED.md).
     """
     layout = check_tree(model, window, branch, depth)
-    names = tuple(n for n in neighbours.split(",") if n) if neighbours else ()
+    if not isinstance(neighbours, str):
+        raise VisarError(f"neighbours must be a comma-separated string such as 'left,above', got {neighbours!r}")
+    names = tuple(n.strip() for n in neighbours.split(",") if n.strip())
+    unknown = [n for n in names if n not in NEIGHBOURS]
+    if unknown:
+        raise VisarError(f"unknown neighbour {unknown[0]!r}; use a comma-separated list of {', '.join(NEIGHBOURS)}")
     return tree_jacobi_decode(
         model,
         cond,

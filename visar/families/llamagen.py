@@ -3,7 +3,9 @@
 Official releases (FoundationVision/LlamaGen): GPT-B .. GPT-3B class-conditional at 256 and 384
 px, GPT-XL text-to-image at 256 and 512 px, each with VQ-16. Their files load strictly; the
 RoPE table or KV-cache buffers some files carry are not weights and are dropped, as the
-official loaders do.
+official loaders do. `visar.load(preset)` fetches the released files from the Hub repositories the
+LlamaGen README links: FoundationVision/LlamaGen (c2i_B_256.pt ... c2i_3B_384.pt, vq_ds16_c2i.pt)
+and peizesun/llamagen_t2i (t2i_XL_stage1_256.pt, t2i_XL_stage2_512.pt, vq_ds16_t2i.pt).
 """
 
 from __future__ import annotations
@@ -52,31 +54,52 @@ def load_tokenizer_weights(tokenizer: VQModel, path, source: str) -> VQModel:
     return load_strict(tokenizer, read_state_dict(path), source=source, presets=presets)
 
 
+# Where the LlamaGen README publishes each release: (size, px) -> file in C2I_REPO; t2i files in T2I_REPO.
+C2I_REPO, T2I_REPO = "FoundationVision/LlamaGen", "peizesun/llamagen_t2i"
+C2I_FILES = {
+    ("GPT-B", 256): "c2i_B_256.pt",
+    ("GPT-B", 384): "c2i_B_384.pt",
+    ("GPT-L", 256): "c2i_L_256.pt",
+    ("GPT-L", 384): "c2i_L_384.pt",
+    ("GPT-XL", 384): "c2i_XL_384.pt",
+    ("GPT-XXL", 384): "c2i_XXL_384.pt",
+    ("GPT-3B", 384): "c2i_3B_384.pt",
+}
+T2I_FILES = {256: "t2i_XL_stage1_256.pt", 512: "t2i_XL_stage2_512.pt"}
+
+
 def official_presets() -> dict[str, OfficialPreset]:
     presets = {}
     vq16 = VQ_PRESETS["VQ-16"].to_dict()
     for size in GPT_SIZES:
         for px, tokens in ((256, 256), (384, 576)):
             name = f"llamagen-{size.lower()}-c2i-{px}"
+            released = C2I_FILES.get((size, px))
+            where = f"{released} + vq_ds16_c2i.pt from {C2I_REPO}" if released else "no release: checkpoint= required"
             presets[name] = OfficialPreset(
                 name,
                 "llamagen",
-                f"LlamaGen {size} class-conditional ImageNet {px}px (official checkpoint + VQ-16 required)",
+                f"LlamaGen {size} class-conditional ImageNet {px}px ({where})",
                 preset_config(size, "c2i", tokens).to_dict(),
                 vq16,
                 # LlamaGen's sample_c2i.py defaults.
                 {"guidance_scale": 4.0, "temperature": 1.0, "top_k": None, "top_p": 1.0},
+                hub_repo=C2I_REPO if released else None,
+                hub_files=(released, "vq_ds16_c2i.pt") if released else None,
+                release_note="" if released else f"LlamaGen released no {size} model at {px} px",
             )
     for px, tokens in ((256, 256), (512, 1024)):
         name = f"llamagen-gpt-xl-t2i-{px}"
         presets[name] = OfficialPreset(
             name,
             "llamagen",
-            f"LlamaGen GPT-XL text-to-image {px}px (official checkpoint + VQ-16 required; captions as "
-            "flan-t5-xl embeddings [B, 120, 2048])",
+            f"LlamaGen GPT-XL text-to-image {px}px ({T2I_FILES[px]} + vq_ds16_t2i.pt from {T2I_REPO}; prompts "
+            "through flan-t5-xl, or caption_embeds= [B, 120, 2048])",
             preset_config("GPT-XL", "t2i", tokens).to_dict(),
             vq16,
             {"guidance_scale": 7.5, "temperature": 1.0, "top_k": None, "top_p": 1.0},
+            hub_repo=T2I_REPO,
+            hub_files=(T2I_FILES[px], "vq_ds16_t2i.pt"),
         )
     return presets
 

@@ -112,12 +112,13 @@ def fetch_file(repo_id: str, filename: str, revision: str | None = None, local_f
     return Path(path)
 
 
-def fetch_folder(repo_id: str, revision: str | None = None) -> Path:
+def fetch_folder(repo_id: str, revision: str | None = None, allow_patterns: list[str] | None = None) -> Path:
     """A Hub repository holding a model folder (transformers, diffusers or visar's), from the cache.
 
     Online, its config.json (or model_index.json, a diffusers pipeline) comes first, so that a
     repository of loose checkpoint files is refused before anything large is fetched; then the
-    folder's files. Offline, the cached snapshot of that revision.
+    folder's files (those matching allow_patterns when given). Offline, the cached snapshot of that
+    revision.
     """
     hub = hub_module()
     repo_id = CONVERTED.get(repo_id, repo_id)
@@ -138,6 +139,7 @@ def fetch_folder(repo_id: str, revision: str | None = None) -> Path:
             revision=revision,
             cache_dir=cache_dir(),
             ignore_patterns=FOLDER_IGNORE,
+            allow_patterns=allow_patterns,
             local_files_only=offline(),
         )
     except (OSError, hub.errors.EntryNotFoundError, hub.errors.HFValidationError) as err:

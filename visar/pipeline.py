@@ -27,6 +27,7 @@ from .checkpoints import load_strict, read_state_dict
 from .errors import VisarError
 from .families import Family, get_family, hf_family
 from .models.base import MaskedModel, NextScaleModel, RasterModel, model_kind
+from .models.t5_captions import LazyTextEncoder
 from .models.text import CaptionEncoder, CaptionEncoderConfig
 from .tokenizers.base import TokenGridTokenizer
 
@@ -227,8 +228,8 @@ class Pipeline:
         if self.text_encoder is None:
             layout = self.model.condition_layout
             raise VisarError(
-                f"{self.name} has no text encoder: pass caption_embeds= [B, {layout.num_tokens}, "
-                f"{layout.embed_dim}] (for official LlamaGen: flan-t5-xl embeddings, left-padded)"
+                f"{self.name} has no text encoder: load it with text_encoder= (a T5 folder or Hub name, e.g. "
+                f"google/flan-t5-xl), or pass caption_embeds= [B, {layout.num_tokens}, {layout.embed_dim}]"
             )
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         embeds, mask = self.text_encoder.encode(prompts)
@@ -410,6 +411,7 @@ def load(
     vae_checkpoint: str | os.PathLike | None = None,
     vae_args: dict | None = None,
     revision: str | None = None,
+    text_encoder: str | os.PathLike | None = None,
 ) -> Pipeline:
     """Load a pipeline by registered name, Hugging Face Hub name, folder with config.json, or official files.
 
@@ -438,8 +440,11 @@ def load(
       the same as `vq_*`). Presets `mar-base`, `mar-large`, `mar-huge` take KL-16.
     - `visar.load("var-d16", checkpoint="var_d16.pth", vq_checkpoint="vae_ch160v4096z32.pth")`, or
       `visar.load("var", ...)` with the VAR constructor arguments (docs/VAR.md).
+    text_encoder: for text-to-image LlamaGen (presets and `llamagen`), the T5 encoder that turns
+    prompts= into caption embeddings, a folder or a Hub name; the t2i presets default to
+    google/flan-t5-xl, fetched when prompts first need it (caption_embeds= never does).
     device: default CUDA when available, else CPU. dtype: fp32 (default), bf16 or fp16 for the
-    generator; the tokenizer stays in float32.
+    generator; the tokenizer and text encoder stay in float32.
     """
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     vq_checkpoint = vae_checkpoint if vae_checkpoint is not None else vq_checkpoint
@@ -449,11 +454,15 @@ def load(
     generic = registry.generic_names()
     if revision is not None and not (name in registry.OFFICIAL_PRESETS or hub.is_hub_name(name)):
         raise VisarError(f"revision= picks a version of a Hub repository; {name!r} is not a Hub name nor a preset")
+    if text_encoder is not None and not (name in registry.OFFICIAL_PRESETS or name in generic):
+        raise VisarError(
+            f"text_encoder= names the T5 encoder of a text-to-image LlamaGen preset or `llamagen`; {name!r} is neither"
+        )
     if name in embedded or registry.is_model_folder(Path(name)):
         folder = embedded.get(name, Path(name))
         pipe = load_folder(folder, checkpoint=checkpoint, vq_checkpoint=vq_checkpoint, model_args=model_args)
     elif name in registry.OFFICIAL_PRESETS or name in generic:
-        pipe = load_official(name, checkpoint, vq_checkpoint, model_args, vq_args, revision)
+        pipe = load_official(name, checkpoint, vq_checkpoint, model_args, vq_args, revision, text_encoder)
     elif Path(name).exists():
         raise VisarError(
             f"{name} is not a model folder (no config.json, nor a diffusers model_index.json); for a checkpoint "
@@ -490,7 +499,7 @@ def fetch_release(name: str, preset, vq_checkpoint, revision):
     return checkpoint, vq_checkpoint
 
 
-def load_official(name, checkpoint, vq_checkpoint, model_args, vq_args, revision=None) -> Pipeline:
+def load_official(name, checkpoint, vq_checkpoint, model_args, vq_args, revision=None, text_encoder=None) -> Pipeline:
     """An official preset, or a family's generic name with the official constructor arguments; a preset
     without checkpoint= fetches its release from the Hub."""
     presets = registry.OFFICIAL_PRESETS
@@ -520,7 +529,24 @@ def load_official(name, checkpoint, vq_checkpoint, model_args, vq_args, revision
         )
         if family.check_tokenizer is not None:
             family.check_tokenizer(model, tokenizer)
-    return Pipeline(model, tokenizer, name=name, defaults=defaults)
+    preset = presets.get(name)
+    return Pipeline(
+        model, tokenizer, name=name, defaults=defaults, text_encoder=prompt_encoder(family, model, preset, text_encoder)
+    )
+
+
+def prompt_encoder(family: Family, model, preset, text_encoder):
+    """The prompt encoder of a text-conditional official model: text_encoder= (loaded now), else the
+    preset's own (loaded when prompts first need it), else none (caption_embeds= only)."""
+    text_model = model.condition_layout.kind == "text"
+    if text_encoder is not None:
+        if family.load_text_encoder is None or not text_model:
+            raise VisarError("text_encoder= is for text-to-image models; this one is class-conditional")
+        return family.load_text_encoder(text_encoder, model)
+    default = preset.text_encoder if preset is not None else None
+    if default is None or family.load_text_encoder is None or not text_model:
+        return None
+    return LazyTextEncoder(lambda: family.load_text_encoder(default, model), default)
 
 
 def folder_family(config: dict) -> Family:

@@ -41,6 +41,7 @@ class OfficialPreset:
     hub_repo: str | None = None
     hub_files: tuple[str, str] | None = None
     release_note: str = ""
+    text_encoder: str | None = None  # the prompt encoder it was trained with (Hub name), loaded on first use
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class Family:
     # (model_args as given, model_args merged with the preset's, tokenizer_args) -> the model_args with what
     # the model takes from its tokenizer (VAR: vocabulary and latent width), or one VisarError on a conflict.
     args_from_tokenizer: Callable[[dict, dict, dict], dict] | None = None
+    # (Hub name or folder, model) -> a prompt encoder for the model's captions (`text_encoder=` of visar.load).
+    load_text_encoder: Callable[[str, nn.Module], object] | None = None
 
     def recognises(self, config: dict) -> bool:
         """Is this config.json a transformers config of one of this family's architectures, or this

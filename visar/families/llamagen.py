@@ -10,10 +10,17 @@ and peizesun/llamagen_t2i (t2i_XL_stage1_256.pt, t2i_XL_stage2_512.pt, vq_ds16_t
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
+
+from .. import hub
 from ..checkpoints import load_strict, read_state_dict
+from ..errors import VisarError
 from ..models.llamagen import GPT_SIZES, LlamaGen, LlamaGenConfig, preset_config
+from ..models.t5_captions import T5CaptionEncoder, check_caption_width
 from ..tokenizers.vq import VQ_PRESETS, VQConfig, VQModel
-from .family import Family, OfficialPreset, register_family
+from .family import Family, OfficialPreset, register_family, transformers_module
 
 
 def build_model(model_args: dict) -> LlamaGen:
@@ -52,6 +59,33 @@ def build_tokenizer(tokenizer_args: dict) -> VQModel:
 def load_tokenizer_weights(tokenizer: VQModel, path, source: str) -> VQModel:
     presets = {name: (lambda c=c: VQModel(c)) for name, c in VQ_PRESETS.items()}
     return load_strict(tokenizer, read_state_dict(path), source=source, presets=presets)
+
+
+# The prompt encoder of the t2i releases (LlamaGen's language/README: google/flan-t5-xl), and the files of
+# its Hub repository a T5EncoderModel and its tokenizer need.
+T5_ENCODER = "google/flan-t5-xl"
+T5_FILES = ["*.json", "*.safetensors", "spiece.model"]
+
+
+def load_text_encoder(name_or_folder, model: LlamaGen) -> T5CaptionEncoder:
+    """A T5 encoder (folder or Hub name) giving the model's captions: its condition length (120) as max length."""
+    transformers = transformers_module()
+    name = str(name_or_folder)
+    folder = Path(name)
+    if not folder.is_dir():
+        if not hub.is_hub_name(name):
+            raise VisarError(f"text encoder {name!r} is neither a folder nor a Hub name (owner/name)")
+        folder = hub.fetch_folder(name, allow_patterns=T5_FILES)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        encoder = transformers.T5EncoderModel.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+    except (OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise VisarError(f"cannot load a T5 encoder and its tokenizer from {folder}: {reason}") from err
+    layout = model.condition_layout
+    captions = T5CaptionEncoder(tokenizer, encoder, max_length=layout.num_tokens)
+    check_caption_width(captions, layout.embed_dim, name)
+    return captions
 
 
 # Where the LlamaGen README publishes each release: (size, px) -> file in C2I_REPO; t2i files in T2I_REPO.
@@ -94,12 +128,13 @@ def official_presets() -> dict[str, OfficialPreset]:
             name,
             "llamagen",
             f"LlamaGen GPT-XL text-to-image {px}px ({T2I_FILES[px]} + vq_ds16_t2i.pt from {T2I_REPO}; prompts "
-            "through flan-t5-xl, or caption_embeds= [B, 120, 2048])",
+            f"through {T5_ENCODER}, fetched on first use, or caption_embeds= [B, 120, 2048])",
             preset_config("GPT-XL", "t2i", tokens).to_dict(),
             vq16,
             {"guidance_scale": 7.5, "temperature": 1.0, "top_k": None, "top_p": 1.0},
             hub_repo=T2I_REPO,
             hub_files=(T2I_FILES[px], "vq_ds16_t2i.pt"),
+            text_encoder=T5_ENCODER,
         )
     return presets
 
@@ -122,6 +157,8 @@ register_family(
         tiny_model_args=TINY_MODEL_ARGS,
         tiny_tokenizer_args=TINY_TOKENIZER_ARGS,
         generic_name="llamagen",
-        generic_description="any LlamaGen checkpoint: pass checkpoint=, model_args= (official ModelArgs), vq_*",
+        generic_description="any LlamaGen checkpoint: pass checkpoint=, model_args= (official ModelArgs), vq_*; "
+        "t2i: text_encoder= (a T5 folder or Hub name) for prompts",
+        load_text_encoder=load_text_encoder,
     )
 )

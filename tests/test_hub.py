@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import huggingface_hub
+import huggingface_hub.constants  # submodules the package imports lazily
+import huggingface_hub.errors
 import pytest
 import torch
 from conftest import REPO, fixtures_dir
@@ -16,8 +19,6 @@ from hub_cache import commit_of, lay_out, lay_out_folder, listing
 import visar
 from visar import hub
 from visar.errors import CheckpointMismatchError, VisarError
-
-huggingface_hub = pytest.importorskip("huggingface_hub")
 
 
 @pytest.fixture
@@ -194,6 +195,9 @@ def test_online_failures_are_one_sentence(monkeypatch, tmp_path, error, match):
     with pytest.raises(VisarError, match=match) as caught:
         visar.load("llamagen-gpt-b-c2i-256", revision="v0")
     assert "\n" not in str(caught.value)
+    if error == "RepositoryNotFoundError":  # a Hub name is also what a mistyped relative folder looks like
+        with pytest.raises(VisarError, match="no Hub repository 'models/mine'.*and no folder models/mine on this"):
+            visar.load("models/mine")
 
 
 def test_revision_is_for_hub_names():

@@ -45,6 +45,8 @@ def is_hub_name(name: str) -> bool:
 def hub_module():
     try:
         import huggingface_hub
+        import huggingface_hub.constants  # submodules the package imports lazily
+        import huggingface_hub.errors  # noqa: F401
     except ImportError as err:
         raise VisarError("models by Hub name need huggingface_hub: pip install 'huggingface_hub>=1.32,<3'") from err
     return huggingface_hub
@@ -76,9 +78,10 @@ def explain(err: Exception, repo_id: str, filename: str | None, revision: str | 
             f"or HF_TOKEN), or download it yourself and load {local_form}"
         )
     if isinstance(err, errors.RepositoryNotFoundError):
+        here = "" if filename else f", and no folder {repo_id} on this machine"
         return VisarError(
-            f"no Hub repository {repo_id!r} (or it is private: log in with `hf auth login` or HF_TOKEN); check the "
-            "name, or see `visar models` for the names visar knows"
+            f"no Hub repository {repo_id!r} (or it is private: log in with `hf auth login` or HF_TOKEN){here}; check "
+            "the name, or see `visar models` for the names visar knows"
         )
     if isinstance(err, errors.RevisionNotFoundError):
         return VisarError(
@@ -129,7 +132,12 @@ def fetch_folder(repo_id: str, revision: str | None = None, allow_patterns: list
                 fetch_file(repo_id, config, revision, local_form)
                 break
             except VisarError as err:
-                if not isinstance(err.__cause__, hub.errors.RemoteEntryNotFoundError):
+                cause = err.__cause__
+                if isinstance(cause, hub.errors.RepositoryNotFoundError) and not isinstance(
+                    cause, hub.errors.GatedRepoError
+                ):  # said of the repository, not of its config.json
+                    raise explain(cause, repo_id, None, revision, local_form) from cause
+                if not isinstance(cause, hub.errors.RemoteEntryNotFoundError):
                     raise
         else:
             raise not_a_folder(repo_id)

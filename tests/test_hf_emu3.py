@@ -15,6 +15,7 @@ Every raster method on the tiny Emu3: tests/test_conformance.py (the family regi
 """
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -213,6 +214,24 @@ class RowEndsIgnored:
             return self.model(tokens, cond, cond_mask=cond_mask)
         finally:
             self.model._grid_size = grid
+
+
+def test_the_grid_is_the_one_the_folders_processor_writes(emu3_folder, reference, tmp_path):
+    """Without size options: the processor's own image-generation size (here transformers' default, 518400
+    pixels at 1:1); a config that saves an image_area (as the original Emu3 configs do) sets it."""
+    _, processor = reference
+    written = processor(text=["a"], return_for_image_generation=True)["image_sizes"][0]
+    options = {"max_prompt_tokens": 16, "negative_prompt": "lowres"}
+    pipe = visar.load(emu3_folder, device="cpu", model_args=options)
+    assert pipe.model.grid_size == tuple(written) == (90, 90)
+    ids, mask = pipe.text_encoder.encode(["a"])  # the prompt states the same size as the processor's own call
+    own = processor(text=["a"], return_for_image_generation=True)["input_ids"][0]
+    assert ids[0][mask[0]].tolist() == list(own)
+    saved = tmp_path / "saved"
+    shutil.copytree(emu3_folder, saved)
+    config = json.loads((saved / "config.json").read_text())
+    (saved / "config.json").write_text(json.dumps({**config, "image_area": 16 * 16 * 2 * 2}))
+    assert visar.load(str(saved), device="cpu", model_args=options).model.grid_size == (4, 4)
 
 
 # -- bad input -------------------------------------------------------------------------------------

@@ -112,8 +112,8 @@ def test_bad_input(pipe, kwargs, match):
 def test_unknown_model_and_missing_paths():
     with pytest.raises(VisarError, match="unknown model"):
         visar.load("no-such-model")
-    with pytest.raises(VisarError, match="needs the official checkpoint"):
-        visar.load("llamagen-gpt-b-c2i-256")
+    with pytest.raises(VisarError, match="no GPT-XL model at 256 px; llamagen-gpt-xl-c2i-256 needs the checkpoint"):
+        visar.load("llamagen-gpt-xl-c2i-256")  # (released presets fetch their files: tests/test_hub.py)
     with pytest.raises(VisarError, match="not found"):
         visar.load("llamagen-gpt-b-c2i-256", checkpoint="/nonexistent/c2i_B_256.pt", device="cpu")
     with pytest.raises(VisarError, match="dtype"):

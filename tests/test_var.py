@@ -33,12 +33,11 @@ def vq_args():
 
 def fixture_pipe(name):
     folder, meta, _ = fixture(name)
-    # The VQVAE's vocabulary and latent width, which upstream's VAR reads from the VQVAE it is given.
-    model_args = {**meta["constructor_kwargs"], "vocab_size": 64, "z_channels": 8}
+    # Upstream's constructor arguments alone: the vocabulary and latent width come from the VQVAE's (vq_args).
     return visar.load(
         "var",
         checkpoint=folder / f"tiny_{name}.pt",
-        model_args=model_args,
+        model_args=meta["constructor_kwargs"],
         vq_checkpoint=folder / "tiny_vqvae.pt",
         vq_args=vq_args(),
         device="cpu",
@@ -480,3 +479,18 @@ def test_demo_compares_a_next_scale_model_and_draws_its_scales():
     assert heatmap.size[1] == 16 * 16 + 34  # the last scale sets the height: 16 cells of 16 px
     picture = commit_heatmap([torch.full((s, s), k + 1) for k, s in enumerate((1, 2, 3))])
     assert picture.size[0] > picture.size[1] - 34  # the scales side by side, over the colour bar
+
+
+def test_vocabulary_and_latent_width_come_from_the_vqvae_arguments():
+    folder, meta, _ = fixture("var")
+    pipe = fixture_pipe("var")
+    assert (pipe.model.config.vocab_size, pipe.model.config.z_channels) == (64, 8)
+    agreeing = {**meta["constructor_kwargs"], "vocab_size": 64}
+    load = dict(
+        checkpoint=folder / "tiny_var.pt", vq_checkpoint=folder / "tiny_vqvae.pt", vq_args=vq_args(), device="cpu"
+    )
+    assert visar.load("var", model_args=agreeing, **load).model.config.vocab_size == 64
+    with pytest.raises(
+        VisarError, match=r"model_args vocab_size=4096 disagrees with the VQVAE's vocab_size=64 \(vq_args\)"
+    ):
+        visar.load("var", model_args={**agreeing, "vocab_size": 4096}, **load)

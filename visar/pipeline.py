@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from . import registry
+from . import hub, registry
 from .accel import get_method, reference_method
 from .accel.sampling import SamplingParams, make_generators
 from .accel.timing import synchronized_clock
@@ -27,6 +27,7 @@ from .checkpoints import load_strict, read_state_dict
 from .errors import VisarError
 from .families import Family, get_family, hf_family
 from .models.base import MaskedModel, NextScaleModel, RasterModel, model_kind
+from .models.t5_captions import LazyTextEncoder
 from .models.text import CaptionEncoder, CaptionEncoderConfig
 from .tokenizers.base import TokenGridTokenizer
 
@@ -227,8 +228,8 @@ class Pipeline:
         if self.text_encoder is None:
             layout = self.model.condition_layout
             raise VisarError(
-                f"{self.name} has no text encoder: pass caption_embeds= [B, {layout.num_tokens}, "
-                f"{layout.embed_dim}] (for official LlamaGen: flan-t5-xl embeddings, left-padded)"
+                f"{self.name} has no text encoder: load it with text_encoder= (a T5 folder or Hub name, e.g. "
+                f"google/flan-t5-xl), or pass caption_embeds= [B, {layout.num_tokens}, {layout.embed_dim}]"
             )
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         embeds, mask = self.text_encoder.encode(prompts)
@@ -409,17 +410,28 @@ def load(
     vq_args: dict | None = None,
     vae_checkpoint: str | os.PathLike | None = None,
     vae_args: dict | None = None,
+    revision: str | None = None,
+    text_encoder: str | os.PathLike | None = None,
 ) -> Pipeline:
-    """Load a pipeline by registered name, from a folder with config.json, or from official files.
+    """Load a pipeline by registered name, Hugging Face Hub name, folder with config.json, or official files.
 
     - `visar.load("default")`: the embedded default model.
+    - `visar.load("deepseek-community/Janus-Pro-1B")`, `visar.load("BAAI/Emu3-Gen-hf")`,
+      `visar.load("amused/amused-256")`: a Hub repository holding one of the folders below, fetched
+      through huggingface_hub (its cache, HF_HOME, HF_HUB_OFFLINE, HF_TOKEN; `revision=` a branch, tag
+      or commit). Original-format names with a published conversion fetch the conversion
+      (deepseek-ai/Janus-Pro-1B -> deepseek-community/Janus-Pro-1B, BAAI/Emu3-Gen -> BAAI/Emu3-Gen-hf).
+    - `visar.load("llamagen-gpt-b-c2i-256")`, `visar.load("var-d16")`: an official preset without
+      files fetches the released checkpoint and tokenizer from the Hub repository its authors publish
+      them in (`visar models` lists them; MAR's releases are not on the Hub: its presets say where).
     - `visar.load(FOLDER)`: a visar folder, or a transformers `save_pretrained` folder of a supported
       architecture (Janus-Pro: JanusForConditionalGeneration; Emu3-Gen: Emu3ForConditionalGeneration),
       offline; `model_args=` then takes its loading options (Janus: `max_prompt_tokens`; Emu3:
       `image_area`, `ratio`, `negative_prompt`, `max_prompt_tokens`). A diffusers `AmusedPipeline`
       folder (model_index.json) loads as a masked model (`model_args`: `negative_prompt`,
       `aesthetic_score`, `crop_coord`).
-    - `visar.load("llamagen-gpt-b-c2i-256", checkpoint="c2i_B_256.pt", vq_checkpoint="vq_ds16_c2i.pt")`
+    - `visar.load("llamagen-gpt-b-c2i-256", checkpoint="c2i_B_256.pt", vq_checkpoint="vq_ds16_c2i.pt")`:
+      files on disk (with checkpoint= and no vq_checkpoint=, no tokenizer: tokens only)
     - `visar.load("llamagen", checkpoint=..., model_args={...}, vq_checkpoint=..., vq_args={...})` for
       sizes that match no preset (`model_args`: LlamaGen ModelArgs fields; `vq_args`: the VQ
       ModelArgs plus `ch`, the encoder/decoder base width).
@@ -428,8 +440,11 @@ def load(
       the same as `vq_*`). Presets `mar-base`, `mar-large`, `mar-huge` take KL-16.
     - `visar.load("var-d16", checkpoint="var_d16.pth", vq_checkpoint="vae_ch160v4096z32.pth")`, or
       `visar.load("var", ...)` with the VAR constructor arguments (docs/VAR.md).
+    text_encoder: for text-to-image LlamaGen (presets and `llamagen`), the T5 encoder that turns
+    prompts= into caption embeddings, a folder or a Hub name; the t2i presets default to
+    google/flan-t5-xl, fetched when prompts first need it (caption_embeds= never does).
     device: default CUDA when available, else CPU. dtype: fp32 (default), bf16 or fp16 for the
-    generator; the tokenizer stays in float32.
+    generator; the tokenizer and text encoder stay in float32.
     """
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     vq_checkpoint = vae_checkpoint if vae_checkpoint is not None else vq_checkpoint
@@ -437,21 +452,31 @@ def load(
     name = registry.resolve_name(str(name_or_path))
     embedded = registry.embedded_models()
     generic = registry.generic_names()
+    if revision is not None and not (name in registry.OFFICIAL_PRESETS or hub.is_hub_name(name)):
+        raise VisarError(f"revision= picks a version of a Hub repository; {name!r} is not a Hub name nor a preset")
+    if text_encoder is not None and not (name in registry.OFFICIAL_PRESETS or name in generic):
+        raise VisarError(
+            f"text_encoder= names the T5 encoder of a text-to-image LlamaGen preset or `llamagen`; {name!r} is neither"
+        )
     if name in embedded or registry.is_model_folder(Path(name)):
         folder = embedded.get(name, Path(name))
         pipe = load_folder(folder, checkpoint=checkpoint, vq_checkpoint=vq_checkpoint, model_args=model_args)
     elif name in registry.OFFICIAL_PRESETS or name in generic:
-        pipe = load_official(name, checkpoint, vq_checkpoint, model_args, vq_args)
+        pipe = load_official(name, checkpoint, vq_checkpoint, model_args, vq_args, revision, text_encoder)
     elif Path(name).exists():
         raise VisarError(
             f"{name} is not a model folder (no config.json, nor a diffusers model_index.json); for a checkpoint "
             "file use "
             "visar.load('<preset>', checkpoint=...)"
         )
+    elif hub.is_hub_name(name):
+        folder = hub.fetch_folder(name, revision)
+        pipe = load_folder(folder, checkpoint=checkpoint, vq_checkpoint=vq_checkpoint, model_args=model_args)
+        pipe.name = name
     else:
         raise VisarError(
-            f"unknown model {name!r}: not a registered name nor an existing folder. Known: "
-            f"{', '.join(registry.list_models())}"
+            f"unknown model {name!r}: not a registered name, a Hub name (owner/name) nor an existing folder. "
+            f"Known: {', '.join(registry.list_models())}"
         )
     pipe.model.to(device=device, dtype=dtype)
     if pipe.tokenizer is not None:
@@ -461,11 +486,27 @@ def load(
     return pipe
 
 
-def load_official(name, checkpoint, vq_checkpoint, model_args, vq_args) -> Pipeline:
-    """An official preset, or a family's generic name with the official constructor arguments."""
-    if checkpoint is None:
-        raise VisarError(f"{name} needs the official checkpoint file: visar.load({name!r}, checkpoint=PATH, ...)")
+def fetch_release(name: str, preset, vq_checkpoint, revision):
+    """A preset's released checkpoint (and its tokenizer, unless given) from its Hub repository."""
+    if preset is None or preset.hub_files is None:
+        note = f"{preset.release_note}; " if preset is not None and preset.release_note else ""
+        raise VisarError(f"{note}{name} needs the checkpoint file: visar.load({name!r}, checkpoint=PATH, ...)")
+    model_file, tokenizer_file = preset.hub_files
+    local = f"by path: visar.load({name!r}, checkpoint=PATH, vq_checkpoint=PATH)"
+    checkpoint = hub.fetch_file(preset.hub_repo, model_file, revision, local)
+    if vq_checkpoint is None:
+        vq_checkpoint = hub.fetch_file(preset.hub_repo, tokenizer_file, revision, local)
+    return checkpoint, vq_checkpoint
+
+
+def load_official(name, checkpoint, vq_checkpoint, model_args, vq_args, revision=None, text_encoder=None) -> Pipeline:
+    """An official preset, or a family's generic name with the official constructor arguments; a preset
+    without checkpoint= fetches its release from the Hub."""
     presets = registry.OFFICIAL_PRESETS
+    if checkpoint is None:
+        checkpoint, vq_checkpoint = fetch_release(name, presets.get(name), vq_checkpoint, revision)
+    elif revision is not None:
+        raise VisarError("revision= picks the Hub version of a preset's files; with checkpoint= the files are yours")
     if name in presets:
         preset = presets[name]
         family = get_family(preset.family)
@@ -476,6 +517,8 @@ def load_official(name, checkpoint, vq_checkpoint, model_args, vq_args) -> Pipel
         if model_args is None:
             raise VisarError(f"visar.load({name!r}, ...) needs model_args= (the official constructor arguments)")
         preset_args, defaults, tokenizer_args = model_args, {}, vq_args or {}
+    if vq_args is not None and family.args_from_tokenizer is not None:
+        preset_args = family.args_from_tokenizer(model_args or {}, preset_args, tokenizer_args)
     with torch.device("meta"):  # official files are large: take their tensors instead of initialising
         model = family.build_model(preset_args)
     model = family.load_model_weights(model, checkpoint, f"checkpoint {checkpoint}")
@@ -486,7 +529,24 @@ def load_official(name, checkpoint, vq_checkpoint, model_args, vq_args) -> Pipel
         )
         if family.check_tokenizer is not None:
             family.check_tokenizer(model, tokenizer)
-    return Pipeline(model, tokenizer, name=name, defaults=defaults)
+    preset = presets.get(name)
+    return Pipeline(
+        model, tokenizer, name=name, defaults=defaults, text_encoder=prompt_encoder(family, model, preset, text_encoder)
+    )
+
+
+def prompt_encoder(family: Family, model, preset, text_encoder):
+    """The prompt encoder of a text-conditional official model: text_encoder= (loaded now), else the
+    preset's own (loaded when prompts first need it), else none (caption_embeds= only)."""
+    text_model = model.condition_layout.kind == "text"
+    if text_encoder is not None:
+        if family.load_text_encoder is None or not text_model:
+            raise VisarError("text_encoder= is for text-to-image models; this one is class-conditional")
+        return family.load_text_encoder(text_encoder, model)
+    default = preset.text_encoder if preset is not None else None
+    if default is None or family.load_text_encoder is None or not text_model:
+        return None
+    return LazyTextEncoder(lambda: family.load_text_encoder(default, model), default)
 
 
 def folder_family(config: dict) -> Family:

@@ -2,8 +2,8 @@
 
 Embedded models live in `visar/weights/<name>/` as `config.json` (+ safetensors weights); a
 config with `"init": {"random_seed": S}` and no weights builds a seeded random model. Official
-presets (defined by their family, `visar/families/`) need the user's checkpoint files
-(`checkpoint=`, `vq_checkpoint=`).
+presets (defined by their family, `visar/families/`) fetch their released files from the Hugging
+Face Hub (`visar/hub.py`), or take files on disk (`checkpoint=`, `vq_checkpoint=`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ that the draft token x was drawn from q, independently of the uniforms passed in
 `jacobi.py` composes them; the tests in tests/test_acceptance.py check every lossless rule
 against p by chi-square.
 
-Notation (as in ../shared/research/jacobi_family.md): p = target distribution (the output of
+Notation (as in the speculative sampling papers cited in jacobi.py): p = target distribution (the output of
 `sampling.logits_to_probs`), q = the distribution the draft token x was drawn from,
 (v)+ = max(v, 0), norm(v) = v / sum(v), TV(p, q) = 1/2 sum |p - q|.
 

@@ -1,7 +1,6 @@
 """Speculative Jacobi decoding: one engine for SJD, coupled SJD (MC-SJD) and draft-model speculative sampling.
 
-Papers and the upstream code the rules were checked against (details and pitfalls in
-../shared/research/jacobi_family.md, sections 1-3):
+Papers and the upstream code the rules were checked against:
 - SJD: Teng et al., "Accelerating Auto-regressive Text-to-Image Generation with Training-free
   Speculative Jacobi Decoding", ICLR 2025 (arXiv 2410.01699); tyshiwo1/Accelerating-T2I-AR-with-SJD,
   `scheduler/jacobi_iteration_lumina_mgpt.py`.

@@ -1,7 +1,6 @@
 """Relaxed acceptance for visual tokens: GSD's grouped test and LANTERN's latent-proximity target.
 
-Papers and the upstream code the rules were checked against (details and pitfalls in
-../shared/research/jacobi_family.md, sections 4 and 5):
+Papers and the upstream code the rules were checked against:
 - GSD: So, Shin, Kook, Park, "Grouped Speculative Decoding for Autoregressive Image
   Generation", ICCV 2025 (arXiv 2508.07747); junhyukso/GSD,
   `scheduler/jacobi_iteration_lumina_mgpt.py` (the acceptance test and its dynamic group).

@@ -1,6 +1,6 @@
 """Static-tree speculative decoding: a draft model proposes a fixed-shape tree, the target verifies it in one pass.
 
-Papers and upstream code (details in ../shared/research/jacobi_family.md, sections 1.2 and 5.3):
+Papers and upstream code:
 - EAGLE-1 static trees and their recursive rejection sampling (Li et al. 2024; SpecInfer, Miao
   et al. 2024): the children of a node are drawn from the draft distribution without
   replacement and tried in order; after rejecting a child the target becomes norm((p - q_i)+),

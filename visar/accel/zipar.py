@@ -1,7 +1,6 @@
 """Next-set decoding of raster models: ZipAR, ZipAR with speculative Jacobi row fronts, and the exact wavefront.
 
-Papers and the code the schedule was checked against (details and the released code's flaws in
-../shared/research/parallel_family.md, sections 1 and 4):
+Papers and the code the schedule was checked against (the released code's flaws: below):
 - ZipAR: He et al., "ZipAR: Parallel Auto-regressive Image Generation through Spatial Locality",
   ICML 2025 (arXiv 2412.04062); ThisisBillhe/ZipAR, `LlamaGen-ZipAR/autoregressive/models/generate_zipar.py`
   (the schedule) and `Lumina-mGPT-ZipAR/lumina_mgpt/model/chameleon/modeling_chameleon.py` (the

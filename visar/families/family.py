@@ -26,7 +26,11 @@ class FolderParts:
 
 @dataclass(frozen=True)
 class OfficialPreset:
-    """A released checkpoint layout: the family's constructor arguments and its sampling defaults."""
+    """A released checkpoint layout: the family's constructor arguments and its sampling defaults.
+
+    hub_repo / hub_files: the Hugging Face repository its authors publish the release in and the file
+    names of the checkpoint and its tokenizer there (`visar.load(name)` fetches them); release_note:
+    where the files are instead, for a release not on the Hub."""
 
     name: str
     family: str
@@ -34,6 +38,10 @@ class OfficialPreset:
     model_args: dict
     tokenizer_args: dict
     defaults: dict = field(default_factory=dict)
+    hub_repo: str | None = None
+    hub_files: tuple[str, str] | None = None
+    release_note: str = ""
+    text_encoder: str | None = None  # the prompt encoder it was trained with (Hub name), loaded on first use
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,11 @@ class Family:
     tiny_text_encoder_args: dict = field(default_factory=dict)
     # (model, tokenizer) -> None, or one VisarError when the tokenizer cannot decode the model's tokens.
     check_tokenizer: Callable[[nn.Module, nn.Module], None] | None = None
+    # (model_args as given, model_args merged with the preset's, tokenizer_args) -> the model_args with what
+    # the model takes from its tokenizer (VAR: vocabulary and latent width), or one VisarError on a conflict.
+    args_from_tokenizer: Callable[[dict, dict, dict], dict] | None = None
+    # (Hub name or folder, model) -> a prompt encoder for the model's captions (`text_encoder=` of visar.load).
+    load_text_encoder: Callable[[str, nn.Module], object] | None = None
 
     def recognises(self, config: dict) -> bool:
         """Is this config.json a transformers config of one of this family's architectures, or this

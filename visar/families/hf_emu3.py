@@ -4,8 +4,11 @@ A transformers `save_pretrained` folder (config.json with "architectures":
 ["Emu3ForConditionalGeneration"], the safetensors, the processor and tokenizer files) loads with
 `visar.load(FOLDER)`, offline; transformers is an optional dependency (`pip install "visar-ar[hf]"`).
 Load options (`model_args`): `image_area` and `ratio` (the image size, as Emu3's processor takes
-them: 518400 pixels, "1:1", a 90 x 90 token grid by default), `negative_prompt` (Emu3's own
-negative prompt by default), `max_prompt_tokens`.
+them), `negative_prompt` (Emu3's own negative prompt by default), `max_prompt_tokens`. The token grid
+is the one the folder's processor writes into an image-generation prompt (`<|image start|>H*W...`, its
+`image_sizes`) for those options, or, without them, for the model config's saved `image_area` (the
+original Emu3 configs carry one) and else the processor's own defaults (transformers 5.24: 518400
+pixels at 1:1, 90 x 90 tokens).
 
 Sampling defaults, from baaivision/Emu3 `image_generation.py`: guidance 3 with the negative prompt
 as the unconditional branch, top-k 2048, temperature 1. That script also appends
@@ -36,11 +39,24 @@ DEFAULTS = {"guidance_scale": 3.0, "temperature": 1.0, "top_k": 2048, "top_p": 1
 LOAD_OPTIONS = ("image_area", "max_prompt_tokens", "negative_prompt", "ratio")
 
 
-def prompt_encoder(processor, max_prompt_tokens: int, ratio: str, image_area: int) -> HFPromptEncoder:
+def prompt_encoder(processor, max_prompt_tokens: int, size: dict) -> HFPromptEncoder:
     """Prompts as Emu3's processor formats them for image generation: BOS, the prompt, then
-    `<|image start|>H*W<|image token|>` (no chat template), left-padded."""
-    call_kwargs = {"return_for_image_generation": True, "ratio": ratio, "image_area": image_area}
+    `<|image start|>H*W<|image token|>` (no chat template), left-padded; size: ratio / image_area
+    options for the processor (none: its own)."""
+    call_kwargs = {"return_for_image_generation": True, **size}
     return HFPromptEncoder(processor, max_prompt_tokens, processor.tokenizer.pad_token_id, call_kwargs, chat=False)
+
+
+def generation_grid(processor, size: dict) -> tuple[int, int]:
+    """The token grid the processor writes into an image-generation prompt for these size options."""
+    try:
+        written = processor(text=[""], return_for_image_generation=True, **size)["image_sizes"][0]
+    except (ValueError, ZeroDivisionError) as err:
+        raise VisarError(f"ratio {size.get('ratio')!r}: expected 'width:height', such as '1:1' or '16:9'") from err
+    grid = (int(written[0]), int(written[1]))
+    if min(grid) < 1:
+        raise VisarError(f"image_area {size.get('image_area')} at ratio {size.get('ratio')} leaves no image tokens")
+    return grid
 
 
 def build_emu3(hf_model, processor, options: dict) -> tuple[HFEmu3, HFPromptEncoder]:
@@ -49,15 +65,15 @@ def build_emu3(hf_model, processor, options: dict) -> tuple[HFEmu3, HFPromptEnco
     if unknown:
         raise VisarError(f"unknown model_args {unknown} for an Emu3 folder; known: {list(LOAD_OPTIONS)}")
     max_prompt_tokens = int(options.get("max_prompt_tokens", DEFAULT_MAX_PROMPT_TOKENS))
-    ratio = str(options.get("ratio", processor.ratio))
-    image_area = int(options.get("image_area", processor.image_area))
-    try:
-        grid = processor.calculate_generate_size(ratio, image_area, processor.downsample_ratio)
-    except ValueError as err:
-        raise VisarError(f"ratio {ratio!r}: expected 'width:height', such as '1:1' or '16:9'") from err
-    if min(grid) < 1:
-        raise VisarError(f"image_area {image_area} at ratio {ratio} leaves no image tokens")
-    encoder = prompt_encoder(processor, max_prompt_tokens, ratio, image_area)
+    saved_area = getattr(hf_model.config, "image_area", None)  # the original Emu3 configs' size, if the folder has one
+    size = {} if saved_area is None else {"image_area": int(saved_area)}
+    size.update({k: options[k] for k in ("ratio", "image_area") if k in options})
+    if "ratio" in size:
+        size["ratio"] = str(size["ratio"])
+    if "image_area" in size:
+        size["image_area"] = int(size["image_area"])
+    grid = generation_grid(processor, size)
+    encoder = prompt_encoder(processor, max_prompt_tokens, size)
     negative_ids, negative_mask = encoder.encode([options.get("negative_prompt", NEGATIVE_PROMPT)])
     model = HFEmu3(
         hf_model.eval(),
@@ -202,7 +218,7 @@ def build_text_encoder(text_encoder_args: dict) -> HFPromptEncoder:
     """The tiny processor as a prompt encoder (text_encoder_args: image_vocab and load options)."""
     args = dict(text_encoder_args)
     processor = tiny_processor(args.pop("image_vocab"))
-    return prompt_encoder(processor, args["max_prompt_tokens"], "1:1", args["image_area"])
+    return prompt_encoder(processor, args["max_prompt_tokens"], {"ratio": "1:1", "image_area": args["image_area"]})
 
 
 register_family(

@@ -3,15 +3,24 @@
 Official releases (FoundationVision/LlamaGen): GPT-B .. GPT-3B class-conditional at 256 and 384
 px, GPT-XL text-to-image at 256 and 512 px, each with VQ-16. Their files load strictly; the
 RoPE table or KV-cache buffers some files carry are not weights and are dropped, as the
-official loaders do.
+official loaders do. `visar.load(preset)` fetches the released files from the Hub repositories the
+LlamaGen README links: FoundationVision/LlamaGen (c2i_B_256.pt ... c2i_3B_384.pt, vq_ds16_c2i.pt)
+and peizesun/llamagen_t2i (t2i_XL_stage1_256.pt, t2i_XL_stage2_512.pt, vq_ds16_t2i.pt).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
+
+from .. import hub
 from ..checkpoints import load_strict, read_state_dict
+from ..errors import VisarError
 from ..models.llamagen import GPT_SIZES, LlamaGen, LlamaGenConfig, preset_config
+from ..models.t5_captions import T5CaptionEncoder, check_caption_width
 from ..tokenizers.vq import VQ_PRESETS, VQConfig, VQModel
-from .family import Family, OfficialPreset, register_family
+from .family import Family, OfficialPreset, register_family, transformers_module
 
 
 def build_model(model_args: dict) -> LlamaGen:
@@ -52,31 +61,80 @@ def load_tokenizer_weights(tokenizer: VQModel, path, source: str) -> VQModel:
     return load_strict(tokenizer, read_state_dict(path), source=source, presets=presets)
 
 
+# The prompt encoder of the t2i releases (LlamaGen's language/README: google/flan-t5-xl), and the files of
+# its Hub repository a T5EncoderModel and its tokenizer need.
+T5_ENCODER = "google/flan-t5-xl"
+T5_FILES = ["*.json", "*.safetensors", "spiece.model"]
+
+
+def load_text_encoder(name_or_folder, model: LlamaGen) -> T5CaptionEncoder:
+    """A T5 encoder (folder or Hub name) giving the model's captions: its condition length (120) as max length."""
+    transformers = transformers_module()
+    name = str(name_or_folder)
+    folder = Path(name)
+    if not folder.is_dir():
+        if not hub.is_hub_name(name):
+            raise VisarError(f"text encoder {name!r} is neither a folder nor a Hub name (owner/name)")
+        folder = hub.fetch_folder(name, allow_patterns=T5_FILES)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        encoder = transformers.T5EncoderModel.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+    except (OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise VisarError(f"cannot load a T5 encoder and its tokenizer from {folder}: {reason}") from err
+    layout = model.condition_layout
+    captions = T5CaptionEncoder(tokenizer, encoder, max_length=layout.num_tokens)
+    check_caption_width(captions, layout.embed_dim, name)
+    return captions
+
+
+# Where the LlamaGen README publishes each release: (size, px) -> file in C2I_REPO; t2i files in T2I_REPO.
+C2I_REPO, T2I_REPO = "FoundationVision/LlamaGen", "peizesun/llamagen_t2i"
+C2I_FILES = {
+    ("GPT-B", 256): "c2i_B_256.pt",
+    ("GPT-B", 384): "c2i_B_384.pt",
+    ("GPT-L", 256): "c2i_L_256.pt",
+    ("GPT-L", 384): "c2i_L_384.pt",
+    ("GPT-XL", 384): "c2i_XL_384.pt",
+    ("GPT-XXL", 384): "c2i_XXL_384.pt",
+    ("GPT-3B", 384): "c2i_3B_384.pt",
+}
+T2I_FILES = {256: "t2i_XL_stage1_256.pt", 512: "t2i_XL_stage2_512.pt"}
+
+
 def official_presets() -> dict[str, OfficialPreset]:
     presets = {}
     vq16 = VQ_PRESETS["VQ-16"].to_dict()
     for size in GPT_SIZES:
         for px, tokens in ((256, 256), (384, 576)):
             name = f"llamagen-{size.lower()}-c2i-{px}"
+            released = C2I_FILES.get((size, px))
+            where = f"{released} + vq_ds16_c2i.pt from {C2I_REPO}" if released else "no release: checkpoint= required"
             presets[name] = OfficialPreset(
                 name,
                 "llamagen",
-                f"LlamaGen {size} class-conditional ImageNet {px}px (official checkpoint + VQ-16 required)",
+                f"LlamaGen {size} class-conditional ImageNet {px}px ({where})",
                 preset_config(size, "c2i", tokens).to_dict(),
                 vq16,
                 # LlamaGen's sample_c2i.py defaults.
                 {"guidance_scale": 4.0, "temperature": 1.0, "top_k": None, "top_p": 1.0},
+                hub_repo=C2I_REPO if released else None,
+                hub_files=(released, "vq_ds16_c2i.pt") if released else None,
+                release_note="" if released else f"LlamaGen released no {size} model at {px} px",
             )
     for px, tokens in ((256, 256), (512, 1024)):
         name = f"llamagen-gpt-xl-t2i-{px}"
         presets[name] = OfficialPreset(
             name,
             "llamagen",
-            f"LlamaGen GPT-XL text-to-image {px}px (official checkpoint + VQ-16 required; captions as "
-            "flan-t5-xl embeddings [B, 120, 2048])",
+            f"LlamaGen GPT-XL text-to-image {px}px ({T2I_FILES[px]} + vq_ds16_t2i.pt from {T2I_REPO}; prompts "
+            f"through {T5_ENCODER}, fetched on first use, or caption_embeds= [B, 120, 2048])",
             preset_config("GPT-XL", "t2i", tokens).to_dict(),
             vq16,
             {"guidance_scale": 7.5, "temperature": 1.0, "top_k": None, "top_p": 1.0},
+            hub_repo=T2I_REPO,
+            hub_files=(T2I_FILES[px], "vq_ds16_t2i.pt"),
+            text_encoder=T5_ENCODER,
         )
     return presets
 
@@ -99,6 +157,8 @@ register_family(
         tiny_model_args=TINY_MODEL_ARGS,
         tiny_tokenizer_args=TINY_TOKENIZER_ARGS,
         generic_name="llamagen",
-        generic_description="any LlamaGen checkpoint: pass checkpoint=, model_args= (official ModelArgs), vq_*",
+        generic_description="any LlamaGen checkpoint: pass checkpoint=, model_args= (official ModelArgs), vq_*; "
+        "t2i: text_encoder= (a T5 folder or Hub name) for prompts",
+        load_text_encoder=load_text_encoder,
     )
 )

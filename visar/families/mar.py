@@ -3,7 +3,9 @@
 Official releases (LTH14/mar): `{'model': ..., 'model_ema': ...}` files; the demo samples with
 `model_ema`, loaded strictly, and so does visar. A file without `model_ema` loads `model` (the
 training weights) with a warning that says so. KL-16 is `{'model': state_dict}`; upstream loads it
-with strict=False, visar strictly (its keys match exactly).
+with strict=False, visar strictly (its keys match exactly). The MAR README publishes the releases
+on Dropbox, not on the Hugging Face Hub: `visar.load("mar-base")` says where, and the files load by
+path (`checkpoint=`, `vae_checkpoint=`).
 """
 
 from __future__ import annotations
@@ -70,6 +72,14 @@ def check_tokenizer(model: MAR, tokenizer: AutoencoderKL):
         )
 
 
+# Not on the Hub: the MAR README links Dropbox files, which LTH14/mar's util/download.py fetches.
+RELEASE_NOTE = (
+    "the MAR README publishes {model} on Dropbox, not on the Hugging Face Hub: run `python util/download.py` in a "
+    "clone of LTH14/mar (it writes pretrained_models/mar/mar_{size}/checkpoint-last.pth and "
+    "pretrained_models/vae/kl16.ckpt), then load them by path"
+)
+
+
 def official_presets() -> dict[str, OfficialPreset]:
     guidance = {"base": 2.9, "large": 3.0, "huge": 3.2}  # the README's FID settings (linear schedule)
     return {
@@ -77,10 +87,11 @@ def official_presets() -> dict[str, OfficialPreset]:
             f"mar-{size}",
             "mar",
             f"MAR-{size[0].upper()} class-conditional ImageNet 256px, continuous tokens (official checkpoint + "
-            "KL-16 VAE required)",
+            "KL-16 VAE by path: LTH14/mar's util/download.py fetches them)",
             preset_config(size).to_dict(),
             KL16.to_dict(),
             {"guidance_scale": guidance[size], "temperature": 1.0, "top_k": None, "top_p": 1.0},
+            release_note=RELEASE_NOTE.format(model=f"MAR-{size[0].upper()}", size=size),
         )
         for size in MAR_SIZES
     }

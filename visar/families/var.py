@@ -1,14 +1,16 @@
 """The VAR family: VAR next-scale transformers (class-conditional ImageNet) with VAR's multi-scale VQVAE.
 
 Official releases (FoundationVision/VAR): var_d16/d20/d24/d30.pth at 256 px and var_d36.pth (shared
-AdaLN) at 512 px, all with vae_ch160v4096z32.pth. They are bare state_dicts and load strictly; a
-file of another depth names the preset that fits. Sampling defaults are upstream's FID setting:
+AdaLN) at 512 px, all with vae_ch160v4096z32.pth, on the Hub in FoundationVision/var (the VAR
+README's links), where `visar.load(preset)` fetches them. They are bare state_dicts and load
+strictly; a file of another depth names the preset that fits. Sampling defaults are upstream's FID setting:
 cfg 1.5 (guidance_scale 2.5 here, see visar/accel/next_scale.py), top-k 900, top-p 0.96.
 """
 
 from __future__ import annotations
 
 from ..checkpoints import load_strict, read_state_dict
+from ..errors import VisarError
 from ..models.var import SCALES_256, SCALES_512, VAR, VARConfig, preset_config
 from ..tokenizers.msvq import MSVQ_PRESETS, MSVQConfig, MultiScaleVQVAE, fit_training_statistics
 from .family import Family, OfficialPreset, register_family
@@ -21,6 +23,7 @@ RELEASES = {
     "var-d30": (30, False, SCALES_256, 256),
     "var-d36": (36, True, SCALES_512, 512),
 }
+HUB_REPO, VQVAE_FILE = "FoundationVision/var", "vae_ch160v4096z32.pth"
 # Upstream's demo / FID setting: cfg 1.5 (a weight of 2.5 on cond at the last scale), top-k 900, top-p 0.96.
 VAR_DEFAULTS = {"guidance_scale": 2.5, "temperature": 1.0, "top_k": 900, "top_p": 0.96}
 
@@ -44,6 +47,20 @@ def load_model_weights(model: VAR, path, source: str) -> VAR:
     return load_strict(model, read_state_dict(path), source=source, presets=presets, assign=meta)
 
 
+def args_from_tokenizer(given: dict, model_args: dict, tokenizer_args: dict) -> dict:
+    """The vocabulary size and latent width from the VQVAE's arguments, as upstream's VAR reads them from
+    the VQVAE it is given (`VAR(vae_local=...)`); model_args may repeat them only with the same values."""
+    vq = MSVQConfig.from_dict(tokenizer_args)
+    derived = {"vocab_size": vq.vocab_size, "z_channels": vq.z_channels}
+    for key, value in derived.items():
+        if key in given and given[key] != value:
+            raise VisarError(
+                f"model_args {key}={given[key]} disagrees with the VQVAE's {key}={value} (vq_args): VAR takes it from "
+                f"its VQVAE, so leave {key} out of model_args or make the two equal"
+            )
+    return {**model_args, **derived}
+
+
 def build_tokenizer(tokenizer_args: dict) -> MultiScaleVQVAE:
     return MultiScaleVQVAE(MSVQConfig.from_dict(tokenizer_args))
 
@@ -63,10 +80,12 @@ def official_presets() -> dict[str, OfficialPreset]:
             name,
             "var",
             f"VAR-d{depth} class-conditional ImageNet {px}px{' (shared AdaLN)' if shared else ''} "
-            f"(official var_d{depth}.pth + vae_ch160v4096z32.pth required)",
+            f"(var_d{depth}.pth + {VQVAE_FILE} from {HUB_REPO})",
             release_config(name).to_dict(),
             tokenizer.to_dict(),
             dict(VAR_DEFAULTS),
+            hub_repo=HUB_REPO,
+            hub_files=(f"var_d{depth}.pth", VQVAE_FILE),
         )
     return presets
 
@@ -92,7 +111,8 @@ register_family(
         tiny_tokenizer_args=TINY_TOKENIZER_ARGS,
         generic_name="var",
         generic_description="any VAR checkpoint: pass checkpoint=, model_args= (official VAR constructor "
-        "arguments plus the VQVAE's vocab_size and z_channels), vq_checkpoint=, vq_args= (VQVAE arguments, "
-        "ch, ch_mult)",
+        "arguments), vq_checkpoint=, vq_args= (VQVAE arguments, ch, ch_mult: the vocabulary size and latent width "
+        "come from them)",
+        args_from_tokenizer=args_from_tokenizer,
     )
 )

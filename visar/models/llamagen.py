@@ -2,7 +2,7 @@
 
 Paper: Sun et al. 2024, "Autoregressive Model Beats Diffusion: Llama for Scalable Image Generation".
 Checked against FoundationVision/LlamaGen @ ce98ec4 (`autoregressive/models/gpt.py`) through the
-fixtures in ../shared/fixtures/llamagen: same state_dict keys and shapes, same logits.
+fixtures in tests/fixtures/llamagen: same state_dict keys and shapes, same logits.
 
 Differences from the official module, all on the inference side:
 - the KV cache is gpt-fast's (preallocated [B, H, S, D], written at explicit `input_pos`), but

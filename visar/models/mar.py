@@ -1,7 +1,7 @@
 """MAR: masked autoregression over continuous tokens with a diffusion head (Li et al. 2024).
 
 Checked against LTH14/mar @ fe470ac (`models/mar.py`, `models/diffloss.py`, `diffusion/`)
-through ../shared/fixtures/mar: identical state_dict keys (a strict load of `model_ema`), encoder,
+through tests/fixtures/mar: identical state_dict keys (a strict load of `model_ema`), encoder,
 decoder and diffusion-head outputs, schedules and seeded samples. Official MAR builds its blocks
 from timm's ViT `Block`; timm is not a dependency here: `Block` below keeps timm's key names and
 math (pre-norm, fused qkv with bias, SDPA, exact GELU), so official files load into it.

@@ -1,7 +1,7 @@
 """VAR (Tian et al. 2024, "Visual Autoregressive Modeling"): next-scale prediction with AdaLN transformer blocks.
 
 Checked against FoundationVision/VAR @ 78b9539 (`models/var.py`, `models/basic_var.py`) through
-../shared/fixtures/var/tiny_var*.*: identical state_dict keys, teacher-forced logits and greedy
+tests/fixtures/var/tiny_var*.*: identical state_dict keys, teacher-forced logits and greedy
 inference, with and without shared AdaLN (VAR-d36). Official checkpoints are bare state_dicts and
 load strictly; the VQVAE is a separate file (`visar/tokenizers/msvq.py`).
 

@@ -1,6 +1,6 @@
 """MAR's KL-regularised VAE (KL-16): continuous latents, no codebook.
 
-Checked against LTH14/mar @ fe470ac (`models/vae.py`) through ../shared/fixtures/mar/tiny_vae_kl.*:
+Checked against LTH14/mar @ fe470ac (`models/vae.py`) through tests/fixtures/mar/tiny_vae_kl.*:
 identical keys, posterior and decoded images. The official class hard-codes the base width (128)
 and resolution (256); here they are config fields, so that the fixtures (32, 32) load too.
 diffusers' `AutoencoderKL` computes the same network, but under other key names and module

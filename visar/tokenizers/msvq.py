@@ -1,7 +1,7 @@
 """VAR's multi-scale VQVAE: conv encoder, one codebook shared by every scale, residual Phi convs, conv decoder.
 
 Checked against FoundationVision/VAR @ 78b9539 (`models/vqvae.py`, `models/quant.py`,
-`models/basic_vae.py`) through ../shared/fixtures/var/tiny_vqvae.*: identical keys, codes, f_hat
+`models/basic_vae.py`) through tests/fixtures/var/tiny_vqvae.*: identical keys, codes, f_hat
 and decoded images.
 
 An image is the sum over scales k of Phi_k(upsample(codebook[tokens_k])), accumulated at the last

@@ -1,7 +1,7 @@
 """LlamaGen's VQ image tokenizer (VQ-16 / VQ-8): conv encoder, L2-normalised codebook, conv decoder.
 
 Checked against FoundationVision/LlamaGen @ ce98ec4 (`tokenizer/tokenizer_image/vq_model.py`)
-through ../shared/fixtures/llamagen/tiny_vq.*: identical keys, codes and decoded images.
+through tests/fixtures/llamagen/tiny_vq.*: identical keys, codes and decoded images.
 
 Pixel range is LlamaGen's: images in [-1, 1], decoder output not clamped. The official VQModel
 hard-codes the encoder/decoder base width to 128; here it is `ch` in the config, so that the

@@ -26,8 +26,15 @@ def add_model_args(parser: argparse.ArgumentParser):
     group.add_argument(
         "--model",
         default="default",
-        help="registered name (see `visar models`) or a model folder "
-        "with config.json; default: the embedded default model",
+        help="registered name (see `visar models`; an official preset fetches its released files from the "
+        "Hugging Face Hub), a Hub repository (e.g. deepseek-community/Janus-Pro-1B, amused/amused-256: through "
+        "huggingface_hub's cache, HF_HOME and HF_HUB_OFFLINE) or a model folder; default: the embedded default model",
+    )
+    group.add_argument("--revision", help="with a Hub repository or preset: the branch, tag or commit to fetch")
+    group.add_argument(
+        "--text-encoder",
+        help="text-to-image LlamaGen: the T5 encoder for --prompt, a folder or Hub name (t2i presets: "
+        "google/flan-t5-xl, fetched on first use)",
     )
     group.add_argument("--checkpoint", help="official checkpoint file, for official presets (e.g. c2i_B_256.pt)")
     group.add_argument("--vq-checkpoint", help="official VQ checkpoint file (e.g. vq_ds16_c2i.pt)")
@@ -68,6 +75,8 @@ def load_pipeline(args):
         checkpoint=args.checkpoint,
         vq_checkpoint=args.vq_checkpoint,
         model_args=model_args,
+        revision=args.revision,
+        text_encoder=args.text_encoder,
     )
     if getattr(args, "method", "") is None:  # the sampling flags' --method, unset: the reference of the model's kind
         args.method = reference_method(pipe.model)

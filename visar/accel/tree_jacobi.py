@@ -496,10 +496,10 @@ def tree_mc_sjd(
     cond_mask: Tensor | None = None,
     progress: bool = False,
     window: int = 64,
-    branch: int = 5,
+    branch: int = 6,
     depth: int = 2,
     init: str | Callable = "above",
-    neighbours: str = "left,above,above-right",
+    neighbours: str = "left,above,above-right,above-left",
 ) -> tuple[Tensor, dict]:
     """Coupled draft trees: SJD-PAC's tree after each commit, MC-SJD's coupled carry-over, 2-D drafts.
 

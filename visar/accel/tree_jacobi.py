@@ -106,17 +106,22 @@ class DraftTree:
         return int((~self.on_main).sum())
 
     @classmethod
-    def build(cls, window: int, branch: int, depth: int) -> DraftTree:
+    def build(cls, window: int, branch: int, depth: int, spine: bool = False) -> DraftTree:
+        """spine: the candidates of positions 2 .. D - 1 hang under the main path only (1 + (D - 1) K
+        nodes) instead of under every node of the level above (SJD-PAC's product tree)."""
         for name, value, minimum in (("window", window, 2), ("branch", branch, 1), ("depth", depth, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise VisarError(f"{name} must be an integer >= {minimum}, got {value!r}")
-        tree_nodes = sum(branch**d for d in range(depth))  # depths 0 .. D - 1, the root included
+        if spine:
+            paths = [(0,) * (d - 1) + (r,) for d in range(1, depth) for r in range(branch)]
+        else:
+            paths = [p for d in range(1, depth) for p in _rank_paths(branch, d)]
+        tree_nodes = len(paths) + 1  # depths 0 .. D - 1, the root included
         if tree_nodes > window:
             raise VisarError(
                 f"a tree of branch {branch} and depth {depth} has {tree_nodes} nodes, more than the window of "
                 f"{window} slots: raise window or lower branch / depth"
             )
-        paths = [p for d in range(1, depth) for p in _rank_paths(branch, d)]
         paths += [(0,) * d for d in range(depth, window - tree_nodes + depth)]
         tree = StaticTree.from_paths(paths)
         rank = torch.tensor([0] + [p[-1] for p in tree.paths])
@@ -500,6 +505,7 @@ def tree_mc_sjd(
     depth: int = 2,
     init: str | Callable = "above",
     neighbours: str = "left,above,above-right,above-left",
+    spine: bool = False,
 ) -> tuple[Tensor, dict]:
     """Coupled draft trees: SJD-PAC's tree after each commit, MC-SJD's coupled carry-over, 2-D drafts.
 
@@ -510,7 +516,7 @@ def tree_mc_sjd(
     carried draft's law; init: the draft of a new slot ("above"). Defaults chosen on held-out
     seeds for passes and rows per pass (docs/SPEED.md).
     """
-    layout = check_tree(model, window, branch, depth)
+    layout = check_tree(model, window, branch, depth, spine)
     if not isinstance(neighbours, str):
         raise VisarError(f"neighbours must be a comma-separated string such as 'left,above', got {neighbours!r}")
     names = tuple(n.strip() for n in neighbours.split(",") if n.strip())
@@ -530,10 +536,10 @@ def tree_mc_sjd(
     )
 
 
-def check_tree(model: RasterModel, window: int, branch: int, depth: int) -> DraftTree:
+def check_tree(model: RasterModel, window: int, branch: int, depth: int, spine: bool = False) -> DraftTree:
     """The draft tree of these options, or one clear VisarError (before any model call). A main path
     longer than the image is clipped to it (its extra nodes could only be padding)."""
-    layout = DraftTree.build(window, branch, depth)
+    layout = DraftTree.build(window, branch, depth, spine)
     if branch > model.vocab_size:
         raise VisarError(
             f"branch {branch} asks for more candidates than the vocabulary has tokens ({model.vocab_size})"
@@ -541,4 +547,4 @@ def check_tree(model: RasterModel, window: int, branch: int, depth: int) -> Draf
     if depth - 1 > model.num_image_tokens:
         raise VisarError(f"depth {depth} branches past the image's {model.num_image_tokens} tokens: lower depth")
     longest = layout.num_nodes - layout.main_length + model.num_image_tokens + 1  # main path: root + N drafts
-    return DraftTree.build(longest, branch, depth) if window > longest else layout
+    return DraftTree.build(longest, branch, depth, spine) if window > longest else layout

@@ -104,6 +104,8 @@ def test_bench_table_and_json(tmp_path, capsys):
         "acceptance_rate",
         "acceptance_by_row",
         "acceptance_by_slot",
+        "read_backs_per_pass",
+        "read_backs_by_kind",
     }
     assert row["acceptance_rate"] is None and row["ms_per_forward"] > 0  # AR drafts nothing
     assert row["compiled"] is False and row["warmup_s"] > 0

@@ -1,12 +1,19 @@
 """Why an image's tokens do not depend on its batch on any device: the randomness is made the same way
-everywhere, then moved to the model's device (CPU here; the device check runs the suite on CUDA)."""
+everywhere, then moved to the model's device (CPU here; the device check runs the suite on CUDA).
+And the device errors: a device that is not there, an unknown one, a dtype the device lacks, a batch
+that does not fit."""
 
+import re
+
+import pytest
 import torch
 from conftest import TEST_DEVICE
 
+import visar
 from visar.accel import jacobi
 from visar.accel.acceptance import keyed_uniforms
 from visar.accel.sampling import draw_uniforms, make_generators, sample_from_probs
+from visar.errors import VisarError
 
 
 def test_per_image_generators_live_on_the_cpu_and_draw_per_image():
@@ -47,3 +54,58 @@ def test_position_keyed_noise_is_integer_arithmetic_then_one_rounding():
         assert torch.equal(keyed_uniforms(keys[i : i + 1], positions[i : i + 1], 1, 64)[0], noise[i])
     on_device = keyed_uniforms(keys.to(TEST_DEVICE), positions.to(TEST_DEVICE), 1, 64)
     assert torch.equal(on_device.cpu(), noise)
+
+
+# -- bad input: one sentence each ----------------------------------------------------------------------
+
+
+def test_cuda_without_cuda_is_one_clear_error(monkeypatch, capsys):
+    from visar.apps.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(VisarError, match="device 'cuda' was asked for but CUDA is not available on this machine"):
+        visar.load("visar-tiny-random", device="cuda")
+    assert main(["generate", "--model", "visar-tiny-random", "--device", "cuda", "--class", "1"]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "device, message", [("gpu", "unknown device 'gpu': use cpu, cuda or cuda:N"), ("meta", "not supported")]
+)
+def test_an_unknown_device_is_one_clear_error(device, message):
+    with pytest.raises(VisarError, match=re.escape(message)):
+        visar.load("visar-tiny-random", device=device)
+
+
+def test_a_missing_gpu_index_is_one_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(VisarError, match=re.escape("device 'cuda:3' does not exist: this machine has 1 GPU(s)")):
+        visar.load("visar-tiny-random", device="cuda:3")
+
+
+def test_bf16_on_a_gpu_without_it_is_one_clear_error(monkeypatch):
+    """Checked before anything moves to the device (a T4, compute capability 7.5, has no bf16)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla T4")
+    with pytest.raises(
+        VisarError, match=re.escape("bf16 is not supported on Tesla T4 (cuda): use --dtype fp16 or fp32")
+    ):
+        visar.load("visar-tiny-random", device="cuda", dtype="bf16")
+
+
+def test_running_out_of_device_memory_names_what_lowers_it(monkeypatch):
+    pipe = visar.load("visar-tiny-random", device="cpu")
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(pipe.model, "forward", out_of_memory)
+    with pytest.raises(VisarError) as err:
+        pipe.generate(class_labels=[1, 2, 3], method="mc-sjd", output_type="tokens")
+    message = str(err.value)
+    assert message.startswith("out of cpu memory generating 3 images with 'mc-sjd' on cpu: lower the batch size")
+    assert "--batch-size" in message and "--opt window=4" in message and "--dtype bf16" in message
+    assert isinstance(err.value.__cause__, torch.OutOfMemoryError)
+    assert pipe.model.cache_keys is None  # the KV cache was let go

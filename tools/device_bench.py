@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 import visar
+from visar.errors import VisarError
 from visar.eval.bench import bench
 from visar.models.llamagen import preset_config
 
@@ -197,7 +198,7 @@ def main():
                 warnings.simplefilter("always")
                 try:
                     report = bench(pipe, methods, n=batch, batch_size=batch, progress=False)
-                except torch.OutOfMemoryError as err:
+                except (torch.OutOfMemoryError, VisarError) as err:  # Pipeline.generate: out of memory as a VisarError
                     torch.cuda.empty_cache()
                     with rows_file.open("a") as f:
                         f.write(json.dumps({"model": name, "mode": mode, "batch": batch, "error": str(err)[:200]}))

@@ -411,7 +411,7 @@ def verify_window(
 
 def image_keys(generators: list[torch.Generator], device) -> Tensor:
     """[B] one 32-bit key per image, the first draw of its generator (for position-keyed noise)."""
-    return torch.stack([torch.randint(0, 2**32, (1,), generator=g) for g in generators])[:, 0].to(device)
+    return to_device(torch.stack([torch.randint(0, 2**32, (1,), generator=g) for g in generators])[:, 0], device)
 
 
 @torch.no_grad()

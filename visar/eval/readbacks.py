@@ -72,6 +72,7 @@ class ReadBackCounter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.by_kind: Counter[str] = Counter()
+        self.quiet = 0  # > 0 inside a counted .tolist(), whose own copy to the host is not counted again
 
     @property
     def total(self) -> int:
@@ -79,7 +80,7 @@ class ReadBackCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        kind = _classify(func, args, kwargs)
+        kind = None if self.quiet else _classify(func, args, kwargs)
         if kind is not None:
             self.by_kind[kind] += 1
         return func(*args, **kwargs)
@@ -90,7 +91,11 @@ class ReadBackCounter(TorchDispatchMode):
 
         def counted_tolist(tensor):
             counter.by_kind["tolist"] += 1
-            return tolist(tensor)
+            counter.quiet += 1
+            try:
+                return tolist(tensor)
+            finally:
+                counter.quiet -= 1
 
         torch.Tensor.tolist = counted_tolist
         return super().__enter__()

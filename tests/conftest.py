@@ -9,6 +9,48 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(os.environ.get("VISAR_FIXTURES", REPO / "tests" / "fixtures"))
 
 
+def _test_device() -> torch.device:
+    """The device the model tests run on: VISAR_TEST_DEVICE (cpu, cuda, cuda:1 ...; default cpu)."""
+    name = os.environ.get("VISAR_TEST_DEVICE", "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise pytest.UsageError(f"VISAR_TEST_DEVICE={name!r} is not a device: {err}") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError(f"VISAR_TEST_DEVICE={name!r} but CUDA is not available on this machine")
+    return device
+
+
+# The conformance suite, the exact-law tests, the fixture tests and the bench tests build their models
+# on this device (inputs follow the model); the rest of the suite is device-free or CPU by design.
+TEST_DEVICE = _test_device()
+ON_ACCELERATOR = TEST_DEVICE.type != "cpu"
+if TEST_DEVICE.type == "cuda":
+    # The fp32 tests compare with fp32 references at 1e-4 (the official-code fixtures) or exactly;
+    # cuDNN's default TF32 convolutions (the VQ decoder) round at 1e-3. Matmuls are fp32 by default.
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+# Dtypes the conformance suite runs in: fp32, plus bf16 where VISAR_TEST_DTYPES asks for it (default
+# "fp32": on a 2-core CPU bf16 doubles the suite for what the device check covers; tools/device_check.sh
+# sets "fp32,bf16").
+TEST_DTYPES = [d.strip() for d in os.environ.get("VISAR_TEST_DTYPES", "fp32").split(",") if d.strip()]
+
+
+def law_samples(n: int) -> int:
+    """Draws for an exact-law test: n, on any device (the per-image CPU generators, not the device,
+    bound the time), unless VISAR_TEST_LAW_SAMPLES caps it for a short run (tools/device_check.sh: a
+    GPU lent for minutes). The tolerances follow the draws (chi-square, and TV against the noise
+    floor of the same number of exact draws), so a capped run is a weaker test, not a looser one."""
+    cap = os.environ.get("VISAR_TEST_LAW_SAMPLES")
+    return min(n, int(cap)) if cap else n
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """The test device (VISAR_TEST_DEVICE, default cpu)."""
+    return TEST_DEVICE
+
+
 @pytest.fixture(scope="module")
 def offline():
     """HF_HUB_OFFLINE=1 for a module's tests (folders saved with save_pretrained load with nothing fetched)."""

@@ -6,6 +6,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import TEST_DEVICE
 
 import visar
 from visar.apps.cli import main
@@ -63,6 +64,8 @@ def test_bench_table_and_json(tmp_path, capsys):
                 "bench",
                 "--model",
                 "visar-tiny-random",
+                "--device",
+                str(TEST_DEVICE),
                 "--n",
                 "2",
                 "--quality-n",
@@ -101,6 +104,8 @@ def test_bench_table_and_json(tmp_path, capsys):
         "acceptance_rate",
         "acceptance_by_row",
         "acceptance_by_slot",
+        "read_backs_per_pass",
+        "read_backs_by_kind",
     }
     assert row["acceptance_rate"] is None and row["ms_per_forward"] > 0  # AR drafts nothing
     assert row["compiled"] is False and row["warmup_s"] > 0
@@ -275,7 +280,7 @@ def test_bench_options_reach_methods_with_dashes(monkeypatch):
 def test_jacobi_passes_keep_to_a_few_shapes():
     """Windows are padded to 1, 2, 4, 8 or 16 slots, so a compiled model compiles each once, not once per
     length the end of an image leaves (an image of 256 tokens ends with windows of every length)."""
-    pipe = visar.load("visar-tiny-random", device="cpu")
+    pipe = visar.load("visar-tiny-random", device=TEST_DEVICE)
     lengths = []
     forward = pipe.model.forward
     pipe.model.forward = lambda tokens=None, cond=None, **kw: (
@@ -293,7 +298,7 @@ def test_bench_compiled_rows():
     """--compiled-rows: every method again under torch.compile, marked, its warm-up apart, ratios against eager AR."""
     from visar.eval.bench import bench, markdown_table
 
-    pipe = visar.load("visar-tiny-random", device="cpu")
+    pipe = visar.load("visar-tiny-random", device=TEST_DEVICE)
     report = bench(pipe, ["sjd"], n=2, progress=False, compiled_rows=True, compile_kwargs={"backend": "eager"})
     rows = report["rows"]
     assert [(r["method"], r["compiled"]) for r in rows] == [("ar", False), ("sjd", False), ("ar", True), ("sjd", True)]
@@ -316,7 +321,7 @@ def test_bench_scores_a_text_conditional_model_by_geneval_task(monkeypatch):
         return entry["tag"] == "single_object", ""
 
     monkeypatch.setattr(detector, "score_geneval", only_single_objects)
-    pipe = visar.load("visar-tiny-t2i", device="cpu")
+    pipe = visar.load("visar-tiny-t2i", device=TEST_DEVICE)
     report = bench(pipe, ["zipar"], n=2, quality_n=12, progress=False, method_options={"zipar": {"s": 3}})
     for row in report["rows"]:
         assert row["geneval_tasks"]["single_object"] == 1.0 and row["geneval_tasks"]["color_attr"] == 0.0

@@ -14,6 +14,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import TEST_DEVICE, law_samples
 from scipy.stats import chisquare
 
 import visar
@@ -28,7 +29,8 @@ VOCAB = 6
 SAMPLES = 20_000
 
 
-def tiny_llamagen(vocab=VOCAB, block_size=4, seed=0, std=0.5, **kw) -> LlamaGen:
+def tiny_llamagen(vocab=VOCAB, block_size=4, seed=0, std=0.5, device="cpu", dtype=torch.float32, **kw) -> LlamaGen:
+    """Weights drawn on the CPU, then moved: the same model on every device."""
     torch.manual_seed(seed)
     args = dict(dim=16, n_layer=2, n_head=2, multiple_of=16, vocab_size=vocab, num_classes=3, block_size=block_size)
     model = LlamaGen(LlamaGenConfig(**{**args, **kw})).eval()
@@ -36,7 +38,7 @@ def tiny_llamagen(vocab=VOCAB, block_size=4, seed=0, std=0.5, **kw) -> LlamaGen:
         for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0, std)
-    return model
+    return model.to(device=device, dtype=dtype)
 
 
 def perturbed(model: LlamaGen, seed: int, scale: float) -> LlamaGen:
@@ -46,13 +48,13 @@ def perturbed(model: LlamaGen, seed: int, scale: float) -> LlamaGen:
     with torch.no_grad():
         for p in draft.parameters():
             if p.dim() >= 2:
-                p.add_(torch.randn(p.shape, generator=gen) * scale)
+                p.add_((torch.randn(p.shape, generator=gen) * scale).to(p.device, p.dtype))
     return draft
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_llamagen()
+    return tiny_llamagen(device=TEST_DEVICE)  # the law tests' model: on VISAR_TEST_DEVICE
 
 
 @pytest.fixture(scope="module")
@@ -68,22 +70,22 @@ def all_sequences(vocab: int, length: int) -> torch.Tensor:
 @torch.no_grad()
 def exact_law(model: LlamaGen, label: int, params: SamplingParams) -> np.ndarray:
     """P(sequence) for every sequence, from teacher-forced logits through the shared distribution function."""
-    seqs = all_sequences(model.vocab_size, model.num_image_tokens)
-    cond = torch.full((len(seqs),), label)
+    seqs = all_sequences(model.vocab_size, model.num_image_tokens).to(model.device)
+    cond = torch.full((len(seqs),), label, device=model.device)
     if params.uses_cfg:
         seqs_in, cond = torch.cat([seqs, seqs]), torch.cat([cond, model.null_condition(cond)])
     else:
         seqs_in = seqs
     logits = model(seqs_in[:, :-1], cond)[:, model.num_condition_tokens - 1 :]  # [M(x2), N, V]
     probs = logits_to_probs(split_cfg(logits, params), params)
-    law = probs.gather(-1, seqs[..., None]).squeeze(-1).double().prod(-1).numpy()
+    law = probs.gather(-1, seqs[..., None]).squeeze(-1).double().prod(-1).cpu().numpy()
     assert abs(law.sum() - 1) < 1e-5
     return law
 
 
 def sequence_index(tokens: torch.Tensor, vocab: int) -> np.ndarray:
     weights = vocab ** torch.arange(tokens.shape[1] - 1, -1, -1)
-    return (tokens * weights).sum(1).numpy()
+    return (tokens.cpu() * weights).sum(1).numpy()
 
 
 def compare_laws(index: np.ndarray, law: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
@@ -107,7 +109,7 @@ def compare_laws(index: np.ndarray, law: np.ndarray, seed: int = 0) -> tuple[flo
 
 
 def draw(method, model, label, params, n, seed=0, **options):
-    cond = torch.full((n,), label)
+    cond = torch.full((n,), label, device=model.device)
     return get_method(method).fn(model, cond, params, make_generators(n, seed), **options)
 
 
@@ -137,7 +139,7 @@ def test_joint_law_is_exact(model, draft, name, options, window, params):
     if name == "spec":
         options["draft"] = draft
     label, seed = 1, 1000 * window
-    tokens, stats = draw(name, model, label, params, SAMPLES, seed, **options)
+    tokens, stats = draw(name, model, label, params, law_samples(SAMPLES), seed, **options)
     pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(model, label, params))
     print(f"{name} {options.get('coupling', '')} w={window} p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
     assert pvalue > 1e-3 and tv < tolerance, (pvalue, tv, tolerance)
@@ -145,7 +147,7 @@ def test_joint_law_is_exact(model, draft, name, options, window, params):
 
     # Batch composition does not matter: images 0..2 decoded in batches of 3 (with another
     # class and seed in the middle) and 1 give the same tokens and forward counts as in the big batch.
-    cond = torch.tensor([label, 2, label])
+    cond = torch.tensor([label, 2, label], device=model.device)
     gens = [
         torch.Generator().manual_seed(seed),
         torch.Generator().manual_seed(77),
@@ -166,9 +168,9 @@ def test_joint_law_is_exact(model, draft, name, options, window, params):
 def test_joint_law_with_a_full_window_of_8(coupling):
     """Windows of 8 that are not clipped: a vocabulary-2 model with 3x3 tokens (512 sequences), so
     carried drafts travel across several passes and the Gumbel noise ring (8 rows) wraps around."""
-    model = tiny_llamagen(vocab=2, block_size=9, seed=2)
+    model = tiny_llamagen(vocab=2, block_size=9, seed=2, device=TEST_DEVICE)
     params, label = SamplingParams(temperature=1.2), 1
-    tokens, stats = draw("mc-sjd", model, label, params, SAMPLES, 6000, window=8, coupling=coupling)
+    tokens, stats = draw("mc-sjd", model, label, params, law_samples(SAMPLES), 6000, window=8, coupling=coupling)
     pvalue, tv, tolerance = compare_laws(sequence_index(tokens, 2), exact_law(model, label, params))
     print(f"mc-sjd {coupling} 3x3 w=8: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
     assert pvalue > 1e-3 and tv < tolerance
@@ -190,7 +192,7 @@ def repeat_left_init(request: jacobi.FillRequest):
 @pytest.mark.slow
 def test_pluggable_initialiser_keeps_the_law(model):
     params, label = CFG_TOPK, 1
-    tokens, stats = draw("mc-sjd", model, label, params, SAMPLES, 5000, window=4, init=repeat_left_init)
+    tokens, stats = draw("mc-sjd", model, label, params, law_samples(SAMPLES), 5000, window=4, init=repeat_left_init)
     pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(model, label, params))
     print(f"mc-sjd repeat-left init: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
     assert pvalue > 1e-3 and tv < tolerance
@@ -207,9 +209,9 @@ def test_wrong_residual_is_detected(model):
     params, label = TOPP_TEMP, 1
     proposer = jacobi.JacobiProposer(jacobi.random_init, jacobi.independent_carry)
     rule = AcceptanceRule(speculative_accept, from_target)
-    cond = torch.full((SAMPLES,), label)
+    cond = torch.full((law_samples(SAMPLES),), label, device=model.device)
     tokens, _ = jacobi.speculative_decode(
-        model, cond, params, make_generators(SAMPLES, 4000), proposer, window=4, rule=rule
+        model, cond, params, make_generators(len(cond), 4000), proposer, window=4, rule=rule
     )
     pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(model, label, params))
     print(f"wrong residual: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")

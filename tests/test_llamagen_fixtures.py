@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import fixtures_dir
+from conftest import TEST_DEVICE, fixtures_dir
 from safetensors.torch import load_file
 
 import visar
@@ -13,9 +13,10 @@ from visar.tokenizers.vq import VQ_PRESETS, VQModel
 
 
 def fixture(name):
+    """(folder, meta, io): the io tensors on the test device, where the pipelines run."""
     folder = fixtures_dir("llamagen")
     meta = json.loads((folder / f"tiny_{name}.json").read_text())
-    return folder, meta, load_file(str(folder / f"tiny_{name}_io.safetensors"))
+    return folder, meta, load_file(str(folder / f"tiny_{name}_io.safetensors"), device=str(TEST_DEVICE))
 
 
 def vq_args(meta):
@@ -32,14 +33,15 @@ def c2i_pipe():
         model_args=meta["model_args"],
         vq_checkpoint=folder / "tiny_vq.pt",
         vq_args=vq_args(vq_meta),
-        device="cpu",
+        device=TEST_DEVICE,
     )
 
 
 @pytest.fixture(scope="module")
 def t2i_pipe():
     folder, meta, _ = fixture("gpt_t2i")
-    return visar.load("llamagen", checkpoint=folder / "tiny_gpt_t2i.pt", model_args=meta["model_args"], device="cpu")
+    checkpoint = folder / "tiny_gpt_t2i.pt"
+    return visar.load("llamagen", checkpoint=checkpoint, model_args=meta["model_args"], device=TEST_DEVICE)
 
 
 def test_c2i_teacher_forced_logits(c2i_pipe):
@@ -69,7 +71,7 @@ def test_c2i_greedy_generation(c2i_pipe, cfg):
 
 def test_c2i_naive_logits_of_generated_sequence(c2i_pipe):
     _, _, io = fixture("gpt_c2i")
-    tokens, labels = io["gen_tokens_cfg2"], torch.tensor([3, 7])
+    tokens, labels = io["gen_tokens_cfg2"], torch.tensor([3, 7], device=TEST_DEVICE)
     cond = c2i_pipe.model(tokens[:, :-1], labels)
     uncond = c2i_pipe.model(tokens[:, :-1], torch.full_like(labels, 10))
     torch.testing.assert_close(uncond + (cond - uncond) * 2, io["gen_naive_logits_cfg2"], atol=1e-4, rtol=0)

@@ -56,11 +56,36 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(device)
-    except RuntimeError as err:
-        raise VisarError(f"unknown device {device!r}: {err}") from err
+    except (RuntimeError, TypeError) as err:
+        raise VisarError(f"unknown device {device!r}: use cpu, cuda or cuda:N (torch says: {err})") from err
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise VisarError("device 'cuda' was asked for but CUDA is not available on this machine")
+        raise VisarError(f"device {str(device)!r} was asked for but CUDA is not available on this machine")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise VisarError(f"device {str(device)!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise VisarError("device 'mps' was asked for but Apple's MPS backend is not available on this machine")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise VisarError(f"device {str(device)!r} is not supported: use cpu, cuda or cuda:N")
     return device
+
+
+def check_dtype(device: torch.device, dtype: torch.dtype):
+    """One clear error for a generator dtype the device cannot run: bf16 on a GPU without it (before
+    compute capability 8.0)."""
+    if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        name = torch.cuda.get_device_name(device)
+        raise VisarError(f"bf16 is not supported on {name} ({device}): use --dtype fp16 or fp32 (dtype='fp16')")
+
+
+def out_of_memory(err: Exception, batch: int, method: str, device: torch.device) -> VisarError:
+    """The error for a generation that ran out of device memory, naming what lowers it."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return VisarError(
+        f"out of {device.type} memory generating {batch} images with {method!r} on {device}: lower the batch size "
+        "(--batch-size, or fewer labels / prompts per call), use a smaller window for window methods "
+        "(--opt window=4), or a smaller dtype (--dtype bf16)"
+    )
 
 
 @dataclass
@@ -309,9 +334,12 @@ class Pipeline:
             method_options["draft"] = self.resolve_draft(method_options["draft"])
         if spec.takes_tokenizer:  # methods that compare tokens by their code vectors (gsd, lantern)
             method_options["tokenizer"] = self.tokenizer
-        tokens, stats = spec.fn(
-            self.model, cond, params, generators, cond_mask=cond_mask, progress=progress, **method_options
-        )
+        try:
+            tokens, stats = spec.fn(
+                self.model, cond, params, generators, cond_mask=cond_mask, progress=progress, **method_options
+            )
+        except torch.OutOfMemoryError as err:
+            raise out_of_memory(err, batch, method, self.device) from err
         kind = model_kind(self.model)
         if kind == "continuous":  # float tokens [B, L, C] -> the latent the VAE decodes
             tokens = self.model.unpatchify(tokens)
@@ -447,6 +475,7 @@ def load(
     generator; the tokenizer and text encoder stay in float32.
     """
     device, dtype = resolve_device(device), resolve_dtype(dtype)
+    check_dtype(device, dtype)
     vq_checkpoint = vae_checkpoint if vae_checkpoint is not None else vq_checkpoint
     vq_args = vae_args if vae_args is not None else vq_args
     name = registry.resolve_name(str(name_or_path))

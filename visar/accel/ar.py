@@ -34,13 +34,13 @@ def generate(
     n_cond, n_tokens = model.num_condition_tokens, model.num_image_tokens
     scorer = GuidedScorer(model, cond, cond_mask, params)
     tokens = torch.empty(batch, n_tokens, dtype=torch.long, device=device)
+    positions = torch.arange(n_cond, n_cond + n_tokens, device=device)  # made once: no copy to the device per step
     with scorer.cache(n_cond + n_tokens):
         probs = scorer.prefill()  # [B, V]
         for i in tqdm(range(n_tokens), disable=not progress, desc="ar", leave=False):
             tokens[:, i] = sample_from_probs(probs, draw_uniforms(generators)[:, 0])
             if i + 1 < n_tokens:
-                position = torch.tensor([n_cond + i], device=device)
-                probs = scorer.target_probs(scorer.logits(tokens[:, i : i + 1], position)[:, -1])
+                probs = scorer.target_probs(scorer.logits(tokens[:, i : i + 1], positions[i : i + 1])[:, -1])
     log.passes_per_image[:] = n_tokens
     log.commit_pass[:, :n_tokens] = torch.arange(1, n_tokens + 1, device=device)  # token i from pass i + 1
     return tokens, log.stats(forward_passes=n_tokens)

@@ -86,13 +86,13 @@ def above_fill(request: FillRequest) -> tuple[Tensor, Tensor]:
     earlier = torch.ones(index.shape[1], index.shape[1], dtype=torch.bool, device=index.device).tril(-1)
     match = (index[:, None, :] == source[:, :, None]) & earlier & (index[:, None, :] >= 0)  # [B, G, G]
     chained = has_source & (known < 0) & match.any(-1)
-    previous = match.to(torch.int8).argmax(-1)  # [B, G]
-    up = known
-    for _ in range(index.shape[1]):  # one link of the chain per round; usually none or one
-        linked = torch.where(chained, up.gather(1, previous), known)
-        if torch.equal(linked, up):
-            break
-        up = linked
+    # Each chained slot copies from an earlier slot; a slot's token is its chain's root's. Pointer
+    # jumping finds every root in ceil(log2 G) gathers, a number fixed by the shape (a loop until
+    # nothing changes would read the device back every round).
+    root = torch.where(chained, match.to(torch.int8).argmax(-1), torch.arange(index.shape[1], device=index.device))
+    for _ in range((index.shape[1] - 1).bit_length()):
+        root = root.gather(1, root)
+    up = known.gather(1, root)
     q = torch.zeros_like(probs).scatter_(-1, up.clamp(min=0)[..., None], 1.0)
     return torch.where(up >= 0, up, tokens), torch.where((up >= 0)[..., None], q, probs)
 

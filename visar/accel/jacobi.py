@@ -51,7 +51,7 @@ from tqdm.auto import tqdm
 from ..errors import VisarError
 from ..models.base import RasterModel
 from .acceptance import SPECULATIVE, AcceptanceRule, gumbel_coupling, keyed_uniforms
-from .sampling import SamplingParams, draw_uniforms, sample_from_probs
+from .sampling import SamplingParams, draw_uniforms, sample_from_probs, to_device
 from .scoring import GuidedScorer
 from .stats import DecodeLog
 
@@ -178,11 +178,9 @@ class GumbelCarry:
         else:
             match = positions[:, :, None] == self.row_position[:, None, :]  # [B, L, L']
             noise = self.noise.gather(1, match.long().argmax(-1)[..., None].expand(-1, -1, vocab))
-            fresh = ~match.any(-1)
-            if bool(fresh.any()):
-                b, slot = fresh.nonzero(as_tuple=True)
-                rows = keyed_uniforms(request.state.keys[b], positions[b, slot][:, None], GUMBEL_NOISE, vocab)
-                noise[b, slot] = rows[:, 0]
+            fresh = ~match.any(-1)  # rows new to the window: hashed for every slot, kept where fresh (no sync)
+            rows = keyed_uniforms(request.state.keys, positions, GUMBEL_NOISE, vocab)
+            noise = torch.where(fresh[..., None], rows, noise)
         self.noise, self.row_position = noise, positions
         return gumbel_coupling(request.target_probs, noise), request.target_probs
 
@@ -227,17 +225,21 @@ class JacobiProposer:
         from_carry = slots < self.carry_count[:, None]  # [B, G]
         draft_tokens = self.carry_tokens[:, :num_slots]
         draft_probs = self.carry_probs[:, :num_slots]
+        if num_slots == 0:  # a pass of plain AR steps: no draft slots
+            return draft_tokens, draft_probs
         needs_fill = (slots < window.num_drafts[:, None]) & ~from_carry
-        if bool(needs_fill.any()):
-            request = FillRequest(
-                state,
-                state.committed[:, None] + slots,
-                window.uniforms[:, DRAFT, :num_slots],
-                self.canvas(state),
-            )
-            fill_tokens, fill_probs = self.initialiser(request)
-            draft_tokens = torch.where(from_carry, draft_tokens, fill_tokens)
-            draft_probs = torch.where(from_carry[..., None], draft_probs, fill_probs.to(draft_probs.dtype))
+        # Filled unconditionally (asking whether any slot needs it would wait for the device); where
+        # none does, every slot keeps its carried draft, as if the initialiser had not run.
+        keep = from_carry | ~needs_fill.any()
+        request = FillRequest(
+            state,
+            state.committed[:, None] + slots,
+            window.uniforms[:, DRAFT, :num_slots],
+            self.canvas(state),
+        )
+        fill_tokens, fill_probs = self.initialiser(request)
+        draft_tokens = torch.where(keep, draft_tokens, fill_tokens)
+        draft_probs = torch.where(keep[..., None], draft_probs, fill_probs.to(draft_probs.dtype))
         return draft_tokens, draft_probs
 
     def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws):
@@ -408,7 +410,7 @@ def verify_window(
 
 def image_keys(generators: list[torch.Generator], device) -> Tensor:
     """[B] one 32-bit key per image, the first draw of its generator (for position-keyed noise)."""
-    return torch.stack([torch.randint(0, 2**32, (1,), generator=g) for g in generators])[:, 0].to(device)
+    return to_device(torch.stack([torch.randint(0, 2**32, (1,), generator=g) for g in generators])[:, 0], device)
 
 
 @torch.no_grad()
@@ -453,7 +455,7 @@ def speculative_decode(
                 if num_slots == 0:
                     break
                 uniforms = draw_uniforms(generators, NUM_PURPOSES * window).view(batch, NUM_PURPOSES, window)
-                step = Window(window_len, (window_len - 1).clamp(min=0), uniforms.to(device), num_slots - 1)
+                step = Window(window_len, (window_len - 1).clamp(min=0), to_device(uniforms, device), num_slots - 1)
                 draft_tokens, draft_probs = proposer.propose(state, step)  # [B, G], [B, G, V]
                 target_probs = score_window(scorer, state, draft_tokens, first=scorer.forward_passes == 0)
                 verdict = verify_window(rule, target_probs, draft_tokens, draft_probs, step)

@@ -77,7 +77,7 @@ def sample_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:
     of probability 0 is never returned.
     """
     cdf = probs.float().cumsum(-1)
-    target = (uniforms.to(cdf.device) * cdf[..., -1]).unsqueeze(-1)
+    target = (to_device(uniforms, cdf.device) * cdf[..., -1]).unsqueeze(-1)
     tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     # Rounding can push the target past the last bin that adds mass (the search then returns V);
     # fall back to that bin: the first whose cumulative sum reaches the total (a binary search per
@@ -94,3 +94,13 @@ def make_generators(batch_size: int, seed: int) -> list[torch.Generator]:
 def draw_uniforms(generators: list[torch.Generator], count: int = 1) -> Tensor:
     """[B, count] uniforms, row b drawn from generators[b]."""
     return torch.stack([torch.rand(count, generator=g) for g in generators])
+
+
+def to_device(x: Tensor, device) -> Tensor:
+    """Host data (uniforms drawn by the CPU generators) onto the model's device without making the host
+    wait for the device: to CUDA through pinned memory and an asynchronous copy (a plain copy from
+    pageable memory first drains the launch queue). The same values on every device."""
+    device = torch.device(device)
+    if x.device == device or device.type != "cuda" or x.device.type != "cpu":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)

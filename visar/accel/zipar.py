@@ -97,7 +97,7 @@ from .jacobi import (
     resolve_initialiser,
 )
 from .relaxed import check_number, codebook_of
-from .sampling import SamplingParams, draw_uniforms, sample_from_probs
+from .sampling import SamplingParams, draw_uniforms, sample_from_probs, to_device
 from .scoring import GuidedScorer
 from .stats import DecodeLog
 
@@ -261,7 +261,9 @@ def pass_inputs(
     return fed
 
 
-def valid_commits(plan: PassPlan, accept: Tensor, count: Tensor, width: int, s: int) -> tuple[Tensor, Tensor, Tensor]:
+def valid_commits(
+    plan: PassPlan, accept: Tensor, count: Tensor, width: int, s: int, cross_row: bool = True
+) -> tuple[Tensor, Tensor, Tensor]:
     """Which slots' outputs hold, and how many tokens each front commits.
 
     A front commits its leading accepted drafts and one token more (the output of its first slot
@@ -271,11 +273,16 @@ def valid_commits(plan: PassPlan, accept: Tensor, count: Tensor, width: int, s: 
     does not hold ends the commit before it, without the extra token: its draws used drafts that
     turned out wrong. Without cross-row speculation every predicting slot holds.
 
+    cross_row: whether the plan was made with cross-row drafts; without them no slot leans on the
+    row above's drafts (a plain front stops at its reach), which the host knows without asking the
+    device. With them the rows are checked one by one even when no slot happens to lean (the same
+    result as the shortcut then, without reading the device back to find out).
+
     -> valid [B, M], commits [B, H], good [B, H] (leading accepted slots that hold, per row).
     """
     batch, height = count.shape
     never = plan.slot.shape[1] + 1
-    if plan.leans is None or not bool(plan.leans.any()):  # no slot leans on the row above's drafts
+    if plan.leans is None or not cross_row:  # no slot leans on the row above's drafts
         stop = plan.predicts & ~accept
         first = torch.full_like(count, never).scatter_reduce(
             1, plan.row, torch.where(stop, plan.slot, never), reduce="amin"
@@ -391,7 +398,9 @@ def pass_uniforms(generators: list[torch.Generator], plan: PassPlan, height: int
     """Jacobi fronts: each image's block [4, H, window] for this pass, read at (purpose, row, slot) of
     every input -> [B, 4, M]."""
     device = plan.row.device
-    block = draw_uniforms(generators, NUM_PURPOSES * height * window).to(device).view(len(generators), NUM_PURPOSES, -1)
+    block = to_device(draw_uniforms(generators, NUM_PURPOSES * height * window), device).view(
+        len(generators), NUM_PURPOSES, -1
+    )
     lane = (plan.row * window + plan.slot.clamp(max=window - 1))[:, None].expand(-1, NUM_PURPOSES, -1)
     return block.gather(2, lane)
 
@@ -470,7 +479,7 @@ def decode_fronts(
         carried = CarriedDrafts(batch, num_tokens, vocab, device)
     else:
         keys = torch.zeros(batch, dtype=torch.long, device=device)
-        position_uniforms = draw_uniforms(generators, num_tokens).to(device)  # [B, N]: ar.py's draws, in order
+        position_uniforms = to_device(draw_uniforms(generators, num_tokens), device)  # [B, N]: ar.py's draws
     tokens = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)  # column N: scratch
     count = torch.zeros(batch, height, dtype=torch.long, device=device)
     fed = torch.zeros(batch, height, dtype=torch.long, device=device)
@@ -504,7 +513,7 @@ def decode_fronts(
             slot_tokens, accept = front_outputs(rule, plan, target_probs, draft_tokens, draft_probs, uniforms, draws)
 
             # A front commits its leading accepted drafts and one token more (its first slot not accepted).
-            valid, commits, good = valid_commits(plan, accept, count, width, s)
+            valid, commits, good = valid_commits(plan, accept, count, width, s, cross_row and not first)
             lane_commits, lane_good = commits.gather(1, plan.row), good.gather(1, plan.row)
             keep = plan.predicts & (plan.slot < lane_commits)
             tokens.scatter_(1, torch.where(keep, target, num_tokens), slot_tokens)

@@ -6,7 +6,11 @@ batch size, after one warm-up batch; forward passes and tokens per forward are p
 latency ratio is the method's token-sampling time over AR's, measured in this run. Peak memory is
 per method: the most tensor memory one batch's decode allocates above what was held before it
 (the weights excluded): on CUDA the allocator's peak over the timed run; on CPU one more batch,
-untimed, under `memory.TensorMemory`, which counts the tensors it creates.
+untimed, under `memory.TensorMemory`, which counts the tensors it creates. Read-backs per pass: in
+that extra batch (untimed, eager even for a compiled row: counting runs compiled code eagerly), the
+operations that make the host wait for the device (`readbacks.ReadBackCounter`: .item(), .tolist(),
+nonzero, boolean indexing, device-to-host copies, ...) over the batch's forward passes; on a GPU
+each one stalls the launch queue.
 
 Quality (`--quality-n` images per method, same seeds for every method):
 - detector accuracy: the shapes-world detector's class score (class-conditional shapes models);
@@ -36,6 +40,7 @@ from ..accel.timing import synchronized_clock
 from ..errors import VisarError
 from .memory import PeakMemory
 from .plots import plot_frontier
+from .readbacks import ReadBackCounter
 
 ROW_KEYS = (
     "method",
@@ -197,9 +202,13 @@ def speed_row(pipe, name: str, options: dict, conds: list, batch_size: int) -> d
     with PeakMemory(pipe.device, count_tensors=False) as memory:  # CUDA: the allocator's peak, free to read
         outs = run_images(pipe, name, conds, batch_size, options, "tokens")
     wall = synchronized_clock(pipe.device) - start
-    if memory.peak_mb is None:  # CPU: counting tensors slows a decode, so one batch of its own, untimed
-        with PeakMemory(pipe.device) as memory:
-            run_images(pipe, name, conds[:batch_size], batch_size, options, "tokens")
+    # One batch more, untimed (counting slows a decode): its read-backs and, on CPU, its tensor memory.
+    with ReadBackCounter() as read_backs:
+        if memory.peak_mb is None:
+            with PeakMemory(pipe.device) as memory:
+                counted = run_images(pipe, name, conds[:batch_size], batch_size, options, "tokens")
+        else:
+            counted = run_images(pipe, name, conds[:batch_size], batch_size, options, "tokens")
     latency = sum(o.stats["latency_s"] for o in outs)
     # each batch's passes times its images, counted from the stats (next-scale tokens are a list of maps)
     batch_images = [len(o.stats["forward_passes_per_image"]) for o in outs]
@@ -220,6 +229,9 @@ def speed_row(pipe, name: str, options: dict, conds: list, batch_size: int) -> d
         "frechet_vs_ar": None,
         # Why a method is as fast as it is: cost of one pass, and where its drafts are accepted.
         "ms_per_forward": 1000 * latency / sum(o.stats["forward_passes"] for o in outs),
+        # What stalls a GPU's launch queue: host read-backs per target forward pass, and their kinds.
+        "read_backs_per_pass": read_backs.total / sum(o.stats["forward_passes"] for o in counted),
+        "read_backs_by_kind": dict(read_backs.by_kind),
         "warmup_s": warmup,
         **acceptance_columns([o.stats for o in outs]),
         **layer_token_columns([o.stats for o in outs]),
@@ -269,9 +281,9 @@ def markdown_table(report: dict) -> str:
     quality = ("GenEval overall", "geneval_overall") if geneval else ("detector acc.", "detector_accuracy")
     header = (
         "| method | lossless | forward passes | step compression | tokens/forward | latency / AR | images/s "
-        f"| peak MB | {quality[0]} | Frechet vs AR | ms/forward | draft acceptance |"
+        f"| peak MB | {quality[0]} | Frechet vs AR | ms/forward | draft acceptance | read-backs/pass |"
     )
-    lines = [header, "|" + "---|" * 12]
+    lines = [header, "|" + "---|" * 13]
 
     def fmt(value, spec):
         return "-" if value is None else format(value, spec)
@@ -285,7 +297,8 @@ def markdown_table(report: dict) -> str:
             f"| {r['step_compression']:.2f} | {r['tokens_per_forward']:.2f} | {r['latency_ratio_vs_ar']:.2f} "
             f"| {r['images_per_s']:.2f} | {fmt(r['peak_mem_mb'], '.1f')} "
             f"| {fmt(r.get(quality[1]), '.1%')} | {fmt(r['frechet_vs_ar'], '.3f')} "
-            f"| {fmt(r.get('ms_per_forward'), '.1f')} | {fmt(r.get('acceptance_rate'), '.1%')} |"
+            f"| {fmt(r.get('ms_per_forward'), '.1f')} | {fmt(r.get('acceptance_rate'), '.1%')} "
+            f"| {fmt(r.get('read_backs_per_pass'), '.2f')} |"
         )
     s = report["settings"]
     lines.append("")
@@ -317,6 +330,9 @@ REPORT_NOTES = (
     "Frechet vs AR is measured in the tokenizer-latent feature space (visar.eval.bench), not Inception.",
     "ms/forward: token-sampling time per forward pass (a Jacobi window's pass costs more than AR's one token); "
     "draft acceptance: accepted / tested drafts, by window slot and image row in report.json.",
+    "read-backs/pass: operations that make the host wait for the device (.item(), .tolist(), nonzero, boolean "
+    "indexing, device-to-host copies; visar.eval.readbacks) per forward pass, counted in an extra eager batch; on a "
+    "GPU each stalls the launch queue. A CPU run cannot see host-device copies (there are none there).",
     "Compiled rows (--compiled-rows, or --compile): the generator under torch.compile; their warm-up is the first "
     "batch, compilation included, kept out of the latency; latency / AR is against the eager AR row.",
 )

@@ -263,15 +263,21 @@ def condition_validity(cond_mask: Tensor | None, batch_size: int, length: int, d
     return valid
 
 
-class CacheKeys:
+class CacheKeys(torch.nn.Module):
     """Which slots of a raster model's KV cache a query may see: valid condition positions that
     were written and not forgotten since. Truncation only marks slots unwritten, so it costs a
     [B, S] update instead of a pass over every layer's keys and values, and a slot written again
-    is visible again."""
+    is visible again.
+
+    A module with (non-persistent) buffers, like the KV cache itself: a model that keeps it as an
+    attribute registers it, so a compiled forward sees the flags it updates as module state (static
+    addresses, which CUDA graphs need for an input they mutate), not as an unknown input."""
 
     def __init__(self, batch_size: int, num_slots: int, cond_mask: Tensor | None, device):
-        self.valid = condition_validity(cond_mask, batch_size, num_slots, device)  # [B, S]
-        self.written = torch.zeros(batch_size, num_slots, dtype=torch.bool, device=device)
+        super().__init__()
+        valid = condition_validity(cond_mask, batch_size, num_slots, device)  # [B, S]
+        self.register_buffer("valid", valid, persistent=False)
+        self.register_buffer("written", torch.zeros_like(valid), persistent=False)
 
     def write(self, slots: Tensor) -> Tensor:
         """Record this call's writes (slots [B, L]) -> the slots its queries may see [B, S]."""

@@ -17,7 +17,8 @@ def add_parser(subparsers):
         "condition i, seed i) and print a table: lossless flag, forward passes per image, step compression "
         "(image tokens / forward passes), tokens per forward, latency / AR (< 1 is faster), images per second, "
         "peak memory per method (what one batch's decode allocates above the weights: CUDA's allocator peak, on CPU "
-        "the tensors counted in an extra untimed batch) and, with --quality-n, the shapes-world detector "
+        "the tensors counted in an extra untimed batch), host read-backs per forward pass (operations that make the "
+        "host wait for the device, counted in that extra batch) and, with --quality-n, the shapes-world detector "
         "accuracy (for a text-conditional shapes model: GenEval-style overall and per-task scores on the "
         "shipped world's prompts) and a Frechet distance to AR's images in the tokenizer-latent feature space (see "
         "visar.eval.bench). --report DIR also writes the run's report.md, report.json and frontier.png.",

@@ -1,0 +1,84 @@
+"""Host read-backs: the counter sees each kind, and the raster engines read the device back a small,
+fixed number of times per forward pass (on a GPU each read-back stalls the launch queue)."""
+
+import pytest
+import torch
+from conftest import TEST_DEVICE
+from test_zipar import tiny_llamagen
+
+import visar
+from visar.accel import get_method
+from visar.accel.sampling import SamplingParams, make_generators
+from visar.eval.readbacks import ReadBackCounter, count_read_backs
+
+
+def test_the_counter_sees_every_kind_of_read_back():
+    x = torch.arange(6)
+    reads = [
+        ("item", lambda: x[0].item()),
+        ("item", lambda: int(x.max())),
+        ("item", lambda: bool(x.any())),
+        ("item", lambda: float(x.sum())),
+        ("tolist", lambda: x.tolist()),
+        ("nonzero", lambda: x.nonzero()),
+        ("nonzero", lambda: torch.where(x > 2)),
+        ("bool index", lambda: x[x > 2]),
+        ("bool index", lambda: x.clone().__setitem__(x > 2, 0)),
+        ("masked_select", lambda: x.masked_select(x > 1)),
+        ("unique", lambda: x.unique()),
+        ("equal", lambda: torch.equal(x, x)),
+        ("repeat_interleave", lambda: x.repeat_interleave(x)),
+    ]
+    for kind, read in reads:
+        _, counter = count_read_backs(read)
+        assert dict(counter.by_kind) == {kind: 1}, (kind, dict(counter.by_kind))
+    # what stays on the device: arithmetic, where with three arguments, gather / scatter, index by ids
+    with ReadBackCounter() as counter:
+        y = torch.where(x > 2, x, 0).cumsum(0).gather(0, torch.tensor([1, 2]))
+        x.clone().scatter_(0, torch.tensor([0]), 5)
+        _ = x[torch.tensor([0, 3])] + y.sum()
+    assert counter.total == 0
+    assert torch.Tensor.tolist(x) == list(range(6))  # the wrapper is gone after the block
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llamagen(vocab=32, block_size=64, seed=3).to(TEST_DEVICE)  # an 8 x 8 grid
+
+
+# Read-backs a whole decode may make besides its passes: the loop's last check (nothing left to do)
+# and the statistics at the end (token and draft counts read once; on a GPU also the commit-pass
+# map's copy to the host): at most 12.
+PER_DECODE = 12
+
+
+@pytest.mark.parametrize(
+    "name, options, per_pass",
+    [
+        ("ar", {}, 0),  # the number of steps is known: nothing read back per step
+        ("sjd", {"window": 8}, 1),  # the pass's slot count (its shape): int(window_len.max())
+        ("mc-sjd", {"window": 8}, 1),
+        ("mc-sjd", {"window": 8, "coupling": "gumbel"}, 1),
+        ("mc-sjd", {"window": 8, "init": "random"}, 1),
+        ("zipar", {"s": 3}, 1),  # the pass's width
+    ],
+)
+def test_raster_engines_read_back_a_fixed_few_times_per_pass(model, name, options, per_pass):
+    params = SamplingParams(guidance_scale=2.0, top_k=20)
+    cond = torch.tensor([0, 1, 2], device=model.device)
+    with ReadBackCounter() as counter:
+        _, stats = get_method(name).fn(model, cond, params, make_generators(3, 4), **options)
+    passes = stats["forward_passes"]
+    assert counter.total <= per_pass * passes + PER_DECODE, (dict(counter.by_kind), passes)
+    assert counter.total / passes <= 2, (dict(counter.by_kind), passes)  # the target for ar and every window pass
+
+
+def test_bench_reports_read_backs_per_pass():
+    from visar.eval.bench import bench, markdown_table
+
+    pipe = visar.load("visar-tiny-random", device=TEST_DEVICE)
+    report = bench(pipe, ["sjd"], n=1, progress=False)
+    rows = {r["method"]: r for r in report["rows"]}
+    assert rows["ar"]["read_backs_per_pass"] <= 0.1 and 0 < rows["sjd"]["read_backs_per_pass"] <= 2
+    assert set(rows["sjd"]["read_backs_by_kind"]) <= {"item", "tolist", "bool index", "device to host copy"}
+    assert "| read-backs/pass |" in markdown_table(report)

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# One prepared device check, for the rare minutes a GPU is lent (sized for <= 8 minutes on one H200):
+#   1. the suite on the GPU: the device-threaded tests' quick tier in fp32 (VISAR_TEST_DEVICE=cuda),
+#      the conformance suite in bf16, and the exact-law claims with fewer draws;
+#   2. `visar bench` (tools/device_bench.py) on the embedded default and on GPT-B- and GPT-XL-size
+#      random-weight LlamaGen folders at batch 1, 8 and 32: eager first for every model, then
+#      compiled (reduce-overhead: CUDA graphs; torch.compile's default mode) for the smaller ones;
+#      ms per pass, window pass / AR pass, latency / AR, peak memory, read-backs per pass;
+#   3. OUT_DIR/device_check.json and OUT_DIR/device_check.md (plus each step's log).
+# Every step has a time limit and the bench starts no cell past the deadline, so the check ends in
+# time and keeps what it measured. It needs only what the GPU machine has (PyTorch, Triton, pytest,
+# scipy, safetensors, tqdm, Pillow): visar runs from this checkout through PYTHONPATH, not installed.
+#
+#   tools/device_check.sh [--dry-run] OUT_DIR
+#
+# --dry-run: the same steps on the CPU at tiny sizes (a 0.04 M random model, batch 1 and 2, one
+# compiled cell with the eager backend, a few tests of each run), in about two minutes on a busy
+# 2-core CPU; tests/test_device_check.py runs it (slow tier).
+set -uo pipefail
+
+DRY=0
+if [ "${1:-}" = "--dry-run" ]; then
+    DRY=1
+    shift
+fi
+if [ $# -ne 1 ]; then
+    echo "usage: tools/device_check.sh [--dry-run] OUT_DIR" >&2
+    exit 2
+fi
+mkdir -p "$1" || exit 2
+OUT=$(cd "$1" && pwd)
+cd "$(dirname "$0")/.." || exit 2
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+START=$(date +%s)
+if [ $DRY -eq 1 ]; then
+    DEVICE=cpu BUDGET=400 # generous: the dry run checks the steps, not their time, on a CPU others may share
+else
+    DEVICE=cuda BUDGET=450
+fi
+DEADLINE=$((START + BUDGET))
+: >"$OUT/suite.jsonl"
+: >"$OUT/rows.jsonl"
+
+left() { echo $((DEADLINE - $(date +%s))); }
+
+# run_tests NAME SECONDS [KEY=VALUE ...] -- PYTEST_ARGS ...: one pytest run, its summary line to suite.jsonl
+run_tests() {
+    local name=$1 limit=$2
+    shift 2
+    local envs=()
+    while [ "$1" != "--" ]; do
+        envs+=("$1")
+        shift
+    done
+    shift
+    if [ "$(left)" -lt "$limit" ]; then limit=$(left); fi
+    local t0 rc summary
+    t0=$(date +%s)
+    if [ "$limit" -le 5 ]; then
+        rc=124 summary="not run: no time left"
+    else
+        env "${envs[@]}" timeout "$limit" python3 -m pytest -q -p no:cacheprovider "$@" >"$OUT/$name.log" 2>&1
+        rc=$?
+        summary=$(grep -E "[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran" "$OUT/$name.log" | tail -n 1)
+        summary=$(echo "$summary" | tr -d '=' | sed 's/^ *//; s/ *$//')
+        if [ $rc -eq 124 ]; then summary="timed out after $limit s; $summary"; fi
+    fi
+    python3 -c 'import json, sys; print(json.dumps(dict(name=sys.argv[1], rc=int(sys.argv[2]), summary=sys.argv[3], seconds=int(sys.argv[4]))))' \
+        "$name" "$rc" "$summary" $(($(date +%s) - t0)) >>"$OUT/suite.jsonl"
+    echo "$name: rc $rc, $summary"
+}
+
+# run_bench DEADLINE_S ARGS ...: tools/device_bench.py, killed 20 s past its deadline at the latest
+run_bench() {
+    local until=$1
+    shift
+    local limit=$((until - $(date +%s) + 20))
+    if [ "$limit" -le 25 ]; then
+        echo "bench $*: not run, no time left"
+        return
+    fi
+    timeout "$limit" python3 tools/device_bench.py --device "$DEVICE" --rows "$OUT/rows.jsonl" --deadline "$until" "$@" \
+        >>"$OUT/bench.log" 2>&1
+    echo "bench $*: rc $?"
+}
+
+XDIST=()
+if [ $DRY -eq 0 ] && python3 -c "import xdist" 2>/dev/null; then XDIST=(-n 4); fi
+
+if [ $DRY -eq 1 ]; then
+    run_tests suite-fp32 120 VISAR_TEST_DEVICE=cpu -- -m "not slow" tests/test_device.py tests/test_readbacks.py \
+        -k "counter or randomness or uniforms or keys or noise"
+    run_tests suite-bf16 120 VISAR_TEST_DEVICE=cpu VISAR_TEST_DTYPES=bf16 -- tests/test_conformance.py \
+        -k "test_method_on_every_family and llamagen and mc-sjd"
+    run_tests exact-law 120 VISAR_TEST_DEVICE=cpu VISAR_TEST_LAW_SAMPLES=2000 -- -m slow tests/test_conformance.py \
+        -k "exact_settings and gsd"
+    run_bench $(($(date +%s) + 60)) --model tiny --modes eager --batches 1,2 --methods sjd,mc-sjd,zipar
+    run_bench $(($(date +%s) + 60)) --model tiny --modes reduce-overhead --batches 1 --methods sjd \
+        --compile-backend eager
+else
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/nvidia-smi.txt" 2>&1
+    run_tests suite-fp32 100 VISAR_TEST_DEVICE=cuda -- "${XDIST[@]}" -m "not slow" tests/test_device.py \
+        tests/test_readbacks.py tests/test_compile.py tests/test_conformance.py tests/test_jacobi.py \
+        tests/test_llamagen_fixtures.py tests/test_eval_cli.py
+    run_tests suite-bf16 50 VISAR_TEST_DEVICE=cuda VISAR_TEST_DTYPES=bf16 -- "${XDIST[@]}" -m "not slow" \
+        tests/test_conformance.py
+    run_tests exact-law 40 VISAR_TEST_DEVICE=cuda VISAR_TEST_LAW_SAMPLES=10000 -- "${XDIST[@]}" -m slow \
+        tests/test_conformance.py -k exact_settings
+    # eager rows of every model first (cheap, and the ones that matter most), then the compiled modes
+    run_bench $((START + 300)) --model default --modes eager --methods sjd,mc-sjd,zipar
+    run_bench $((START + 300)) --model gpt-b --modes eager
+    run_bench $((START + 300)) --model gpt-xl --modes eager
+    run_bench $((START + 390)) --model default --modes reduce-overhead,default --methods sjd,mc-sjd,zipar
+    run_bench $((START + 430)) --model gpt-b --modes reduce-overhead --batches 1,8
+fi
+
+META=$(python3 - "$DRY" "$START" <<'PY'
+import json, platform, subprocess, sys, time
+import torch
+dry, start = sys.argv[1] == "1", float(sys.argv[2])
+commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+print(json.dumps({
+    "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() and not dry else "cpu (dry run)",
+    "dry_run": dry,
+    "torch": torch.__version__,
+    "cuda": torch.version.cuda,
+    "python": platform.python_version(),
+    "commit": commit,
+    "seconds": round(time.time() - start),
+}))
+PY
+)
+python3 tools/device_bench.py --report "$OUT" --meta "$META"
+echo "report: $OUT/device_check.md, $OUT/device_check.json ($(($(date +%s) - START)) s)"

@@ -61,6 +61,8 @@ PER_DECODE = 12
         ("mc-sjd", {"window": 8, "coupling": "gumbel"}, 1),
         ("mc-sjd", {"window": 8, "init": "random"}, 1),
         ("zipar", {"s": 3}, 1),  # the pass's width
+        ("tree-mc-sjd", {"window": 16, "branch": 3}, 1),  # whether an image is left: the loop's test
+        ("sjd-pac", {"window": 16}, 1),
     ],
 )
 def test_raster_engines_read_back_a_fixed_few_times_per_pass(model, name, options, per_pass):

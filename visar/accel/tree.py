@@ -94,7 +94,8 @@ class StaticTree:
             if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in index:
                 raise VisarError(f"draft tree node {list(p)}: sibling ranks must be 0, 1, 2, ... without gaps")
         size = len(paths) + 1
-        parent = torch.tensor([-1] + [index[p[:-1]] for p in paths])
+        parents = [-1] + [index[p[:-1]] for p in paths]
+        parent = torch.tensor(parents)
         depth = torch.tensor([0] + [len(p) for p in paths])
         width = max(sum(1 for p in paths if p[:-1] == q) for q in [()] + paths)
         children = torch.full((size, width), -1)
@@ -102,7 +103,7 @@ class StaticTree:
             children[index[p[:-1]], p[-1]] = index[p]
         ancestors = torch.eye(size, dtype=torch.bool)
         for i in range(1, size):
-            ancestors[i] |= ancestors[int(parent[i])]
+            ancestors[i] |= ancestors[parents[i]]
         return cls(tuple(paths), parent, depth, children, ancestors)
 
 

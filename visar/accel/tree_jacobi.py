@@ -103,7 +103,7 @@ class DraftTree:
 
     @property
     def num_side(self) -> int:
-        return int((~self.on_main).sum())
+        return self.num_nodes - self.main_length
 
     @classmethod
     def build(cls, window: int, branch: int, depth: int, spine: bool = False) -> DraftTree:
@@ -125,8 +125,9 @@ class DraftTree:
         paths += [(0,) * d for d in range(depth, window - tree_nodes + depth)]
         tree = StaticTree.from_paths(paths)
         rank = torch.tensor([0] + [p[-1] for p in tree.paths])
-        on_main = torch.tensor([True] + [max(p) == 0 for p in tree.paths])
-        main = torch.tensor([i for i in range(len(rank)) if on_main[i]])
+        main_nodes = [True] + [max(p) == 0 for p in tree.paths]
+        on_main = torch.tensor(main_nodes)
+        main = torch.tensor([i for i, is_main in enumerate(main_nodes) if is_main])
         side_slot = torch.where(on_main, -1, (~on_main).long().cumsum(0) - 1)
         # the deepest ancestor-or-self on the main path: the true cache slots a node may see
         main_depth = torch.tensor([0] + [next((i for i, r in enumerate(p) if r), len(p)) for p in tree.paths])

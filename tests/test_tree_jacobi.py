@@ -110,7 +110,7 @@ def test_tree_layout():
         (dict(branch=0), "branch must be an integer >= 1"),
         (dict(depth=0), "depth must be an integer >= 1"),
         (dict(window=1), "window must be an integer >= 2"),
-        (dict(window=8, branch=3, depth=3), "13 nodes, more than the window of 8"),
+        (dict(window=8, branch=3, depth=3, spine=False), "13 nodes, more than the window of 8"),
         (dict(branch=17, depth=2), "more candidates than the vocabulary has tokens"),
         (dict(depth=18, branch=1, window=40), "branches past the image's 16 tokens"),
         (dict(neighbours="left,below"), "unknown neighbour 'below'"),

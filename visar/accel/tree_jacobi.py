@@ -18,9 +18,10 @@ Papers and upstream code the rules were checked against:
 One iteration, for every image of the batch at once:
 1. propose: position j after the committed prefix (j = 0 .. M - 2) gets candidate 0, the draft
    carried over from the last pass (law: the p that produced it) or, for a new slot, the
-   initialiser's (random, or the token above); the first D - 1 positions get K - 1 more,
-   drawn without replacement from candidate 0's law (uniformly from the unused tokens when that
-   law has no mass left, e.g. a one-hot copy of the token above);
+   initialiser's (random, or the token above); the first D - 1 positions get K - 1 more: known
+   neighbour tokens not tried yet (tree-mc-sjd; one-hot laws), then draws without replacement
+   from candidate 0's law (uniformly from the unused tokens when that law has no mass left,
+   e.g. a one-hot copy of the token above);
 2. score: one target pass over [committed tokens not yet in the cache ; the tree]: the main path
    (rank-0 candidates) sits at its true cache slots, the other branches at scratch slots past the
    image, and an explicit mask gives each node its committed prefix and its ancestors;
@@ -28,18 +29,20 @@ One iteration, for every image of the batch at once:
    a node is reached when it and each ancestor is the first accepted child of its parent; the
    deepest reached node's last residual (its p at a leaf) gives one token more;
 4. commit the reached path plus that token (1 .. M tokens); the cache keeps the main-path
-   nodes that were reached, the other committed tokens are fed again next pass (at most D - 1);
+   nodes that were reached, the other committed tokens are fed again next pass (at most D);
 5. carry over: the main path's slot outputs (its own draft when that passes its test, else a
    residual draw: distributed as p) past the new commit become the next drafts, with q = p.
 
 The two registered methods share this engine:
-- `sjd-pac`: SJD-PAC's shape (K = 3, D = 3, L = 16, the window of its `eval_model.py`; its README
-  says K = 4, D = 3, L = 64) with random new slots, as upstream. Upstream draws the extra
+- `sjd-pac`: SJD-PAC's shape (K = 3, D = 3, L = 16: the defaults of its `eval_model.py`; its
+  README and its sampler's own default say L = 64) with random new slots, as upstream. Upstream draws the extra
   candidates from the residual or from p without excluding the kept draft, then verifies them as
   if drawn from p without replacement; here they are drawn from the law they are verified under,
   so the method is exact (tests/test_tree_jacobi.py); upstream also decodes one image at a time.
-- `tree-mc-sjd`: the same engine with 2-D drafts for new slots (the token above) and its own
-  default shape, chosen on held-out seeds (docs/SPEED.md).
+- `tree-mc-sjd`: the same engine with 2-D drafts (the token above for new slots; the left,
+  above, above-right and above-left tokens as candidates) and a "spine" tree whose later
+  positions branch under the main path only; its default shape (window 64, K = 4, D = 3) was
+  chosen on held-out seeds (docs/DEFAULTS.md).
 
 Randomness: every image draws one fixed-size block of uniforms per pass from its own generator,
 so its tokens do not depend on the rest of its batch.
@@ -502,11 +505,11 @@ def tree_mc_sjd(
     cond_mask: Tensor | None = None,
     progress: bool = False,
     window: int = 64,
-    branch: int = 6,
-    depth: int = 2,
+    branch: int = 4,
+    depth: int = 3,
     init: str | Callable = "above",
     neighbours: str = "left,above,above-right,above-left",
-    spine: bool = False,
+    spine: bool = True,
 ) -> tuple[Tensor, dict]:
     """Coupled draft trees: SJD-PAC's tree after each commit, MC-SJD's coupled carry-over, 2-D drafts.
 
@@ -514,8 +517,10 @@ def tree_mc_sjd(
     of the first depth - 1 draft positions: the carried (or initialised) draft, then the known
     `neighbours` of the position not tried yet (one-hot laws; "left", "above", "above-left",
     "above-right", comma-separated, "" for none), then draws without replacement from the
-    carried draft's law; init: the draft of a new slot ("above"). Defaults chosen on held-out
-    seeds for passes and rows per pass (docs/SPEED.md).
+    carried draft's law; spine: the candidates of positions 2 .. depth - 1 hang under the main
+    path only (False: under every node of the level above, SJD-PAC's product tree); init: the
+    draft of a new slot ("above"). Defaults chosen on held-out seeds for passes and rows per pass
+    (docs/DEFAULTS.md).
     """
     layout = check_tree(model, window, branch, depth, spine)
     if not isinstance(neighbours, str):

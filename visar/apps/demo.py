@@ -30,6 +30,7 @@ from PIL import Image, ImageDraw, ImageFont
 from ..accel import METHODS, get_method, reference_method
 from ..errors import VisarError, require
 from ..eval.samples import per_image
+from ..models.base import model_kind
 from ..registry import DEFAULT_MODEL, embedded_models, resolve_name
 
 log = logging.getLogger("visar.demo")
@@ -491,9 +492,15 @@ def build_demo(
 
 
 def model_info(pipe) -> str:
-    height, width = pipe.model.grid_size
+    """One line on the model: its conditions, its tokens (a next-scale model: its scales) and its device."""
     kind = f"{pipe.num_classes} classes" if pipe.is_class_conditional else "text prompts"
-    return f"`{pipe.name}`: {kind}, {height}x{width} tokens, on {pipe.device}"
+    sizes = getattr(pipe.model, "scale_sizes", None)
+    if sizes:  # a next-scale model has no single grid: scale maps 1x1 .. pn x pn
+        tokens = f"{len(sizes)} scales up to {sizes[-1]}x{sizes[-1]} ({pipe.model.num_image_tokens} tokens)"
+    else:
+        height, width = pipe.model.grid_size
+        tokens = f"{height}x{width} tokens"
+    return f"`{pipe.name}`: {model_kind(pipe.model)} model, {kind}, {tokens}, on {pipe.device}"
 
 
 def is_loopback(host: str) -> bool:

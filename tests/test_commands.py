@@ -414,3 +414,30 @@ def test_the_demo_page_builds_for_every_embedded_model_and_method():
     for name in model_choices():
         for method in method_choices(visar.load(name, device="cpu")):
             build_demo(model=name, method=method, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "kind_name",
+    # raster models in the quick tier: tests/test_demo.py; here the other kinds quick, all of them slow
+    [pytest.param(k, marks=pytest.mark.slow) if k.startswith(("raster", "hf")) else k for k in sorted(KINDS)],
+)
+def test_the_demo_compares_on_every_kind(kind_name, request):
+    """The demo's comparison (what its Generate button runs) on every kind, with the model's defaults:
+    the kind's reference against the accelerated method, one image each (in-process, no server)."""
+    from visar.apps.demo import MAX_OPTIONS, ModelCache, compare, default_options
+
+    model, reference, fast, cheap, own = KINDS[kind_name]
+    if model == "hf-janus":
+        model = request.getfixturevalue("janus_folder")
+    cache = ModelCache(device="cpu")
+    pipe = cache.get(model)
+    texts = default_options(fast, model)
+    texts.update(dict(option.split("=", 1) for option in cheap + own))
+    fields = list(texts.values()) + [""] * (MAX_OPTIONS - len(texts))
+    condition = ("", PROMPTS[0]) if is_text(model) else ("1", "")
+    d = pipe.defaults
+    sampling = (d["guidance_scale"], d["temperature"], d["top_k"] or 0, d["top_p"])
+    ar, fast_image, summary, heatmap, commit_pass, stats = compare(cache, model, *condition, fast, 3, *sampling, fields)
+    assert stats["ar"]["method"] == reference and stats["method"]["method"] == fast
+    assert ar.size == fast_image.size and min(ar.size) >= 256 and heatmap.width > 0
+    assert f"| {fast} |" in summary.splitlines()[0]

@@ -274,6 +274,10 @@ class Pipeline:
 
         method: a registered method of the model's kind (`visar methods`); None: plain sampling of
         that kind ("ar" for raster models, "var" for next-scale models).
+        Anything else than this describes (no or empty conditions, class labels that are not integer
+        ids, prompts that are not non-empty strings, a seed outside 0..2**64 - 1 - (B - 1), settings out
+        of range: guidance_scale 0..1e4, temperature 1e-4..1e4, top_k >= 1, top_p in (0, 1], an unknown
+        method or option, an option value its method refuses) raises one VisarError.
         Sampling settings left None take the model's defaults (`self.defaults`). Image i of the
         batch draws from its own generator, seeded `seed + i` unless `generator` (one per image,
         or a single one for a single image) is given. output_type: "pil" (list of PIL images),

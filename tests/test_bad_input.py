@@ -6,8 +6,8 @@ method name (the model's own, another kind's, or made up), options (the method's
 ones, with ints, floats, NaN, infinities, huge and negative numbers, strings, None, lists), sampling
 settings and conditions (empty, out of range, of the wrong kind or type). Each call must either
 return one image per condition or raise visar's own `VisarError` with a one-line message: never
-another exception type, never an empty result. The quick tier runs a few dozen examples,
-derandomized; the slow tier a few hundred. No example database is kept (`database=None`).
+another exception type, never an empty result. The quick tier runs 40 examples,
+derandomized; the slow tier 1,000. No example database is kept (`database=None`).
 """
 
 import math
@@ -194,7 +194,7 @@ def test_generate_returns_images_or_one_visar_error(call):
 
 
 @pytest.mark.slow
-@settings(max_examples=600, **COMMON)
+@settings(max_examples=1000, **COMMON)
 @given(calls())
 def test_generate_returns_images_or_one_visar_error_many(call):
     pipe, kwargs = call

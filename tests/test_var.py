@@ -220,7 +220,7 @@ def test_code_samples_the_refiner_at_its_own_temperature(pair):
     assert same(generate(drafter, method="code", draft=refiner, draft_scales=2, refiner_temperature=1.0), base)
     cooled = generate(drafter, method="code", draft=refiner, draft_scales=2, refiner_temperature=0.05)
     assert same(cooled[:2], base[:2]) and not same(cooled[2:], base[2:])  # only the refiner's scales move
-    with pytest.raises(VisarError, match="temperature must be > 0"):
+    with pytest.raises(VisarError, match="temperature must be a number from"):
         generate(drafter, method="code", draft=refiner, refiner_temperature=0)
 
 

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from . import hub, registry
 from .accel import get_method, reference_method
-from .accel.sampling import SamplingParams, make_generators
+from .accel.sampling import MAX_SEED, SamplingParams, make_generators
 from .accel.timing import synchronized_clock
 from .checkpoints import load_strict, read_state_dict
 from .errors import VisarError
@@ -234,7 +234,7 @@ class Pipeline:
     def class_condition(self, class_labels) -> Tensor:
         if not self.is_class_conditional:
             raise VisarError(f"{self.name} is text-conditional: pass prompts=, not class_labels=")
-        labels = torch.as_tensor(class_labels, dtype=torch.long).reshape(-1)
+        labels = integer_labels(class_labels)
         bad = labels[(labels < 0) | (labels >= self.num_classes)]
         if bad.numel():
             raise VisarError(
@@ -256,7 +256,7 @@ class Pipeline:
                 f"{self.name} has no text encoder: load it with text_encoder= (a T5 folder or Hub name, e.g. "
                 f"google/flan-t5-xl), or pass caption_embeds= [B, {layout.num_tokens}, {layout.embed_dim}]"
             )
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        prompts = prompt_list(prompts)
         embeds, mask = self.text_encoder.encode(prompts)
         # Caption embeddings take the model's dtype; token ids (a Hugging Face model's prompt) stay ids.
         embeds = embeds.to(self.device, self.dtype) if embeds.is_floating_point() else embeds.to(self.device)
@@ -300,6 +300,10 @@ class Pipeline:
 
         method: a registered method of the model's kind (`visar methods`); None: plain sampling of
         that kind ("ar" for raster models, "var" for next-scale models).
+        Anything else than this describes (no or empty conditions, class labels that are not integer
+        ids, prompts that are not non-empty strings, a seed outside 0..2**64 - 1 - (B - 1), settings out
+        of range: guidance_scale 0..1e4, temperature 1e-4..1e4, top_k >= 1, top_p in (0, 1], an unknown
+        method or option, an option value its method refuses) raises one VisarError.
         Sampling settings left None take the model's defaults (`self.defaults`). Image i of the
         batch draws from its own generator, seeded `seed + i` unless `generator` (one per image,
         or a single one for a single image) is given. output_type: "pil" (list of PIL images),
@@ -324,10 +328,15 @@ class Pipeline:
         params = self.sampling_params(guidance_scale, temperature, top_k, top_p)
         cond, cond_mask = self.condition(class_labels, prompts, caption_embeds, caption_mask)
         batch = cond.shape[0]
+        if batch == 0:
+            raise VisarError("nothing to generate: the class labels or prompts are empty (one image per entry)")
         if generator is None:
+            check_seed(seed, batch)
             generators = make_generators(batch, seed)
         else:
             generators = [generator] if isinstance(generator, torch.Generator) else list(generator)
+            if not all(isinstance(g, torch.Generator) for g in generators):
+                raise VisarError("generator= takes a torch.Generator or a list of them, one per image")
             if len(generators) != batch:
                 raise VisarError(f"got {len(generators)} generators for {batch} images: pass one per image")
         if method_options.get("draft") is not None:
@@ -413,6 +422,53 @@ class Pipeline:
         finally:
             self.model.clear_cache()
         return out[:, num_cond - 1 :]
+
+
+# -- checking what a caller passes ---------------------------------------------------------------------
+
+
+def integer_labels(class_labels) -> Tensor:
+    """Class ids (an int, a sequence of ints, an integer array or tensor) -> LongTensor [B]; anything else
+    (names, fractions, None, nested lists, booleans) is a VisarError rather than a silent cast."""
+    if isinstance(class_labels, (Tensor, np.ndarray)):
+        labels = torch.as_tensor(class_labels)
+        if labels.dtype == torch.bool or labels.is_floating_point() or labels.is_complex():
+            raise VisarError(f"class_labels must hold integer class ids, got a {labels.dtype} array")
+        return labels.long().reshape(-1)
+    values = [class_labels] if isinstance(class_labels, (int, np.integer)) else class_labels
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise VisarError(f"class_labels must be a class id or a list of class ids, got {class_labels!r}")
+    values = list(values)
+    for value in values:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise VisarError(f"class_labels must be integer class ids, got {value!r}")
+    if any(abs(int(value)) >= 2**63 for value in values):
+        raise VisarError(f"class id {next(v for v in values if abs(int(v)) >= 2**63)} out of range")
+    return torch.tensor([int(value) for value in values], dtype=torch.long)
+
+
+def prompt_list(prompts) -> list[str]:
+    """A prompt or a list of prompts -> a list of non-empty strings (anything else is a VisarError)."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise VisarError(f"prompts must be a string or a list of strings, got {type(prompts).__name__}")
+    if not prompts:
+        raise VisarError("nothing to generate: the list of prompts is empty (one image per prompt)")
+    for prompt in prompts:
+        if not isinstance(prompt, str):
+            raise VisarError(f"prompts must be strings, got {prompt!r}")
+        if not prompt.strip():
+            raise VisarError("a prompt is empty: give every image a prompt with some text")
+    return list(prompts)
+
+
+def check_seed(seed, batch: int):
+    """seed + i seeds image i's generator: a whole number with seed + batch - 1 within torch's range."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise VisarError(f"seed must be a whole number, got {seed!r}")
+    if not 0 <= seed <= MAX_SEED - (batch - 1):
+        raise VisarError(f"seed must be between 0 and {MAX_SEED - (batch - 1)} for {batch} images, got {seed}")
 
 
 # -- loading -------------------------------------------------------------------------------------

@@ -100,7 +100,7 @@ def register_method(name: str, fn: Callable, *, lossless: bool, description: str
 
 
 def get_method(name: str) -> Method:
-    if name not in METHODS:
+    if not isinstance(name, str) or name not in METHODS:
         raise VisarError(f"unknown method {name!r}; available: {', '.join(sorted(METHODS))}")
     return METHODS[name]
 

@@ -44,18 +44,20 @@ from torch import Tensor
 
 from ..errors import VisarError
 from ..models.base import diffusion_step
+from .checks import check_choice, check_number
 from .mar import (
     MaskSchedule,
     PositionNoise,
     chain_output,
+    check_loop,
     check_params,
     condition_pass,
-    default_num_iter,
     draw_orders,
     head_output,
     predicted_positions,
     sample_step,
 )
+from .sampling import MAX_TEMPERATURE, MIN_TEMPERATURE
 from .stats import DecodeLog
 
 LOG_2PI = math.log(2 * math.pi)
@@ -333,13 +335,14 @@ def cspd(
 ):
     """CSpD: `draft` (a MAR) drafts num_draft steps, the target verifies them in one batched pass."""
     check_params(params)
-    num_iter = num_iter or default_num_iter(model)
+    num_iter = check_loop(model, num_iter, num_diffusion_steps, cfg_schedule)
     if draft is None:
         raise VisarError("cspd needs draft= (a smaller MAR of the same family: name, folder, pipeline or model)")
-    if mode not in ("exact", "relaxed"):
-        raise VisarError(f"cspd mode must be 'exact' or 'relaxed', got {mode!r}")
-    if num_draft < 1 or (max_tries is not None and max_tries < 1):
-        raise VisarError("cspd needs num_draft >= 1 and max_tries >= 1 (or None: unbounded, exact)")
+    check_choice("cspd mode", mode, ("exact", "relaxed"))
+    check_number("num_draft", num_draft, 1, maximum=model.num_image_tokens, integer=True)
+    check_number("max_tries", max_tries, 1, integer=True, allow_none=True)
+    check_number("prefill", prefill, 0, maximum=1)
+    check_number("inner_temperature", inner_temperature, MIN_TEMPERATURE, maximum=MAX_TEMPERATURE)
     if max_tries is None and mode == "relaxed":
         # The tempered residual accepts almost nothing, so it must be bounded: upstream's 100 tries.
         max_tries = RELAXED_MAX_TRIES

@@ -192,7 +192,7 @@ CARRIES = {"none": independent_carry, **COUPLINGS}  # what a relaxed method may 
 def carry_updater(coupling: str, method: str, choices: dict = COUPLINGS) -> Callable:
     """The carry-over updater named by a method's `coupling` option (a fresh one per decode: the
     Gumbel carry keeps its noise rows)."""
-    if coupling not in choices:
+    if not isinstance(coupling, str) or coupling not in choices:
         raise VisarError(f"unknown coupling {coupling!r} for {method}; use one of {', '.join(choices)}")
     updater = choices[coupling]
     return updater() if isinstance(updater, type) else updater
@@ -489,7 +489,7 @@ def speculative_decode(
 def resolve_initialiser(init) -> Callable:
     if callable(init):
         return init
-    if init not in INITIALISERS:
+    if not isinstance(init, str) or init not in INITIALISERS:
         raise VisarError(f"unknown draft initialiser {init!r}; known: {', '.join(sorted(INITIALISERS))}")
     return INITIALISERS[init]
 

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..errors import VisarError
 from ..models.base import BlockReuse, diffusion_step
+from .checks import check_choice, check_number
 from .stats import DecodeLog
 
 
@@ -242,6 +243,20 @@ def sample_tokens(
     return tokens
 
 
+DIFFUSION_TIMESTEPS = 1000  # the steps MAR's head is trained on; num_diffusion_steps respaces them
+
+
+def check_loop(model, num_iter, num_diffusion_steps, cfg_schedule) -> int:
+    """MAR's loop options, checked before anything runs -> num_iter (None: the default)."""
+    num_tokens = model.num_image_tokens
+    check_number("num_iter", num_iter, 1, maximum=num_tokens, integer=True, allow_none=True)
+    check_number(
+        "num_diffusion_steps", num_diffusion_steps, 1, maximum=DIFFUSION_TIMESTEPS, integer=True, allow_none=True
+    )
+    check_choice("cfg_schedule", cfg_schedule, ("linear", "constant"))
+    return num_iter or default_num_iter(model)
+
+
 def default_num_iter(model) -> int:
     """Upstream's 64 steps for MAR's 256 tokens, as a quarter of the token count for other grids."""
     return max(1, model.num_image_tokens // 4)
@@ -269,7 +284,7 @@ def mar(
     steps (default a quarter of the tokens: upstream's 64 for 256); num_diffusion_steps: the head's
     (default the model's num_sampling_steps)."""
     check_params(params)
-    num_iter = num_iter or default_num_iter(model)
+    num_iter = check_loop(model, num_iter, num_diffusion_steps, cfg_schedule)
     batch, num_tokens = cond.shape[0], model.num_image_tokens
     steps = model.diffusion_schedule(num_diffusion_steps).num_steps
     orders = draw_orders(generators, num_tokens, model.device)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..errors import VisarError
-from .mar import PositionNoise, check_params, default_num_iter, draw_orders, sample_tokens
+from .checks import check_number
+from .mar import PositionNoise, check_loop, check_params, draw_orders, sample_tokens
 from .stats import DecodeLog
 
 
@@ -70,9 +70,9 @@ def mar_cache(
 ):
     """MAR with reuse of decoder-block features and of the null condition across steps."""
     check_params(params)
-    num_iter = num_iter or default_num_iter(model)
-    if token_threshold < 0 or null_interval < 1:
-        raise VisarError("mar-cache needs token_threshold >= 0 and null_interval >= 1")
+    num_iter = check_loop(model, num_iter, num_diffusion_steps, cfg_schedule)
+    check_number("token_threshold", token_threshold, 0)
+    check_number("null_interval", null_interval, 1, integer=True)
     batch, num_tokens = cond.shape[0], model.num_image_tokens
     steps = model.diffusion_schedule(num_diffusion_steps).num_steps
     orders = draw_orders(generators, num_tokens, model.device)

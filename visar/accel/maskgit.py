@@ -22,16 +22,22 @@ from torch import Tensor
 
 from ..errors import VisarError
 from ..models.base import MaskedModel
+from .checks import check_number
 from .masked import check_steps, gumbel_noise, keep_highest, unmask
 from .sampling import SamplingParams
 
+MAX_CHOICE_TEMPERATURE = 1e4  # the Gumbel noise's scale on log-probabilities; beyond it only noise orders
+
 
 def noise_temperatures(choice_temperature, steps: int) -> Tensor:
-    """tau_t for t = 0 .. T - 1 (float32 [T])."""
+    """tau_t for t = 0 .. T - 1 (float32 [T]); each temperature a number from 0 to MAX_CHOICE_TEMPERATURE."""
     if isinstance(choice_temperature, (list, tuple)) and len(choice_temperature) == 2:
+        for value in choice_temperature:
+            check_number("choice_temperature", value, 0, maximum=MAX_CHOICE_TEMPERATURE)
         start, end = (float(v) for v in choice_temperature)
         return torch.linspace(start, end, steps)
     if isinstance(choice_temperature, (int, float)) and not isinstance(choice_temperature, bool):
+        check_number("choice_temperature", choice_temperature, 0, maximum=MAX_CHOICE_TEMPERATURE)
         fraction = torch.arange(1, steps + 1, dtype=torch.float32) / steps
         return float(choice_temperature) * (1 - fraction)
     raise VisarError(

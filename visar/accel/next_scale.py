@@ -218,7 +218,7 @@ def check_refiner(model: NextScaleModel, refiner, draft_scales: int | None) -> i
         raise VisarError("the drafter and the refiner are conditioned differently (class counts differ)")
     if draft_scales is None:
         return max(num_scales - 2, 0)  # CoDe's default: 8 of 10 scales drafted
-    if not isinstance(draft_scales, int) or not 0 <= draft_scales <= num_scales:
+    if isinstance(draft_scales, bool) or not isinstance(draft_scales, int) or not 0 <= draft_scales <= num_scales:
         raise VisarError(f"draft_scales must be an integer in 0..{num_scales} (this model has {num_scales} scales)")
     return draft_scales
 
@@ -290,7 +290,7 @@ def code_is_exact(options: dict, model) -> bool:
 
 
 def check_keep_fraction(keep_fraction):
-    if not (isinstance(keep_fraction, (int, float)) and 0 < keep_fraction <= 1):
+    if isinstance(keep_fraction, bool) or not (isinstance(keep_fraction, (int, float)) and 0 < keep_fraction <= 1):
         raise VisarError(f"keep_fraction must be in (0, 1], got {keep_fraction}")
 
 
@@ -300,6 +300,10 @@ def pruned_scales(prune_scales: int | list[int], num_scales: int) -> set[int]:
         if not 0 <= prune_scales < num_scales:
             raise VisarError(f"prune_scales={prune_scales}: prune 0..{num_scales - 1} of the largest scales")
         return set(range(num_scales - prune_scales, num_scales))
+    if not isinstance(prune_scales, (list, tuple)) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in prune_scales
+    ):
+        raise VisarError(f"prune_scales must be a number of scales or a list of scale indices, got {prune_scales!r}")
     chosen = set(prune_scales)
     if not chosen <= set(range(1, num_scales)):
         raise VisarError(f"prune_scales {sorted(chosen)}: scale indices must be in 1..{num_scales - 1}")

@@ -68,6 +68,7 @@ from .acceptance import (
     speculative_accept,
     speculative_residual,
 )
+from .checks import check_number  # noqa: F401  (zipar imports it from here)
 from .jacobi import (
     CARRIES,
     DraftModelProposer,
@@ -185,19 +186,6 @@ def load_or_build_table(codebook: Tensor, key: str, k: int) -> Tensor:
 # -- option checks --------------------------------------------------------------------------------------
 
 
-def check_number(
-    name: str, value, minimum: float, *, maximum: float | None = None, integer: bool = False, allow_none: bool = False
-):
-    if value is None and allow_none:
-        return
-    kinds = (int,) if integer else (int, float)
-    ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value) and value >= minimum
-    if not ok or (maximum is not None and value > maximum):
-        kind = "an integer" if integer else "a number"
-        bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise VisarError(f"{name} must be {kind} {bounds}, got {value!r}")
-
-
 def jacobi_or_draft_proposer(model, cond, cond_mask, params, draft, init, coupling=None):
     if draft is None:
         return JacobiProposer(resolve_initialiser(init), carry_updater(coupling or "none", "lantern", CARRIES))
@@ -297,7 +285,7 @@ def lantern(
     check_spans(window, warmup, tail)
     check_number("delta", delta, 0, maximum=1)  # mass moved per position
     check_number("k", k, 1, integer=True)
-    if form not in LANTERN_FORMS:
+    if not isinstance(form, str) or form not in LANTERN_FORMS:
         raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")
     book = codebook_of(tokenizer, model.vocab_size, "lantern")
     table = neighbour_table(book, min(k, model.vocab_size - 1)).to(model.device)
@@ -354,7 +342,7 @@ def lantern_pp(
     check_number("lambda_cap", lambda_cap, 1)
     check_number("delta", delta, 0, maximum=1, allow_none=True)
     check_number("k", k, 1, integer=True)
-    if form not in LANTERN_FORMS:
+    if not isinstance(form, str) or form not in LANTERN_FORMS:
         raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")
     draft_model = check_draft(model, draft, "lantern++")  # the tree is drafted by a draft model
     book = codebook_of(tokenizer, model.vocab_size, "lantern++")

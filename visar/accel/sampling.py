@@ -17,6 +17,16 @@ from torch import Tensor
 
 from ..errors import VisarError
 
+# Bounds that keep guided, tempered logits finite in float32 (a model's logits are at most a few
+# hundred apart): guidance of 1e4 and temperature 1e-4 scale them by 1e8, far from float32's 3e38.
+MAX_GUIDANCE = 1e4
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
+
+
+def is_number(value) -> bool:
+    """A finite real number (not a bool, which Python counts as an int)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -28,14 +38,16 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if not (isinstance(self.guidance_scale, (int, float)) and self.guidance_scale >= 0):
-            raise VisarError(f"guidance_scale must be >= 0, got {self.guidance_scale}")
-        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
-            raise VisarError(f"temperature must be > 0, got {self.temperature}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
-            raise VisarError(f"top_k must be an integer >= 1 (or None for no top-k), got {self.top_k}")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise VisarError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (is_number(self.guidance_scale) and 0 <= self.guidance_scale <= MAX_GUIDANCE):
+            raise VisarError(f"guidance_scale must be a number from 0 to {MAX_GUIDANCE:g}, got {self.guidance_scale!r}")
+        if not (is_number(self.temperature) and MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE):
+            bounds = f"{MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}"
+            raise VisarError(f"temperature must be a number from {bounds}, got {self.temperature!r}")
+        top_k = self.top_k
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise VisarError(f"top_k must be an integer >= 1 (or None for no top-k), got {self.top_k!r}")
+        if not (is_number(self.top_p) and 0 < self.top_p <= 1):
+            raise VisarError(f"top_p must be in (0, 1], got {self.top_p!r}")
 
     @property
     def uses_cfg(self) -> bool:
@@ -84,6 +96,9 @@ def sample_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:
     # row, where a scan for the last non-zero probability would cost as much as the draw).
     last_bin = torch.searchsorted(cdf, cdf[..., -1:].contiguous()).squeeze(-1)
     return torch.minimum(tokens, last_bin)
+
+
+MAX_SEED = 2**64 - 1  # the largest seed torch.Generator.manual_seed takes
 
 
 def make_generators(batch_size: int, seed: int) -> list[torch.Generator]:

@@ -83,7 +83,7 @@ class StaticTree:
         """Paths of child ranks, e.g. [[0], [1], [0, 0]]: every parent present, sibling ranks 0, 1, ..."""
         try:
             paths = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, OverflowError) as err:
             raise VisarError(f"a draft tree is a list of paths of child ranks, e.g. [[0], [1], [0, 0]]: {err}") from err
         if not paths or any(len(p) == 0 or min(p) < 0 for p in paths):
             raise VisarError("a draft tree needs at least one node, and paths of ranks >= 0 (the root is implicit)")

@@ -39,6 +39,7 @@ from ..eval.samples import (
     generate_missing,
     is_complete_png,
     write_atomic,
+    write_error,
     write_json_atomic,
 )
 
@@ -256,14 +257,6 @@ def refuse_foreign_folder(out: Path, jobs: list[SampleJob]):
             f"{out} already holds {taken[0].name} but no {SETTINGS_FILE} (written by another tool or an older "
             "visar), so its images cannot be checked against these settings: use another --out folder"
         )
-
-
-def write_error(err: OSError, out: Path) -> VisarError:
-    where = err.filename or out
-    return VisarError(
-        f"cannot write {where}: {err.strerror or err}. The images finished so far are kept: free space or fix "
-        "the folder's permissions, then rerun the same command to resume"
-    )
 
 
 def run_batch(

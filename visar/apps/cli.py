@@ -1,7 +1,8 @@
 """The `visar` command line: generate images, list models and methods, evaluate, benchmark, train.
 
 Each command lives in its own module under `visar.apps.commands`; this module assembles them.
-User errors (unknown names, bad options, missing files) print one line and exit with code 2.
+User errors (unknown names, bad options, missing or unwritable files, a full disk) print one line and exit with
+code 2.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except VisarError as err:
         print(f"visar: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a file or folder the command was pointed at: missing, unwritable, a full disk
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"visar: error: {where}{err.strerror or err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("visar: interrupted", file=sys.stderr)

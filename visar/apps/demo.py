@@ -30,6 +30,7 @@ from PIL import Image, ImageDraw, ImageFont
 from ..accel import METHODS, get_method, reference_method
 from ..errors import VisarError, require
 from ..eval.samples import per_image
+from ..models.base import model_kind
 from ..registry import DEFAULT_MODEL, embedded_models, resolve_name
 
 log = logging.getLogger("visar.demo")
@@ -206,11 +207,12 @@ def check_sizes(pipe, options: dict):
     """No whole-number option of any method means more than the model's vocabulary or token count
     (windows, lags, neighbours, group sizes): a larger one is a typo that could ask for memory the
     server has not got, so it is refused here rather than tried."""
-    limit = max(pipe.model.vocab_size, pipe.model.num_image_tokens)
+    vocab = getattr(pipe.model, "vocab_size", 0)  # a continuous-token model (MAR) has none
+    limit = max(vocab, pipe.model.num_image_tokens)
     for name, value in options.items():
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > limit:
             raise VisarError(
-                f"option {name}={value} is larger than anything {pipe.name} has (vocabulary {pipe.model.vocab_size}, "
+                f"option {name}={value} is larger than anything {pipe.name} has (vocabulary {vocab}, "
                 f"{pipe.model.num_image_tokens} image tokens): at most {limit}"
             )
 
@@ -266,7 +268,7 @@ def compare(cache: ModelCache, model_name, class_value, prompt, method, seed, cf
     check_number("seed", seed, 0, MAX_SEED, integer=True)
     check_number("guidance scale", cfg, 0, 100)
     check_number("temperature", temperature, 1e-3, 100)
-    check_number("top-k", top_k, 0, pipe.model.vocab_size, integer=True)
+    check_number("top-k", top_k, 0, getattr(pipe.model, "vocab_size", 0), integer=True)
     check_number("top-p", top_p, 1e-6, 1)
     condition = condition_of(pipe, class_value, prompt)
     options = parse_options(method, texts)
@@ -491,9 +493,15 @@ def build_demo(
 
 
 def model_info(pipe) -> str:
-    height, width = pipe.model.grid_size
+    """One line on the model: its conditions, its tokens (a next-scale model: its scales) and its device."""
     kind = f"{pipe.num_classes} classes" if pipe.is_class_conditional else "text prompts"
-    return f"`{pipe.name}`: {kind}, {height}x{width} tokens, on {pipe.device}"
+    sizes = getattr(pipe.model, "scale_sizes", None)
+    if sizes:  # a next-scale model has no single grid: scale maps 1x1 .. pn x pn
+        tokens = f"{len(sizes)} scales up to {sizes[-1]}x{sizes[-1]} ({pipe.model.num_image_tokens} tokens)"
+    else:
+        height, width = pipe.model.grid_size
+        tokens = f"{height}x{width} tokens"
+    return f"`{pipe.name}`: {model_kind(pipe.model)} model, {kind}, {tokens}, on {pipe.device}"
 
 
 def is_loopback(host: str) -> bool:

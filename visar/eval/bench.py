@@ -41,6 +41,7 @@ from ..errors import VisarError
 from .memory import PeakMemory
 from .plots import plot_frontier
 from .readbacks import ReadBackCounter
+from .samples import write_text_atomic
 
 ROW_KEYS = (
     "method",
@@ -344,11 +345,12 @@ def write_bench_report(report: dict, folder) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     files = {"json": folder / "report.json", "md": folder / "report.md", "png": folder / "frontier.png"}
     plot_frontier(report, files["png"])
-    files["json"].write_text(json.dumps(report, indent=1))
+    write_text_atomic(files["json"], json.dumps(report, indent=1))
     notes = "\n".join(f"- {note}" for note in REPORT_NOTES)
-    files["md"].write_text(
+    write_text_atomic(
+        files["md"],
         f"# visar bench: {report['model']}\n\n{markdown_table(report)}\n\n{notes}\n\n"
-        f"![speed against quality, lossless filled, lossy open]({files['png'].name})\n"
+        f"![speed against quality, lossless filled, lossy open]({files['png'].name})\n",
     )
     return files
 
@@ -356,7 +358,7 @@ def write_bench_report(report: dict, folder) -> dict[str, Path]:
 def write_report(report: dict, json_path: str | None, md_path: str | None):
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(report, indent=1))
+        write_text_atomic(Path(json_path), json.dumps(report, indent=1))
     if md_path:
         Path(md_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(md_path).write_text(markdown_table(report) + "\n")
+        write_text_atomic(Path(md_path), markdown_table(report) + "\n")

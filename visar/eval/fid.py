@@ -40,7 +40,15 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from ..errors import VisarError, require
-from .samples import SampleJob, check_run_config, generate_missing, is_complete_png, write_atomic, write_json_atomic
+from .samples import (
+    SampleJob,
+    check_run_config,
+    generate_missing,
+    is_complete_png,
+    write_atomic,
+    write_json_atomic,
+    writing,
+)
 
 INCEPTION = "inception-v3-compat"
 SHAPES = "visar-shapes-vq"
@@ -514,17 +522,18 @@ def evaluate_fid(
             raise VisarError("eval fid needs a model and --n, or --images")
         jobs = fid_jobs(pipe, out, n, seed=seed, shard=shard, prompts=prompts)
         ident = run_identity(pipe, {"method": method, "seed": seed, **(identity or {})}, prompts)
-        check_run_config(out / "config.json", ident)
         start = time.perf_counter()
-        stats = generate_missing(
-            pipe,
-            jobs,
-            method=method,
-            batch_size=batch_size,
-            progress=progress,
-            desc=f"eval fid {method}",
-            **(generate_kwargs or {}),
-        )
+        with writing(out):
+            check_run_config(out / "config.json", ident)
+            stats = generate_missing(
+                pipe,
+                jobs,
+                method=method,
+                batch_size=batch_size,
+                progress=progress,
+                desc=f"eval fid {method}",
+                **(generate_kwargs or {}),
+            )
         record.update(model=pipe.name, method=method, n=n, shard=f"{shard[0]}/{shard[1]}", **stats)
         record["generation_s"] = time.perf_counter() - start
         if shard != (0, 1):
@@ -538,13 +547,15 @@ def evaluate_fid(
         npz = out / "samples.npz"
         width, height = check_same_size(paths, "the sample set")
         if npz_shape(npz) != (len(paths), height, width, 3):
-            out.mkdir(parents=True, exist_ok=True)
-            write_npz(paths, npz, (width, height))
+            with writing(out):
+                out.mkdir(parents=True, exist_ok=True)
+                write_npz(paths, npz, (width, height))
         record["npz"] = str(npz)
     if ref is not None:
         record.update(compute_metrics(samples, ref, verbose=progress, **(metric_kwargs or {})))
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "metrics.json", record)
+        with writing(out):
+            out.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(out / "metrics.json", record)
     return record
 
 

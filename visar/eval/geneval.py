@@ -34,7 +34,7 @@ from numbers import Integral
 from pathlib import Path
 
 from ..errors import VisarError
-from .samples import SampleJob, check_run_config, generate_missing, write_atomic, write_json_atomic
+from .samples import SampleJob, check_run_config, generate_missing, write_atomic, write_json_atomic, writing
 
 SHIPPED_METADATA = Path(__file__).resolve().parents[1] / "data" / "geneval_shapes_metadata.jsonl"
 GENEVAL_RELATIONS = ("left of", "right of", "above", "below")
@@ -275,18 +275,19 @@ def evaluate_geneval(
         "dtype": str(pipe.dtype).removeprefix("torch."),
         **(identity or {}),
     }
-    check_run_config(out / "config.json", run)
-    write_prompt_metadata(out, entries)
     jobs = geneval_jobs(out, entries, n_samples, seed)
-    stats = generate_missing(
-        pipe,
-        jobs,
-        method=method,
-        batch_size=batch_size,
-        progress=progress,
-        desc=f"eval geneval {method}",
-        **(generate_kwargs or {}),
-    )
+    with writing(out):
+        check_run_config(out / "config.json", run)
+        write_prompt_metadata(out, entries)
+        stats = generate_missing(
+            pipe,
+            jobs,
+            method=method,
+            batch_size=batch_size,
+            progress=progress,
+            desc=f"eval geneval {method}",
+            **(generate_kwargs or {}),
+        )
     record = {
         "model": pipe.name,
         "method": method,
@@ -298,9 +299,9 @@ def evaluate_geneval(
     }
     if score:
         rows = score_layout(out, entries, n_samples)
-        write_atomic(
-            out / "results.jsonl", lambda file: file.write("".join(json.dumps(r) + "\n" for r in rows).encode())
-        )
         record["summary"] = summary(rows)
-        write_json_atomic(out / "summary.json", record)
+        with writing(out):
+            lines = "".join(json.dumps(r) + "\n" for r in rows).encode()
+            write_atomic(out / "results.jsonl", lambda file: file.write(lines))
+            write_json_atomic(out / "summary.json", record)
     return record

@@ -34,6 +34,7 @@ import torch
 from PIL import Image
 from tqdm.auto import tqdm
 
+from ..accel.sampling import MAX_SEED
 from ..errors import VisarError
 
 PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk every complete PNG ends with
@@ -76,6 +77,25 @@ def write_atomic(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def write_error(err: OSError, out) -> VisarError:
+    """A failed write (a full disk, a folder without write permission, a file where a folder should be)
+    -> one sentence saying what to do; the images finished so far stay and a rerun resumes."""
+    where = err.filename or out
+    return VisarError(
+        f"cannot write {where}: {err.strerror or err}. The images finished so far are kept: free space or fix "
+        "the folder's permissions, then rerun the same command to resume"
+    )
+
+
+@contextmanager
+def writing(out):
+    """Turn an OSError of the block (writing under `out`) into `write_error`'s VisarError."""
+    try:
+        yield
+    except OSError as err:
+        raise write_error(err, out) from err
+
+
 def save_png(array: np.ndarray, path: Path) -> None:
     """uint8 [H, W, 3] -> PNG at `path`, atomically."""
     write_atomic(path, lambda file: Image.fromarray(array).save(file, format="PNG"))
@@ -83,6 +103,10 @@ def save_png(array: np.ndarray, path: Path) -> None:
 
 def write_json_atomic(path: Path, data) -> None:
     write_atomic(path, lambda file: file.write(json.dumps(data, indent=1).encode()))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_atomic(path, lambda file: file.write(text.encode()))
 
 
 def check_run_config(path: Path, identity: dict) -> None:
@@ -164,6 +188,12 @@ def generate_missing(
     """
     if batch_size < 1:
         raise VisarError("--batch-size must be >= 1")
+    seeds = [job.seed for job in jobs]
+    if seeds and not (0 <= min(seeds) and max(seeds) <= MAX_SEED):
+        raise VisarError(
+            f"the images' seeds (--seed plus the image's index) run from {min(seeds)} to {max(seeds)}: each must be "
+            f"in 0..{MAX_SEED}"
+        )
     is_done = is_done or (lambda job: is_complete_png(job.path))
     missing = [job for job in jobs if not is_done(job)]
     totals = {"forward_passes": 0, "latency_s": 0.0, "decode_s": 0.0}

@@ -96,8 +96,10 @@ def add_sampling_args(parser: argparse.ArgumentParser):
         "maskgit for masked ones",
     )
     group.add_argument("--seed", type=int, default=0, help="image i uses seed + i (default 0)")
-    group.add_argument("--guidance-scale", "--cfg", type=float, help="classifier-free guidance scale (1 = off)")
-    group.add_argument("--temperature", type=float, help="softmax temperature (> 0)")
+    group.add_argument(
+        "--guidance-scale", "--cfg", type=float, help="classifier-free guidance scale, 0 to 1e4 (1 = off)"
+    )
+    group.add_argument("--temperature", type=float, help="softmax temperature, 1e-4 to 1e4")
     group.add_argument("--top-k", type=int, help="keep the k most likely tokens (0 = off)")
     group.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
     group.add_argument(

@@ -6,7 +6,6 @@ Named `evaluate` so that importing it does not shadow the builtin `eval`.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -50,6 +49,7 @@ def add_shapes_parser(subparsers):
 
 def run_shapes(args) -> int:
     from ...data.shapes import class_render_options
+    from ...eval.samples import write_json_atomic
     from ...eval.shapes_eval import evaluate_shapes, ground_truth_scores
 
     pipe = load_pipeline(args)
@@ -82,7 +82,7 @@ def run_shapes(args) -> int:
         print(f"{record['model']} / {record['method']}: overall {record['overall']:.1%} ({tasks}) on {args.n} images")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(record, indent=1))
+        write_json_atomic(Path(args.json), record)
     return 0
 
 

@@ -1,0 +1,201 @@
+"""Property-based bad input: whatever a caller passes to `Pipeline.generate`, it gets images or one VisarError.
+
+Hypothesis draws a tiny random model of every registered family (every kind: raster, masked,
+next-scale, continuous; the Hugging Face ones where transformers / diffusers are installed), a
+method name (the model's own, another kind's, or made up), options (the method's names and made-up
+ones, with ints, floats, NaN, infinities, huge and negative numbers, strings, None, lists), sampling
+settings and conditions (empty, out of range, of the wrong kind or type). Each call must either
+return one image per condition or raise visar's own `VisarError` with a one-line message: never
+another exception type, never an empty result. The quick tier runs 40 examples,
+derandomized; the slow tier 1,000. No example database is kept (`database=None`).
+"""
+
+import math
+import os
+
+import pytest
+import torch
+from test_conformance import tiny_pipeline
+
+from visar.accel import METHODS
+from visar.errors import VisarError
+from visar.families import FAMILIES
+
+try:
+    import hypothesis  # noqa: F401
+except ImportError:  # the dev extra installs it; CI must have it
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("hypothesis is not installed: pip install -e '.[dev]'", allow_module_level=True)
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+PIPES: dict[str, object] = {}
+
+
+def pipe_of(family: str):
+    """The family's tiny random pipeline, built once per module (a draft: the same family, seed 1)."""
+    if family not in PIPES:
+        PIPES[family] = tiny_pipeline(family, 0)
+    return PIPES[family]
+
+
+def available_families() -> list[str]:
+    usable = []
+    for name, family in sorted(FAMILIES.items()):
+        needs = []
+        if family.architectures or family.pipeline_classes:
+            needs.append("transformers")
+        if family.pipeline_classes:
+            needs.append("diffusers")
+        try:
+            for module in needs:
+                __import__(module)
+        except ImportError:
+            continue
+        usable.append(name)
+    return usable
+
+
+FAMILY_NAMES = available_families()
+BAD_NUMBERS = [-1, 0, 1, 2, 3, -(10**9), 10**9, 2**63, 0.5, -0.5, 1e300, -1e300]
+FLOATS = st.floats(allow_nan=True, allow_infinity=True, width=64)
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 40),
+    st.sampled_from(BAD_NUMBERS),
+    FLOATS,
+    st.sampled_from([math.nan, math.inf, -math.inf]),
+    st.text(max_size=6),
+    st.sampled_from(["above", "random", "maximal", "cosine", "arccos", "linear", "exact", "naive_extend_57"]),
+    st.lists(st.integers(-2, 5), max_size=3),
+    st.tuples(FLOATS, FLOATS),
+)
+# a draft: none, a made-up name, a model of each family (another kind's too), a wrong type
+DRAFTS = st.one_of(
+    st.none(),
+    st.sampled_from(["visar-no-such-draft", "", "/nonexistent/folder"]),
+    st.sampled_from(FAMILY_NAMES).map(lambda name: pipe_of(name).model),
+    st.sampled_from(FAMILY_NAMES).map(pipe_of),
+    VALUES,
+)
+
+
+PARTS = ("method", "option names", "sampling", "condition", "seed")
+GOOD_SAMPLING = {
+    "guidance_scale": st.sampled_from([1.0, 2.0, 4]),
+    "temperature": st.sampled_from([0.5, 1.0, 2]),
+    "top_k": st.sampled_from([None, 1, 5, 0]),
+    "top_p": st.sampled_from([0.5, 1.0]),
+}
+
+
+@st.composite
+def calls(draw):
+    """(pipe, keyword arguments of one `generate` call): a call with up to two of its parts drawn from
+    anything (method, option names, sampling settings, condition, seed) and option values drawn from
+    the method's defaults, small numbers and anything, so most calls reach the method's own checks."""
+    pipe = pipe_of(draw(st.sampled_from(FAMILY_NAMES)))
+    bad = draw(st.sets(st.sampled_from(PARTS), max_size=2))
+    own = sorted(name for name, method in METHODS.items() if method.model_kind == pipe.model.model_kind)
+    method = draw(st.sampled_from(own))
+    if "method" in bad:
+        method = draw(st.one_of(st.sampled_from(sorted(METHODS)), st.none(), st.text(max_size=8), VALUES))
+    kwargs = {"method": method, "output_type": "tokens"}
+    spec = METHODS.get(method) if isinstance(method, str) else None
+    names = list(spec.options) if spec is not None else []
+    option_names = st.sampled_from(names) if names else st.nothing()
+    if "option names" in bad or not names:
+        option_names = st.one_of(option_names, st.text(min_size=1, max_size=6))
+    for name in draw(st.lists(option_names, max_size=3, unique=True)):
+        default = spec.defaults.get(name) if spec is not None else None
+        kwargs[name] = draw(DRAFTS if name == "draft" else st.one_of(st.just(default), st.integers(0, 20), VALUES))
+    if spec is not None and spec.needs_draft and "draft" not in kwargs and draw(st.integers(0, 3)) > 0:
+        kwargs["draft"] = tiny_pipeline_draft(pipe)
+    for setting in draw(st.lists(st.sampled_from(sorted(GOOD_SAMPLING)), unique=True, max_size=4)):
+        kwargs[setting] = draw(VALUES if "sampling" in bad else GOOD_SAMPLING[setting])
+    n = draw(st.integers(1, 3))
+    if pipe.is_class_conditional:
+        key, value = "class_labels", draw(st.lists(st.integers(0, pipe.num_classes - 1), min_size=n, max_size=n))
+    else:
+        key, value = (
+            "prompts",
+            draw(st.lists(st.sampled_from(["a red circle", "two blue squares"]), min_size=n, max_size=n)),
+        )
+    if "condition" in bad:
+        good_class = st.integers(0, max(pipe.num_classes - 1, 0))
+        key, value = draw(
+            st.one_of(
+                st.tuples(st.just("class_labels"), st.lists(st.one_of(good_class, VALUES), max_size=3)),
+                st.tuples(st.just("prompts"), st.lists(st.one_of(st.text(max_size=12), VALUES), max_size=3)),
+                st.tuples(st.sampled_from(["class_labels", "prompts"]), VALUES),
+                st.just(("nothing", None)),
+            )
+        )
+    if key != "nothing":
+        kwargs[key] = value
+    if "seed" in bad:
+        kwargs["seed"] = draw(st.one_of(st.sampled_from([-1, 2**64, 2**64 - 1]), VALUES))
+    elif draw(st.booleans()):
+        kwargs["seed"] = draw(st.integers(0, 2**40))
+    return pipe, kwargs
+
+
+DRAFT_PIPES: dict[str, object] = {}
+
+
+def tiny_pipeline_draft(pipe):
+    """A second instance of the pipe's family (seed 1): a valid draft for the methods that need one."""
+    family = pipe.name.removeprefix("tiny-")
+    if family not in DRAFT_PIPES:
+        DRAFT_PIPES[family] = tiny_pipeline(family, 1)
+    return DRAFT_PIPES[family].model
+
+
+def expected_count(kwargs) -> int | None:
+    for key in ("class_labels", "prompts"):
+        value = kwargs.get(key)
+        if isinstance(value, str):
+            return 1
+        if isinstance(value, (list, tuple)):
+            return len(value)
+    return None
+
+
+def one_call(pipe, kwargs):
+    try:
+        out = pipe.generate(**kwargs)
+    except VisarError as err:
+        message = str(err)
+        assert message.strip() and "\n" not in message, f"a VisarError of more than one line: {message!r}"
+        return
+    count = expected_count(kwargs)
+    tokens = out.tokens
+    batch = tokens[0].shape[0] if isinstance(tokens, (list, tuple)) else tokens.shape[0]
+    assert batch >= 1, "an empty result instead of an error"
+    assert count is None or batch == count, f"{batch} images for {count} conditions"
+    if pipe.model.model_kind == "continuous":
+        assert bool(torch.isfinite(tokens).all()), "a continuous latent with NaN or infinity in it"
+    else:
+        maps = tokens if isinstance(tokens, (list, tuple)) else [tokens]
+        for t in maps:
+            assert t.dtype == torch.long and 0 <= int(t.min()) and int(t.max()) < pipe.model.vocab_size
+
+
+COMMON = dict(database=None, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+
+
+@settings(max_examples=40, **COMMON)
+@given(calls())
+def test_generate_returns_images_or_one_visar_error(call):
+    pipe, kwargs = call
+    one_call(pipe, kwargs)
+
+
+@pytest.mark.slow
+@settings(max_examples=1000, **COMMON)
+@given(calls())
+def test_generate_returns_images_or_one_visar_error_many(call):
+    pipe, kwargs = call
+    one_call(pipe, kwargs)

@@ -1,0 +1,25 @@
+"""Checks of method options shared by the methods of every kind: one VisarError naming the option."""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import VisarError
+
+
+def check_number(
+    name: str, value, minimum: float, *, maximum: float | None = None, integer: bool = False, allow_none: bool = False
+):
+    if value is None and allow_none:
+        return
+    kinds = (int,) if integer else (int, float)
+    ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value) and value >= minimum
+    if not ok or (maximum is not None and value > maximum):
+        kind = "an integer" if integer else "a number"
+        bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise VisarError(f"{name} must be {kind} {bounds}, got {value!r}")
+
+
+def check_choice(name: str, value, choices) -> None:
+    if not isinstance(value, str) or value not in choices:
+        raise VisarError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")

@@ -36,7 +36,6 @@ CASES = [
     ("tree-mc-sjd", dict(window=8, branch=2, depth=3), CFG_TOPK),
     ("tree-mc-sjd", dict(window=6, branch=3, depth=2, init="random", neighbours=""), TOPP_TEMP),
     ("tree-mc-sjd", dict(window=7, branch=6, depth=2), CFG_TOPK_TOPP),  # every token a candidate
-    ("tree-mc-sjd", dict(window=8, branch=3, depth=3, spine=True), TOPP_TEMP),
     ("sjd-pac", {}, CFG_TOPK_TOPP),
     ("sjd-pac", dict(window=10, branch=2, depth=3), TOPP_TEMP),
 ]
@@ -99,9 +98,6 @@ def test_tree_layout():
     assert layout.tree.depth[layout.main].tolist() == list(range(6))
     # a side node sees the main path only above its branch point
     assert layout.main_depth.tolist()[:7] == [0, 1, 0, 0, 2, 1, 1]
-    spine = tree_jacobi.DraftTree.build(16, 3, 3, spine=True)  # candidates of position 2 under the main path only
-    assert spine.tree.paths[:6] == ((0,), (1,), (2,), (0, 0), (0, 1), (0, 2))
-    assert spine.num_nodes == 16 and spine.main_length == 16 - 7 + 3 and spine.num_side == 4
 
 
 @pytest.mark.parametrize(
@@ -110,7 +106,7 @@ def test_tree_layout():
         (dict(branch=0), "branch must be an integer >= 1"),
         (dict(depth=0), "depth must be an integer >= 1"),
         (dict(window=1), "window must be an integer >= 2"),
-        (dict(window=8, branch=3, depth=3, spine=False), "13 nodes, more than the window of 8"),
+        (dict(window=8, branch=3, depth=3), "13 nodes, more than the window of 8"),
         (dict(branch=17, depth=2), "more candidates than the vocabulary has tokens"),
         (dict(depth=18, branch=1, window=40), "branches past the image's 16 tokens"),
         (dict(neighbours="left,below"), "unknown neighbour 'below'"),

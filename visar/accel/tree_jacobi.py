@@ -40,9 +40,9 @@ The two registered methods share this engine:
   if drawn from p without replacement; here they are drawn from the law they are verified under,
   so the method is exact (tests/test_tree_jacobi.py); upstream also decodes one image at a time.
 - `tree-mc-sjd`: the same engine with 2-D drafts (the token above for new slots; the left,
-  above, above-right and above-left tokens as candidates) and a "spine" tree whose later
-  positions branch under the main path only; its default shape (window 64, K = 4, D = 3) was
-  chosen on held-out seeds (docs/DEFAULTS.md).
+  above, above-right and above-left tokens as candidates); its default shape (window 64, K = 6,
+  D = 2: six candidates for the position after the commit, then a chain) was chosen on held-out
+  seeds (docs/DEFAULTS.md).
 
 Randomness: every image draws one fixed-size block of uniforms per pass from its own generator,
 so its tokens do not depend on the rest of its batch.
@@ -109,16 +109,11 @@ class DraftTree:
         return self.num_nodes - self.main_length
 
     @classmethod
-    def build(cls, window: int, branch: int, depth: int, spine: bool = False) -> DraftTree:
-        """spine: the candidates of positions 2 .. D - 1 hang under the main path only (1 + (D - 1) K
-        nodes) instead of under every node of the level above (SJD-PAC's product tree)."""
+    def build(cls, window: int, branch: int, depth: int) -> DraftTree:
         for name, value, minimum in (("window", window, 2), ("branch", branch, 1), ("depth", depth, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise VisarError(f"{name} must be an integer >= {minimum}, got {value!r}")
-        if spine:
-            paths = [(0,) * (d - 1) + (r,) for d in range(1, depth) for r in range(branch)]
-        else:
-            paths = [p for d in range(1, depth) for p in _rank_paths(branch, d)]
+        paths = [p for d in range(1, depth) for p in _rank_paths(branch, d)]
         tree_nodes = len(paths) + 1  # depths 0 .. D - 1, the root included
         if tree_nodes > window:
             raise VisarError(
@@ -505,11 +500,10 @@ def tree_mc_sjd(
     cond_mask: Tensor | None = None,
     progress: bool = False,
     window: int = 64,
-    branch: int = 4,
-    depth: int = 3,
+    branch: int = 6,
+    depth: int = 2,
     init: str | Callable = "above",
     neighbours: str = "left,above,above-right,above-left",
-    spine: bool = True,
 ) -> tuple[Tensor, dict]:
     """Coupled draft trees: SJD-PAC's tree after each commit, MC-SJD's coupled carry-over, 2-D drafts.
 
@@ -517,12 +511,10 @@ def tree_mc_sjd(
     of the first depth - 1 draft positions: the carried (or initialised) draft, then the known
     `neighbours` of the position not tried yet (one-hot laws; "left", "above", "above-left",
     "above-right", comma-separated, "" for none), then draws without replacement from the
-    carried draft's law; spine: the candidates of positions 2 .. depth - 1 hang under the main
-    path only (False: under every node of the level above, SJD-PAC's product tree); init: the
-    draft of a new slot ("above"). Defaults chosen on held-out seeds for passes and rows per pass
-    (docs/DEFAULTS.md).
+    carried draft's law; init: the draft of a new slot ("above"). Defaults chosen on held-out
+    seeds for passes and rows per pass (docs/DEFAULTS.md).
     """
-    layout = check_tree(model, window, branch, depth, spine)
+    layout = check_tree(model, window, branch, depth)
     if not isinstance(neighbours, str):
         raise VisarError(f"neighbours must be a comma-separated string such as 'left,above', got {neighbours!r}")
     names = tuple(n.strip() for n in neighbours.split(",") if n.strip())
@@ -542,10 +534,10 @@ def tree_mc_sjd(
     )
 
 
-def check_tree(model: RasterModel, window: int, branch: int, depth: int, spine: bool = False) -> DraftTree:
+def check_tree(model: RasterModel, window: int, branch: int, depth: int) -> DraftTree:
     """The draft tree of these options, or one clear VisarError (before any model call). A main path
     longer than the image is clipped to it (its extra nodes could only be padding)."""
-    layout = DraftTree.build(window, branch, depth, spine)
+    layout = DraftTree.build(window, branch, depth)
     if branch > model.vocab_size:
         raise VisarError(
             f"branch {branch} asks for more candidates than the vocabulary has tokens ({model.vocab_size})"
@@ -553,4 +545,4 @@ def check_tree(model: RasterModel, window: int, branch: int, depth: int, spine: 
     if depth - 1 > model.num_image_tokens:
         raise VisarError(f"depth {depth} branches past the image's {model.num_image_tokens} tokens: lower depth")
     longest = layout.num_nodes - layout.main_length + model.num_image_tokens + 1  # main path: root + N drafts
-    return DraftTree.build(longest, branch, depth, spine) if window > longest else layout
+    return DraftTree.build(longest, branch, depth) if window > longest else layout

@@ -15,6 +15,7 @@ the CLI's `main` in the quick tier, servers and longer runs in the slow one.
 """
 
 import errno
+import io
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -82,6 +84,21 @@ def opts(*lists) -> list[str]:
 
 
 RUN_RECORDS = {"stats.json", "summary.json"}  # this run's counts and timings (generated, reused, seconds)
+
+
+def assert_same_files(folder: Path, whole: Path, kind_name: str):
+    """A resumed run wrote the files of one uninterrupted run. MAR (continuous) samples float diffusion
+    chains whose rounding depends on the batch's shape under multi-threaded kernels (docs/MAR.md: its
+    batch invariance holds to 5e-5 of the scale), so its PNGs may differ by one level in a few pixels
+    between batch sizes (23 of 3 x 64 x 64 x 3 seen on 2 threads): they are compared by pixel there."""
+    got, want = files_of(folder), files_of(whole)
+    assert sorted(got) == sorted(want)
+    for key, data in want.items():
+        if kind_name == "continuous" and key.endswith(".png"):
+            a, b = (np.asarray(Image.open(io.BytesIO(d)), dtype=np.int16) for d in (got[key], data))
+            assert a.shape == b.shape and int(np.abs(a - b).max()) <= 1, key
+        else:
+            assert got[key] == data, key
 
 
 def files_of(folder: Path) -> dict[str, bytes]:
@@ -163,7 +180,7 @@ def test_an_interrupted_generate_resumes_to_the_files_of_one_run(kind, which, tm
     monkeypatch.undo()
     assert generate(model, method, out, *args, "--batch-size", "2") == 0
     assert json.loads((out / "stats.json").read_text())["reused"] == 1
-    assert files_of(out) == files_of(tmp_path / "whole")
+    assert_same_files(out, tmp_path / "whole", name)
 
 
 @pytest.mark.slow  # every kind; the quick tier checks one (test_a_full_disk_is_one_line_for_every_command)
@@ -219,7 +236,7 @@ def test_an_interrupted_eval_fid_resumes_to_the_files_of_one_run(kind, tmp_path,
     monkeypatch.undo()
     assert main([*fid_args(model, reference, out, cheap), "--batch-size", "2"]) == 0
     assert "1 images generated, 1 already there" in capsys.readouterr().out
-    assert files_of(out) == files_of(tmp_path / "whole")
+    assert_same_files(out, tmp_path / "whole", name)
 
 
 @pytest.mark.slow
@@ -268,7 +285,7 @@ def test_an_interrupted_eval_geneval_resumes_to_the_files_of_one_run(
     no_partial_files(out)
     monkeypatch.undo()
     assert main([*geneval_args(model, reference, out, cheap), *one_prompt]) == 0
-    assert files_of(out) == files_of(tmp_path / "whole")
+    assert_same_files(out, tmp_path / "whole", kind_name)
 
 
 def test_a_full_disk_is_one_line_for_every_command(tmp_path, monkeypatch, capsys, one_prompt):

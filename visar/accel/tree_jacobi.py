@@ -354,6 +354,46 @@ class TreePass:
         return self.scorer.target_probs(logits[:, width - 1 :])
 
 
+def draft_tree(
+    proposer: JacobiProposer,
+    state: DecodeState,
+    window: Window,
+    layout: DraftTree,
+    neighbours: tuple[str, ...],
+    uniforms: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """Every node's token and the law it was drawn from: [B, T], [B, T, V] (node 0: the root).
+
+    Candidate 0 of each position comes from the proposer (a carried draft or a new slot's); the
+    first D - 1 positions get K - 1 more (`without_replacement`, known neighbours first). A node
+    takes the candidate of its depth and rank (SJD-PAC's tree: the same candidates under every
+    parent). uniforms [B, (D - 1)(K - 1)].
+    """
+    branch, num_branching = layout.branch, layout.depth - 1
+    batch, device = state.committed.shape[0], state.committed.device
+    first_tokens, first_q = proposer.propose(state, window)  # [B, M - 1], [B, M - 1, V]
+    candidates = first_tokens[..., None].expand(-1, -1, branch).clone()  # [B, M - 1, K]
+    laws = first_q[:, :, None].expand(-1, -1, branch, -1).clone()
+    if branch > 1 and num_branching > 0:
+        fixed = None
+        if neighbours:
+            position = state.committed[:, None] + torch.arange(num_branching, device=device)
+            fixed = neighbour_candidates(proposer.canvas(state), position, state.grid_size[1], neighbours)
+        extra_tokens, extra_laws = without_replacement(
+            first_q[:, :num_branching],
+            first_tokens[:, :num_branching],
+            branch,
+            uniforms.view(batch, num_branching, branch - 1),
+            fixed,
+        )
+        candidates[:, :num_branching], laws[:, :num_branching] = extra_tokens, extra_laws
+    node_index = torch.where(layout.tree.depth > 0, layout.candidate + 1, 0)  # column 0: the root's
+    root = state.tokens.gather(1, (state.committed - 1).clamp(min=0)[:, None])
+    node_tokens = torch.cat([root, candidates.flatten(1)], 1)[:, node_index]
+    node_q = torch.cat([first_q[:, :1], laws.flatten(1, 2)], 1)[:, node_index]  # the root's law is unused
+    return node_tokens, node_q
+
+
 @torch.no_grad()
 def tree_jacobi_decode(
     model: RasterModel,
@@ -371,7 +411,6 @@ def tree_jacobi_decode(
     device = model.device
     batch, num_tokens = cond.shape[0], model.num_image_tokens
     main_len, num_nodes, branch = layout.main_length, layout.num_nodes, layout.branch
-    num_branching = layout.depth - 1  # positions with K candidates
     state = DecodeState(
         tokens=torch.zeros(batch, num_tokens + main_len + 1, dtype=torch.long, device=device),
         committed=torch.zeros(batch, dtype=torch.long, device=device),
@@ -386,10 +425,10 @@ def tree_jacobi_decode(
     log = DecodeLog(batch, model.grid_size, main_len, device)
     step = TreePass(scorer, layout)
     layout = layout.to(device)
-    node_candidate, node_depth, main = layout.candidate, layout.tree.depth, layout.main
+    node_depth, main = layout.tree.depth, layout.main
     columns = torch.arange(1, main_len + 1, device=device)
     # one block per image and pass: main drafts, extra candidates, node tests, main-path draws, the final draw
-    num_extra = num_branching * (branch - 1)
+    num_extra = (layout.depth - 1) * (branch - 1)
     num_uniforms = (main_len - 1) + num_extra + num_nodes + main_len + 1
     fed = torch.zeros(batch, dtype=torch.long, device=device)
     bar = tqdm(total=num_tokens, disable=not progress, desc="tree", leave=False)
@@ -407,28 +446,7 @@ def tree_jacobi_decode(
                 window_u[:, DRAFT, : main_len - 1] = draft_u
                 length = torch.where(active, main_len, 0)
                 window = Window(length, (length - 1).clamp(min=0), window_u, main_len - 1)
-                first_tokens, first_q = proposer.propose(state, window)  # [B, M - 1], [B, M - 1, V]
-                candidates = first_tokens[..., None].expand(-1, -1, branch).clone()  # [B, M - 1, K]
-                laws = first_q[:, :, None].expand(-1, -1, branch, -1).clone()
-                if branch > 1 and num_branching > 0:
-                    fixed = None
-                    if neighbours:
-                        canvas = proposer.canvas(state)
-                        position = state.committed[:, None] + torch.arange(num_branching, device=device)
-                        fixed = neighbour_candidates(canvas, position, state.grid_size[1], neighbours)
-                    extra_tokens, extra_laws = without_replacement(
-                        first_q[:, :num_branching],
-                        first_tokens[:, :num_branching],
-                        branch,
-                        extra_u.view(batch, num_branching, branch - 1),
-                        fixed,
-                    )
-                    candidates[:, :num_branching], laws[:, :num_branching] = extra_tokens, extra_laws
-                flat_tokens = torch.cat([first_tokens[:, :1], candidates.flatten(1)], 1)  # root placeholder first
-                node_index = torch.where(node_depth > 0, node_candidate + 1, 0)
-                node_tokens = flat_tokens[:, node_index]  # [B, T]
-                node_q = torch.cat([first_q[:, :1], laws.flatten(1, 2)], 1)[:, node_index]
-                node_tokens[:, 0] = state.tokens.gather(1, (state.committed - 1).clamp(min=0)[:, None])[:, 0]
+                node_tokens, node_q = draft_tree(proposer, state, window, layout, neighbours, extra_u)
 
                 probs = step.probs(state.tokens, fed, state.committed, node_tokens, first=scorer.forward_passes == 0)
                 valid = active[:, None] & (node_depth[None] <= (num_tokens - state.committed)[:, None])

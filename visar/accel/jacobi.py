@@ -51,6 +51,7 @@ from tqdm.auto import tqdm
 from ..errors import VisarError
 from ..models.base import RasterModel
 from .acceptance import SPECULATIVE, AcceptanceRule, gumbel_coupling, keyed_uniforms
+from .checks import check_number
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs, to_device
 from .scoring import GuidedScorer
 from .stats import DecodeLog
@@ -334,8 +335,7 @@ class DraftModelProposer:
 
 def check_spans(window, warmup, tail):
     for name, value, minimum in (("window", window, 1), ("warmup", warmup, 0), ("tail", tail, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise VisarError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        check_number(name, value, minimum, integer=True)
 
 
 def window_lengths(committed: Tensor, window: int, warmup: int, tail: int, num_tokens: int) -> Tensor:

@@ -60,6 +60,7 @@ from tqdm.auto import tqdm
 from ..errors import VisarError
 from ..models.base import RasterModel
 from .acceptance import speculative_residual
+from .checks import check_number
 from .jacobi import DRAFT, DecodeState, JacobiProposer, Window, image_keys, maximal_coupling_carry, resolve_initialiser
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
@@ -111,8 +112,7 @@ class DraftTree:
     @classmethod
     def build(cls, window: int, branch: int, depth: int) -> DraftTree:
         for name, value, minimum in (("window", window, 2), ("branch", branch, 1), ("depth", depth, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise VisarError(f"{name} must be an integer >= {minimum}, got {value!r}")
+            check_number(name, value, minimum, integer=True)
         paths = [p for d in range(1, depth) for p in _rank_paths(branch, d)]
         tree_nodes = len(paths) + 1  # depths 0 .. D - 1, the root included
         if tree_nodes > window:

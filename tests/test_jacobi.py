@@ -18,7 +18,7 @@ from conftest import TEST_DEVICE, law_samples
 from scipy.stats import chisquare
 
 import visar
-from visar.accel import METHODS, ar, get_method, jacobi
+from visar.accel import METHODS, ar, drafts, get_method, jacobi
 from visar.accel.acceptance import AcceptanceRule, lossless, speculative_accept
 from visar.accel.sampling import SamplingParams, logits_to_probs, make_generators, split_cfg
 from visar.accel.stats import COMMON_STATS
@@ -177,13 +177,13 @@ def test_joint_law_with_a_full_window_of_8(coupling):
     assert stats["draft_tokens_by_slot"][6] > 0  # the last draft slot of the window was verified
 
 
-def repeat_left_init(request: jacobi.FillRequest):
+def repeat_left_init(request: drafts.FillRequest):
     """A 2-D style initialiser through the canvas hook: copy the token to the left (q one-hot: the
     copy is determined by what the verifier has already seen), else a uniform token (q uniform)."""
     vocab = request.state.vocab_size
     left = request.canvas.gather(1, (request.draft_index - 1).clamp(min=0))
     known = (left >= 0) & (request.draft_index % request.state.grid_size[1] > 0)
-    random_tokens, uniform = jacobi.random_init(request)
+    random_tokens, uniform = drafts.random_init(request)
     tokens = torch.where(known, left, random_tokens)
     one_hot = torch.nn.functional.one_hot(tokens, vocab).float()
     return tokens, torch.where(known[..., None], one_hot, uniform)
@@ -207,7 +207,7 @@ def test_wrong_residual_is_detected(model):
         return target_probs
 
     params, label = TOPP_TEMP, 1
-    proposer = jacobi.JacobiProposer(jacobi.random_init, jacobi.independent_carry)
+    proposer = jacobi.JacobiProposer(drafts.random_init, jacobi.independent_carry)
     rule = AcceptanceRule(speculative_accept, from_target)
     cond = torch.full((law_samples(SAMPLES),), label, device=model.device)
     tokens, _ = jacobi.speculative_decode(

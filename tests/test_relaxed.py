@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from test_jacobi import all_sequences, compare_laws, exact_law, perturbed, sequence_index, tiny_llamagen
 
 import visar
-from visar.accel import METHODS, ar, get_method, jacobi, relaxed
+from visar.accel import METHODS, ar, drafts, get_method, jacobi, relaxed
 from visar.accel.acceptance import (
     AcceptanceRule,
     grouped_accept,
@@ -244,7 +244,7 @@ def lantern_runs(model):
             cond,
             CFG_TOPK,
             make_generators(SAMPLES, 7),
-            proposer(jacobi.random_init, jacobi.independent_carry),
+            proposer(drafts.random_init, jacobi.independent_carry),
             window=4,
             rule=rule,
         )

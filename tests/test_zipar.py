@@ -494,7 +494,7 @@ def test_initialisers_copy_their_neighbours():
     canvas[2, :4] = torch.tensor([1, 4, 3, 4])  # image 2: (1, 1) has the same token above and to the left
     index = torch.tensor([[4, 5, 6, 7], [1, 2, 3, -1], [4, -1, -1, -1]])
     uniforms = torch.tensor([[0.1, 0.7, 0.3, 0.9], [0.2, 0.6, 0.99, 0.5], [0.8, 0.1, 0.1, 0.1]])
-    request = jacobi.FillRequest(state, index, uniforms, canvas)
+    request = drafts.FillRequest(state, index, uniforms, canvas)
     uniform = torch.full((5,), 0.2)
 
     tokens, probs = drafts.above_init(request)
@@ -619,7 +619,7 @@ def test_methods_are_registered_with_their_options():
     ]
     assert METHODS["zipar-gsd"].takes_tokenizer and not METHODS["zipar-gsd"].lossless
     assert METHODS["wavefront"].options == [] and METHODS["wavefront"].lossless
-    assert {"above", "left", "above-left"} <= set(jacobi.INITIALISERS)
+    assert {"above", "left", "above-left"} <= set(drafts.INITIALISERS)
 
 
 def test_pipeline_and_cli(tmp_path):
@@ -690,7 +690,7 @@ def test_vectorised_above_fill_equals_the_slot_loop():
         index[torch.rand(batch, slots, generator=gen) < 0.2] = -1
         canvas.scatter_(1, index.clamp(min=0), torch.where(index >= 0, -1, canvas.gather(1, index.clamp(min=0))))
         state = SimpleNamespace(grid_size=(size // width + 1, width), vocab_size=vocab)
-        request = jacobi.FillRequest(state, index, torch.rand(batch, slots, generator=gen), canvas)
+        request = drafts.FillRequest(state, index, torch.rand(batch, slots, generator=gen), canvas)
         fast, loop = drafts.above_fill(request), drafts.neighbour_fill(request, True, False)
         assert torch.equal(fast[0], loop[0]) and torch.equal(fast[1], loop[1]), trial
         source = index - width

@@ -12,12 +12,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..models.base import RasterModel
+from .registry import register_method
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
 from .stats import DecodeLog
 
 
 @torch.no_grad()
+@register_method("ar", lossless=True, description="plain next-token sampling (the reference)")
 def generate(
     model: RasterModel,
     cond: Tensor,

@@ -57,6 +57,7 @@ from .mar import (
     predicted_positions,
     sample_step,
 )
+from .registry import register_method
 from .sampling import MAX_TEMPERATURE, MIN_TEMPERATURE
 from .stats import DecodeLog
 
@@ -315,6 +316,18 @@ class ImageDraws:
 
 
 @torch.no_grad()
+@register_method(
+    "cspd",
+    lossless=False,
+    description="continuous speculative decoding (Wang et al. 2024): a draft MAR (draft=) drafts num_draft steps, "
+    "the target verifies them in one pass; mode 'exact' keeps the target's law (max_tries=K bounds the residual "
+    "sampler at up to 1/(e K) in TV), 'relaxed' is upstream's lossy inner temperature",
+    model_kind="continuous",
+    needs_draft=True,
+    exact_when=is_exact,
+    exact_when_text="mode='exact' and max_tries=None (the default: an unbounded residual sampler)",
+    exact_example={"mode": "exact"},
+)
 def cspd(
     model,
     cond,

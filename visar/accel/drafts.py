@@ -1,8 +1,9 @@
-"""Training-free 2-D drafts for the speculative Jacobi engine: the token above, the token to the left.
+"""Draft initialisers of the speculative Jacobi engines: tokens for window slots no carried draft covers.
 
-Neighbouring image tokens are often equal (flat backgrounds, the inside of a shape), so a new
-window slot is better drafted by copying a neighbour than by a uniform token. Registered in
-`jacobi.INITIALISERS` (from `visar.accel`) as:
+Every Jacobi-style method's `init` option names one of `INITIALISERS`: "random" (a uniform
+token, q uniform) or a training-free 2-D draft. Neighbouring image tokens are often equal (flat
+backgrounds, the inside of a shape), so a new window slot is better drafted by copying a
+neighbour than by a uniform token:
 
 - "above": the token one row up; "left": the token one column to the left (never wrapping
   round a row end); either falls back to a uniform random token when that neighbour is unknown.
@@ -23,10 +24,44 @@ The test against the enumerated joint law (tests/test_zipar.py) holds for all th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from .jacobi import FillRequest, random_init
+from ..errors import VisarError
+
+
+@dataclass
+class DecodeState:
+    """What proposers read. B images, N image tokens, V vocabulary."""
+
+    tokens: Tensor  # [B, N + window] committed image tokens, valid below `committed` (the tail is scratch)
+    committed: Tensor  # [B] number of committed tokens of each image
+    keys: Tensor  # [B] one 32-bit key per image, for position-keyed noise
+    num_tokens: int
+    vocab_size: int
+    grid_size: tuple[int, int]
+    window: int  # the longest window (slots per pass)
+
+
+@dataclass
+class FillRequest:
+    """What an initialiser may look at. A 2-D initialiser (token above / to the left) reads the canvas."""
+
+    state: DecodeState
+    draft_index: Tensor  # [B, G] absolute image-token index of every draft slot
+    uniforms: Tensor  # [B, G] this iteration's draft uniforms of each image
+    canvas: Tensor  # [B, N + window] committed tokens and carried drafts at their indices, -1 elsewhere
+
+
+def random_init(request: FillRequest) -> tuple[Tensor, Tensor]:
+    """Uniform random tokens, with q = uniform (so acceptance is min(1, V p(x)))."""
+    vocab = request.state.vocab_size
+    tokens = (request.uniforms * vocab).long().clamp(max=vocab - 1)
+    probs = torch.full((*tokens.shape, vocab), 1.0 / vocab, device=tokens.device)
+    return tokens, probs
 
 
 def neighbour_fill(request: FillRequest, above: bool, left: bool) -> tuple[Tensor, Tensor]:
@@ -112,4 +147,19 @@ def above_left_init(request: FillRequest) -> tuple[Tensor, Tensor]:
     return neighbour_fill(request, above=True, left=True)
 
 
-SPATIAL_INITIALISERS = {"above": above_init, "left": left_init, "above-left": above_left_init}
+# Every Jacobi-style method's `init` option names one of these.
+INITIALISERS: dict[str, Callable[[FillRequest], tuple[Tensor, Tensor]]] = {
+    "random": random_init,
+    "above": above_init,
+    "left": left_init,
+    "above-left": above_left_init,
+}
+
+
+def resolve_initialiser(init) -> Callable:
+    """An `init` option (a name in INITIALISERS, or a callable taking a FillRequest) -> the initialiser."""
+    if callable(init):
+        return init
+    if not isinstance(init, str) or init not in INITIALISERS:
+        raise VisarError(f"unknown draft initialiser {init!r}; known: {', '.join(sorted(INITIALISERS))}")
+    return INITIALISERS[init]

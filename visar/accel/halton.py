@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..models.base import MaskedModel
 from .masked import keep_highest, unmask
+from .registry import register_method
 from .sampling import SamplingParams
 
 
@@ -47,6 +48,13 @@ def halton_order(height: int, width: int) -> tuple[int, ...]:
 
 
 @torch.no_grad()
+@register_method(
+    "halton",
+    lossless=False,
+    description="Halton-order unmasking (Besnier et al. 2025): a low-discrepancy order fixed in advance spreads "
+    "each step's tokens over the image, arccos schedule, `steps` passes",
+    model_kind="masked",
+)
 def halton(
     model: MaskedModel,
     cond: Tensor,

@@ -52,6 +52,8 @@ from ..errors import VisarError
 from ..models.base import RasterModel
 from .acceptance import SPECULATIVE, AcceptanceRule, gumbel_coupling, keyed_uniforms
 from .checks import check_number
+from .drafts import DecodeState, FillRequest, resolve_initialiser
+from .registry import register_method
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs, to_device
 from .scoring import GuidedScorer
 from .stats import DecodeLog
@@ -60,19 +62,6 @@ from .stats import DecodeLog
 ACCEPT, RESIDUAL, CARRY, DRAFT = range(4)
 NUM_PURPOSES = 4
 GUMBEL_NOISE = 1  # purpose id of the position-keyed Gumbel noise
-
-
-@dataclass
-class DecodeState:
-    """What proposers read. B images, N image tokens, V vocabulary."""
-
-    tokens: Tensor  # [B, N + window] committed image tokens, valid below `committed` (the tail is scratch)
-    committed: Tensor  # [B] number of committed tokens of each image
-    keys: Tensor  # [B] one 32-bit key per image, for position-keyed noise
-    num_tokens: int
-    vocab_size: int
-    grid_size: tuple[int, int]
-    window: int  # the longest window (slots per pass)
 
 
 @dataclass
@@ -104,30 +93,6 @@ class Proposer(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-# -- draft initialisers: tokens for window slots no carried draft covers ------------------------------
-
-
-@dataclass
-class FillRequest:
-    """What an initialiser may look at. A 2-D initialiser (token above / to the left) reads the canvas."""
-
-    state: DecodeState
-    draft_index: Tensor  # [B, G] absolute image-token index of every draft slot
-    uniforms: Tensor  # [B, G] this iteration's draft uniforms of each image
-    canvas: Tensor  # [B, N + window] committed tokens and carried drafts at their indices, -1 elsewhere
-
-
-def random_init(request: FillRequest) -> tuple[Tensor, Tensor]:
-    """Uniform random tokens, with q = uniform (so acceptance is min(1, V p(x)))."""
-    vocab = request.state.vocab_size
-    tokens = (request.uniforms * vocab).long().clamp(max=vocab - 1)
-    probs = torch.full((*tokens.shape, vocab), 1.0 / vocab, device=tokens.device)
-    return tokens, probs
-
-
-INITIALISERS: dict[str, Callable[[FillRequest], tuple[Tensor, Tensor]]] = {"random": random_init}
 
 
 # -- carry-over updaters: the next drafts from this pass's p and slot outputs -------------------------
@@ -486,14 +451,11 @@ def speculative_decode(
 # -- the registered methods ----------------------------------------------------------------------------
 
 
-def resolve_initialiser(init) -> Callable:
-    if callable(init):
-        return init
-    if not isinstance(init, str) or init not in INITIALISERS:
-        raise VisarError(f"unknown draft initialiser {init!r}; known: {', '.join(sorted(INITIALISERS))}")
-    return INITIALISERS[init]
-
-
+@register_method(
+    "sjd",
+    lossless=True,
+    description="speculative Jacobi decoding (Teng et al. 2024), per-image commits, exact at any batch size",
+)
 def sjd(
     model,
     cond: Tensor,
@@ -530,6 +492,11 @@ def sjd(
     )
 
 
+@register_method(
+    "mc-sjd",
+    lossless=True,
+    description="coupled speculative Jacobi decoding (So et al. 2025): maximal or Gumbel coupling of drafts",
+)
 def mc_sjd(
     model,
     cond: Tensor,
@@ -603,6 +570,12 @@ def check_draft(model: RasterModel, draft, method: str = "spec") -> RasterModel:
     return draft
 
 
+@register_method(
+    "spec",
+    lossless=True,
+    description="speculative sampling with a draft model of the same family (draft=name, folder or model)",
+    needs_draft=True,
+)
 def spec(
     model: RasterModel,
     cond: Tensor,

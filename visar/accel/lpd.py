@@ -29,6 +29,7 @@ from ..errors import VisarError
 from ..models.base import MaskedModel
 from .masked import check_steps, keep_highest, reveal_counts, unmask
 from .maskgit import confidence, noise_temperatures
+from .registry import register_method
 from .sampling import SamplingParams
 
 
@@ -111,6 +112,13 @@ def order_priority(orders: list[list[int]], device) -> Tensor:
 
 
 @torch.no_grad()
+@register_method(
+    "lpd-order",
+    lossless=False,
+    description="LPD's locality-aware order (Zhang et al. 2025) drawn per image: each step's tokens near decoded "
+    "ones and apart from each other, farthest-point fallback, `steps` passes",
+    model_kind="masked",
+)
 def lpd_order_method(
     model: MaskedModel,
     cond: Tensor,
@@ -150,6 +158,13 @@ def lpd_order_method(
 
 
 @torch.no_grad()
+@register_method(
+    "lpd-confidence",
+    lossless=False,
+    description="MaskGIT confidence ranked inside LPD's locality rule (near decoded tokens, repulsion within the "
+    "step, farthest-point fallback), `steps` passes",
+    model_kind="masked",
+)
 def lpd_confidence(
     model: MaskedModel,
     cond: Tensor,

@@ -24,6 +24,7 @@ from torch import Tensor
 from ..errors import VisarError
 from ..models.base import BlockReuse, diffusion_step
 from .checks import check_choice, check_number
+from .registry import register_method
 from .stats import DecodeLog
 
 
@@ -268,6 +269,12 @@ def draw_orders(generators, num_tokens: int, device) -> Tensor:
 
 
 @torch.no_grad()
+@register_method(
+    "mar",
+    lossless=True,
+    description="plain MAR sampling (Li et al. 2024): random order, cosine mask schedule, diffusion head",
+    model_kind="continuous",
+)
 def mar(
     model,
     cond,

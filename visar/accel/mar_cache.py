@@ -17,6 +17,7 @@ from torch import Tensor
 
 from .checks import check_number
 from .mar import PositionNoise, check_loop, check_params, draw_orders, sample_tokens
+from .registry import register_method
 from .stats import DecodeLog
 
 
@@ -54,6 +55,20 @@ class TokenReuse:
 
 
 @torch.no_grad()
+def is_exact(options: dict, model) -> bool:
+    return options.get("token_threshold") == 0 and options.get("null_interval") == 1
+
+
+@register_method(
+    "mar-cache",
+    lossless=False,
+    description="MAR with LazyMAR-style reuse across steps: decoder-block features of tokens whose inputs barely "
+    "change (token_threshold) and the null condition of guidance (null_interval)",
+    model_kind="continuous",
+    exact_when=is_exact,
+    exact_when_text="token_threshold=0 and null_interval=1",
+    exact_example={"token_threshold": 0.0, "null_interval": 1},
+)
 def mar_cache(
     model,
     cond,
@@ -95,7 +110,3 @@ def mar_cache(
     )
     reused = reuse.reused / reuse.seen if reuse is not None and reuse.seen else 0.0
     return tokens, {**log.stats(num_iter), "num_iter": num_iter, "reused_token_fraction": reused}
-
-
-def is_exact(options: dict, model) -> bool:
-    return options.get("token_threshold") == 0 and options.get("null_interval") == 1

@@ -24,6 +24,7 @@ from ..errors import VisarError
 from ..models.base import MaskedModel
 from .checks import check_number
 from .masked import check_steps, gumbel_noise, keep_highest, unmask
+from .registry import register_method
 from .sampling import SamplingParams
 
 MAX_CHOICE_TEMPERATURE = 1e4  # the Gumbel noise's scale on log-probabilities; beyond it only noise orders
@@ -54,6 +55,13 @@ def confidence(probs: Tensor, sampled: Tensor, known: Tensor, tau: Tensor, gener
 
 
 @torch.no_grad()
+@register_method(
+    "maskgit",
+    lossless=False,
+    description="MaskGIT confidence unmasking (Chang et al. 2022) as aMUSEd runs it: cosine mask schedule, "
+    "annealed Gumbel noise on the drawn tokens' log-probabilities, `steps` passes",
+    model_kind="masked",
+)
 def maskgit(
     model: MaskedModel,
     cond: Tensor,

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from ..errors import VisarError
 from ..models.base import NextScaleModel, model_kind
 from ..tokenizers.base import MultiScaleTokenizer
+from .registry import register_method
 from .sampling import SamplingParams, cfg_mix, draw_uniforms, logits_to_probs, sample_from_probs
 from .timing import synchronized_clock
 
@@ -174,6 +175,12 @@ def scale_stats(
 
 
 @torch.no_grad()
+@register_method(
+    "var",
+    lossless=True,
+    description="plain next-scale sampling (the reference for VAR models): one pass per scale, KV cache",
+    model_kind="next-scale",
+)
 def var(
     model: NextScaleModel,
     cond: Tensor,
@@ -224,6 +231,23 @@ def check_refiner(model: NextScaleModel, refiner, draft_scales: int | None) -> i
 
 
 @torch.no_grad()
+def code_is_exact(options: dict, model) -> bool:
+    """Every scale drafted, none pruned: the drafter (this model) alone."""
+    scales = len(model.scale_sizes)
+    return options.get("draft_scales") == scales and prune_is_exact({"keep_fraction": 1.0, **options}, model)
+
+
+@register_method(
+    "code",
+    lossless=False,
+    description="collaborative decoding (CoDe, Chen et al. 2025): this model drafts the first draft_scales "
+    "scales, a smaller refiner (draft=) prefills them in one pass and decodes the rest; keep_fraction < 1 adds "
+    "var-prune's token pruning at the prune_scales",
+    model_kind="next-scale",
+    exact_when=code_is_exact,
+    exact_when_text="draft_scales = the number of scales and keep_fraction=1",
+    needs_draft=True,
+)
 def code(
     model: NextScaleModel,
     cond: Tensor,
@@ -280,12 +304,6 @@ def code(
     return state.tokens, stats
 
 
-def code_is_exact(options: dict, model) -> bool:
-    """Every scale drafted, none pruned: the drafter (this model) alone."""
-    scales = len(model.scale_sizes)
-    return options.get("draft_scales") == scales and prune_is_exact({"keep_fraction": 1.0, **options}, model)
-
-
 # -- FastVAR cached token pruning ------------------------------------------------------------------------
 
 
@@ -311,6 +329,20 @@ def pruned_scales(prune_scales: int | list[int], num_scales: int) -> set[int]:
 
 
 @torch.no_grad()
+def prune_is_exact(options: dict, model) -> bool:
+    return options.get("keep_fraction", 0) >= 1 or options.get("prune_scales") in (0, [])
+
+
+@register_method(
+    "var-prune",
+    lossless=False,
+    description="FastVAR cached token pruning (Guo et al. 2025): at the largest scales only keep_fraction of "
+    "the tokens go through the transformer, the rest reuse the previous scale's outputs",
+    model_kind="next-scale",
+    exact_when=prune_is_exact,
+    exact_when_text="keep_fraction=1",
+    exact_example={"keep_fraction": 1.0},
+)
 def var_prune(
     model: NextScaleModel,
     cond: Tensor,
@@ -345,7 +377,3 @@ def var_prune(
     stats = scale_stats(start, model, cond.shape[0], scorer)
     stats.update(keep_fraction=keep_fraction, pruned_scales=sorted(chosen))
     return state.tokens, stats
-
-
-def prune_is_exact(options: dict, model) -> bool:
-    return options.get("keep_fraction", 0) >= 1 or options.get("prune_scales") in (0, [])

@@ -68,7 +68,8 @@ from .acceptance import (
     speculative_accept,
     speculative_residual,
 )
-from .checks import check_number  # noqa: F401  (zipar imports it from here)
+from .checks import check_number
+from .drafts import resolve_initialiser
 from .jacobi import (
     CARRIES,
     DraftModelProposer,
@@ -77,9 +78,9 @@ from .jacobi import (
     check_draft,
     check_spans,
     independent_carry,
-    resolve_initialiser,
     speculative_decode,
 )
+from .registry import register_method
 from .sampling import SamplingParams
 
 LANTERN_FORMS: dict[str, Callable] = {"bounded": lantern_relax_bounded, "paper": lantern_relax_per_draft}
@@ -197,6 +198,20 @@ def jacobi_or_draft_proposer(model, cond, cond_mask, params, draft, init, coupli
 # -- the registered methods -----------------------------------------------------------------------------
 
 
+def gsd_is_exact(options: dict, model) -> bool:
+    """Groups of one: the grouped test is the speculative test, and gsd is sjd."""
+    return options["group_size"] == 1
+
+
+@register_method(
+    "gsd",
+    lossless=False,
+    description="grouped speculative Jacobi decoding (So et al. 2025): accepts a draft by its group of "
+    "visually equivalent tokens",
+    exact_when=gsd_is_exact,
+    exact_when_text="group_size=1",
+    exact_example={"group_size": 1},
+)
 def gsd(
     model,
     cond: Tensor,
@@ -248,6 +263,20 @@ def gsd(
     return tokens, {**stats, "group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
 
 
+def lantern_is_exact(options: dict, model) -> bool:
+    """No mass moved: p~ = p, and lantern is sjd, mc-sjd or spec by its drafts."""
+    return options["delta"] == 0
+
+
+@register_method(
+    "lantern",
+    lossless=False,
+    description="LANTERN relaxed speculative decoding (Jang et al. 2025): mass of the draft's codebook "
+    "neighbours moved onto it, output within TV delta of the target per position",
+    exact_when=lantern_is_exact,
+    exact_when_text="delta=0",
+    exact_example={"delta": 0.0},
+)
 def lantern(
     model,
     cond: Tensor,
@@ -308,6 +337,21 @@ def lantern(
     return tokens, {**stats, "delta": delta, "k": table.shape[1], "form": form, "coupling": used}
 
 
+def lantern_pp_is_exact(options: dict, model) -> bool:
+    """A cap of 1 (or no budget) moves no mass: the tree is verified against p (EAGLE's lossless trees)."""
+    return options["lambda_cap"] == 1 or options["delta"] == 0
+
+
+@register_method(
+    "lantern++",
+    lossless=False,
+    description="LANTERN++ (Jang et al. 2025): a static draft tree from a draft model (draft=), verified in one "
+    "pass with tree attention, LANTERN's relaxed test with a multiplicative cap",
+    exact_when=lantern_pp_is_exact,
+    exact_when_text="lambda_cap=1 or delta=0",
+    exact_example={"lambda_cap": 1.0},
+    needs_draft=True,
+)
 def lantern_pp(
     model,
     cond: Tensor,
@@ -358,18 +402,3 @@ def lantern_pp(
 
 
 # -- the settings at which a relaxed method is exact (visar.accel.Method.exact_when) ----------------------
-
-
-def gsd_is_exact(options: dict, model) -> bool:
-    """Groups of one: the grouped test is the speculative test, and gsd is sjd."""
-    return options["group_size"] == 1
-
-
-def lantern_is_exact(options: dict, model) -> bool:
-    """No mass moved: p~ = p, and lantern is sjd, mc-sjd or spec by its drafts."""
-    return options["delta"] == 0
-
-
-def lantern_pp_is_exact(options: dict, model) -> bool:
-    """A cap of 1 (or no budget) moves no mass: the tree is verified against p (EAGLE's lossless trees)."""
-    return options["lambda_cap"] == 1 or options["delta"] == 0

@@ -61,7 +61,9 @@ from ..errors import VisarError
 from ..models.base import RasterModel
 from .acceptance import speculative_residual
 from .checks import check_number
-from .jacobi import DRAFT, DecodeState, JacobiProposer, Window, image_keys, maximal_coupling_carry, resolve_initialiser
+from .drafts import resolve_initialiser
+from .jacobi import DRAFT, DecodeState, JacobiProposer, Window, image_keys, maximal_coupling_carry
+from .registry import register_method
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
 from .stats import DecodeLog
@@ -483,6 +485,12 @@ def tree_jacobi_decode(
     }
 
 
+@register_method(
+    "sjd-pac",
+    lossless=True,
+    description="SJD-PAC (Kang et al. 2026): a K-ary draft tree after each commit, a chain to the window, every "
+    "slot verified; candidates drawn from the law they are verified under, exact at any batch size",
+)
 def sjd_pac(
     model: RasterModel,
     cond: Tensor,
@@ -509,6 +517,12 @@ def sjd_pac(
     )
 
 
+@register_method(
+    "tree-mc-sjd",
+    lossless=True,
+    description="coupled draft trees: SJD-PAC's tree verified by recursive rejection, MC-SJD's coupled "
+    "carry-over and 2-D drafts for new slots, exact at any batch size",
+)
 def tree_mc_sjd(
     model: RasterModel,
     cond: Tensor,

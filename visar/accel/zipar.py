@@ -34,7 +34,7 @@ Jacobi fronts (`zipar-sjd`, `zipar-mc-sjd`, `zipar-gsd`). Each front runs a spec
 window along its row: its last generated token then drafts for the next columns, clipped at the
 row end and so that (r, c) is still predicted only once row r - 1 has min(c + s, W) tokens. A
 front's drafts are visible to its own later slots only. Each front verifies with an acceptance
-rule and commits 1..L tokens on its own; drafts come from `jacobi.INITIALISERS` (the row above is
+rule and commits 1..L tokens on its own; drafts come from `drafts.INITIALISERS` (the row above is
 already generated, so "above" is the natural 2-D draft) and are carried with jacobi.py's
 updaters. With the speculative test (sjd, mc-sjd) a front samples exactly its own masked
 conditional, so the combination approximates what zipar approximates, at the contexts the fronts
@@ -80,6 +80,8 @@ from ..errors import VisarError
 from ..models.base import RasterModel
 from ..models.lag_mask import check_lag
 from .acceptance import SPECULATIVE, AcceptanceRule, grouped_accept, lossless, speculative_residual
+from .checks import check_number
+from .drafts import FillRequest, random_init, resolve_initialiser
 from .jacobi import (
     ACCEPT,
     CARRY,
@@ -88,15 +90,13 @@ from .jacobi import (
     RESIDUAL,
     CarryRequest,
     DecodeState,
-    FillRequest,
     carry_updater,
     check_spans,
     image_keys,
     independent_carry,
-    random_init,
-    resolve_initialiser,
 )
-from .relaxed import check_number, codebook_of
+from .registry import register_method
+from .relaxed import codebook_of
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs, to_device
 from .scoring import GuidedScorer
 from .stats import DecodeLog
@@ -542,6 +542,21 @@ def decode_fronts(
 # -- the registered methods --------------------------------------------------------------------------------
 
 
+def covers_rows(options: dict, model) -> bool:
+    """s >= W: a row starts only once the row above is complete, so every token sees its raster
+    context (zipar is plain AR; Jacobi fronts sample the exact law)."""
+    return options["s"] >= token_grid(model, "zipar")[1]
+
+
+@register_method(
+    "zipar",
+    lossless=False,
+    description="ZipAR next-set decoding (He et al. 2025): row r+1 starts once row r has s tokens, every row "
+    "front advances in one pass, W + (H-1)s passes (unfinished rows above are not seen)",
+    exact_when=covers_rows,
+    exact_when_text="s >= the grid width",
+    exact_example={"s": 1024},
+)
 def zipar(
     model,
     cond: Tensor,
@@ -561,6 +576,14 @@ def zipar(
     return decode_fronts(model, cond, params, generators, s=s, cond_mask=cond_mask, progress=progress)
 
 
+@register_method(
+    "zipar-sjd",
+    lossless=False,
+    description="zipar whose row fronts each run a speculative Jacobi window",
+    exact_when=covers_rows,
+    exact_when_text="s >= the grid width",
+    exact_example={"s": 1024},
+)
 def zipar_sjd(
     model,
     cond: Tensor,
@@ -601,6 +624,14 @@ def zipar_sjd(
     )
 
 
+@register_method(
+    "zipar-mc-sjd",
+    lossless=False,
+    description="zipar whose row fronts each run a coupled speculative Jacobi window",
+    exact_when=covers_rows,
+    exact_when_text="s >= the grid width",
+    exact_example={"s": 1024},
+)
 def zipar_mc_sjd(
     model,
     cond: Tensor,
@@ -640,6 +671,19 @@ def zipar_mc_sjd(
     return tokens, {**stats, "coupling": coupling}
 
 
+def covers_rows_in_groups_of_one(options: dict, model) -> bool:
+    """zipar-gsd: s >= W, and groups of one (the speculative test)."""
+    return covers_rows(options, model) and options["group_size"] == 1
+
+
+@register_method(
+    "zipar-gsd",
+    lossless=False,
+    description="zipar whose row fronts each run a GSD window (grouped acceptance)",
+    exact_when=covers_rows_in_groups_of_one,
+    exact_when_text="s >= the grid width and group_size=1",
+    exact_example={"s": 1024, "group_size": 1},
+)
 def zipar_gsd(
     model,
     cond: Tensor,
@@ -690,6 +734,12 @@ def zipar_gsd(
     return tokens, {**stats, "group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
 
 
+@register_method(
+    "wavefront",
+    lossless=True,
+    description="exact wavefront decoding for models that declare local dependence (model.dependency_reach)",
+    requires=("dependency_reach",),
+)
 def wavefront(
     model,
     cond: Tensor,
@@ -720,14 +770,3 @@ def wavefront(
 
 
 # -- the settings at which a zipar method is exact (visar.accel.Method.exact_when) -----------------------
-
-
-def covers_rows(options: dict, model) -> bool:
-    """s >= W: a row starts only once the row above is complete, so every token sees its raster
-    context (zipar is plain AR; Jacobi fronts sample the exact law)."""
-    return options["s"] >= token_grid(model, "zipar")[1]
-
-
-def covers_rows_in_groups_of_one(options: dict, model) -> bool:
-    """zipar-gsd: s >= W, and groups of one (the speculative test)."""
-    return covers_rows(options, model) and options["group_size"] == 1

@@ -1,0 +1,125 @@
+"""The registry of decoding methods: each method registers itself beside its code with `@register_method`.
+
+A method is a function `fn(model, cond, params, generators, *, cond_mask=None, progress=False,
+**options) -> (tokens, stats)`: `model` implements the interface of the kind the method decodes
+(`visar.models.base`, e.g. `RasterModel`), tokens are [B, N] for raster models and a list of
+[B, pn, pn] token maps (one per scale) for next-scale models, and stats hold
+`stats.COMMON_STATS`. Its keyword options are what `Pipeline.generate` and the CLI accept for it.
+Anything the method must not resolve itself (a draft given by name, the tokenizer) is resolved by
+the pipeline before the call.
+
+Lossless is a property of the options: a method registered lossy may name the settings at which
+it is exact (`exact_when`, e.g. gsd with group_size=1 is sjd); `Method.is_lossless(options, model)`
+says which, and tests/test_conformance.py checks each such claim against the exact law.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import VisarError
+from ..models.base import model_kind
+
+# Arguments every method takes from the caller, not from the user; `tokenizer` is handed over by
+# Pipeline.generate to methods that compare tokens by their code vectors.
+CALLER_ARGUMENTS = {"model", "cond", "params", "generators", "cond_mask", "progress", "tokenizer"}
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    fn: Callable
+    lossless: bool  # exact at every setting of its options
+    description: str
+    model_kind: str = "raster"  # the model interface it decodes (visar.models.base)
+    # (options with defaults filled in, model) -> exact at these settings; with `exact_when_text`
+    # saying which, and `exact_example`, options that make it exact on any model (for the tests).
+    exact_when: Callable[[dict, object], bool] | None = None
+    exact_when_text: str = ""
+    exact_example: dict = field(default_factory=dict)
+    needs_draft: bool = False  # drafts with a second model of the same family (option `draft`)
+    requires: tuple[str, ...] = ()  # model attributes it needs beyond its kind's interface
+
+    @property
+    def options(self) -> list[str]:
+        return [p for p in inspect.signature(self.fn).parameters if p not in CALLER_ARGUMENTS]
+
+    @property
+    def defaults(self) -> dict:
+        parameters = inspect.signature(self.fn).parameters
+        return {name: parameters[name].default for name in self.options}
+
+    @property
+    def takes_tokenizer(self) -> bool:
+        return "tokenizer" in inspect.signature(self.fn).parameters
+
+    @property
+    def lossless_label(self) -> str:
+        """ "lossless", "lossy", or "lossy (exact when ...)" for listings."""
+        if self.lossless:
+            return "lossless"
+        return f"lossy (exact when {self.exact_when_text})" if self.exact_when else "lossy"
+
+    def is_lossless(self, options: dict, model) -> bool:
+        """Whether the method samples the model's exact law with these options on this model."""
+        if self.lossless:
+            return True
+        return self.exact_when is not None and bool(self.exact_when({**self.defaults, **options}, model))
+
+    def check_options(self, options: dict):
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            known = ", ".join(self.options) or "none"
+            raise VisarError(f"unknown option(s) {unknown} for method {self.name!r}; its options: {known}")
+
+    def check_model(self, model):
+        """One clear error when the model is not of the kind this method decodes."""
+        kind = model_kind(model)
+        if kind != self.model_kind:
+            what = f"a {kind} model" if kind else "a model of no declared kind (no model_kind)"
+            raise VisarError(
+                f"method {self.name!r} decodes {self.model_kind} models; {type(model).__name__} is {what}: "
+                f"see `visar methods` for the methods of each kind"
+            )
+        missing = [name for name in self.requires if getattr(model, name, None) is None]
+        if missing:
+            raise VisarError(
+                f"method {self.name!r} needs a model that declares {', '.join(missing)}; "
+                f"{type(model).__name__} does not (see `visar methods`)"
+            )
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register_method(name: str, *, lossless: bool, description: str, **properties) -> Callable[[Callable], Callable]:
+    """Decorator: register the decorated function as decoding method `name` (`Method`'s fields as keywords)."""
+
+    def register(fn: Callable) -> Callable:
+        if name in METHODS:
+            raise VisarError(f"method {name!r} is registered twice")
+        METHODS[name] = Method(name, fn, lossless, description, **properties)
+        return fn
+
+    return register
+
+
+def get_method(name: str) -> Method:
+    if not isinstance(name, str) or name not in METHODS:
+        raise VisarError(f"unknown method {name!r}; available: {', '.join(sorted(METHODS))}")
+    return METHODS[name]
+
+
+def list_methods() -> list[str]:
+    return sorted(METHODS)
+
+
+# The method each kind's accelerated methods are compared with, and what a command runs without --method.
+REFERENCE_METHODS = {"raster": "ar", "next-scale": "var", "masked": "maskgit", "continuous": "mar"}
+
+
+def reference_method(model) -> str:
+    """The reference decoding of the model's kind: plain AR, plain next-scale (VAR), MaskGIT's loop, plain MAR."""
+    return REFERENCE_METHODS.get(model_kind(model), "ar")

@@ -92,6 +92,50 @@ class AcceptanceRule:
 SPECULATIVE = AcceptanceRule(speculative_accept, speculative_residual)
 
 
+@dataclass
+class SlotVerdict:
+    """Every slot's output after verification (`verify_slots`)."""
+
+    tokens: Tensor  # [B, L] its draft if accepted, else a draw from the residual (from p where it has no draft)
+    accept: Tensor  # [B, G] bool: the slot's draft passed its test
+    laws: Tensor  # [B, L, V] the law each token follows: p, or a relaxed rule's p~ at a drafted slot
+
+
+def verify_slots(
+    rule: AcceptanceRule,
+    target_probs: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Tensor,
+    has_draft: Tensor,
+    accept_uniforms: Tensor,
+    draw_uniforms: Tensor,
+) -> SlotVerdict:
+    """Verify every drafted slot of a pass at once, each on its own test (the caller decides which
+    outputs commit: the run of leading accepts, for a Jacobi window or a zipar front).
+
+    target_probs [B, L, V]; the first G <= L slots may hold drafts: draft_tokens [B, G], draft_probs
+    [B, G, V] (the law each was drawn from), has_draft [B, G]; accept_uniforms [B, G] and
+    draw_uniforms [B, L] are the slots' test and draw uniforms. A slot with a draft outputs it if
+    accepted, else a draw from `rule.residual`; a slot without one draws from p.
+    """
+    num_drafted = draft_tokens.shape[1]
+    drafted_p = target_probs[:, :num_drafted]
+    # A relaxed rule (LANTERN) verifies against p~; slots without a draft keep p.
+    verified_p = drafted_p if rule.relax is None else rule.relax(drafted_p, draft_probs, draft_tokens)
+    accept = has_draft & rule.accept(verified_p, draft_probs, draft_tokens, accept_uniforms)
+    residual = torch.where(has_draft[..., None], rule.residual(verified_p, draft_probs), drafted_p)
+    undrafted_p = target_probs[:, num_drafted:]
+    slot_probs = residual if undrafted_p.shape[1] == 0 else torch.cat([residual, undrafted_p], 1)
+    drawn = sample_from_probs(slot_probs, draw_uniforms)
+    tokens = torch.where(accept, draft_tokens, drawn[:, :num_drafted])
+    if undrafted_p.shape[1] > 0:
+        tokens = torch.cat([tokens, drawn[:, num_drafted:]], 1)
+    laws = target_probs
+    if rule.relax is not None:  # the verified slots follow p~, not p: a coupled carry must record that
+        laws = torch.cat([torch.where(has_draft[..., None], verified_p, drafted_p), undrafted_p], 1)
+    return SlotVerdict(tokens, accept, laws)
+
+
 @lossless(True)
 def maximal_coupling(
     target_probs: Tensor,

@@ -50,7 +50,7 @@ from tqdm.auto import tqdm
 
 from ..errors import VisarError
 from ..models.base import RasterModel
-from .acceptance import SPECULATIVE, AcceptanceRule, gumbel_coupling, keyed_uniforms
+from .acceptance import SPECULATIVE, AcceptanceRule, gumbel_coupling, keyed_uniforms, verify_slots
 from .checks import check_number
 from .drafts import DecodeState, FillRequest, resolve_initialiser
 from .registry import register_method
@@ -68,7 +68,7 @@ GUMBEL_NOISE = 1  # purpose id of the position-keyed Gumbel noise
 class Window:
     """The shape of one iteration and the randomness each image drew for it."""
 
-    window_len: Tensor  # [B] slots scored for each image: 1 (plain AR step) .. window, 0 when done
+    window_len: Tensor  # [B] slots scored for each image: 1 (a plain AR step) .. window, 0 when done
     num_drafts: Tensor  # [B] window_len - 1 (0 for done images)
     uniforms: Tensor  # [B, 4, window]: rows ACCEPT, RESIDUAL, CARRY, DRAFT
     max_drafts: int  # G, the draft slots of the pass (padding past an image's own num_drafts)
@@ -351,26 +351,18 @@ class Verdict:
 
 
 def verify_window(
-    rule: AcceptanceRule, target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor, step: Window
+    rule: AcceptanceRule, target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor, pass_window: Window
 ) -> Verdict:
-    """Verify every drafted slot at once; only the run of leading accepts commits. Each slot's
-    output is its draft if accepted, else a draw from the residual (from p at the bonus slot)."""
-    num_drafts = step.max_drafts
-    has_draft = torch.arange(num_drafts, device=draft_tokens.device) < step.num_drafts[:, None]  # [B, G]
-    drafted_p = target_probs[:, :num_drafts]
-    # A relaxed rule (LANTERN) verifies against p~; the bonus slot and an independent carry keep p.
-    verified_p = drafted_p if rule.relax is None else rule.relax(drafted_p, draft_probs, draft_tokens)
-    accept = rule.accept(verified_p, draft_probs, draft_tokens, step.uniforms[:, ACCEPT, :num_drafts])
-    accept &= has_draft
-    residual = torch.where(has_draft[..., None], rule.residual(verified_p, draft_probs), drafted_p)
-    slot_probs = torch.cat([residual, target_probs[:, num_drafts:]], 1)
-    drawn = sample_from_probs(slot_probs, step.uniforms[:, RESIDUAL, : num_drafts + 1])
-    slot_tokens = torch.cat([torch.where(accept, draft_tokens, drawn[:, :num_drafts]), drawn[:, num_drafts:]], 1)
-    slot_laws = target_probs
-    if rule.relax is not None:  # the verified slots follow p~, not p: a coupled carry must record that
-        verified_law = torch.where(has_draft[..., None], verified_p, drafted_p)
-        slot_laws = torch.cat([verified_law, target_probs[:, num_drafts:]], 1)
-    return Verdict(slot_tokens, slot_laws, has_draft, accept.long().cumprod(1).sum(1))
+    """Verify every drafted slot at once (`acceptance.verify_slots`); only the run of leading
+    accepts commits, with one token more (a residual draw, or a draw from p at the bonus slot)."""
+    num_drafts = pass_window.max_drafts
+    has_draft = torch.arange(num_drafts, device=draft_tokens.device) < pass_window.num_drafts[:, None]  # [B, G]
+    uniforms = pass_window.uniforms
+    verdict = verify_slots(
+        rule, target_probs, draft_tokens, draft_probs, has_draft, uniforms[:, ACCEPT, :num_drafts],
+        uniforms[:, RESIDUAL, : num_drafts + 1],
+    )  # fmt: skip
+    return Verdict(verdict.tokens, verdict.laws, has_draft, verdict.accept.long().cumprod(1).sum(1))
 
 
 def image_keys(generators: list[torch.Generator], device) -> Tensor:
@@ -420,10 +412,12 @@ def speculative_decode(
                 if num_slots == 0:
                     break
                 uniforms = draw_uniforms(generators, NUM_PURPOSES * window).view(batch, NUM_PURPOSES, window)
-                step = Window(window_len, (window_len - 1).clamp(min=0), to_device(uniforms, device), num_slots - 1)
-                draft_tokens, draft_probs = proposer.propose(state, step)  # [B, G], [B, G, V]
+                pass_window = Window(
+                    window_len, (window_len - 1).clamp(min=0), to_device(uniforms, device), num_slots - 1
+                )
+                draft_tokens, draft_probs = proposer.propose(state, pass_window)  # [B, G], [B, G, V]
                 target_probs = score_window(scorer, state, draft_tokens, first=scorer.forward_passes == 0)
-                verdict = verify_window(rule, target_probs, draft_tokens, draft_probs, step)
+                verdict = verify_window(rule, target_probs, draft_tokens, draft_probs, pass_window)
                 commit_count = torch.where(window_len > 0, verdict.num_accepted + 1, 0)
 
                 # Write every slot's token after the committed ones; only the first commit_count count
@@ -435,7 +429,9 @@ def speculative_decode(
                 log.drafts(state.committed[:, None] + drafted, drafted, tested, drafted < verdict.num_accepted[:, None])
                 log.commit(state.committed[:, None] + slots, slots < commit_count[:, None], scorer.forward_passes)
                 log.count_pass(window_len > 0)
-                proposer.after_commit(state, step, target_probs, verdict.slot_tokens, commit_count, verdict.slot_laws)
+                proposer.after_commit(
+                    state, pass_window, target_probs, verdict.slot_tokens, commit_count, verdict.slot_laws
+                )
                 state.committed = state.committed + commit_count
                 # The cache keeps every committed token but the newest, which the next window feeds.
                 scorer.truncate_cache(num_cond + state.committed - 1)

@@ -187,6 +187,17 @@ def load_or_build_table(codebook: Tensor, key: str, k: int) -> Tensor:
 # -- option checks --------------------------------------------------------------------------------------
 
 
+def gsd_rule(model, tokenizer, group_size, prob_gap, max_distance, method: str = "gsd") -> AcceptanceRule:
+    """GSD's verification: the grouped test (acceptance.grouped_accept) on the model's codebook, with
+    rejections drawn from norm((p - q)+); one VisarError for an option out of range."""
+    check_number("group_size", group_size, 1, integer=True)
+    check_number("prob_gap", prob_gap, 0)
+    check_number("max_distance", max_distance, 0)
+    book = codebook_of(tokenizer, model.vocab_size, method).to(model.device)
+    accept = partial(grouped_accept, codebook=book, group_size=group_size, prob_gap=prob_gap, max_distance=max_distance)
+    return AcceptanceRule(lossless(False)(accept), speculative_residual)
+
+
 def jacobi_or_draft_proposer(model, cond, cond_mask, params, draft, init, coupling=None):
     if draft is None:
         return JacobiProposer(resolve_initialiser(init), carry_updater(coupling or "none", "lantern", CARRIES))
@@ -239,13 +250,7 @@ def gsd(
     model's VQ tokenizer (or its codebook [V, C]); Pipeline.generate passes it.
     """
     check_spans(window, warmup, tail)
-    check_number("group_size", group_size, 1, integer=True)
-    check_number("prob_gap", prob_gap, 0)
-    check_number("max_distance", max_distance, 0)
-    book = codebook_of(tokenizer, model.vocab_size, "gsd").to(model.device)
-    accept = lossless(False)(
-        partial(grouped_accept, codebook=book, group_size=group_size, prob_gap=prob_gap, max_distance=max_distance)
-    )
+    rule = gsd_rule(model, tokenizer, group_size, prob_gap, max_distance)
     proposer = JacobiProposer(resolve_initialiser(init), independent_carry)
     tokens, stats = speculative_decode(
         model,
@@ -256,7 +261,7 @@ def gsd(
         window=window,
         warmup=warmup,
         tail=tail,
-        rule=AcceptanceRule(accept, speculative_residual),
+        rule=rule,
         cond_mask=cond_mask,
         progress=progress,
     )

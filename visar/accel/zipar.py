@@ -70,7 +70,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 from torch import Tensor
@@ -79,8 +78,7 @@ from tqdm.auto import tqdm
 from ..errors import VisarError
 from ..models.base import RasterModel
 from ..models.lag_mask import check_lag
-from .acceptance import SPECULATIVE, AcceptanceRule, grouped_accept, lossless, speculative_residual
-from .checks import check_number
+from .acceptance import SPECULATIVE, AcceptanceRule, verify_slots
 from .drafts import FillRequest, random_init, resolve_initialiser
 from .jacobi import (
     ACCEPT,
@@ -96,7 +94,7 @@ from .jacobi import (
     independent_carry,
 )
 from .registry import register_method
-from .relaxed import codebook_of
+from .relaxed import gsd_rule
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs, to_device
 from .scoring import GuidedScorer
 from .stats import DecodeLog
@@ -428,11 +426,10 @@ def front_outputs(
     residual (from p where no draft follows). -> (slot_tokens [B, M], accept [B, M])."""
     if draft_tokens is None:  # plain fronts, or no slot with a draft: a draw with each input's uniform
         return sample_from_probs(target_probs, draws), torch.zeros_like(plan.predicts)
-    # A relaxed rule (LANTERN) verifies against p~; slots without a draft and the carry keep p.
-    verified = target_probs if rule.relax is None else rule.relax(target_probs, draft_probs, draft_tokens)
-    accept = plan.has_draft & rule.accept(verified, draft_probs, draft_tokens, uniforms[:, ACCEPT])
-    residual = torch.where(plan.has_draft[..., None], rule.residual(verified, draft_probs), target_probs)
-    return torch.where(accept, draft_tokens, sample_from_probs(residual, uniforms[:, RESIDUAL])), accept
+    verdict = verify_slots(
+        rule, target_probs, draft_tokens, draft_probs, plan.has_draft, uniforms[:, ACCEPT], uniforms[:, RESIDUAL]
+    )
+    return verdict.tokens, verdict.accept
 
 
 def fed_after_pass(plan: PassPlan, fed: Tensor, count: Tensor, commits: Tensor, width: int) -> Tensor:
@@ -708,14 +705,8 @@ def zipar_gsd(
     """
     token_grid(model, "zipar-gsd")
     check_lag(s)
-    check_number("group_size", group_size, 1, integer=True)
-    check_number("prob_gap", prob_gap, 0)
-    check_number("max_distance", max_distance, 0)
+    rule = gsd_rule(model, tokenizer, group_size, prob_gap, max_distance, "zipar-gsd")
     initialiser = resolve_initialiser(init)
-    book = codebook_of(tokenizer, model.vocab_size, "zipar-gsd").to(model.device)
-    accept = lossless(False)(
-        partial(grouped_accept, codebook=book, group_size=group_size, prob_gap=prob_gap, max_distance=max_distance)
-    )
     tokens, stats = decode_fronts(
         model,
         cond,
@@ -725,7 +716,7 @@ def zipar_gsd(
         window=window,
         initialiser=initialiser,
         updater=independent_carry,
-        rule=AcceptanceRule(accept, speculative_residual),
+        rule=rule,
         cond_mask=cond_mask,
         progress=progress,
         method="zipar-gsd",

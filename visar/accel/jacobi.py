@@ -370,6 +370,21 @@ def image_keys(generators: list[torch.Generator], device) -> Tensor:
     return to_device(torch.stack([torch.randint(0, 2**32, (1,), generator=g) for g in generators])[:, 0], device)
 
 
+def new_state(model: RasterModel, generators: list[torch.Generator], window: int, spare: int) -> DecodeState:
+    """Nothing committed yet; the token buffer has `spare` scratch columns past the image for a pass's
+    tokens beyond the commit."""
+    batch, device, num_tokens = len(generators), model.device, model.num_image_tokens
+    return DecodeState(
+        tokens=torch.zeros(batch, num_tokens + spare, dtype=torch.long, device=device),
+        committed=torch.zeros(batch, dtype=torch.long, device=device),
+        keys=image_keys(generators, device),
+        num_tokens=num_tokens,
+        vocab_size=model.vocab_size,
+        grid_size=tuple(model.grid_size),
+        window=window,
+    )
+
+
 @torch.no_grad()
 def speculative_decode(
     model: RasterModel,
@@ -392,15 +407,7 @@ def speculative_decode(
     num_cond, num_tokens = model.num_condition_tokens, model.num_image_tokens
     window = min(window, num_tokens)  # a longer window is clipped, here once and for all
     log = DecodeLog(batch, model.grid_size, window, device)
-    state = DecodeState(
-        tokens=torch.zeros(batch, num_tokens + window, dtype=torch.long, device=device),
-        committed=torch.zeros(batch, dtype=torch.long, device=device),
-        keys=image_keys(generators, device),
-        num_tokens=num_tokens,
-        vocab_size=model.vocab_size,
-        grid_size=tuple(model.grid_size),
-        window=window,
-    )
+    state = new_state(model, generators, window, spare=window)
     scorer = GuidedScorer(model, cond, cond_mask, params)
     bar = tqdm(total=num_tokens, disable=not progress, desc="speculative", leave=False)
     with scorer.cache(num_cond + num_tokens):

@@ -62,7 +62,7 @@ from ..models.base import RasterModel
 from .acceptance import speculative_residual
 from .checks import check_number
 from .drafts import resolve_initialiser
-from .jacobi import DRAFT, DecodeState, JacobiProposer, Window, image_keys, maximal_coupling_carry
+from .jacobi import DRAFT, DecodeState, JacobiProposer, Window, maximal_coupling_carry, new_state
 from .registry import register_method
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
@@ -396,6 +396,32 @@ def draft_tree(
     return node_tokens, node_q
 
 
+def tree_randomness(
+    generators: list[torch.Generator], layout: DraftTree, active: Tensor
+) -> tuple[Window, Tensor, Tensor]:
+    """This pass's uniforms, one fixed-size block per image: the main drafts' (in the proposer's
+    Window), the extra candidates' [B, (D - 1)(K - 1)] and the node tests' and draws' [B, T + M + 1]."""
+    main_len, device = layout.main_length, active.device
+    num_extra = (layout.depth - 1) * (layout.branch - 1)
+    uniforms = draw_uniforms(generators, (main_len - 1) + num_extra + layout.num_nodes + main_len + 1).to(device)
+    draft_u, extra_u, test_u = uniforms.split(
+        [main_len - 1, num_extra, uniforms.shape[1] - main_len + 1 - num_extra], 1
+    )
+    window_u = torch.zeros(active.shape[0], 4, main_len, device=device)
+    window_u[:, DRAFT, : main_len - 1] = draft_u
+    length = torch.where(active, main_len, 0)
+    return Window(length, (length - 1).clamp(min=0), window_u, main_len - 1), extra_u, test_u
+
+
+def commit_path(state: DecodeState, layout: DraftTree, verdict: TreeVerdict, commit_count: Tensor) -> Tensor:
+    """Write the reached path and the token after it past each image's commit; -> the image index
+    of every path column [B, M] (column d holds index committed - 1 + d)."""
+    columns = torch.arange(1, layout.main_length + 1, device=commit_count.device)
+    index = state.committed[:, None] - 1 + columns
+    state.tokens.scatter_(1, index.clamp(min=0), verdict.path[:, 1:])
+    return index
+
+
 @torch.no_grad()
 def tree_jacobi_decode(
     model: RasterModel,
@@ -412,77 +438,51 @@ def tree_jacobi_decode(
     """Propose a tree, score it in one pass, verify every node, commit, carry over. -> (tokens [B, N], stats)."""
     device = model.device
     batch, num_tokens = cond.shape[0], model.num_image_tokens
-    main_len, num_nodes, branch = layout.main_length, layout.num_nodes, layout.branch
-    state = DecodeState(
-        tokens=torch.zeros(batch, num_tokens + main_len + 1, dtype=torch.long, device=device),
-        committed=torch.zeros(batch, dtype=torch.long, device=device),
-        keys=image_keys(generators, device),
-        num_tokens=num_tokens,
-        vocab_size=model.vocab_size,
-        grid_size=tuple(model.grid_size),
-        window=main_len,
-    )
+    main_len = layout.main_length
+    state = new_state(model, generators, main_len, spare=main_len + 1)
     scorer = GuidedScorer(model, cond, cond_mask, params)
     proposer = JacobiProposer(initialiser, maximal_coupling_carry)
     log = DecodeLog(batch, model.grid_size, main_len, device)
-    step = TreePass(scorer, layout)
+    tree_pass = TreePass(scorer, layout)
     layout = layout.to(device)
-    node_depth, main = layout.tree.depth, layout.main
-    columns = torch.arange(1, main_len + 1, device=device)
-    # one block per image and pass: main drafts, extra candidates, node tests, main-path draws, the final draw
-    num_extra = (layout.depth - 1) * (branch - 1)
-    num_uniforms = (main_len - 1) + num_extra + num_nodes + main_len + 1
-    fed = torch.zeros(batch, dtype=torch.long, device=device)
+    node_depth = layout.tree.depth
+    fed = torch.zeros(batch, dtype=torch.long, device=device)  # tokens of each image with their KV cached
     bar = tqdm(total=num_tokens, disable=not progress, desc="tree", leave=False)
-    with scorer.cache(step.size):
+    with scorer.cache(tree_pass.size):
         proposer.start(state)
         try:
             while True:
                 active = state.committed < num_tokens
-                if not bool(active.any()):
+                if not bool(active.any()):  # the one read-back of the loop
                     break
-                uniforms = draw_uniforms(generators, num_uniforms).to(device)
-                draft_u, rest = uniforms[:, : main_len - 1], uniforms[:, main_len - 1 :]
-                extra_u, test_u = rest[:, :num_extra], rest[:, num_extra:]
-                window_u = torch.zeros(batch, 4, main_len, device=device)
-                window_u[:, DRAFT, : main_len - 1] = draft_u
-                length = torch.where(active, main_len, 0)
-                window = Window(length, (length - 1).clamp(min=0), window_u, main_len - 1)
+                window, extra_u, test_u = tree_randomness(generators, layout, active)
                 node_tokens, node_q = draft_tree(proposer, state, window, layout, neighbours, extra_u)
-
-                probs = step.probs(state.tokens, fed, state.committed, node_tokens, first=scorer.forward_passes == 0)
+                first = scorer.forward_passes == 0
+                probs = tree_pass.probs(state.tokens, fed, state.committed, node_tokens, first)  # [B, T, V]
                 valid = active[:, None] & (node_depth[None] <= (num_tokens - state.committed)[:, None])
                 verdict = verify_tree(layout, probs, node_tokens, node_q, valid, test_u)
-                commit_count = torch.where(active, verdict.accepted + 1, 0)
+                commit_count = torch.where(active, verdict.accepted + 1, 0)  # the reached path and one token more
 
-                index = state.committed[:, None] - 1 + columns  # column d of the path: index committed - 1 + d
-                state.tokens.scatter_(1, index.clamp(min=0), verdict.path[:, 1:])
-                node_index_abs = state.committed[:, None] - 1 + node_depth[None]
-                log.drafts(
-                    node_index_abs,
-                    (node_depth - 1).clamp(min=0)[None].expand(batch, -1),
-                    verdict.tried & active[:, None],
-                    verdict.accept,
-                )
+                index = commit_path(state, layout, verdict, commit_count)
+                node_index = state.committed[:, None] - 1 + node_depth[None]
+                node_slot = (node_depth - 1).clamp(min=0)[None].expand(batch, -1)
+                log.drafts(node_index, node_slot, verdict.tried & active[:, None], verdict.accept)
+                columns = index - state.committed[:, None] + 1
                 log.commit(index, (columns <= commit_count[:, None]) & (index < num_tokens), scorer.forward_passes)
                 log.count_pass(active)
-                main_probs = probs[:, main]
+                # The main path's outputs past the commit are the next drafts, coupled to the old ones.
+                main_probs = probs[:, layout.main]
                 proposer.after_commit(state, window, main_probs, verdict.main_outputs, commit_count, main_probs)
                 fed = torch.where(active, state.committed + verdict.main_reached, fed)
                 state.committed = (state.committed + commit_count).clamp(max=num_tokens)
-                scorer.truncate_cache(step.num_cond + fed)
+                scorer.truncate_cache(tree_pass.num_cond + fed)
                 if progress:
                     bar.update(int(state.committed.min()) - bar.n)
         finally:
             bar.close()
     stats = log.stats(scorer.forward_passes)
-    return state.tokens[:, :num_tokens], {
-        **stats,
-        "window": num_nodes,
-        "branch": branch,
-        "depth": layout.depth,
-        "rows_per_pass": num_nodes,
-    }
+    shape = {"window": layout.num_nodes, "branch": layout.branch, "depth": layout.depth}
+    return state.tokens[:, :num_tokens], {**stats, **shape, "rows_per_pass": layout.num_nodes}
 
 
 @register_method(

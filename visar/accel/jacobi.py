@@ -476,8 +476,8 @@ def sjd(
 
     window: slots per target pass (the last committed token + window - 1 drafts), so 1..window
     tokens per pass; warmup / tail: the first / last tokens decoded one per pass (plain AR);
-    init: the draft initialiser for new slots: "above" (the token one row up; the default, the
-    fewest passes on visar-tiny-c2i, docs/DEFAULTS.md), "random" (the paper's), "left", "above-left".
+    init: the draft initialiser for new slots: "above" (the token one row up; the default, as it
+    takes the fewest passes, docs/DEFAULTS.md), "random" (the paper's), "left", "above-left".
     """
     check_spans(window, warmup, tail)
     proposer = JacobiProposer(resolve_initialiser(init), independent_carry)
@@ -518,8 +518,7 @@ def mc_sjd(
 
     coupling: "maximal" (the speculative test at every slot, pi_MC) or "gumbel" (Gumbel-max with
     noise keyed to image and absolute position, pi_GS). Other options as `sjd` (init "above" by
-    default: with maximal coupling 3.61x fewer passes than AR on visar-tiny-c2i against 2.85x with
-    random drafts, docs/DEFAULTS.md).
+    default: the fewest passes, docs/DEFAULTS.md).
     """
     check_spans(window, warmup, tail)
     proposer = JacobiProposer(resolve_initialiser(init), carry_updater(coupling, "mc-sjd"))

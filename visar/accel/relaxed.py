@@ -40,6 +40,12 @@ Deliberate differences from the upstream code:
   per-draft target, for comparison. No rule that keeps TV <= delta can raise a slot's
   acceptance by more than delta, so with the bound kept the gain over sjd is modest.
 
+Draft initialisers. gsd and lantern draft new slots with uniform random tokens by default, as
+their papers do, while the lossless sjd and mc-sjd copy the token above: a lossless method's
+init changes only how many passes it takes, so its default was chosen for the fewest; a lossy
+method's init also changes what it outputs, so its default stays the one its quality was
+measured with ("above" is an option; docs/DETAILS.md has both).
+
 Neighbour tables (each code's nearest codes by squared distance of the code vectors) are
 computed once per codebook and cached on disk under $VISAR_CACHE (default ~/.cache/visar),
 keyed by a hash of the codebook.

@@ -20,6 +20,7 @@ from scipy.stats import chisquare
 import visar
 from visar.accel import METHODS, ar, drafts, get_method, jacobi
 from visar.accel.acceptance import AcceptanceRule, lossless, speculative_accept
+from visar.accel.registry import Request
 from visar.accel.sampling import SamplingParams, logits_to_probs, make_generators, split_cfg
 from visar.accel.stats import COMMON_STATS
 from visar.errors import VisarError
@@ -210,9 +211,8 @@ def test_wrong_residual_is_detected(model):
     proposer = jacobi.JacobiProposer(drafts.random_init, jacobi.independent_carry)
     rule = AcceptanceRule(speculative_accept, from_target)
     cond = torch.full((law_samples(SAMPLES),), label, device=model.device)
-    tokens, _ = jacobi.speculative_decode(
-        model, cond, params, make_generators(len(cond), 4000), proposer, window=4, rule=rule
-    )
+    request = Request(model, cond, params, make_generators(len(cond), 4000))
+    tokens, _ = jacobi.speculative_decode(request, proposer, window=4, rule=rule)
     pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(model, label, params))
     print(f"wrong residual: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
     assert pvalue < 1e-3 and tv > tolerance

@@ -29,6 +29,7 @@ from visar.accel.acceptance import (
     speculative_accept,
     speculative_residual,
 )
+from visar.accel.registry import Request
 from visar.accel.sampling import SamplingParams, logits_to_probs, make_generators, split_cfg
 from visar.accel.tree import resolve_tree
 from visar.errors import VisarError
@@ -240,10 +241,7 @@ def lantern_runs(model):
             lossless(False)(partial(relax, neighbours=neighbours, delta=DELTA)),
         )
         runs[name] = jacobi.speculative_decode(
-            model,
-            cond,
-            CFG_TOPK,
-            make_generators(SAMPLES, 7),
+            Request(model, cond, CFG_TOPK, make_generators(SAMPLES, 7)),
             proposer(drafts.random_init, jacobi.independent_carry),
             window=4,
             rule=rule,

@@ -53,7 +53,7 @@ from ..models.base import RasterModel
 from .acceptance import SPECULATIVE, AcceptanceRule, gumbel_coupling, keyed_uniforms, verify_slots
 from .checks import check_number
 from .drafts import DecodeState, FillRequest, resolve_initialiser
-from .registry import register_method
+from .registry import Request, register_method
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs, to_device
 from .scoring import GuidedScorer
 from .stats import DecodeLog
@@ -387,28 +387,24 @@ def new_state(model: RasterModel, generators: list[torch.Generator], window: int
 
 @torch.no_grad()
 def speculative_decode(
-    model: RasterModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     proposer: Proposer,
     *,
     window: int,
     warmup: int = 0,
     tail: int = 0,
     rule: AcceptanceRule = SPECULATIVE,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
 ) -> tuple[Tensor, dict]:
     """The engine: propose, score, verify, commit (ragged), truncate, carry over. -> (tokens [B, N], stats)."""
     check_spans(window, warmup, tail)
+    model, cond, generators, progress = request.model, request.cond, request.generators, request.progress
     device = model.device
     batch = cond.shape[0]
     num_cond, num_tokens = model.num_condition_tokens, model.num_image_tokens
     window = min(window, num_tokens)  # a longer window is clipped, here once and for all
     log = DecodeLog(batch, model.grid_size, window, device)
     state = new_state(model, generators, window, spare=window)
-    scorer = GuidedScorer(model, cond, cond_mask, params)
+    scorer = GuidedScorer(model, cond, request.cond_mask, request.params)
     bar = tqdm(total=num_tokens, disable=not progress, desc="speculative", leave=False)
     with scorer.cache(num_cond + num_tokens):
         proposer.start(state)
@@ -482,16 +478,7 @@ def sjd(
     check_spans(window, warmup, tail)
     proposer = JacobiProposer(resolve_initialiser(init), independent_carry)
     return speculative_decode(
-        model,
-        cond,
-        params,
-        generators,
-        proposer,
-        window=window,
-        warmup=warmup,
-        tail=tail,
-        cond_mask=cond_mask,
-        progress=progress,
+        Request(model, cond, params, generators, cond_mask, progress), proposer, window=window, warmup=warmup, tail=tail
     )
 
 
@@ -523,16 +510,7 @@ def mc_sjd(
     check_spans(window, warmup, tail)
     proposer = JacobiProposer(resolve_initialiser(init), carry_updater(coupling, "mc-sjd"))
     tokens, stats = speculative_decode(
-        model,
-        cond,
-        params,
-        generators,
-        proposer,
-        window=window,
-        warmup=warmup,
-        tail=tail,
-        cond_mask=cond_mask,
-        progress=progress,
+        Request(model, cond, params, generators, cond_mask, progress), proposer, window=window, warmup=warmup, tail=tail
     )
     return tokens, {**stats, "coupling": coupling}
 
@@ -601,14 +579,5 @@ def spec(
     check_spans(window, warmup, tail)
     proposer = DraftModelProposer(check_draft(model, draft), cond, cond_mask, params)
     return speculative_decode(
-        model,
-        cond,
-        params,
-        generators,
-        proposer,
-        window=window,
-        warmup=warmup,
-        tail=tail,
-        cond_mask=cond_mask,
-        progress=progress,
+        Request(model, cond, params, generators, cond_mask, progress), proposer, window=window, warmup=warmup, tail=tail
     )

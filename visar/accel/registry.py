@@ -19,12 +19,29 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+from torch import Tensor
+
 from ..errors import VisarError
 from ..models.base import model_kind
+from .sampling import SamplingParams
 
 # Arguments every method takes from the caller, not from the user; `tokenizer` is handed over by
 # Pipeline.generate to methods that compare tokens by their code vectors.
 CALLER_ARGUMENTS = {"model", "cond", "params", "generators", "cond_mask", "progress", "tokenizer"}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What every method is called with besides its own options (CALLER_ARGUMENTS but the tokenizer),
+    handed on to an engine as one object."""
+
+    model: object
+    cond: Tensor
+    params: SamplingParams
+    generators: list[torch.Generator]
+    cond_mask: Tensor | None = None
+    progress: bool = False
 
 
 @dataclass(frozen=True)

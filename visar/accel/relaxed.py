@@ -86,7 +86,7 @@ from .jacobi import (
     independent_carry,
     speculative_decode,
 )
-from .registry import register_method
+from .registry import Request, register_method
 from .sampling import SamplingParams
 
 LANTERN_FORMS: dict[str, Callable] = {"bounded": lantern_relax_bounded, "paper": lantern_relax_per_draft}
@@ -259,17 +259,12 @@ def gsd(
     rule = gsd_rule(model, tokenizer, group_size, prob_gap, max_distance)
     proposer = JacobiProposer(resolve_initialiser(init), independent_carry)
     tokens, stats = speculative_decode(
-        model,
-        cond,
-        params,
-        generators,
+        Request(model, cond, params, generators, cond_mask, progress),
         proposer,
         window=window,
         warmup=warmup,
         tail=tail,
         rule=rule,
-        cond_mask=cond_mask,
-        progress=progress,
     )
     return tokens, {**stats, "group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
 
@@ -332,17 +327,12 @@ def lantern(
     relax = lossless(False)(partial(LANTERN_FORMS[form], neighbours=table, delta=float(delta)))
     proposer = jacobi_or_draft_proposer(model, cond, cond_mask, params, draft, init, coupling)
     tokens, stats = speculative_decode(
-        model,
-        cond,
-        params,
-        generators,
+        Request(model, cond, params, generators, cond_mask, progress),
         proposer,
         window=window,
         warmup=warmup,
         tail=tail,
         rule=AcceptanceRule(speculative_accept, speculative_residual, relax),
-        cond_mask=cond_mask,
-        progress=progress,
     )
     used = (coupling or "none") if draft is None else "draft model"
     return tokens, {**stats, "delta": delta, "k": table.shape[1], "form": form, "coupling": used}
@@ -406,9 +396,8 @@ def lantern_pp(
     relax = lossless(lambda_cap == 1 or budget == 0)(
         partial(LANTERN_FORMS[form], neighbours=table, delta=budget, lambda_cap=float(lambda_cap))
     )
-    tokens, stats = tree_decode(
-        model, cond, params, generators, draft_model, static_tree, relax=relax, cond_mask=cond_mask, progress=progress
-    )
+    request = Request(model, cond, params, generators, cond_mask, progress)
+    tokens, stats = tree_decode(request, draft_model, static_tree, relax)
     return tokens, {**stats, "lambda_cap": lambda_cap, "delta": delta, "k": table.shape[1], "form": form}
 
 

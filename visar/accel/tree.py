@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from ..errors import VisarError
 from ..models.base import RasterModel
 from .acceptance import speculative_residual
+from .registry import Request
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
 from .stats import DecodeLog
@@ -291,23 +292,18 @@ def walk_tree(
 
 @torch.no_grad()
 def tree_decode(
-    model: RasterModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     draft: RasterModel,
     tree: StaticTree,
-    *,
     relax: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
 ) -> tuple[Tensor, dict]:
     """Draft a static tree, verify it in one target pass, commit the accepted path + 1. -> (tokens [B, N], stats).
 
     relax(p, q, x) -> p~: the target each child is tested against (None: p itself, lossless);
     a rejection continues from norm((p~ - q)+).
     """
-    device = model.device
+    model, cond, cond_mask, params = request.model, request.cond, request.cond_mask, request.params
+    device, generators, progress = model.device, request.generators, request.progress
     batch, num_tokens = cond.shape[0], model.num_image_tokens
     target = TreeAttention(GuidedScorer(model, cond, cond_mask, params), tree)
     drafter = TreeDrafter(draft, tree, cond, cond_mask, params)

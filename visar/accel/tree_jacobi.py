@@ -63,7 +63,7 @@ from .acceptance import speculative_residual
 from .checks import check_number
 from .drafts import resolve_initialiser
 from .jacobi import DRAFT, DecodeState, JacobiProposer, Window, maximal_coupling_carry, new_state
-from .registry import register_method
+from .registry import Request, register_method
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
 from .stats import DecodeLog
@@ -424,23 +424,15 @@ def commit_path(state: DecodeState, layout: DraftTree, verdict: TreeVerdict, com
 
 @torch.no_grad()
 def tree_jacobi_decode(
-    model: RasterModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
-    layout: DraftTree,
-    initialiser: Callable,
-    *,
-    neighbours: tuple[str, ...] = (),
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
+    request: Request, layout: DraftTree, initialiser: Callable, neighbours: tuple[str, ...] = ()
 ) -> tuple[Tensor, dict]:
     """Propose a tree, score it in one pass, verify every node, commit, carry over. -> (tokens [B, N], stats)."""
+    model, cond, generators, progress = request.model, request.cond, request.generators, request.progress
     device = model.device
     batch, num_tokens = cond.shape[0], model.num_image_tokens
     main_len = layout.main_length
     state = new_state(model, generators, main_len, spare=main_len + 1)
-    scorer = GuidedScorer(model, cond, cond_mask, params)
+    scorer = GuidedScorer(model, cond, request.cond_mask, request.params)
     proposer = JacobiProposer(initialiser, maximal_coupling_carry)
     log = DecodeLog(batch, model.grid_size, main_len, device)
     tree_pass = TreePass(scorer, layout)
@@ -512,9 +504,8 @@ def sjd_pac(
     Defaults are those of upstream's `eval_model.py` (L = 16, K = 3, D = 3).
     """
     layout = check_tree(model, window, branch, depth)
-    return tree_jacobi_decode(
-        model, cond, params, generators, layout, resolve_initialiser(init), cond_mask=cond_mask, progress=progress
-    )
+    request = Request(model, cond, params, generators, cond_mask, progress)
+    return tree_jacobi_decode(request, layout, resolve_initialiser(init))
 
 
 @register_method(
@@ -553,17 +544,8 @@ def tree_mc_sjd(
     unknown = [n for n in names if n not in NEIGHBOURS]
     if unknown:
         raise VisarError(f"unknown neighbour {unknown[0]!r}; use a comma-separated list of {', '.join(NEIGHBOURS)}")
-    return tree_jacobi_decode(
-        model,
-        cond,
-        params,
-        generators,
-        layout,
-        resolve_initialiser(init),
-        neighbours=names,
-        cond_mask=cond_mask,
-        progress=progress,
-    )
+    request = Request(model, cond, params, generators, cond_mask, progress)
+    return tree_jacobi_decode(request, layout, resolve_initialiser(init), names)
 
 
 def check_tree(model: RasterModel, window: int, branch: int, depth: int) -> DraftTree:

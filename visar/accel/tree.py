@@ -118,20 +118,44 @@ def resolve_tree(tree) -> StaticTree:
     return StaticTree.from_paths(tree)
 
 
-class TreeAttention:
-    """Inputs, slots and masks of a cache laid out as [condition ; image tokens ; T scratch ; 1 trash]."""
+class CacheSlots:
+    """A KV cache laid out as [condition ; image tokens ; scratch slots ; 1 trash slot], where tree
+    nodes off the committed path sit at scratch slots and left padding writes to the trash slot."""
 
-    def __init__(self, scorer: GuidedScorer, tree: StaticTree):
-        self.scorer, self.tree = scorer, tree
-        model = scorer.model
+    def __init__(self, model: RasterModel, num_scratch: int):
         self.num_cond, self.num_tokens = model.num_condition_tokens, model.num_image_tokens
         self.max_pos = self.num_cond + self.num_tokens - 1
-        self.scratch = self.num_cond + self.num_tokens  # slot of node 1; node i at scratch + i - 1
-        self.trash = self.scratch + tree.num_nodes
+        self.scratch = self.num_cond + self.num_tokens
+        self.trash = self.scratch + num_scratch
         self.size = self.trash + 1
-        scorer.open_cache(self.size)
         self.device = model.device
         self.slots = torch.arange(self.size, device=self.device)
+
+    def chain(
+        self, tokens: Tensor, fed: Tensor, committed: Tensor, width: int
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Committed tokens fed .. committed - 1 of each image (at most `width`), at their true slots,
+        left-padded to `width`. -> (tokens [B, P], input_pos [B, P], cache_pos [B, P], mask [B, P, S]);
+        the last column is each image's newest committed token (the root), when it has one to feed."""
+        count = committed - fed  # [B] >= 0
+        column = torch.arange(width, device=self.device)
+        index = committed[:, None] - width + column  # [B, P]
+        real = column >= width - count[:, None]
+        feed = tokens.gather(1, index.clamp(min=0))
+        input_pos = (self.num_cond + torch.where(real, index, committed[:, None] - 1)).clamp(0, self.max_pos)
+        cache_pos = torch.where(real, input_pos, self.trash)
+        causal = (self.slots[None, None] <= input_pos[..., None]) & (self.slots < self.scratch)[None, None]
+        mask = torch.where(real[..., None], causal, self.slots[None, None] == self.trash)
+        return feed, input_pos, cache_pos, mask
+
+
+class TreeAttention(CacheSlots):
+    """Inputs, slots and masks of one pass over a static tree: node i at scratch slot scratch + i - 1."""
+
+    def __init__(self, scorer: GuidedScorer, tree: StaticTree):
+        super().__init__(scorer.model, tree.num_nodes)
+        self.scorer, self.tree = scorer, tree
+        scorer.open_cache(self.size)
         # [T + 1, S]: the scratch slots each node sees (its ancestors and itself; the root has none)
         self.node_scratch = torch.zeros(tree.num_nodes + 1, self.size, dtype=torch.bool, device=self.device)
         self.node_scratch[:, self.scratch : self.trash] = tree.ancestors[:, 1:].to(self.device)
@@ -147,25 +171,9 @@ class TreeAttention:
     def close(self):
         self.scorer.close_cache()
 
-    def chain(self, tokens: Tensor, fed: Tensor, committed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Committed tokens fed .. committed - 1 of each image, at their true slots, left-padded.
-
-        -> (tokens [B, P], input_pos [B, P], cache_pos [B, P], mask [B, P, S]); the last column
-        is each image's newest committed token (the root), when it has one to feed."""
-        count = committed - fed  # [B] >= 0
-        width = max(int(count.max()), 1)
-        column = torch.arange(width, device=self.device)
-        index = committed[:, None] - width + column  # [B, P]
-        real = column >= width - count[:, None]
-        feed = tokens.gather(1, index.clamp(min=0))
-        input_pos = torch.where(real, self.num_cond + index, self.num_cond + committed[:, None] - 1).clamp(
-            0, self.max_pos
-        )
-        cache_pos = torch.where(real, input_pos, self.trash)
-        causal = self.slots[None, None, :] <= input_pos[..., None]  # [B, P, S]
-        causal &= self.slots[None, None, :] < self.scratch
-        mask = torch.where(real[..., None], causal, self.slots[None, None, :] == self.trash)
-        return feed, input_pos, cache_pos, mask
+    def committed_chain(self, tokens: Tensor, fed: Tensor, committed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """`chain` as wide as the longest run of committed tokens without KV (a host read-back)."""
+        return self.chain(tokens, fed, committed, max(int((committed - fed).max()), 1))
 
     def nodes(self, node_ids: Tensor, node_tokens: Tensor, committed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Tree nodes node_ids [n] (>= 1) of every image: tokens node_tokens [B, n], at scratch slots."""
@@ -206,7 +214,7 @@ class TreeDrafter:
         batch, tree = committed.shape[0], self.tree
         device = self.attention.device
         # the tokens committed since the last call; the newest is the root, its output q(root's children)
-        root_logits = self.attention.run(*self.attention.chain(tokens, self.fed, committed))[:, -1]
+        root_logits = self.attention.run(*self.attention.committed_chain(tokens, self.fed, committed))[:, -1]
         self.fed = committed.clone()
         size, vocab = tree.num_nodes + 1, root_logits.shape[-1]
         node_tokens = torch.zeros(batch, size, dtype=torch.long, device=device)
@@ -328,7 +336,7 @@ def tree_decode(
             # nodes past the image's end are never verified: the deepest usable depth leaves room for one more token
             node_ok &= depths[None] <= (num_tokens - 1 - committed)[:, None]
 
-            chain = target.chain(tokens, fed, committed)
+            chain = target.committed_chain(tokens, fed, committed)
             nodes = target.nodes(torch.arange(1, size, device=device), node_tokens[:, 1:], committed)
             logits = target.run(*(torch.cat([a, b], 1) for a, b in zip(chain, nodes, strict=True)))
             fed = committed.clone()

@@ -67,7 +67,7 @@ from .registry import Request, register_method
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
 from .stats import DecodeLog
-from .tree import StaticTree
+from .tree import CacheSlots, StaticTree
 
 
 @dataclass(frozen=True)
@@ -275,7 +275,7 @@ def verify_tree(
     return TreeVerdict(accepted, path, main_reached, tried, accept, main_outputs)
 
 
-class TreePass:
+class TreePass(CacheSlots):
     """Inputs, cache slots and masks of one pass over [tokens fed again ; the tree].
 
     Cache layout: [condition ; image tokens ; one scratch slot per side node ; 1 trash slot]. The
@@ -284,15 +284,9 @@ class TreePass:
     """
 
     def __init__(self, scorer: GuidedScorer, layout: DraftTree):
-        model = scorer.model
+        super().__init__(scorer.model, layout.num_side)
         self.scorer, self.layout = scorer, layout
-        self.num_cond, self.num_tokens = model.num_condition_tokens, model.num_image_tokens
-        self.max_pos = self.num_cond + self.num_tokens - 1
-        self.scratch = self.num_cond + self.num_tokens
-        self.trash = self.scratch + layout.num_side
-        self.size = self.trash + 1
-        device = self.device = model.device
-        self.slots = torch.arange(self.size, device=device)
+        device = self.device
         side = ~layout.on_main
         side_visible = torch.zeros(layout.num_nodes, self.size, dtype=torch.bool)
         side_visible[:, self.scratch + layout.side_slot[side]] = layout.tree.ancestors[:, side]
@@ -314,21 +308,6 @@ class TreePass:
         mask = (true_slots & (self.slots[None, None] <= seen[..., None])) | self.side_visible[None]
         return position.clamp(max=self.max_pos), cache_pos, mask
 
-    def chain(self, tokens: Tensor, fed: Tensor, committed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Committed tokens fed .. committed - 1 of each image at their true slots, left-padded; the
-        last column is the root. -> (tokens, input_pos, cache_pos, mask [B, P, S])."""
-        count = committed - fed  # [B] 1 .. D: a path off the main branch leaves the tree by depth D - 1
-        width = self.layout.depth  # a fixed width: no read-back of the counts, one shape for every pass
-        column = torch.arange(width, device=self.device)
-        index = committed[:, None] - width + column
-        real = column >= width - count[:, None]
-        feed = tokens.gather(1, index.clamp(min=0))
-        input_pos = (self.num_cond + torch.where(real, index, committed[:, None] - 1)).clamp(0, self.max_pos)
-        cache_pos = torch.where(real, input_pos, self.trash)
-        causal = (self.slots[None, None] <= input_pos[..., None]) & (self.slots < self.scratch)[None, None]
-        mask = torch.where(real[..., None], causal, self.slots[None, None] == self.trash)
-        return feed, input_pos, cache_pos, mask
-
     def probs(self, tokens: Tensor, fed: Tensor, committed: Tensor, node_tokens: Tensor, first: bool) -> Tensor:
         """One target pass -> p at every node [B, T, V] (node 0: the root's, the law of index `committed`)."""
         input_pos, cache_pos, mask = self.nodes(committed)
@@ -345,7 +324,8 @@ class TreePass:
             )
             width = self.num_cond
         else:
-            feed, feed_pos, feed_slots, feed_mask = self.chain(tokens, fed, committed)
+            # a fixed width (a path off the main branch leaves the tree by depth D - 1): no read-back, one shape
+            feed, feed_pos, feed_slots, feed_mask = self.chain(tokens, fed, committed, self.layout.depth)
             logits = self.scorer.logits(
                 torch.cat([feed, node_tokens[:, 1:]], 1),
                 torch.cat([feed_pos, input_pos], 1),

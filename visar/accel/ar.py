@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..models.base import RasterModel
+from ..progress import progress_bar
 from .registry import register_method
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
@@ -39,7 +39,7 @@ def generate(
     positions = torch.arange(n_cond, n_cond + n_tokens, device=device)  # made once: no copy to the device per step
     with scorer.cache(n_cond + n_tokens):
         probs = scorer.prefill()  # [B, V]
-        for i in tqdm(range(n_tokens), disable=not progress, desc="ar", leave=False):
+        for i in progress_bar(range(n_tokens), enabled=progress, desc="ar"):
             tokens[:, i] = sample_from_probs(probs, draw_uniforms(generators)[:, 0])
             if i + 1 < n_tokens:
                 probs = scorer.target_probs(scorer.logits(tokens[:, i : i + 1], positions[i : i + 1])[:, -1])

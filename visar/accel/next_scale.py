@@ -30,10 +30,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..errors import VisarError
 from ..models.base import NextScaleModel, model_kind
+from ..progress import progress_bar
 from ..tokenizers.base import MultiScaleTokenizer
 from .registry import register_method
 from .sampling import SamplingParams, cfg_mix, draw_uniforms, logits_to_probs, sample_from_probs
@@ -109,7 +109,7 @@ def sample_scales(
     entry; just scale 0 for a model that starts the image) and yields the law of scale scales[0]."""
     sizes = scorer.model.scale_sizes
     batch = state.f_hat.shape[0]
-    for k in tqdm(scales, disable=not progress, desc="scales", leave=False):
+    for k in progress_bar(scales, enabled=progress, desc="scales"):
         if k == scales.start:
             earlier = torch.cat(state.inputs[:k], dim=1) if k else None  # the inputs of scales 1 .. k
             probs = scorer.scale_probs(earlier, 0, k)

@@ -55,10 +55,10 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..errors import VisarError
 from ..models.base import RasterModel
+from ..progress import progress_bar
 from .acceptance import speculative_residual
 from .checks import check_number
 from .drafts import resolve_initialiser
@@ -433,7 +433,7 @@ def tree_jacobi_decode(
     num_extra = (layout.depth - 1) * (branch - 1)
     num_uniforms = (main_len - 1) + num_extra + num_nodes + main_len + 1
     fed = torch.zeros(batch, dtype=torch.long, device=device)
-    bar = tqdm(total=num_tokens, disable=not progress, desc="tree", leave=False)
+    bar = progress_bar(total=num_tokens, enabled=progress, desc="tree")
     with scorer.cache(step.size):
         proposer.start(state)
         try:

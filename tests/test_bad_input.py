@@ -103,16 +103,18 @@ def calls(draw):
     if "method" in bad:
         method = draw(st.one_of(st.sampled_from(sorted(METHODS)), st.none(), st.text(max_size=8), VALUES))
     kwargs = {"method": method, "output_type": "tokens"}
-    spec = METHODS.get(method) if isinstance(method, str) else None
-    names = list(spec.options) if spec is not None else []
+    decoding_method = METHODS.get(method) if isinstance(method, str) else None
+    names = list(decoding_method.options) if decoding_method is not None else []
+    draft_option = decoding_method.draft_option if decoding_method is not None else None
     option_names = st.sampled_from(names) if names else st.nothing()
     if "option names" in bad or not names:
         option_names = st.one_of(option_names, st.text(min_size=1, max_size=6))
     for name in draw(st.lists(option_names, max_size=3, unique=True)):
-        default = spec.defaults.get(name) if spec is not None else None
-        kwargs[name] = draw(DRAFTS if name == "draft" else st.one_of(st.just(default), st.integers(0, 20), VALUES))
-    if spec is not None and spec.needs_draft and "draft" not in kwargs and draw(st.integers(0, 3)) > 0:
-        kwargs["draft"] = tiny_pipeline_draft(pipe)
+        default = decoding_method.defaults.get(name) if decoding_method is not None else None
+        values = DRAFTS if name == draft_option else st.one_of(st.just(default), st.integers(0, 20), VALUES)
+        kwargs[name] = draw(values)
+    if draft_option and decoding_method.needs_draft and draft_option not in kwargs and draw(st.integers(0, 3)) > 0:
+        kwargs[draft_option] = tiny_pipeline_draft(pipe)
     for setting in draw(st.lists(st.sampled_from(sorted(GOOD_SAMPLING)), unique=True, max_size=4)):
         kwargs[setting] = draw(VALUES if "sampling" in bad else GOOD_SAMPLING[setting])
     n = draw(st.integers(1, 3))

@@ -37,7 +37,7 @@ from visar.apps.cli import main
 KINDS = {
     "raster-c2i": ("visar-tiny-c2i", "ar", "mc-sjd", [], []),
     "raster-t2i": ("visar-tiny-t2i", "ar", "sjd", [], []),
-    "next-scale": ("visar-tiny-var-c2i", "var", "code", [], ["draft=visar-tiny-var-c2i-refiner"]),
+    "next-scale": ("visar-tiny-var-c2i", "var", "code", [], ["refiner=visar-tiny-var-c2i-refiner"]),
     "masked": ("visar-tiny-maskgit-c2i", "maskgit", "halton", ["steps=4"], []),
     "continuous": ("visar-tiny-mar-c2i", "mar", "mar-cache", ["num_iter=4", "num_diffusion_steps=5"], []),
     "hf-raster": ("hf-janus", "ar", "sjd", [], []),

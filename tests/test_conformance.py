@@ -63,7 +63,7 @@ def family_pair(request):
 def options_for(method, draft_pipe) -> dict:
     options = {k: v for k, v in SMALL.items() if k in method.options}
     if method.needs_draft:
-        options["draft"] = draft_pipe.model
+        options[method.draft_option] = draft_pipe.model
     return options
 
 
@@ -233,7 +233,7 @@ EXACT_CLAIMS = sorted(
 def law_options(method, model, **overrides) -> dict:
     options = {k: v for k, v in SMALL.items() if k in method.options}
     if method.needs_draft:
-        options["draft"] = perturbed(model, seed=1, scale=0.3)
+        options[method.draft_option] = perturbed(model, seed=1, scale=0.3)
     if method.takes_tokenizer:
         options["tokenizer"] = unit_codebook(VOCAB, 3, 0)
     return {**options, **overrides}

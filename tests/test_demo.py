@@ -85,8 +85,9 @@ def test_options_are_the_methods_own_with_their_defaults():
     for name, method in METHODS.items():
         texts = default_options(name, "visar-tiny-c2i")
         assert list(texts) == method.options
-        if method.needs_draft:
+        if method.needs_draft and method.draft_option == "draft":
             assert texts["draft"] == "visar-tiny-c2i-draft"
+    assert default_options("code", "visar-tiny-var-c2i")["refiner"] == "visar-tiny-var-c2i-refiner"
     assert default_options("gsd", MODEL)["group_size"] == "14"
     assert parse_options("sjd", ["8", "", " 2 ", "above"]) == {"window": 8, "tail": 2, "init": "above"}
 

@@ -187,7 +187,7 @@ def test_var_pair_records_its_recipes_and_shares_the_multiscale_tokenizer(name):
 def test_var_refiner_is_smaller_and_takes_over_from_the_drafter():
     drafter, refiner = (visar.load(name, device="cpu") for name in VAR_PAIR)
     assert parameter_count(refiner) * 4 <= parameter_count(drafter)
-    out = drafter.generate(class_labels=[0, 13], method="code", draft=refiner, draft_scales=6, output_type="np")
+    out = drafter.generate(class_labels=[0, 13], method="code", refiner=refiner, draft_scales=6, output_type="np")
     assert out.images.shape == (2, 64, 64, 3) and out.stats["draft_forward_passes"] == 3
 
 

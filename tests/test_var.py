@@ -193,35 +193,35 @@ def same(a, b):
 def test_code_with_every_scale_drafted_is_the_drafter_alone(pair):
     drafter, refiner = pair
     scales = len(drafter.model.scale_sizes)
-    assert same(generate(drafter, method="code", draft=refiner, draft_scales=scales), generate(drafter))
-    out = drafter.generate(class_labels=[0], method="code", draft=refiner, draft_scales=scales, output_type="tokens")
+    assert same(generate(drafter, method="code", refiner=refiner, draft_scales=scales), generate(drafter))
+    out = drafter.generate(class_labels=[0], method="code", refiner=refiner, draft_scales=scales, output_type="tokens")
     assert out.stats["lossless"] and out.stats["draft_forward_passes"] == 0
 
 
 def test_code_with_no_scale_drafted_is_the_refiner_alone(pair):
     drafter, refiner = pair
-    assert same(generate(drafter, method="code", draft=refiner, draft_scales=0), generate(refiner))
+    assert same(generate(drafter, method="code", refiner=refiner, draft_scales=0), generate(refiner))
 
 
 def test_code_hands_over_midway(pair):
     drafter, refiner = pair
-    tokens = generate(drafter, method="code", draft=refiner, draft_scales=2)
+    tokens = generate(drafter, method="code", refiner=refiner, draft_scales=2)
     alone = generate(drafter)
     assert same(tokens[:2], alone[:2])  # the drafted scales are the drafter's, draw for draw
     assert not same(tokens[2:], alone[2:])  # the refiner's are its own
-    out = drafter.generate(class_labels=[0, 1], method="code", draft=refiner, draft_scales=2, output_type="pil")
+    out = drafter.generate(class_labels=[0, 1], method="code", refiner=refiner, draft_scales=2, output_type="pil")
     assert out.stats["forward_passes"] == 4 and out.stats["draft_forward_passes"] == 2
     assert len(out.images) == 2 and out.images[0].size == (8, 8)
 
 
 def test_code_samples_the_refiner_at_its_own_temperature(pair):
     drafter, refiner = pair
-    base = generate(drafter, method="code", draft=refiner, draft_scales=2)
-    assert same(generate(drafter, method="code", draft=refiner, draft_scales=2, refiner_temperature=1.0), base)
-    cooled = generate(drafter, method="code", draft=refiner, draft_scales=2, refiner_temperature=0.05)
+    base = generate(drafter, method="code", refiner=refiner, draft_scales=2)
+    assert same(generate(drafter, method="code", refiner=refiner, draft_scales=2, refiner_temperature=1.0), base)
+    cooled = generate(drafter, method="code", refiner=refiner, draft_scales=2, refiner_temperature=0.05)
     assert same(cooled[:2], base[:2]) and not same(cooled[2:], base[2:])  # only the refiner's scales move
     with pytest.raises(VisarError, match="temperature must be a number from"):
-        generate(drafter, method="code", draft=refiner, refiner_temperature=0)
+        generate(drafter, method="code", refiner=refiner, refiner_temperature=0)
 
 
 @pytest.mark.parametrize("drafted", [1, 2, 3])
@@ -296,7 +296,7 @@ def test_code_with_pruning_and_the_same_model_twice_is_var_prune(pair, drafted):
     alike: CoDe with the drafter as its own refiner equals var-prune (scale N is never pruned)."""
     drafter, _ = pair
     pruned = [drafted + 1]  # the first scale after the prefill
-    combined = generate(drafter, method="code", draft=drafter, draft_scales=drafted, keep_fraction=0.25,
+    combined = generate(drafter, method="code", refiner=drafter, draft_scales=drafted, keep_fraction=0.25,
                         prune_scales=pruned, top_k=1)  # fmt: skip
     alone = generate(drafter, method="var-prune", keep_fraction=0.25, prune_scales=pruned, top_k=1)
     assert same(combined, alone)
@@ -306,14 +306,14 @@ def test_code_with_pruning_and_the_same_model_twice_is_var_prune(pair, drafted):
 def test_code_with_pruning_reports_the_pruned_scales_and_is_lossy(pair):
     drafter, refiner = pair
     scales = len(drafter.model.scale_sizes)
-    out = drafter.generate(class_labels=[0], method="code", draft=refiner, draft_scales=2, keep_fraction=0.5,
+    out = drafter.generate(class_labels=[0], method="code", refiner=refiner, draft_scales=2, keep_fraction=0.5,
                            output_type="tokens")  # fmt: skip
     assert out.stats["pruned_scales"] == [3] and out.stats["lossless"] is False  # scale 2 is the prefill's
-    out = drafter.generate(class_labels=[0], method="code", draft=refiner, draft_scales=scales, keep_fraction=0.5,
+    out = drafter.generate(class_labels=[0], method="code", refiner=refiner, draft_scales=scales, keep_fraction=0.5,
                            output_type="tokens")  # fmt: skip
     assert out.stats["pruned_scales"] == [2, 3] and out.stats["lossless"] is False
     with pytest.raises(VisarError, match="keep_fraction must be in"):
-        generate(drafter, method="code", draft=refiner, keep_fraction=0)
+        generate(drafter, method="code", refiner=refiner, keep_fraction=0)
 
 
 def test_layer_tokens_count_what_went_through_each_models_layers(pair):
@@ -324,7 +324,7 @@ def test_layer_tokens_count_what_went_through_each_models_layers(pair):
 
     assert (stats("var")["layer_tokens"], stats("var")["draft_layer_tokens"]) == (30, 0)
     assert stats("var-prune", keep_fraction=0.25)["layer_tokens"] == 1 + 4 + 3 + 4  # ceil(9 / 4), 16 / 4
-    code = stats("code", draft=refiner, draft_scales=2)
+    code = stats("code", refiner=refiner, draft_scales=2)
     assert (code["layer_tokens"], code["draft_layer_tokens"]) == (1 + 4, 1 + 4 + 9 + 16)  # the prefill re-reads 0, 1
 
 
@@ -334,8 +334,9 @@ def test_methods_list_the_next_scale_kind():
     assert {METHODS[m].model_kind for m in ("var", "code", "var-prune")} == {"next-scale"}
     assert METHODS["var"].lossless and not METHODS["code"].lossless
     assert METHODS["var-prune"].lossless_label == "lossy (exact when keep_fraction=1)"
-    assert METHODS["code"].needs_draft
-    assert METHODS["code"].options == ["draft", "draft_scales", "keep_fraction", "prune_scales", "refiner_temperature"]
+    assert METHODS["code"].needs_draft and METHODS["code"].draft_option == "refiner"
+    code_options = ["refiner", "draft_scales", "keep_fraction", "prune_scales", "refiner_temperature"]
+    assert METHODS["code"].options == code_options
 
 
 # -- bad input: one clear error each ------------------------------------------------------------------
@@ -345,23 +346,23 @@ def test_methods_list_the_next_scale_kind():
 def test_code_refuses_a_split_outside_the_scales(pair, drafted):
     drafter, refiner = pair
     with pytest.raises(VisarError, match=r"draft_scales must be an integer in 0\.\.4"):
-        generate(drafter, method="code", draft=refiner, draft_scales=drafted)
+        generate(drafter, method="code", refiner=refiner, draft_scales=drafted)
 
 
 def test_code_refuses_a_refiner_with_another_scale_schedule(pair):
     drafter, _ = pair
     other = tiny_var(1, patch_nums=(1, 2, 4))
     with pytest.raises(VisarError, match="scales .* differ"):
-        generate(drafter, method="code", draft=other)
+        generate(drafter, method="code", refiner=other)
 
 
 def test_code_refuses_a_refiner_with_another_tokenizer(pair):
     drafter, refiner = pair
     other_vq = visar.Pipeline(refiner.model, tiny_vqvae(seed=5), name="other-vq")
     with pytest.raises(VisarError, match="tokenizer differs"):
-        generate(drafter, method="code", draft=other_vq)
+        generate(drafter, method="code", refiner=other_vq)
     with pytest.raises(VisarError, match="different tokenizers"):
-        generate(drafter, method="code", draft=tiny_var(1, vocab_size=32))
+        generate(drafter, method="code", refiner=tiny_var(1, vocab_size=32))
 
 
 def test_code_refuses_a_raster_refiner(pair):
@@ -369,7 +370,7 @@ def test_code_refuses_a_raster_refiner(pair):
 
     drafter, _ = pair
     with pytest.raises(VisarError, match="must be a next-scale model"):
-        generate(drafter, method="code", draft=tiny_llamagen(vocab=16, block_size=16))
+        generate(drafter, method="code", refiner=tiny_llamagen(vocab=16, block_size=16))
 
 
 def test_prune_refuses_bad_options(pair):
@@ -431,7 +432,7 @@ def test_bench_measures_next_scale_methods_against_var(pair):
     from visar.eval.bench import bench
 
     drafter, refiner = pair
-    options = {"code": {"draft": refiner, "draft_scales": 2}, "var-prune": {"keep_fraction": 0.25}}
+    options = {"code": {"refiner": refiner, "draft_scales": 2}, "var-prune": {"keep_fraction": 0.25}}
     report = bench(drafter, ["code", "var-prune"], n=3, batch_size=2, method_options=options, progress=False)
     rows = {r["method"]: r for r in report["rows"]}
     assert list(rows) == ["var", "code", "var-prune"] and rows["var"]["latency_ratio_vs_ar"] == 1.0
@@ -450,10 +451,11 @@ def test_batch_generation_decodes_each_next_scale_image_alone(pair, tmp_path):
 
     drafter, refiner = pair
     jobs = [SampleJob(tmp_path / f"{i}.png", condition=c, seed=i) for i, c in enumerate([0, 3, 1])]
-    stats = generate_missing(drafter, jobs, method="code", batch_size=2, progress=False, draft=refiner, draft_scales=2)
+    options = dict(refiner=refiner, draft_scales=2)
+    stats = generate_missing(drafter, jobs, method="code", batch_size=2, progress=False, **options)
     assert stats["generated"] == 3
     for job in jobs:
-        expected = drafter.generate(class_labels=[job.condition], seed=job.seed, method="code", draft=refiner,
+        expected = drafter.generate(class_labels=[job.condition], seed=job.seed, method="code", refiner=refiner,
                                     draft_scales=2, output_type="np").images[0]  # fmt: skip
         assert np.array_equal(np.asarray(Image.open(job.path).convert("RGB")), expected)
 
@@ -467,8 +469,8 @@ def test_demo_compares_a_next_scale_model_and_draws_its_scales():
     pipe = cache.get("visar-tiny-var-c2i")
     assert method_choices(pipe) == ["var", "code", "var-prune"]
     texts = default_options("code", "visar-tiny-var-c2i")
-    assert texts["draft"] == "visar-tiny-var-c2i-refiner"
-    fields = [texts.get(name, "") for name in ("draft", "draft_scales", "keep_fraction", "prune_scales")]
+    assert texts["refiner"] == "visar-tiny-var-c2i-refiner"
+    fields = [texts.get(name, "") for name in ("refiner", "draft_scales", "keep_fraction", "prune_scales")]
     *_, summary, heatmap, commit_pass, stats = compare(
         cache, "visar-tiny-var-c2i", "red circle", "", "code", 0, 3.0, 1.0, 0, 1.0, fields + [""] * 7
     )

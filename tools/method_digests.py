@@ -55,7 +55,7 @@ def main() -> int:
                 method.check_model(pipe.model)
             except VisarError:
                 continue
-            options = {"draft": DRAFTS[name]} if method.needs_draft and name in DRAFTS else {}
+            options = {method.draft_option: DRAFTS[name]} if method.needs_draft and name in DRAFTS else {}
             if method.needs_draft and not options:
                 continue
             try:

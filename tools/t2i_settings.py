@@ -1,4 +1,4 @@
-"""Choose a text-conditional shapes model's sampling settings on held-out seeds (issue: t2i model).
+"""Choose a text-conditional shapes model's sampling settings on held-out seeds.
 
 The reported GenEval-style table (`visar bench --quality-n N`, `visar eval shapes`) draws image i
 with seed i; this sweep draws the same prompts (`caption_metadata`) with seeds from --seed on, so

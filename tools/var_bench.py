@@ -31,15 +31,15 @@ def csv(kind):
 
 def plan(refiner, draft_scales, keeps, prune_scales, combined, refiner_temperatures=()) -> list[tuple[str, dict, str]]:
     """(method, options, row label) for every row after the reference."""
-    rows = [("code", {"draft": refiner, "draft_scales": 0}, "refiner alone (code N=0)")]
-    rows += [("code", {"draft": refiner, "draft_scales": n}, f"code N={n}") for n in draft_scales]
+    rows = [("code", {"refiner": refiner, "draft_scales": 0}, "refiner alone (code N=0)")]
+    rows += [("code", {"refiner": refiner, "draft_scales": n}, f"code N={n}") for n in draft_scales]
     for t in refiner_temperatures:
-        options = [{"draft": refiner, "draft_scales": n, "refiner_temperature": t} for n in draft_scales]
+        options = [{"refiner": refiner, "draft_scales": n, "refiner_temperature": t} for n in draft_scales]
         rows += [("code", o, f"code N={o['draft_scales']}, refiner temperature {t}") for o in options]
     rows += [("var-prune", {"keep_fraction": f, "prune_scales": prune_scales}, f"var-prune keep={f}") for f in keeps]
     for pair in combined:
         n, f = pair.split(":")
-        options = {"draft": refiner, "draft_scales": int(n), "keep_fraction": float(f), "prune_scales": prune_scales}
+        options = {"refiner": refiner, "draft_scales": int(n), "keep_fraction": float(f), "prune_scales": prune_scales}
         rows.append(("code", options, f"code N={n} + prune keep={f}"))
     return rows
 
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     report["rows"][0]["method"] = "drafter alone (var)"
     for row, (_, options, label) in zip(report["rows"][1:], rows, strict=True):
         row["method"] = label
-        row["options"] = {k: v for k, v in options.items() if k != "draft"}
+        row["options"] = {k: v for k, v in options.items() if k != "refiner"}
     report["refiner"] = refiner.name
     out = Path(args.out)
     write_bench_report(report, out)

@@ -308,8 +308,8 @@ class Pipeline:
         batch draws from its own generator, seeded `seed + i` unless `generator` (one per image,
         or a single one for a single image) is given. output_type: "pil" (list of PIL images),
         "pt" (float tensor [B, 3, H, W] in [0, 1]), "np" (uint8 [B, H, W, 3]) or "tokens".
-        A method's `draft` option may be a registered name or folder (loaded once per process), a
-        Pipeline, or a model; its tokenizer must be this pipeline's.
+        A method's second model (option `draft`, or `refiner` for code) may be a registered name or
+        folder (loaded once per process), a Pipeline, or a model; its tokenizer must be this pipeline's.
         stats (every method, `visar.accel.stats`): forward_passes (the batch's target passes),
         forward_passes_per_image, tokens_per_forward, latency_s (token sampling wall time), draft_tokens
         (drafts tested), accepted_tokens, acceptance_rate (None without drafts), draft_forward_passes,
@@ -322,9 +322,9 @@ class Pipeline:
         if output_type not in ("pil", "pt", "np", "tokens"):
             raise VisarError(f"output_type must be 'pil', 'pt', 'np' or 'tokens', got {output_type!r}")
         method = method or reference_method(self.model)
-        spec = get_method(method)
-        spec.check_options(method_options)
-        spec.check_model(self.model)
+        decoding_method = get_method(method)
+        decoding_method.check_options(method_options)
+        decoding_method.check_model(self.model)
         params = self.sampling_params(guidance_scale, temperature, top_k, top_p)
         cond, cond_mask = self.condition(class_labels, prompts, caption_embeds, caption_mask)
         batch = cond.shape[0]
@@ -339,12 +339,13 @@ class Pipeline:
                 raise VisarError("generator= takes a torch.Generator or a list of them, one per image")
             if len(generators) != batch:
                 raise VisarError(f"got {len(generators)} generators for {batch} images: pass one per image")
-        if method_options.get("draft") is not None:
-            method_options["draft"] = self.resolve_draft(method_options["draft"])
-        if spec.takes_tokenizer:  # methods that compare tokens by their code vectors (gsd, lantern)
+        second_model = decoding_method.draft_option  # "draft", or code's "refiner"
+        if method_options.get(second_model) is not None:
+            method_options[second_model] = self.resolve_draft(method_options[second_model])
+        if decoding_method.takes_tokenizer:  # methods that compare tokens by their code vectors (gsd, lantern)
             method_options["tokenizer"] = self.tokenizer
         try:
-            tokens, stats = spec.fn(
+            tokens, stats = decoding_method.fn(
                 self.model, cond, params, generators, cond_mask=cond_mask, progress=progress, **method_options
             )
         except torch.OutOfMemoryError as err:
@@ -356,7 +357,7 @@ class Pipeline:
             tokens = tokens.reshape(batch, *self.model.grid_size)
         if kind != "next-scale":
             stats["commit_pass"] = stats["commit_pass"].reshape(batch, *self.model.grid_size)
-        lossless = spec.is_lossless(method_options, self.model)
+        lossless = decoding_method.is_lossless(method_options, self.model)
         stats = {**stats, "method": method, "lossless": lossless, "batch_size": batch}
         images = None
         if output_type != "tokens":
@@ -366,7 +367,8 @@ class Pipeline:
         return GenerationOutput(images=images, tokens=tokens, stats=stats)
 
     def resolve_draft(self, draft) -> RasterModel:
-        """A draft given as a registered name or folder, a Pipeline, or a model -> the draft model.
+        """A second model (a draft, or code's refiner) given as a registered name or folder, a Pipeline,
+        or a model -> the model.
 
         Names load once per (name, device, dtype) in this process, so a batch loop does not reload
         the draft. A draft with a tokenizer must share this pipeline's: its token ids mean images.

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..models.base import RasterModel
+from ..progress import progress_bar
 from .registry import register_method
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
@@ -33,16 +33,16 @@ def generate(
     device = model.device
     batch = cond.shape[0]
     log = DecodeLog(batch, model.grid_size, 0, device)
-    n_cond, n_tokens = model.num_condition_tokens, model.num_image_tokens
+    num_cond, num_tokens = model.num_condition_tokens, model.num_image_tokens
     scorer = GuidedScorer(model, cond, cond_mask, params)
-    tokens = torch.empty(batch, n_tokens, dtype=torch.long, device=device)
-    positions = torch.arange(n_cond, n_cond + n_tokens, device=device)  # made once: no copy to the device per step
-    with scorer.cache(n_cond + n_tokens):
+    tokens = torch.empty(batch, num_tokens, dtype=torch.long, device=device)
+    positions = torch.arange(num_cond, num_cond + num_tokens, device=device)  # made once, not copied per step
+    with scorer.cache(num_cond + num_tokens):
         probs = scorer.prefill()  # [B, V]
-        for i in tqdm(range(n_tokens), disable=not progress, desc="ar", leave=False):
+        for i in progress_bar(range(num_tokens), enabled=progress, desc="ar"):
             tokens[:, i] = sample_from_probs(probs, draw_uniforms(generators)[:, 0])
-            if i + 1 < n_tokens:
+            if i + 1 < num_tokens:
                 probs = scorer.target_probs(scorer.logits(tokens[:, i : i + 1], positions[i : i + 1])[:, -1])
-    log.passes_per_image[:] = n_tokens
-    log.commit_pass[:, :n_tokens] = torch.arange(1, n_tokens + 1, device=device)  # token i from pass i + 1
-    return tokens, log.stats(forward_passes=n_tokens)
+    log.passes_per_image[:] = num_tokens
+    log.commit_pass[:, :num_tokens] = torch.arange(1, num_tokens + 1, device=device)  # token i from pass i + 1
+    return tokens, log.stats(forward_passes=num_tokens)

@@ -38,6 +38,7 @@ almost never accept), then a target draw.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -245,7 +246,7 @@ def residuals_kept(block: Tensor, images: Tensor, token_step: Tensor):
 RELAXED_MAX_TRIES = 100  # MarkXCloud/CSpD's bound on residual tries
 
 
-# -- the method ------------------------------------------------------------------------------------
+# -- the pieces of the method ----------------------------------------------------------------------
 
 
 def is_exact(options: dict, model) -> bool:
@@ -315,6 +316,183 @@ class ImageDraws:
         return self._each(index, lambda g: torch.randn(n, self.steps + 1, self.channels, generator=g, device=g.device))
 
 
+@dataclass(frozen=True)
+class ConditionedModel:
+    """A MAR with the batch's condition embedding and, when guided, the null one (else None)."""
+
+    model: object
+    cond: Tensor
+    null: Tensor | None
+
+    @classmethod
+    def embed(cls, model, cond: Tensor, guided: bool) -> ConditionedModel:
+        return cls(model, model.embed_condition(cond), model.null_embedding(cond.shape[0]) if guided else None)
+
+    def features(self, tokens: Tensor, visible: Tensor, images: Tensor | None = None):
+        """The transformer pass over rows of the images `images` [R] (default: the batch) -> (z, z_null)."""
+        cond, null = self.cond, self.null
+        if images is not None:
+            cond, null = cond[images], None if null is None else null[images]
+        return condition_pass(self.model, tokens, visible, cond, null, null is not None)
+
+
+@dataclass(frozen=True)
+class SharedSampling:
+    """What the draft and the target share, so that their trajectories align: each image's order,
+    the mask schedule and its CFG scales, the diffusion schedule, the noise keyed to (position, step)
+    and the temperature."""
+
+    orders: Tensor  # [B, L]
+    schedule: MaskSchedule
+    guidance: Tensor  # [num_iter]: the CFG scale of each MAR step
+    constants: dict
+    noise: PositionNoise
+    temperature: float
+
+    def reveal(self, steps: Tensor, active: Tensor) -> Tensor:
+        """[B, L] bool: the positions image b reveals at its MAR step steps[b] (none where not active)."""
+        return predicted_positions(self.orders, self.schedule, steps, active)
+
+    def guidance_at(self, steps: Tensor) -> Tensor:
+        return self.guidance[steps.clamp(max=len(self.guidance) - 1)]
+
+    def denoise(self, model, tokens, z, z_null, reveal, steps, record=False):
+        """sample_step: the tokens `reveal` marks, image b at the CFG scale of its MAR step steps[b]."""
+        guidance = self.guidance_at(steps)
+        return sample_step(
+            model, self.constants, tokens, z, z_null, reveal, guidance, self.temperature, self.noise, record=record
+        )
+
+
+@dataclass(frozen=True)
+class DraftedTokens:
+    """The tokens of one draft block, in draft-step, then (image, position) order."""
+
+    images: Tensor  # [N]
+    positions: Tensor  # [N]
+    step: Tensor  # [N]: the draft step j (0 .. block - 1) that drafted the token
+    path: Tensor  # [T, N, C]: the draft's trajectory; path[i] is the input of diffusion step i
+    x0: Tensor  # [N, C]: the drafted token
+    z: Tensor  # [N, Dz]: the draft's conditions of the token
+    z_null: Tensor | None  # [N, Dz] when guided
+
+    @staticmethod
+    def cat(parts: list[DraftedTokens]) -> DraftedTokens:
+        return DraftedTokens(
+            images=torch.cat([part.images for part in parts]),
+            positions=torch.cat([part.positions for part in parts]),
+            step=torch.cat([part.step for part in parts]),
+            path=torch.cat([part.path for part in parts], dim=1),
+            x0=torch.cat([part.x0 for part in parts]),
+            z=torch.cat([part.z for part in parts]),
+            z_null=None if parts[0].z_null is None else torch.cat([part.z_null for part in parts]),
+        )
+
+
+def propose(drafter: ConditionedModel, shared: SharedSampling, tokens, visible, step_of, block):
+    """The draft's block: pass j runs MAR step step_of[b] + j of every image b with j < block[b] and
+    sees the drafts of the passes before it -> (DraftedTokens, draft tokens [B, L, C], each pass's
+    reveal [B, L]). Every pass drafts a token: MaskSchedule reveals at least one per step."""
+    draft_tokens, draft_visible = tokens.clone(), visible.clone()
+    parts, reveals = [], []
+    for j in range(int(block.max())):
+        z, z_null = drafter.features(draft_tokens, draft_visible)
+        reveal = shared.reveal(step_of + j, j < block)
+        record = shared.denoise(drafter.model, draft_tokens, z, z_null, reveal, step_of + j, record=True)
+        draft_visible |= reveal
+        reveals.append(reveal)
+        if record is not None:
+            images, positions, (x0, path, _means, _log_variances) = record
+            z_null_drafted = None if z_null is None else z_null[images, positions]
+            step = torch.full_like(images, j)
+            parts.append(DraftedTokens(images, positions, step, path, x0, z[images, positions], z_null_drafted))
+    return DraftedTokens.cat(parts), draft_tokens, reveals
+
+
+def score(target: ConditionedModel, drafted: DraftedTokens, draft_tokens, visible, reveals, block):
+    """The target's one pass over a draft block: a row per (image b, draft step j < block[b]) that
+    sees the committed tokens and b's drafts of steps < j, as plain target step j would -> the
+    target's conditions (z [N, Dz], z_null) of each drafted token."""
+    row_step, row_image = torch.stack([j < block for j in range(len(reveals))]).nonzero(as_tuple=True)
+    seen = [visible]  # seen[j]: the committed tokens and the drafts of steps < j
+    for reveal in reveals[:-1]:
+        seen.append(seen[-1] | reveal)
+    row_visible = torch.stack(seen)[row_step, row_image]
+    z, z_null = target.features(draft_tokens[row_image], row_visible, row_image)
+    row_of = torch.zeros(len(reveals), len(block), dtype=torch.long, device=block.device)  # [J, B]
+    row_of[row_step, row_image] = torch.arange(len(row_step), device=block.device)
+    rows = row_of[drafted.step, drafted.images]
+    return z[rows, drafted.positions], None if z_null is None else z_null[rows, drafted.positions]
+
+
+def verify(target, drafter, shared, drafted, target_z, step_of, block, generators, **acceptance):
+    """`speculate` on every drafted token, the steps after an image's first rejection left out of
+    the residual sampling -> (tokens [N, C], accepted [N] bool, each image's first rejected step [B]
+    (block[b] where none is)). acceptance: speculate's mode, inner_temperature and max_tries."""
+    model, images, token_step = target.model, drafted.images, drafted.step
+    guidance = shared.guidance_at(step_of[images] + token_step)
+    target_head = model_head(model, shared.constants, *target_z, guidance)
+    draft_head = model_head(drafter.model, shared.constants, drafted.z, drafted.z_null, guidance)
+    draws = ImageDraws(generators, images, shared.noise.num_steps, model.token_dim, model.device)
+    tokens, accepted, _ = speculate(
+        target_head,
+        draft_head,
+        torch.arange(len(images), device=model.device),
+        drafted.path,
+        drafted.x0,
+        shared.temperature,
+        draws.uniform,
+        draws.normal,
+        needs_residual=residuals_kept(block, images, token_step),
+        **acceptance,
+    )
+    return tokens, accepted, first_rejections(block, images, token_step, accepted)
+
+
+def commit(tokens, visible, log: DecodeLog, drafted, verified, accepted, first_reject, forward_pass: int):
+    """Write each image's tokens of its draft steps up to its first rejected one (inclusive) into
+    tokens and visible, the verified tokens (the draft's or a residual draw), and log them."""
+    kept = drafted.step <= first_reject[drafted.images]
+    images, positions = drafted.images[kept], drafted.positions[kept]
+    tokens[images, positions] = verified[kept]
+    visible[images, positions] = True
+    log.drafts(drafted.positions[None], drafted.step[None], kept[None], (accepted & kept)[None])
+    committed = torch.zeros_like(visible)
+    committed[images, positions] = True
+    log.commit(torch.arange(visible.shape[1], device=visible.device).expand_as(visible), committed, forward_pass)
+
+
+def target_steps(target: ConditionedModel, shared: SharedSampling, tokens, visible, step_of, log, steps: int) -> int:
+    """Run `steps` MAR steps of the target alone (in place) -> its forward passes."""
+    every = torch.arange(visible.shape[1], device=visible.device).expand_as(visible)
+    everyone = torch.ones_like(visible[:, 0])
+    for forward_pass in range(1, steps + 1):
+        reveal = shared.reveal(step_of, everyone)
+        shared.denoise(target.model, tokens, *target.features(tokens, visible), reveal, step_of)
+        visible |= reveal
+        log.count_pass(everyone)
+        log.commit(every, reveal, forward_pass)
+        step_of += 1
+    return steps
+
+
+def check_options(model, draft, num_draft, prefill, mode, inner_temperature, max_tries) -> int | None:
+    """cspd's own options, checked before anything runs -> max_tries (relaxed mode: bounded)."""
+    if draft is None:
+        raise VisarError("cspd needs draft= (a smaller MAR of the same family: name, folder, pipeline or model)")
+    check_choice("cspd mode", mode, ("exact", "relaxed"))
+    check_number("num_draft", num_draft, 1, maximum=model.num_image_tokens, integer=True)
+    check_number("max_tries", max_tries, 1, integer=True, allow_none=True)
+    check_number("prefill", prefill, 0, maximum=1)
+    check_number("inner_temperature", inner_temperature, MIN_TEMPERATURE, maximum=MAX_TEMPERATURE)
+    check_pair(model, draft)
+    # The tempered residual accepts almost nothing, so it must be bounded: upstream's 100 tries.
+    return RELAXED_MAX_TRIES if max_tries is None and mode == "relaxed" else max_tries
+
+
+# -- the method ------------------------------------------------------------------------------------
+
+
 @torch.no_grad()
 @register_method(
     "cspd",
@@ -349,163 +527,45 @@ def cspd(
     """CSpD: `draft` (a MAR) drafts num_draft steps, the target verifies them in one batched pass."""
     check_params(params)
     num_iter = check_loop(model, num_iter, num_diffusion_steps, cfg_schedule)
-    if draft is None:
-        raise VisarError("cspd needs draft= (a smaller MAR of the same family: name, folder, pipeline or model)")
-    check_choice("cspd mode", mode, ("exact", "relaxed"))
-    check_number("num_draft", num_draft, 1, maximum=model.num_image_tokens, integer=True)
-    check_number("max_tries", max_tries, 1, integer=True, allow_none=True)
-    check_number("prefill", prefill, 0, maximum=1)
-    check_number("inner_temperature", inner_temperature, MIN_TEMPERATURE, maximum=MAX_TEMPERATURE)
-    if max_tries is None and mode == "relaxed":
-        # The tempered residual accepts almost nothing, so it must be bounded: upstream's 100 tries.
-        max_tries = RELAXED_MAX_TRIES
-    check_pair(model, draft)
-    batch, num_tokens, device = cond.shape[0], model.num_image_tokens, model.device
-    cfg, temperature = params.guidance_scale, params.temperature
-    guided = cfg != 1.0
-    schedule = MaskSchedule.cosine(num_tokens, num_iter, cfg, cfg_schedule)
-    # One schedule for both, the target's (its respacing, e.g. "ddim25", not an even spacing of as
-    # many steps): trajectory alignment compares the two heads step for step.
+    max_tries = check_options(model, draft, num_draft, prefill, mode, inner_temperature, max_tries)
+    batch, num_tokens, device, guided = cond.shape[0], model.num_image_tokens, model.device, params.guidance_scale != 1
+    schedule = MaskSchedule.cosine(num_tokens, num_iter, params.guidance_scale, cfg_schedule)
+    # One diffusion schedule for both, the target's (its respacing, e.g. "ddim25", not an even spacing
+    # of as many steps): trajectory alignment compares the two heads step for step.
     diffusion = model.diffusion_schedule(num_diffusion_steps)
-    steps = diffusion.num_steps
-    target_constants = draft_constants = diffusion.constants(device)
     orders = draw_orders(generators, num_tokens, device)
-    noise = PositionNoise(generators, num_tokens, steps, model.token_dim, device)
+    noise = PositionNoise(generators, num_tokens, diffusion.num_steps, model.token_dim, device)
+    guidance = torch.tensor(schedule.guidance, device=device)
+    shared = SharedSampling(orders, schedule, guidance, diffusion.constants(device), noise, params.temperature)
+    target, drafter = ConditionedModel.embed(model, cond, guided), ConditionedModel.embed(draft, cond, guided)
     log = DecodeLog(batch, model.grid_size, num_draft, device)
-    guidance_by_step = torch.tensor(schedule.guidance, device=device)
-
     tokens = torch.zeros(batch, num_tokens, model.token_dim, device=device)
     visible = torch.zeros(batch, num_tokens, dtype=torch.bool, device=device)
-    target_cond, draft_cond = model.embed_condition(cond), draft.embed_condition(cond)
-    target_null = model.null_embedding(batch) if guided else None
-    draft_null = draft.null_embedding(batch) if guided else None
-    every = torch.arange(num_tokens, device=device).expand(batch, -1)
     step_of = torch.zeros(batch, dtype=torch.long, device=device)  # each image's next MAR step
-    target_passes = draft_passes = 0
+    draft_passes = 0
 
     # Pre-filling: the first steps are the target's own (drafts there are poor).
-    prefill_steps = min(num_iter, int(math.floor(num_iter * prefill)) + 1) if prefill > 0 else 0
-    for _ in range(prefill_steps):
-        active = torch.ones(batch, dtype=torch.bool, device=device)
-        z, z_null = condition_pass(model, tokens, visible, target_cond, target_null, guided)
-        reveal = predicted_positions(orders, schedule, step_of, active)
-        sample_step(model, target_constants, tokens, z, z_null, reveal, guidance_by_step[step_of], temperature, noise)
-        visible |= reveal
-        target_passes += 1
-        log.count_pass(active)
-        log.commit(every, reveal, target_passes)
-        step_of += 1
-
+    prefill_steps = min(num_iter, math.floor(num_iter * prefill) + 1) if prefill > 0 else 0
+    target_passes = target_steps(target, shared, tokens, visible, step_of, log, prefill_steps)
     while bool((step_of < num_iter).any()):
         active = step_of < num_iter
-        block = torch.clamp(num_iter - step_of, max=num_draft) * active  # draft steps per image
-        # Drafting: pass j drafts step step_of + j of every image with j < block.
-        draft_tokens, draft_visible = tokens.clone(), visible.clone()
-        reveals, records = [], []
-        for j in range(int(block.max())):
-            in_pass = j < block
-            z, z_null = condition_pass(draft, draft_tokens, draft_visible, draft_cond, draft_null, guided)
-            reveal = predicted_positions(orders, schedule, step_of + j, in_pass)
-            record = sample_step(
-                draft,
-                draft_constants,
-                draft_tokens,
-                z,
-                z_null,
-                reveal,
-                guidance_by_step[(step_of + j).clamp(max=num_iter - 1)],
-                temperature,
-                noise,
-                record=True,
-            )
-            draft_visible |= reveal
-            reveals.append(reveal)
-            records.append((record, z, z_null))
-            draft_passes += 1
-        # Verification: one target pass over rows (image, j), row j seeing the drafts of steps < j.
-        row_image = torch.cat([torch.nonzero(j < block).squeeze(1) for j in range(len(reveals))])
-        row_step = torch.cat([torch.full(((j < block).sum(),), j, device=device) for j in range(len(reveals))])
-        seen = visible.clone()
-        seen_by_step = []
-        for j in range(len(reveals)):
-            seen_by_step.append(seen.clone())
-            seen |= reveals[j]
-        row_visible = torch.stack(
-            [seen_by_step[j][b] for b, j in zip(row_image.tolist(), row_step.tolist(), strict=True)]
-        )
-        z_rows, z_null_rows = condition_pass(
-            model,
-            draft_tokens[row_image],
-            row_visible,
-            target_cond[row_image],
-            None if target_null is None else target_null[row_image],
-            guided,
-        )
+        block = torch.clamp(num_iter - step_of, max=num_draft) * active  # [B]: the steps each image drafts
+        # The draft runs block[b] MAR steps of image b (its tokens sample the shared noise).
+        drafted, draft_tokens, reveals = propose(drafter, shared, tokens, visible, step_of, block)
+        draft_passes += len(reveals)
+        # One target pass scores every drafted step j as plain target sampling would (seeing steps < j).
+        target_z = score(target, drafted, draft_tokens, visible, reveals, block)
         target_passes += 1
         log.count_pass(active)
-        row_of = {(b, j): r for r, (b, j) in enumerate(zip(row_image.tolist(), row_step.tolist(), strict=True))}
-        # Test every drafted token of every step in one call; per image keep the steps up to its first rejection.
-        parts = {key: [] for key in ("images", "positions", "step", "path", "x0", "z", "z_null", "dz", "dz_null")}
-        for j, (drafted, draft_z, draft_z_null) in enumerate(records):
-            if drafted is None:
-                continue
-            images, positions, (x0, path, _means, _log_vars) = drafted
-            token_rows = torch.tensor([row_of[(b, j)] for b in images.tolist()], device=device, dtype=torch.long)
-            parts["images"].append(images)
-            parts["positions"].append(positions)
-            parts["step"].append(torch.full_like(images, j))
-            parts["path"].append(path)
-            parts["x0"].append(x0)
-            parts["z"].append(z_rows[token_rows, positions])
-            parts["dz"].append(draft_z[images, positions])
-            if guided:
-                parts["z_null"].append(z_null_rows[token_rows, positions])
-                parts["dz_null"].append(draft_z_null[images, positions])
-        if parts["images"]:
-            images, positions, token_step = (torch.cat(parts[k]) for k in ("images", "positions", "step"))
-            path, x0 = torch.cat(parts["path"], dim=1), torch.cat(parts["x0"])
-            guidance = guidance_by_step[(step_of[images] + token_step).clamp(max=num_iter - 1)]
-            z_null_all = torch.cat(parts["z_null"]) if guided else None
-            dz_null_all = torch.cat(parts["dz_null"]) if guided else None
-            target_head = model_head(model, target_constants, torch.cat(parts["z"]), z_null_all, guidance)
-            draft_head = model_head(draft, draft_constants, torch.cat(parts["dz"]), dz_null_all, guidance)
-            draws = ImageDraws(generators, images, steps, model.token_dim, device)
-
-            new_tokens, accepted, _ = speculate(
-                target_head,
-                draft_head,
-                torch.arange(len(images), device=device),
-                path,
-                x0,
-                temperature,
-                draws.uniform,
-                draws.normal,
-                mode=mode,
-                inner_temperature=inner_temperature,
-                max_tries=max_tries,
-                needs_residual=residuals_kept(block, images, token_step),
-            )
-            first_reject = first_rejections(block, images, token_step, accepted)
-            for j in range(len(records)):
-                in_step = token_step == j
-                if not bool(in_step.any()):
-                    continue
-                kept = in_step & (j <= first_reject[images])  # steps after the first rejection are discarded
-                tokens[images[kept], positions[kept]] = new_tokens[kept]
-                visible[images[kept], positions[kept]] = True
-                step_positions = positions[in_step]
-                log.drafts(
-                    step_positions[None],
-                    torch.full_like(step_positions, j)[None],
-                    kept[in_step][None],
-                    (accepted & kept)[in_step][None],
-                )
-                reveal = torch.zeros_like(visible)
-                reveal[images[kept], positions[kept]] = True
-                log.commit(every, reveal, target_passes)
-        else:
-            first_reject = block.clone()
-        step_of = step_of + torch.where(first_reject < block, first_reject + 1, block)
+        # Accept a drafted trajectory tau ~ q with probability min(1, p(tau) / q(tau)); replace a
+        # rejected one by a draw from the residual max(0, p - q). Together: tau ~ p exactly.
+        acceptance = dict(mode=mode, inner_temperature=inner_temperature, max_tries=max_tries)
+        verified, accepted, first_reject = verify(
+            target, drafter, shared, drafted, target_z, step_of, block, generators, **acceptance
+        )
+        # Later steps were drafted given a rejected token: keep each image's steps up to its first rejection.
+        commit(tokens, visible, log, drafted, verified, accepted, first_reject, target_passes)
+        step_of += torch.where(first_reject < block, first_reject + 1, block)
 
     stats = log.stats(target_passes, draft_passes)
-    return tokens, {**stats, "num_iter": num_iter, "num_diffusion_steps": steps, "mode": mode}
+    return tokens, {**stats, "num_iter": num_iter, "num_diffusion_steps": diffusion.num_steps, "mode": mode}

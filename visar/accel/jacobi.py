@@ -46,10 +46,10 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..errors import VisarError
 from ..models.base import RasterModel
+from ..progress import progress_bar
 from .acceptance import SPECULATIVE, AcceptanceRule, gumbel_coupling, keyed_uniforms, verify_slots
 from .checks import check_number
 from .drafts import DecodeState, FillRequest, resolve_initialiser
@@ -405,7 +405,7 @@ def speculative_decode(
     log = DecodeLog(batch, model.grid_size, window, device)
     state = new_state(model, generators, window, spare=window)
     scorer = GuidedScorer(model, cond, request.cond_mask, request.params)
-    bar = tqdm(total=num_tokens, disable=not progress, desc="speculative", leave=False)
+    bar = progress_bar(total=num_tokens, enabled=progress, desc="speculative")
     with scorer.cache(num_cond + num_tokens):
         proposer.start(state)
         try:

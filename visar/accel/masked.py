@@ -27,10 +27,10 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..errors import VisarError
 from ..models.base import MaskedModel
+from ..progress import progress_bar
 from .sampling import SamplingParams
 from .scoring import MaskedScorer
 from .stats import DecodeLog
@@ -132,7 +132,7 @@ def unmask(
     tokens = torch.full((batch, num_tokens), model.mask_token_id, dtype=torch.long, device=device)
     known = torch.zeros(batch, num_tokens, dtype=torch.bool, device=device)
     index = torch.arange(num_tokens, device=device).expand(batch, -1)
-    for step in tqdm(range(steps), disable=not progress, desc=name, leave=False):
+    for step in progress_bar(range(steps), enabled=progress, desc=name):
         probs = scorer.target_probs(tokens)  # [B, N, V]
         sampled = torch.where(known, tokens, sample_positions(probs, generators))
         left = masked_after(step, steps, num_tokens, (~known).sum(1), mask_schedule)

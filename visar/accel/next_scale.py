@@ -30,10 +30,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..errors import VisarError
 from ..models.base import NextScaleModel, model_kind
+from ..progress import progress_bar
 from ..tokenizers.base import MultiScaleTokenizer
 from .registry import register_method
 from .sampling import SamplingParams, cfg_mix, draw_uniforms, logits_to_probs, sample_from_probs
@@ -109,7 +109,7 @@ def sample_scales(
     entry; just scale 0 for a model that starts the image) and yields the law of scale scales[0]."""
     sizes = scorer.model.scale_sizes
     batch = state.f_hat.shape[0]
-    for k in tqdm(scales, disable=not progress, desc="scales", leave=False):
+    for k in progress_bar(scales, enabled=progress, desc="scales"):
         if k == scales.start:
             earlier = torch.cat(state.inputs[:k], dim=1) if k else None  # the inputs of scales 1 .. k
             probs = scorer.scale_probs(earlier, 0, k)
@@ -208,9 +208,9 @@ def check_refiner(model: NextScaleModel, refiner, draft_scales: int | None) -> i
     """The number of drafted scales N, after one clear error for a refiner that cannot take over."""
     num_scales = len(model.scale_sizes)
     if refiner is None:
-        raise VisarError("code needs a refiner: pass draft= (a smaller next-scale model of the same family)")
+        raise VisarError("code needs a refiner: pass refiner= (a smaller next-scale model of the same family)")
     if model_kind(refiner) != "next-scale":
-        raise VisarError(f"code's refiner (draft=) must be a next-scale model; {type(refiner).__name__} is not")
+        raise VisarError(f"code's refiner (refiner=) must be a next-scale model; {type(refiner).__name__} is not")
     if tuple(refiner.scale_sizes) != tuple(model.scale_sizes):
         raise VisarError(
             f"the drafter's scales {list(model.scale_sizes)} and the refiner's {list(refiner.scale_sizes)} differ: "
@@ -241,12 +241,13 @@ def code_is_exact(options: dict, model) -> bool:
     "code",
     lossless=False,
     description="collaborative decoding (CoDe, Chen et al. 2025): this model drafts the first draft_scales "
-    "scales, a smaller refiner (draft=) prefills them in one pass and decodes the rest; keep_fraction < 1 adds "
+    "scales, a smaller refiner (refiner=) prefills them in one pass and decodes the rest; keep_fraction < 1 adds "
     "var-prune's token pruning at the prune_scales",
     model_kind="next-scale",
     exact_when=code_is_exact,
     exact_when_text="draft_scales = the number of scales and keep_fraction=1",
     needs_draft=True,
+    draft_option="refiner",
 )
 def code(
     model: NextScaleModel,
@@ -254,7 +255,7 @@ def code(
     params: SamplingParams,
     generators: list[torch.Generator],
     *,
-    draft: NextScaleModel | None = None,
+    refiner: NextScaleModel | None = None,
     draft_scales: int | None = None,
     keep_fraction: float = 1.0,
     prune_scales: int | list[int] = 2,
@@ -263,7 +264,7 @@ def code(
     cond_mask: Tensor | None = None,
     progress: bool = False,
 ) -> tuple[list[Tensor], dict]:
-    """CoDe: this model (the drafter) decodes scales 0 .. N - 1, `draft` (the refiner) the rest.
+    """CoDe: this model (the drafter) decodes scales 0 .. N - 1, `refiner` the rest.
 
     N = draft_scales (default S - 2). The refiner enters with one block-causal prefill over the
     inputs of scales 1 .. N and reads scale N's law from it. keep_fraction < 1 adds var-prune's
@@ -271,12 +272,11 @@ def code(
     the refiner's prefill, is never pruned. stats: forward_passes counts both models' passes (one
     per scale), draft_forward_passes the refiner's. refiner_temperature: the refiner's sampling
     temperature (None: the call's), as CoDe samples its two models with their own settings."""
-    num_drafted = check_refiner(model, draft, draft_scales)
+    num_drafted = check_refiner(model, refiner, draft_scales)
     check_pair(model, tokenizer)
     check_keep_fraction(keep_fraction)
     num_scales = len(model.scale_sizes)
     chosen = pruned_scales(prune_scales, num_scales) - {num_drafted} if keep_fraction < 1 else set()
-    refiner = draft
     start = synchronized_clock(model.device)
     drafter_scorer, refiner_scorer = (
         ScaleScorer(model, cond, params),

@@ -56,7 +56,10 @@ class Method:
     exact_when: Callable[[dict, object], bool] | None = None
     exact_when_text: str = ""
     exact_example: dict = field(default_factory=dict)
-    needs_draft: bool = False  # drafts with a second model of the same family (option `draft`)
+    needs_draft: bool = False  # cannot run without a second model of the same family
+    # the option that takes a second model (a name, folder, Pipeline or model, resolved by the
+    # pipeline): `draft` for drafters, `refiner` for code's refiner; needed or optional (lantern)
+    draft_option: str = "draft"
     requires: tuple[str, ...] = ()  # model attributes it needs beyond its kind's interface
 
     @property

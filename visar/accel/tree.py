@@ -37,10 +37,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..errors import VisarError
 from ..models.base import RasterModel
+from ..progress import progress_bar
 from .acceptance import speculative_residual
 from .registry import Request
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
@@ -320,7 +320,7 @@ def tree_decode(
     tokens = torch.zeros(batch, num_tokens + max_depth + 1, dtype=torch.long, device=device)
     log = DecodeLog(batch, model.grid_size, max_depth, device)
     log.count_pass(torch.ones(batch, dtype=torch.bool, device=device))  # the prefill
-    bar = tqdm(total=num_tokens, disable=not progress, desc="tree", leave=False)
+    bar = progress_bar(total=num_tokens, enabled=progress, desc="tree")
     try:
         # token 0 from the condition alone: a plain AR step (the first tree grows from it)
         tokens[:, 0] = sample_from_probs(target.scorer.prefill(), draw_uniforms(generators, 1)[:, 0].to(device))

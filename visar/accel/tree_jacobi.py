@@ -55,10 +55,10 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..errors import VisarError
 from ..models.base import RasterModel
+from ..progress import progress_bar
 from .acceptance import speculative_residual
 from .checks import check_number
 from .drafts import resolve_initialiser
@@ -419,7 +419,7 @@ def tree_jacobi_decode(
     layout = layout.to(device)
     node_depth = layout.tree.depth
     fed = torch.zeros(batch, dtype=torch.long, device=device)  # tokens of each image with their KV cached
-    bar = tqdm(total=num_tokens, disable=not progress, desc="tree", leave=False)
+    bar = progress_bar(total=num_tokens, enabled=progress, desc="tree")
     with scorer.cache(tree_pass.size):
         proposer.start(state)
         try:

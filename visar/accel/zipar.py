@@ -73,11 +73,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..errors import VisarError
 from ..models.base import RasterModel
 from ..models.lag_mask import check_lag
+from ..progress import progress_bar
 from .acceptance import SPECULATIVE, AcceptanceRule, verify_slots
 from .drafts import FillRequest, random_init, resolve_initialiser
 from .jacobi import (
@@ -485,7 +485,7 @@ def decode_fronts(
     scorer = GuidedScorer(model, cond, cond_mask, params)
     log = DecodeLog(batch, (height, width), window, device)
     max_fronts = torch.zeros((), dtype=torch.long, device=device)
-    bar = tqdm(total=num_tokens, disable=not progress, desc=method, leave=False)
+    bar = progress_bar(total=num_tokens, enabled=progress, desc=method)
     with scorer.cache(model.num_condition_tokens + num_tokens):
         while True:
             first = scorer.forward_passes == 0

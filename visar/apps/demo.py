@@ -100,16 +100,17 @@ def method_choices(pipe) -> list[str]:
 
 
 def default_options(method_name: str, model_name: str) -> dict[str, str]:
-    """The option fields' texts: each default as JSON ("" for None); a draft model named MODEL-draft
-    for methods that need one, when it is embedded."""
+    """The option fields' texts: each default as JSON ("" for None); for a method that needs a second
+    model, the embedded MODEL-draft (or MODEL-refiner for code's `refiner`) when there is one."""
     method = get_method(method_name)
     texts = {}
     for name, value in method.defaults.items():
         texts[name] = "" if value is None else json.dumps(value)
-    if method.needs_draft and not texts.get("draft"):
-        # an embedded companion by name: MODEL-draft (raster), MODEL-refiner (CoDe's refiner)
-        base = resolve_name(model_name or DEFAULT_MODEL)
-        texts["draft"] = next((n for n in (f"{base}-draft", f"{base}-refiner") if n in embedded_models()), "")
+    option = method.draft_option
+    if method.needs_draft and not texts.get(option):
+        # an embedded companion by name: MODEL-draft for a draft, MODEL-refiner for CoDe's refiner
+        companion = f"{resolve_name(model_name or DEFAULT_MODEL)}-{option}"
+        texts[option] = companion if companion in embedded_models() else ""
     return texts
 
 
@@ -343,10 +344,10 @@ def build_demo(
         ]
 
     def method_info(method_name) -> str:
-        spec = METHODS.get(method_name)
-        if spec is None:
+        method = METHODS.get(method_name)
+        if method is None:
             return ""
-        return f"**{spec.name}** ({spec.lossless_label}): {spec.description}"
+        return f"**{method.name}** ({method.lossless_label}): {method.description}"
 
     def select_model(model_name, method_name):
         try:

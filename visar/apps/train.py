@@ -65,10 +65,8 @@ AR_RECIPES = {
         seed=1,
         data_seed=1,
         # Small batches, many steps: at this size the step count, not the batch, limits how soon
-        # the class is used (800 x 32 at lr 1e-3 left the class unused: 0.006 nats of gain).
-        # 3 layers x 5,400 steps beat 4 layers x 4,400 at the same CPU time (GPU sweep, n = 200,
-        # cfg 2: 80.0% vs 62.0%; tools/recipe_sweep.py, docs/MODELS.md). 2.04 steps/s on 2 threads
-        # with --compile (1.74 eager): 6,400 steps fit the hour with the 4.5 min of tokenizing.
+        # the class is used; 3 layers beat 4 at the same CPU time, and 6,400 compiled steps fit
+        # the hour with the tokenizing (the sweep and timings: docs/MODELS.md, tools/recipe_sweep.py).
         steps=6400,
         batch_size=16,
         lr=3e-3,
@@ -91,7 +89,7 @@ AR_RECIPES = {
             resid_dropout_p=0.0,
             ffn_dropout_p=0.0,
         ),
-        # Picked by the sweep in docs/MODELS.md (cfg 1.5/2/2.5/3 at n = 200: 60.5/72.5/59.5/56.0%).
+        # cfg 2: the best of the guidance sweep in docs/MODELS.md.
         defaults=dict(guidance_scale=2.0, temperature=1.0, top_k=None, top_p=1.0),
     ),
     "visar-tiny-c2i-draft": dict(
@@ -126,8 +124,7 @@ AR_RECIPES = {
     # largest size their count allows: 28 px alone, 24 for two, 20 for three, 18 for four).
     # It starts from the causal c2i model's transformer (`init`; the caption encoder and its
     # projection start fresh): a model that already draws each shape in each colour only has to learn
-    # to read the caption. After 600 steps (pilot, 3 layers, 120 held-out images, cfg 3) the warm
-    # start scored 16.7% (single object 70%) at a training loss of 2.3-2.4; from scratch 5.8% at 3.2.
+    # to read the caption (the pilot that compared it with a start from scratch: docs/MODELS.md).
     "visar-tiny-t2i": dict(
         condition="caption",
         init="visar-tiny-c2i-causal",
@@ -157,19 +154,16 @@ AR_RECIPES = {
             ffn_dropout_p=0.0,
         ),
         text_encoder_args=dict(max_len=16, dim=64, n_layer=2, n_head=4),
-        # cfg 1.0 / 1.25 / 1.5 / 2 / 3 / 4 / 5 / 7 on 240 held-out images: 32.9 / 34.6 / 36.3 / 30.4 /
-        # 25.8 / 29.6 / 22.1 / 19.2% overall; at cfg 1.5, temperature 0.9 / 0.8: 30.0 / 18.3%
-        # (docs/t2i_settings.json)
+        # the best of the held-out guidance and temperature sweep (tools/t2i_settings.py,
+        # docs/t2i_settings.json, docs/MODELS.md)
         defaults=dict(guidance_scale=1.5, temperature=1.0, top_k=None, top_p=1.0),
     ),
 }
 
 # The default: the causal recipe with ZipAR-aware training (docs/MODELS.md). A quarter of the
 # sequences see only what zipar at lag 2 or 3 lets a position see, so next-set decoding asks the
-# model for conditionals it was trained on: zipar s = 3 at 0.9 points under its AR over 1,500
-# images, where the causal model loses 13.8 (on 500). The price is 5.6 points of AR (73.0% against
-# 78.6% on images 0-499) at the same causal next-token loss. Half the sequences at lags 2-4
-# closed the gap too, but cost 11 points of AR (67.3% against 78.3%).
+# model for conditionals it was trained on, at a price in plain AR quality; half the sequences
+# at lags 2-4 cost more (the comparison: docs/MODELS.md, "ZipAR-aware training").
 AR_RECIPES["visar-tiny-c2i"] = dict(AR_RECIPES["visar-tiny-c2i-causal"], zipar_lags=(2, 3), zipar_fraction=0.25)
 
 
@@ -178,8 +172,8 @@ MASKED_RECIPES = {
     # The default raster model's data, size class and budget, for a bidirectional transformer: the
     # visar-tiny-c2i training set (data_seed 1, the easy class renders), 0.76 M parameters (0.78 M
     # raster), batch 16, lr 3e-3 with the weight average. A step costs about what a raster step
-    # costs (257 positions, 3 layers of width 128; no causal mask), so the raster budget of 6,400
-    # steps is the starting point; not timed here (the lead's run checks the rate).
+    # costs (257 positions, 3 layers of width 128; no causal mask), so it gets the raster budget of
+    # 6,400 steps.
     "visar-tiny-maskgit-c2i": dict(
         condition="class",
         seed=4,
@@ -580,8 +574,7 @@ def train_ar(
     `device` only changes where the arithmetic runs: batches and init come from the same seeds, so
     a CUDA run follows the recipe too (it differs from a CPU run by floating-point rounding only
     and by the class-dropout draws, which come from the device's generator). `compile` runs the
-    loss through torch.compile (visar-tiny-c2i: 2.04 against 1.74 steps/s on 2 CPU threads, ~30 s
-    to compile; the same recipe up to rounding).
+    loss through torch.compile (the same recipe up to rounding; its speed: docs/MODELS.md).
 
     A recipe with `ema_decay` keeps an exponential moving average of the weights (in the
     checkpoint, so a resumed run keeps it too) and exports it as OUT/export; the last step's

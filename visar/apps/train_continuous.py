@@ -103,21 +103,20 @@ def mar_args(width: int, depth: int, heads: int, head_depth: int, head_width: in
 # The head samples with upstream's "ddim25" respacing (guided-diffusion's space_timesteps: stride
 # 40 from 0, so the first reverse step is t = 960), not "25" (even spacing, ending at t = 999). At
 # t = 999 the cosine schedule's sqrt(1 / abar) is 2.0e4, and the first reverse step scales the
-# head's eps error by about 1,300 (2.0e4 x sqrt(abar) of the next step); this recipe's head at step
-# 4,800 had an eps MSE of 0.0015 there (upstream's large heads, trained for 400 epochs, are far
-# more precise) and drew latents of std 770, noise images, while from t = 960 (sqrt(1 / abar) 17)
-# the same weights draw the class's colour in shapes. Sampling starts from N(0, I), which q(x_960)
+# head's eps error by about 1,300 (2.0e4 x sqrt(abar) of the next step): a head this small, far
+# less precise than upstream's, draws noise images from there, and shapes from t = 960
+# (sqrt(1 / abar) 17; the run: docs/MODELS.md). Sampling starts from N(0, I), which q(x_960)
 # is up to a signal of sqrt(abar) = 0.06.
 MAR_RECIPES = {
     # The target: width 128, 2 + 2 blocks (the raster default's size class), a 3-block head of width
     # 128. The head is kept small, as upstream's are next to their trunks: per image it runs
-    # 25 steps x 2 (guidance) on every token, and at width 192 it took 68% of the sampling time
-    # (upstream MAR-B: about a fifth of the arithmetic), which no trunk-side method can touch.
+    # 25 steps x 2 (guidance) on every token, so a wide head takes most of the sampling time
+    # (docs/MODELS.md), which no trunk-side method can touch.
     "visar-tiny-mar-c2i": dict(
         condition="class",
         seed=8,
         data_seed=1,
-        steps=18_000,  # 5.6-6.6 steps/s on 2 threads: 52.5 minutes
+        steps=18_000,
         batch_size=16,
         lr=2e-3,
         warmup=100,
@@ -134,12 +133,12 @@ MAR_RECIPES = {
 MAR_RECIPES["visar-tiny-mar-c2i-draft"] = dict(
     MAR_RECIPES["visar-tiny-mar-c2i"],
     seed=9,
-    steps=4000,  # 5.2 steps/s with the target's forward pass: 12.7 minutes
+    steps=4000,
     model_args=mar_args(width=64, depth=1, heads=2, head_depth=2, head_width=96),
     # cspd accepts a drafted token by how close the draft's reverse steps are to the target's: the
     # draft learns the data and, with weight 1, the KL of its sampler steps to the target's
-    # (distillation). Plain MSE to the target's head outputs at uniform timesteps (the first
-    # attempt) left the low-noise steps apart: 0% accepted in exact mode.
+    # (distillation). Plain MSE to the target's head outputs at uniform timesteps left the
+    # low-noise steps apart, and exact mode accepted nothing.
     distill_from="visar-tiny-mar-c2i",
     distill_weight=1.0,
 )

@@ -37,7 +37,7 @@ from .train import (
     resolve_recipe,
 )
 
-# The schedule for 64 px images: 9 scales ending at the 16 x 16 map, 655 tokens per image.
+# The scale schedule for 64 px images: 9 scales ending at the 16 x 16 map, 655 tokens per image.
 SHAPES_SCALES = (1, 2, 3, 4, 6, 8, 10, 13, 16)
 
 MSVQ_RECIPES = {
@@ -87,7 +87,7 @@ def var_args(depth: int, dim: int, heads: int) -> dict:
 NEXT_SCALE_RECIPES = {
     # The drafter (CoDe's large model): the raster default's size class (width 128, 3 layers, batch
     # 16, lr 3e-3 with the weight average). A step holds 655 positions against the raster's 256, so
-    # the hour holds fewer steps: 3,000 at 1.13 s a step on one thread.
+    # the hour holds fewer steps: 3,000.
     "visar-tiny-var-c2i": dict(
         condition="class",
         seed=5,
@@ -104,18 +104,17 @@ NEXT_SCALE_RECIPES = {
         model_args=var_args(depth=3, dim=128, heads=4),
         # VAR's convention: guidance 1 + cfg at the last scale (ramped); the raster default's cfg 2
         # is guidance_scale 3 here. No top-k/top-p: the 512-code vocabulary is small. Temperature
-        # 0.7 (2026-12-01, 1,000 held-out images, seed 200,000): 70.6% against 67.6% at 1.0; 0.5 /
-        # 0.6 level with 0.7 (70.7 / 70.8%); top-p 0.96 68.2%.
+        # 0.7: better than 1.0 on held-out images (docs/MODELS.md, docs/VAR.md).
         defaults=dict(guidance_scale=3.0, temperature=0.7, top_k=None, top_p=1.0),
     ),
 }
 # The refiner (CoDe's small model): half the width, 2 layers (about a fifth of the drafter's
-# parameters), trained on the same tokens; it is cheap, so the same 3,000 steps take 17 minutes.
+# parameters), trained on the same tokens for the same 3,000 steps.
 NEXT_SCALE_RECIPES["visar-tiny-var-c2i-refiner"] = dict(
     NEXT_SCALE_RECIPES["visar-tiny-var-c2i"],
     seed=6,
     model_args=var_args(depth=2, dim=64, heads=2),
-    # alone, the refiner keeps plain sampling (its record, 33.6%); inside `code` the drafter's call sets it
+    # alone, the refiner samples at temperature 1; inside `code` the drafter's call sets it
     defaults=dict(NEXT_SCALE_RECIPES["visar-tiny-var-c2i"]["defaults"], temperature=1.0),
 )
 # CoDe's specialised fine-tuning: the refiner, trained on every scale, fine-tuned on the scales it

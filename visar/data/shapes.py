@@ -103,8 +103,7 @@ _CROP_SIDE_RANGE = (48, 256)  # crop side in photo pixels: close-up texture .. w
 # photo-texture background (swing 2-6 grey levels), still at a free position. A raster model
 # that trains in under an hour on 2 CPU cores learned to draw the class's shape far sooner on it
 # than on the full world (objects from 12 px, swing up to 28), whose background texture holds
-# most of the tokens' entropy: on one GPU sweep of the 4,400-step recipe (tools/recipe_sweep.py,
-# docs/MODELS.md), 40% -> 62% detector accuracy against objects of 20-28 px on a 6-14 swing.
+# most of the tokens' entropy (the sweep: tools/recipe_sweep.py, docs/MODELS.md).
 # Keyword arguments of `render_class`.
 CLASS_RENDER_EASY = {"min_size": 28, "background_amplitude": (2.0, 6.0)}
 

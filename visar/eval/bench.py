@@ -33,11 +33,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from ..accel import get_method, reference_method
 from ..accel.timing import synchronized_clock
 from ..errors import VisarError
+from ..progress import progress_bar
 from .memory import PeakMemory
 from .plots import plot_frontier
 from .readbacks import ReadBackCounter
@@ -164,7 +164,9 @@ def bench(
     for compiled in passes:
         if compiled and not pipe.is_compiled:
             pipe.compile(**(compile_kwargs or {}))
-        for name, options in tqdm(plan, desc="bench (compiled)" if compiled else "bench", disable=not progress):
+        for name, options in progress_bar(
+            plan, enabled=progress, desc="bench (compiled)" if compiled else "bench", leave=True
+        ):
             row = speed_row(pipe, name, options, conds[:n], batch_size)
             row["compiled"] = compiled
             if ar_latency is None:

@@ -24,26 +24,12 @@ the way GenEval orders Mask2Former's by confidence.
 Limitation: same-coloured objects that merge into a shape-less blob erosion cannot split (two
 squares side by side make a rectangle) are missed; renders keep objects 3 px apart.
 
-Measured accuracy, `python3 -m visar.eval.detector` (99 s on one CPU core): GenEval accuracy
-on 2,400 caption renders (400 per task, seeds 0..399 of `render_caption_sample(seed, task)`),
-and `score_class` on 2,000 class renders (`render_class(seed % 40, seed)`, seeds 0..1999):
-
-    task              clean  degraded     heavy   jpeg420
-    single_object    100.0%    100.0%     99.0%     98.8%
-    two_object       100.0%     99.8%     96.8%     89.5%
-    counting         100.0%     99.5%     92.2%     81.5%
-    colors           100.0%    100.0%     99.2%     95.8%
-    position         100.0%     99.8%     97.8%     89.0%
-    color_attr       100.0%    100.0%     96.0%     90.5%
-    overall          100.0%     99.8%     96.8%     90.8%
-    class labels     100.0%    100.0%     98.7%     97.1%
-
-"degraded" = `degrade(image, seed)`: per-image colour shift (uniform +-12 per channel), Gaussian
-blur sigma 0.7, noise std 8/255, JPEG quality 75 (4:4:4), standing in for a VQ tokenizer's
-decode. "heavy": blur 1.0, noise 12/255, JPEG quality 50. "jpeg420": "degraded" with JPEG's
-4:2:0 chroma subsampling, which halves colour resolution; small triangles and crosses lose
-their corners (most misses are 12-14 px triangles). The test suite asserts >= 98% clean and
->= 95% "degraded" on other seeds.
+`python3 -m visar.eval.detector` measures its accuracy on clean and degraded renders (the
+figures: docs/EVALUATION.md). "degraded" = `degrade(image, seed)`: per-image colour shift
+(uniform +-12 per channel), Gaussian blur sigma 0.7, noise std 8/255, JPEG quality 75 (4:4:4),
+standing in for a VQ tokenizer's decode. "heavy": blur 1.0, noise 12/255, JPEG quality 50.
+"jpeg420": "degraded" with JPEG's 4:2:0 chroma subsampling, which halves colour resolution. The
+test suite asserts >= 98% clean and >= 95% "degraded" on other seeds.
 """
 
 from __future__ import annotations

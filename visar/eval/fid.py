@@ -275,9 +275,8 @@ def write_renders(
     OUT/000000.png ..., flat, so the folder is a `--ref`; complete files are kept, so a rerun with
     a larger n extends the set.
     """
-    from tqdm.auto import tqdm
-
     from ..data.shapes import NUM_CLASSES, render_class, render_from_metadata
+    from ..progress import progress_bar
     from .geneval import check_shapes_world, load_metadata
     from .samples import save_png
 
@@ -289,7 +288,7 @@ def write_renders(
         entries = load_metadata(metadata)
         check_shapes_world(entries, metadata or "the shipped metadata")
     written = 0
-    for g in tqdm(range(n), desc="renders", unit="img", disable=not progress):
+    for g in progress_bar(range(n), enabled=progress, desc="renders", unit="img", leave=True):
         path = out / f"{g:06d}.png"
         if is_complete_png(path):
             continue

@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from tqdm.auto import tqdm
 
 from ..accel.sampling import MAX_SEED
 from ..errors import VisarError
+from ..progress import progress_bar
 
 PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk every complete PNG ends with
 
@@ -199,7 +199,7 @@ def generate_missing(
     totals = {"forward_passes": 0, "latency_s": 0.0, "decode_s": 0.0}
     image_passes = 0
     key = "class_labels" if pipe.is_class_conditional else "prompts"
-    with tqdm(total=len(missing), desc=desc, unit="img", disable=not progress) as bar:
+    with progress_bar(total=len(missing), enabled=progress, desc=desc, unit="img", leave=True) as bar:
         for chunk in _batches(missing, batch_size):
             generators = [torch.Generator().manual_seed(job.seed) for job in chunk]
             out = pipe.generate(

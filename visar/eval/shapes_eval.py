@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import math
 
-from tqdm.auto import tqdm
-
 from ..errors import VisarError
+from ..progress import progress_bar
 
 
 def caption_metadata(n: int) -> list[dict]:
@@ -51,7 +50,9 @@ def evaluate_shapes(
         raise VisarError("--n must be >= 1")
     conditions = shapes_conditions(pipe, n)
     rows = []
-    for first in tqdm(range(0, n, batch_size), disable=not progress, desc=f"eval shapes {method}", unit="batch"):
+    for first in progress_bar(
+        range(0, n, batch_size), enabled=progress, desc=f"eval shapes {method}", unit="batch", leave=True
+    ):
         chunk = conditions[first : first + batch_size]
         if pipe.is_class_conditional:
             out = pipe.generate(

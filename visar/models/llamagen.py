@@ -366,8 +366,8 @@ class LlamaGen(nn.Module):
     @torch.no_grad()
     def truncate_cache(self, lengths: Tensor):
         """Forget every cached slot at or beyond lengths[b] for sample b: hidden from every query
-        until a call writes it again (`CacheKeys`; zeroing the keys and values of every layer
-        cost 9% of a 16-slot window pass of visar-tiny-c2i on a CPU)."""
+        until a call writes it again (`CacheKeys`: cheaper than zeroing the keys and values of
+        every layer)."""
         self.cache_keys.truncate(lengths)
 
     # -- forward ----------------------------------------------------------------------------

@@ -51,8 +51,8 @@ def add_parser(subparsers):
         "--compile",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="for the generators: torch.compile the training step (visar-tiny-c2i: 2.04 against 1.74 "
-        "steps/s on 2 CPU threads; needs a C++ compiler); default --no-compile",
+        help="for the generators: torch.compile the training step (faster on a CPU; needs a C++ compiler); "
+        "default --no-compile",
     )
     parser.add_argument("--export", help="for ship: the export/ folder of an ar, masked, next-scale or continuous run")
     parser.add_argument("--name", help="for ship: the registered name (e.g. visar-tiny-c2i)")

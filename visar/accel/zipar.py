@@ -94,12 +94,14 @@ from .jacobi import (
     check_spans,
     image_keys,
     independent_carry,
+    maximal_coupling_carry,
 )
 from .registry import register_method
 from .relaxed import codebook_of
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs, to_device
 from .scoring import GuidedScorer
 from .stats import DecodeLog
+from .tree_jacobi import neighbour_candidates, parse_neighbours, residual_ladder, without_replacement
 
 
 def token_grid(model, method: str) -> tuple[int, int]:
@@ -346,14 +348,17 @@ class CarriedDrafts:
         draft_probs = self.laws(target)
         needs_fill = plan.has_draft & ~carried
         if bool(needs_fill.any()):
-            # What a 2-D initialiser may copy from: generated tokens and carried drafts, -1 elsewhere.
-            canvas = torch.where(self.valid, self.tokens, -1)
-            canvas[:, : self.num_tokens] = torch.where(generated, state.tokens[:, : self.num_tokens], canvas[:, :-1])
-            request = FillRequest(state, torch.where(needs_fill, target, -1), uniforms, canvas)
+            request = FillRequest(state, torch.where(needs_fill, target, -1), uniforms, self.canvas(state, generated))
             fill_tokens, fill_probs = initialiser(request)
             draft_tokens = torch.where(needs_fill, fill_tokens, draft_tokens)
             draft_probs = torch.where(needs_fill[..., None], fill_probs.to(draft_probs.dtype), draft_probs)
         return draft_tokens, draft_probs
+
+    def canvas(self, state: DecodeState, generated: Tensor) -> Tensor:
+        """What a 2-D draft may copy from: generated tokens and carried drafts, -1 elsewhere [B, N + 1]."""
+        canvas = torch.where(self.valid, self.tokens, -1)
+        canvas[:, : self.num_tokens] = torch.where(generated, state.tokens[:, : self.num_tokens], canvas[:, :-1])
+        return canvas
 
     def carry_over(self, updater, plan: PassPlan, state, target_probs, slot_tokens, lane_commits, uniforms, generated):
         """Store the updater's next drafts at the indices past each front's commit; generated [B, N]:
@@ -444,6 +449,190 @@ def fed_after_pass(plan: PassPlan, fed: Tensor, count: Tensor, commits: Tensor, 
     return torch.where(fed_by_next, width, fed)
 
 
+# -- draft trees at the head of every front (zipar-tree) ----------------------------------------------------
+
+
+class FrontTrees:
+    """tree-mc-sjd's depth-2 tree at every front: K candidates for the index its slot 0 predicts.
+
+    branch: K; neighbours: the known neighbours tried first ("left", "above", ...); side_taken [B]
+    counts the passes in which a front of each image took a side candidate (k >= 1).
+    """
+
+    def __init__(self, branch: int, neighbours: tuple[str, ...], batch: int, device):
+        self.branch, self.neighbours = branch, neighbours
+        self.side_taken = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def scratch(self, height: int) -> int:
+        """Cache slots for side nodes: K - 1 per front, every row a front at once at most."""
+        return height * (self.branch - 1)
+
+    def uniforms(self, generators: list[torch.Generator], height: int, device) -> Tensor:
+        """Each image's block for this pass [B, H, 2K]: per row, K - 1 candidate draws, K - 1 candidate
+        tests, the draw after the last rejection, the side node's draw."""
+        block = draw_uniforms(generators, height * 2 * self.branch)
+        return to_device(block, device).view(len(generators), height, 2 * self.branch)
+
+
+@dataclass
+class SideNodes:
+    """The side nodes of one pass: candidates 1 .. K - 1 of every front with a tree, packed per image."""
+
+    has_tree: Tensor  # [B, H] the front's slot 0 has a draft (so a slot 1 predicts the next index)
+    first_input: Tensor  # [B, H] packed input of the row's slot 0
+    start: Tensor  # [B, H] the row's first side node
+    row: Tensor  # [B, S]
+    rank: Tensor  # [B, S] the candidate it holds, 1 .. K - 1 (0 for padding)
+    real: Tensor  # [B, S] bool, False for padding
+
+
+def side_nodes(plan: PassPlan, branch: int) -> SideNodes:
+    inputs = plan.window_len + plan.feed_only.long()
+    has_tree = plan.window_len >= 2
+    per_row = has_tree.long() * (branch - 1)
+    ends = per_row.cumsum(1)
+    batch, height = per_row.shape
+    size = int(ends[:, -1].max())  # the number of side inputs (a host sync)
+    m = torch.arange(size, device=ends.device).expand(batch, -1).contiguous()
+    row = torch.searchsorted(ends, m, right=True)
+    real = row < height
+    row = row.clamp(max=height - 1)
+    start = ends - per_row
+    rank = torch.where(real, m - start.gather(1, row) + 1, 0)
+    return SideNodes(has_tree, inputs.cumsum(1) - inputs, start, row, rank, real)
+
+
+def front_candidates(
+    trees: FrontTrees, plan: PassPlan, sides: SideNodes, drafts: Tensor, draft_q: Tensor, canvas, width, uniforms
+) -> tuple[Tensor, Tensor]:
+    """K candidates for the index each front's slot 0 predicts: its draft (carried or initialised),
+    then tree-mc-sjd's extra candidates (`without_replacement`, known neighbours first).
+    drafts [B, M], draft_q [B, M, V]; uniforms [B, H, K - 1] -> tokens [B, H, K], laws [B, H, K, V]."""
+    first = sides.first_input.clamp(max=plan.slot.shape[1] - 1)  # rows without inputs: any column
+    base = draft_q.gather(1, first[..., None].expand(-1, -1, draft_q.shape[-1]))
+    fixed = None
+    if trees.neighbours:
+        index = plan.draft_start.gather(1, first).clamp(max=canvas.shape[1] - 2)
+        fixed = neighbour_candidates(canvas, index, width, trees.neighbours)
+    return without_replacement(base, drafts.gather(1, first), trees.branch, uniforms, fixed)
+
+
+def score_with_sides(
+    scorer: GuidedScorer, plan: PassPlan, sides: SideNodes, tokens, count, generated, s, drafts, side_tokens, scratch
+) -> tuple[Tensor, Tensor]:
+    """One pass over every front's inputs and the side nodes -> p [B, M, V], side p [B, S, V].
+
+    A side node stands in for its front's slot 1 (the same position and view) with its candidate
+    in place of the front's draft: it sees its own scratch slot instead of that draft's slot.
+    """
+    num_cond, num_tokens = scorer.model.num_condition_tokens, generated.shape[1]
+    feed = pass_inputs(plan, tokens, count, generated, num_tokens // count.shape[1], drafts)
+    visible = visibility(plan, generated, s)  # [B, M, N]
+    twin = (sides.first_input + 1).gather(1, sides.row).clamp(max=plan.slot.shape[1] - 1)  # [B, S] its slot 1
+    side_index = torch.where(sides.real, plan.input_index.gather(1, twin), num_tokens - 1)
+    slots = torch.arange(num_tokens, device=generated.device)
+    side_visible = visible.gather(1, twin[..., None].expand(-1, -1, num_tokens))
+    side_visible &= (slots != side_index[..., None]) & sides.real[..., None]
+    own = torch.arange(scratch, device=slots.device)
+    num_sides = sides.row.shape[1]
+    scratch_visible = torch.cat(
+        [
+            torch.zeros(*plan.slot.shape, scratch, dtype=torch.bool, device=slots.device),
+            (own == torch.arange(num_sides, device=slots.device)[:, None]).expand(len(feed), -1, -1),
+        ],
+        1,
+    )
+    condition = torch.ones(len(feed), plan.slot.shape[1] + num_sides, num_cond, dtype=torch.bool, device=slots.device)
+    mask = torch.cat([condition, torch.cat([visible, side_visible], 1), scratch_visible], -1)
+    input_pos = num_cond + torch.cat([plan.input_index, side_index], 1)
+    side_slots = (num_cond + num_tokens + torch.arange(num_sides, device=slots.device)).expand(len(feed), -1)
+    cache_pos = torch.cat([input_pos[:, : plan.slot.shape[1]], side_slots], 1)
+    logits = scorer.logits(torch.cat([feed, side_tokens], 1), input_pos, mask=mask, cache_pos=cache_pos)
+    probs = scorer.target_probs(logits)
+    return probs[:, : plan.slot.shape[1]], probs[:, plan.slot.shape[1] :]
+
+
+def verify_candidates(
+    probs: Tensor, candidates: Tensor, laws: Tensor, first_accepted: Tensor, uniforms: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Recursive rejection over each front's K candidates (tree_jacobi's residual ladder).
+
+    probs [B, H, V] p of the index slot 0 predicts; candidates [B, H, K], laws [B, H, K, V];
+    first_accepted [B, H] candidate 0's test (the front's own, made by its acceptance rule);
+    uniforms [B, H, K]: the tests of candidates 1 .. K - 1, then the draw after the last rejection.
+    -> taken [B, H] (the first accepted candidate, K if none), token [B, H] (the committed one).
+    """
+    branch = candidates.shape[-1]
+    ladder = residual_ladder(probs, laws)  # [B, H, K + 1, V]
+    x = candidates[..., None]
+    passed = (
+        uniforms[..., : branch - 1] * laws[:, :, 1:].gather(-1, x[:, :, 1:])[..., 0]
+        < (ladder[:, :, 1:branch].gather(-1, x[:, :, 1:])[..., 0])
+    )
+    passed = torch.cat([first_accepted[..., None], passed], -1)
+    taken = torch.where(passed.any(-1), passed.long().argmax(-1), branch)
+    final = sample_from_probs(ladder[:, :, branch], uniforms[..., branch - 1])
+    token = torch.where(taken < branch, candidates.gather(-1, taken.clamp(max=branch - 1)[..., None])[..., 0], final)
+    return taken, token
+
+
+def tree_pass(
+    trees: FrontTrees, rule: AcceptanceRule, scorer: GuidedScorer, plan: PassPlan, carried, state, context, draft
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One pass of fronts that draft trees -> p [B, M, V] (at slot 1 of a front that took a side
+    candidate: that side node's p), slot tokens [B, M], accept [B, M].
+
+    context: (tokens, count, generated, s) as score_fronts takes them; draft: (draft tokens, their
+    laws, the pass's uniforms [B, 4, M], the tree block [B, H, 2K]). Slot 0 commits the taken
+    candidate (or the draw after the last rejection); a side candidate ends the commit there, as a
+    rejection does, since slot 1 and the rows below saw candidate 0. Slot 1's output becomes the side
+    node's draw, which the carry-over keeps as the next pass's draft for that index, with its law.
+    """
+    tokens, count, generated, s = context
+    draft_tokens, draft_probs, uniforms, tree_u = draft
+    branch, num_inputs = trees.branch, plan.slot.shape[1]
+    sides = side_nodes(plan, branch)
+    candidates = laws = None
+    side_tokens = torch.zeros_like(sides.row)
+    if sides.row.shape[1] > 0:
+        width = generated.shape[1] // count.shape[1]
+        candidates, laws = front_candidates(
+            trees,
+            plan,
+            sides,
+            draft_tokens,
+            draft_probs,
+            carried.canvas(state, generated),
+            width,
+            tree_u[..., : branch - 1],
+        )
+        side_tokens = candidates.flatten(1).gather(1, sides.row * branch + sides.rank)
+    scratch = trees.scratch(count.shape[1])
+    probs, side_probs = score_with_sides(
+        scorer, plan, sides, tokens, count, generated, s, draft_tokens, side_tokens, scratch
+    )
+    slot_tokens, accept = front_outputs(rule, plan, probs, draft_tokens, draft_probs, uniforms, uniforms[:, RESIDUAL])
+    if candidates is None:
+        return probs, slot_tokens, accept
+    vocab = probs.shape[-1]
+    first = sides.first_input.clamp(max=num_inputs - 1)
+    first_probs = probs.gather(1, first[..., None].expand(-1, -1, vocab))
+    taken, token = verify_candidates(
+        first_probs, candidates, laws, accept.gather(1, first), tree_u[..., branch - 1 : -1]
+    )
+    side = sides.has_tree & (taken >= 1) & (taken < branch)
+    trees.side_taken += side.sum(1)
+    side_at = (sides.start + taken - 1).clamp(0, sides.row.shape[1] - 1)
+    side_law = side_probs.gather(1, side_at[..., None].expand(-1, -1, vocab))  # [B, H, V]
+    side_draw = sample_from_probs(side_law, tree_u[..., -1])
+    in_tree = sides.has_tree.gather(1, plan.row) & plan.real
+    at_side = in_tree & (plan.slot == 1) & side.gather(1, plan.row)
+    slot_tokens = torch.where(in_tree & (plan.slot == 0), token.gather(1, plan.row), slot_tokens)
+    slot_tokens = torch.where(at_side, side_draw.gather(1, plan.row), slot_tokens)
+    probs = torch.where(at_side[..., None], side_law.gather(1, plan.row[..., None].expand(-1, -1, vocab)), probs)
+    return probs, slot_tokens, accept
+
+
 @torch.no_grad()
 def decode_fronts(
     model: RasterModel,
@@ -460,11 +649,13 @@ def decode_fronts(
     progress: bool = False,
     method: str = "zipar",
     cross_row: bool = False,
+    trees: FrontTrees | None = None,
 ) -> tuple[Tensor, dict]:
     """Decode all row fronts of every image together; window 1 = plain zipar. -> (tokens [B, N], stats).
 
     cross_row (Jacobi fronts only): a front may also predict past its plain reach from the drafts
-    the row above feeds in the same pass (kept only if those drafts are accepted).
+    the row above feeds in the same pass (kept only if those drafts are accepted). trees (Jacobi
+    fronts only): each front also drafts K candidates for its first draft (`tree_pass`).
     About 90 lines: one pass is plan, draw, score, verify, commit, carry (each a helper above);
     splitting the loop further would hand a dozen tensors between pieces of a few lines each."""
     height, width = token_grid(model, method)
@@ -489,7 +680,8 @@ def decode_fronts(
     log = DecodeLog(batch, (height, width), window, device)
     max_fronts = torch.zeros((), dtype=torch.long, device=device)
     bar = tqdm(total=num_tokens, disable=not progress, desc=method, leave=False)
-    with scorer.cache(model.num_condition_tokens + num_tokens):
+    scratch = 0 if trees is None else trees.scratch(height)
+    with scorer.cache(model.num_condition_tokens + num_tokens + scratch):
         while True:
             first = scorer.forward_passes == 0
             plan = plan_pass(count, fed, (height, width), s, 1 if first else window, cross_row and not first)
@@ -502,6 +694,7 @@ def decode_fronts(
             draft_tokens = draft_probs = uniforms = None
             if speculative:
                 uniforms = pass_uniforms(generators, plan, height, window)
+                tree_u = None if trees is None else trees.uniforms(generators, height, device)
                 draws = uniforms[:, RESIDUAL]
                 if bool(plan.has_draft.any()):
                     draft_tokens, draft_probs = carried.propose(
@@ -509,8 +702,14 @@ def decode_fronts(
                     )
             else:
                 draws = position_uniforms.gather(1, target.clamp(max=num_tokens - 1))
-            target_probs = score_fronts(scorer, plan, tokens, count, generated, s, draft_tokens, first)  # [B, M, V]
-            slot_tokens, accept = front_outputs(rule, plan, target_probs, draft_tokens, draft_probs, uniforms, draws)
+            if trees is None or first:
+                target_probs = score_fronts(scorer, plan, tokens, count, generated, s, draft_tokens, first)  # [B, M, V]
+                slot_tokens, accept = front_outputs(
+                    rule, plan, target_probs, draft_tokens, draft_probs, uniforms, draws
+                )
+            else:
+                context, draft = (tokens, count, generated, s), (draft_tokens, draft_probs, uniforms, tree_u)
+                target_probs, slot_tokens, accept = tree_pass(trees, rule, scorer, plan, carried, state, context, draft)
 
             # A front commits its leading accepted drafts and one token more (its first slot not accepted).
             valid, commits, good = valid_commits(plan, accept, count, width, s, cross_row and not first)
@@ -669,6 +868,72 @@ def zipar_mc_sjd(
         cross_row=check_flag("cross_row", cross_row),
     )
     return tokens, {**stats, "coupling": coupling}
+
+
+@register_method(
+    "zipar-tree",
+    lossless=False,
+    description="zipar whose row fronts each run a coupled Jacobi window with tree-mc-sjd's draft tree at its head",
+    exact_when=covers_rows,
+    exact_when_text="s >= the grid width",
+    exact_example={"s": 1024},
+)
+def zipar_tree(
+    model,
+    cond: Tensor,
+    params: SamplingParams,
+    generators: list[torch.Generator],
+    *,
+    cond_mask: Tensor | None = None,
+    progress: bool = False,
+    s: int = 2,
+    window: int = 16,
+    branch: int = 6,
+    depth: int = 2,
+    init: str | Callable = "above",
+    neighbours: str = "left,above,above-right,above-left",
+    cross_row: bool = True,
+) -> tuple[Tensor, dict]:
+    """ZipAR whose row fronts each run zipar-mc-sjd's window with tree-mc-sjd's tree at its head.
+
+    branch: candidates for each front's first draft (K): its draft, then the known `neighbours`
+    of that index not tried yet (one-hot laws; "left", "above", "above-left", "above-right",
+    comma-separated, "" for none), then draws without replacement from the draft's law; depth: 2
+    (the tree: a side node per extra candidate) or 1 (no tree: zipar-mc-sjd with maximal coupling);
+    other options as zipar-sjd. Verified by recursive rejection (lossy for s < W as zipar is,
+    lossless for s >= W). Defaults chosen on held-out seeds (docs/SPEED.md).
+    """
+    token_grid(model, "zipar-tree")
+    check_lag(s)
+    check_number("branch", branch, 1, integer=True)
+    if branch > model.vocab_size:
+        raise VisarError(
+            f"branch {branch} asks for more candidates than the vocabulary has tokens ({model.vocab_size})"
+        )
+    if depth not in (1, 2) or isinstance(depth, bool):
+        raise VisarError(
+            f"zipar-tree drafts trees of depth 2 (K candidates for each front's first draft) or 1 (none), "
+            f"got depth {depth!r}"
+        )
+    names = parse_neighbours(neighbours)
+    trees = FrontTrees(branch, names, len(generators), model.device) if depth == 2 and branch > 1 else None
+    tokens, stats = decode_fronts(
+        model,
+        cond,
+        params,
+        generators,
+        s=s,
+        window=window,
+        initialiser=resolve_initialiser(init),
+        updater=maximal_coupling_carry,
+        cond_mask=cond_mask,
+        progress=progress,
+        method="zipar-tree",
+        cross_row=check_flag("cross_row", cross_row),
+        trees=trees,
+    )
+    taken = [0] * len(generators) if trees is None else trees.side_taken.tolist()
+    return tokens, {**stats, "branch": branch, "depth": depth, "side_taken_per_image": taken}
 
 
 def covers_rows_in_groups_of_one(options: dict, model) -> bool:

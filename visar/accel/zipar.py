@@ -456,16 +456,36 @@ class FrontTrees:
     """tree-mc-sjd's depth-2 tree at every front: K candidates for the index its slot 0 predicts.
 
     branch: K; neighbours: the known neighbours tried first ("left", "above", ...); side_taken [B]
-    counts the passes in which a front of each image took a side candidate (k >= 1).
+    counts the passes in which a front of each image took a side candidate (k >= 1). Between
+    passes it holds which fronts took one (`side`, [B, H]) and which committed tokens wait to be
+    fed again (`refeed`, [B, H] image index or -1): a taken side candidate's true cache slot holds
+    candidate 0's KV, so the next pass feeds it there again, before any query reads it.
     """
 
-    def __init__(self, branch: int, neighbours: tuple[str, ...], batch: int, device):
+    def __init__(self, branch: int, neighbours: tuple[str, ...], batch: int, height: int, device):
         self.branch, self.neighbours = branch, neighbours
         self.side_taken = torch.zeros(batch, dtype=torch.long, device=device)
+        self.side: Tensor | None = None
+        self.refeed = torch.full((batch, height), -1, dtype=torch.long, device=device)
 
     def scratch(self, height: int) -> int:
-        """Cache slots for side nodes: K - 1 per front, every row a front at once at most."""
-        return height * (self.branch - 1)
+        """Cache slots past the image: K - 1 side nodes per front (every row a front at most), then
+        one trash slot for the padding of re-fed tokens."""
+        return height * (self.branch - 1) + 1
+
+    def extend(self, plan: PassPlan, valid: Tensor, commits: Tensor, count: Tensor, width: int) -> Tensor:
+        """Commits [B, H] with one token more where a front took a side candidate and its slot 1's
+        context held (the side node saw the same); remembers those tokens for the next pass's re-feed."""
+        if self.side is None:
+            return commits
+        slot1 = torch.zeros_like(commits, dtype=torch.bool).scatter_reduce(
+            1, plan.row, valid & (plan.slot == 1), reduce="amax"
+        )
+        extended = self.side & (commits == 1) & slot1
+        rows = torch.arange(commits.shape[1], device=commits.device)
+        self.refeed = torch.where(extended, rows * width + count, -1)
+        self.side = None
+        return commits + extended.long()
 
     def uniforms(self, generators: list[torch.Generator], height: int, device) -> Tensor:
         """Each image's block for this pass [B, H, 2K]: per row, K - 1 candidate draws, K - 1 candidate
@@ -518,38 +538,45 @@ def front_candidates(
 
 
 def score_with_sides(
-    scorer: GuidedScorer, plan: PassPlan, sides: SideNodes, tokens, count, generated, s, drafts, side_tokens, scratch
+    scorer: GuidedScorer, plan: PassPlan, sides: SideNodes, refeed: Tensor, context, drafts, side_tokens, scratch
 ) -> tuple[Tensor, Tensor]:
-    """One pass over every front's inputs and the side nodes -> p [B, M, V], side p [B, S, V].
+    """One pass over every front's inputs, the side nodes and the re-fed tokens -> p [B, M, V],
+    side p [B, S, V]. context: (tokens, count, generated, s) as score_fronts takes them.
 
     A side node stands in for its front's slot 1 (the same position and view) with its candidate
-    in place of the front's draft: it sees its own scratch slot instead of that draft's slot.
+    in place of the front's draft: it sees its own scratch slot instead of that draft's slot. A
+    re-fed token (refeed [B, H], image index or -1) is fed at its true slot, seeing what a row's
+    newest token sees when it is fed (the tokens generated before it).
     """
-    num_cond, num_tokens = scorer.model.num_condition_tokens, generated.shape[1]
+    tokens, count, generated, s = context
+    num_cond, num_tokens, device = scorer.model.num_condition_tokens, generated.shape[1], generated.device
+    batch, num_inputs, num_sides = plan.slot.shape[0], plan.slot.shape[1], sides.row.shape[1]
     feed = pass_inputs(plan, tokens, count, generated, num_tokens // count.shape[1], drafts)
     visible = visibility(plan, generated, s)  # [B, M, N]
-    twin = (sides.first_input + 1).gather(1, sides.row).clamp(max=plan.slot.shape[1] - 1)  # [B, S] its slot 1
+    slots = torch.arange(num_tokens, device=device)
+    twin = (sides.first_input + 1).gather(1, sides.row).clamp(max=num_inputs - 1)  # [B, S] its slot 1
     side_index = torch.where(sides.real, plan.input_index.gather(1, twin), num_tokens - 1)
-    slots = torch.arange(num_tokens, device=generated.device)
     side_visible = visible.gather(1, twin[..., None].expand(-1, -1, num_tokens))
     side_visible &= (slots != side_index[..., None]) & sides.real[..., None]
-    own = torch.arange(scratch, device=slots.device)
-    num_sides = sides.row.shape[1]
-    scratch_visible = torch.cat(
-        [
-            torch.zeros(*plan.slot.shape, scratch, dtype=torch.bool, device=slots.device),
-            (own == torch.arange(num_sides, device=slots.device)[:, None]).expand(len(feed), -1, -1),
-        ],
-        1,
+    pending = refeed.sort(1, descending=True).values[:, : int((refeed >= 0).sum(1).max())]  # [B, R] (a host sync)
+    again, index = pending >= 0, pending.clamp(min=0)
+    again_visible = (((slots <= index[..., None]) & generated[:, None]) | (slots == index[..., None])) & again[
+        ..., None
+    ]
+    own = torch.arange(scratch, device=device) == torch.arange(num_sides, device=device)[:, None]  # [S, scratch]
+    scratch_visible = torch.zeros(
+        batch, num_inputs + num_sides + pending.shape[1], scratch, dtype=torch.bool, device=device
     )
-    condition = torch.ones(len(feed), plan.slot.shape[1] + num_sides, num_cond, dtype=torch.bool, device=slots.device)
-    mask = torch.cat([condition, torch.cat([visible, side_visible], 1), scratch_visible], -1)
-    input_pos = num_cond + torch.cat([plan.input_index, side_index], 1)
-    side_slots = (num_cond + num_tokens + torch.arange(num_sides, device=slots.device)).expand(len(feed), -1)
-    cache_pos = torch.cat([input_pos[:, : plan.slot.shape[1]], side_slots], 1)
-    logits = scorer.logits(torch.cat([feed, side_tokens], 1), input_pos, mask=mask, cache_pos=cache_pos)
-    probs = scorer.target_probs(logits)
-    return probs[:, : plan.slot.shape[1]], probs[:, plan.slot.shape[1] :]
+    scratch_visible[:, num_inputs : num_inputs + num_sides] = own
+    condition = torch.ones(*scratch_visible.shape[:2], num_cond, dtype=torch.bool, device=device)
+    mask = torch.cat([condition, torch.cat([visible, side_visible, again_visible], 1), scratch_visible], -1)
+    input_pos = num_cond + torch.cat([plan.input_index, side_index, index], 1)
+    side_slots = (num_cond + num_tokens + torch.arange(num_sides, device=device)).expand(batch, -1)
+    trash = num_cond + num_tokens + scratch - 1
+    cache_pos = torch.cat([input_pos[:, :num_inputs], side_slots, torch.where(again, num_cond + index, trash)], 1)
+    fed = torch.cat([feed, side_tokens, tokens.gather(1, index)], 1)
+    probs = scorer.target_probs(scorer.logits(fed, input_pos, mask=mask, cache_pos=cache_pos))
+    return probs[:, :num_inputs], probs[:, num_inputs : num_inputs + num_sides]
 
 
 def verify_candidates(
@@ -579,14 +606,13 @@ def verify_candidates(
 def tree_pass(
     trees: FrontTrees, rule: AcceptanceRule, scorer: GuidedScorer, plan: PassPlan, carried, state, context, draft
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """One pass of fronts that draft trees -> p [B, M, V] (at slot 1 of a front that took a side
-    candidate: that side node's p), slot tokens [B, M], accept [B, M].
+    """One pass of fronts that draft trees -> p [B, M, V], slot tokens [B, M], accept [B, M].
 
     context: (tokens, count, generated, s) as score_fronts takes them; draft: (draft tokens, their
-    laws, the pass's uniforms [B, 4, M], the tree block [B, H, 2K]). Slot 0 commits the taken
-    candidate (or the draw after the last rejection); a side candidate ends the commit there, as a
-    rejection does, since slot 1 and the rows below saw candidate 0. Slot 1's output becomes the side
-    node's draw, which the carry-over keeps as the next pass's draft for that index, with its law.
+    laws, the pass's uniforms [B, 4, M], the tree block [B, H, 2K]). Slot 0 outputs the taken
+    candidate (or the draw after the last rejection). A taken side candidate counts as a rejection
+    of slot 0's draft, since slot 1 and the rows below saw candidate 0; slot 1 outputs a draw from
+    the side node's p instead, which `FrontTrees.extend` commits when slot 1's context held.
     """
     tokens, count, generated, s = context
     draft_tokens, draft_probs, uniforms, tree_u = draft
@@ -608,9 +634,8 @@ def tree_pass(
         )
         side_tokens = candidates.flatten(1).gather(1, sides.row * branch + sides.rank)
     scratch = trees.scratch(count.shape[1])
-    probs, side_probs = score_with_sides(
-        scorer, plan, sides, tokens, count, generated, s, draft_tokens, side_tokens, scratch
-    )
+    probs, side_probs = score_with_sides(scorer, plan, sides, trees.refeed, context, draft_tokens, side_tokens, scratch)
+    trees.refeed = torch.full_like(trees.refeed, -1)
     slot_tokens, accept = front_outputs(rule, plan, probs, draft_tokens, draft_probs, uniforms, uniforms[:, RESIDUAL])
     if candidates is None:
         return probs, slot_tokens, accept
@@ -622,6 +647,7 @@ def tree_pass(
     )
     side = sides.has_tree & (taken >= 1) & (taken < branch)
     trees.side_taken += side.sum(1)
+    trees.side = side
     side_at = (sides.start + taken - 1).clamp(0, sides.row.shape[1] - 1)
     side_law = side_probs.gather(1, side_at[..., None].expand(-1, -1, vocab))  # [B, H, V]
     side_draw = sample_from_probs(side_law, tree_u[..., -1])
@@ -629,7 +655,6 @@ def tree_pass(
     at_side = in_tree & (plan.slot == 1) & side.gather(1, plan.row)
     slot_tokens = torch.where(in_tree & (plan.slot == 0), token.gather(1, plan.row), slot_tokens)
     slot_tokens = torch.where(at_side, side_draw.gather(1, plan.row), slot_tokens)
-    probs = torch.where(at_side[..., None], side_law.gather(1, plan.row[..., None].expand(-1, -1, vocab)), probs)
     return probs, slot_tokens, accept
 
 
@@ -713,6 +738,8 @@ def decode_fronts(
 
             # A front commits its leading accepted drafts and one token more (its first slot not accepted).
             valid, commits, good = valid_commits(plan, accept, count, width, s, cross_row and not first)
+            if trees is not None:  # a taken side candidate commits its side node's draw too
+                commits = trees.extend(plan, valid, commits, count, width)
             lane_commits, lane_good = commits.gather(1, plan.row), good.gather(1, plan.row)
             keep = plan.predicts & (plan.slot < lane_commits)
             tokens.scatter_(1, torch.where(keep, target, num_tokens), slot_tokens)
@@ -903,7 +930,7 @@ def zipar_tree(
     other options as zipar-sjd. Verified by recursive rejection (lossy for s < W as zipar is,
     lossless for s >= W). Defaults chosen on held-out seeds (docs/SPEED.md).
     """
-    token_grid(model, "zipar-tree")
+    height = token_grid(model, "zipar-tree")[0]
     check_lag(s)
     check_number("branch", branch, 1, integer=True)
     if branch > model.vocab_size:
@@ -916,7 +943,7 @@ def zipar_tree(
             f"got depth {depth!r}"
         )
     names = parse_neighbours(neighbours)
-    trees = FrontTrees(branch, names, len(generators), model.device) if depth == 2 and branch > 1 else None
+    trees = FrontTrees(branch, names, len(generators), height, model.device) if depth == 2 and branch > 1 else None
     tokens, stats = decode_fronts(
         model,
         cond,

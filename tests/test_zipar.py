@@ -733,7 +733,6 @@ def test_a_model_without_a_grid_is_refused(name):
         ("zipar-mc-sjd", dict(coupling="independent"), "unknown coupling"),
         ("zipar-mc-sjd", dict(cross_row="yes"), "cross_row must be true or false"),
         ("zipar-tree", dict(branch=0), "branch must be an integer >= 1"),
-        ("zipar-tree", dict(branch=33), "more candidates than the vocabulary"),
         ("zipar-tree", dict(depth=3), "trees of depth 2"),
         ("zipar-tree", dict(neighbours="below"), "unknown neighbour 'below'"),
         ("zipar-tree", dict(s=0), "s \\(the ZipAR window"),

@@ -973,8 +973,8 @@ def zipar_tree(
     cond_mask: Tensor | None = None,
     progress: bool = False,
     s: int = 2,
-    window: int = 16,
-    branch: int = 6,
+    window: int = 8,
+    branch: int = 10,
     depth: int = 2,
     init: str | Callable = "above",
     neighbours: str = "left,above,above-right,above-left",
@@ -982,20 +982,18 @@ def zipar_tree(
 ) -> tuple[Tensor, dict]:
     """ZipAR whose row fronts each run zipar-mc-sjd's window with tree-mc-sjd's tree at its head.
 
-    branch: candidates for each front's first draft (K): its draft, then the known `neighbours`
-    of that index not tried yet (one-hot laws; "left", "above", "above-left", "above-right",
-    comma-separated, "" for none), then draws without replacement from the draft's law; depth: 2
-    (the tree: a side node per extra candidate) or 1 (no tree: zipar-mc-sjd with maximal coupling);
-    other options as zipar-sjd. Verified by recursive rejection (lossy for s < W as zipar is,
-    lossless for s >= W). Defaults chosen on held-out seeds (docs/SPEED.md).
+    branch: candidates for each front's first draft (K, clipped to the vocabulary's size): its
+    draft, then the known `neighbours` of that index not tried yet (one-hot laws; "left", "above",
+    "above-left", "above-right", comma-separated, "" for none), then draws without replacement
+    from the draft's law; depth: 2 (the tree: a side node per extra candidate) or 1 (no tree:
+    zipar-mc-sjd with maximal coupling); other options as zipar-sjd. Verified by recursive
+    rejection (lossy for s < W as zipar is, lossless for s >= W). Defaults chosen on held-out
+    seeds (docs/SPEED.md).
     """
     height = token_grid(model, "zipar-tree")[0]
     check_lag(s)
     check_number("branch", branch, 1, integer=True)
-    if branch > model.vocab_size:
-        raise VisarError(
-            f"branch {branch} asks for more candidates than the vocabulary has tokens ({model.vocab_size})"
-        )
+    branch = min(branch, model.vocab_size)  # candidates are distinct tokens
     if depth not in (1, 2) or isinstance(depth, bool):
         raise VisarError(
             f"zipar-tree drafts trees of depth 2 (K candidates for each front's first draft) or 1 (none), "

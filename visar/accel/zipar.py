@@ -63,9 +63,9 @@ ends the front's commit as a rejection does (slot 1 and the rows below saw candi
 draw from its side node's p when slot 1's context held, and its true cache slot, which holds
 candidate 0's KV, is fed again in the next pass before any query reads it. The cross-row rule,
 the carry-over (maximal coupling) and what is approximated are zipar-mc-sjd's; with s >= W it is
-lossless (tested against the exact joint law). The tree pays where drafts exist: with s < W a
-row start predicts one token (the row above has exactly s), so rows still start every pass or
-two and the lag chain bounds the passes as it does zipar's.
+lossless (tested against the exact joint law). The tree pays where a front has drafts; a row
+start usually predicts one token (the row above has just s), so with s < W rows still start a
+pass or two apart and that chain bounds the passes as it bounds zipar's.
 
 Wavefront. A model that declares `dependency_reach = R` promises a local attention pattern: at
 every layer the position that predicts (r, c) reads only the condition and the positions of the

@@ -521,6 +521,7 @@ class SideNodes:
 
 
 def side_nodes(plan: PassPlan, branch: int) -> SideNodes:
+    """K - 1 side nodes for every front whose slot 0 has a draft, packed row by row as plan_pass packs inputs."""
     inputs = plan.window_len + plan.feed_only.long()
     has_tree = plan.window_len >= 2
     per_row = has_tree.long() * (branch - 1)
@@ -574,9 +575,8 @@ def score_with_sides(
     side_visible &= (slots != side_index[..., None]) & sides.real[..., None]
     pending = refeed.sort(1, descending=True).values[:, : int((refeed >= 0).sum(1).max())]  # [B, R] (a host sync)
     again, index = pending >= 0, pending.clamp(min=0)
-    again_visible = (((slots <= index[..., None]) & generated[:, None]) | (slots == index[..., None])) & again[
-        ..., None
-    ]
+    earlier = (slots <= index[..., None]) & generated[:, None]  # [B, R, N]
+    again_visible = (earlier | (slots == index[..., None])) & again[..., None]
     own = torch.arange(scratch, device=device) == torch.arange(num_sides, device=device)[:, None]  # [S, scratch]
     scratch_visible = torch.zeros(
         batch, num_inputs + num_sides + pending.shape[1], scratch, dtype=torch.bool, device=device

@@ -987,7 +987,8 @@ def zipar_tree(
     "above-left", "above-right", comma-separated, "" for none), then draws without replacement
     from the draft's law; depth: 2 (the tree: a side node per extra candidate) or 1 (no tree:
     zipar-mc-sjd with maximal coupling); other options as zipar-sjd. Verified by recursive
-    rejection (lossy for s < W as zipar is, lossless for s >= W). Defaults chosen on held-out
+    rejection with the speculative test, not GSD's grouped one (lossy for s < W as zipar is,
+    lossless for s >= W). Defaults chosen on held-out
     seeds (docs/SPEED.md).
     """
     height = token_grid(model, "zipar-tree")[0]

@@ -216,6 +216,20 @@ def without_replacement(
 ladder_residual = speculative_residual
 
 
+def residual_ladder(probs: Tensor, candidate_q: Tensor, exists: Tensor | None = None) -> Tensor:
+    """The law each candidate of a position is tested against: R_0 = p, R_k = norm((R_{k-1} - q_{k-1})+),
+    q_{k-1} the law candidate k - 1 was drawn from; R_C is what is drawn after the last rejection.
+
+    probs [..., V]; candidate_q [..., C, V]; exists [..., C] (optional, broadcast): where candidate k
+    does not exist, R_{k+1} = R_k. -> [..., C + 1, V].
+    """
+    ladder = [probs]
+    for k in range(candidate_q.shape[-2]):
+        rung = ladder_residual(ladder[-1], candidate_q[..., k, :])
+        ladder.append(rung if exists is None else torch.where(exists[..., k, None], rung, ladder[-1]))
+    return torch.stack(ladder, -2)
+
+
 @dataclass
 class TreeVerdict:
     accepted: Tensor  # [B] accepted depth a: the pass commits a + 1 tokens
@@ -238,13 +252,8 @@ def verify_tree(
     tree = layout.tree  # indices already on the device (DraftTree.to)
     num_nodes, main_len = layout.num_nodes, layout.main_length
     children, parent, depth = tree.children, tree.parent.clamp(min=0), tree.depth
-    # The residual ladder of every node: R_0 = p, R_k = norm((R_{k-1} - q of child k - 1)+).
     child_q = node_q[:, children.clamp(min=0)]  # [B, T, C, V]
-    ladder = [probs]
-    for k in range(children.shape[1]):
-        exists = (children[:, k] >= 0)[None, :, None]
-        ladder.append(torch.where(exists, ladder_residual(ladder[-1], child_q[:, :, k]), ladder[-1]))
-    ladder = torch.stack(ladder, 2)  # [B, T, C + 1, V]
+    ladder = residual_ladder(probs, child_q, (children >= 0)[None])  # [B, T, C + 1, V]
     # Each node's test against its parent's rung for its rank.
     rung = ladder[:, parent, layout.rank]  # [B, T, V]
     x = node_tokens[..., None]
@@ -518,14 +527,20 @@ def tree_mc_sjd(
     seeds for passes and rows per pass (docs/DEFAULTS.md).
     """
     layout = check_tree(model, window, branch, depth)
+    names = parse_neighbours(neighbours)
+    request = Request(model, cond, params, generators, cond_mask, progress)
+    return tree_jacobi_decode(request, layout, resolve_initialiser(init), names)
+
+
+def parse_neighbours(neighbours: str) -> tuple[str, ...]:
+    """ "left,above" -> ("left", "above"), or one VisarError naming the unknown neighbour."""
     if not isinstance(neighbours, str):
         raise VisarError(f"neighbours must be a comma-separated string such as 'left,above', got {neighbours!r}")
     names = tuple(n.strip() for n in neighbours.split(",") if n.strip())
     unknown = [n for n in names if n not in NEIGHBOURS]
     if unknown:
         raise VisarError(f"unknown neighbour {unknown[0]!r}; use a comma-separated list of {', '.join(NEIGHBOURS)}")
-    request = Request(model, cond, params, generators, cond_mask, progress)
-    return tree_jacobi_decode(request, layout, resolve_initialiser(init), names)
+    return names
 
 
 def check_tree(model: RasterModel, window: int, branch: int, depth: int) -> DraftTree:

@@ -93,6 +93,7 @@ from ..models.base import RasterModel
 from ..models.lag_mask import check_lag
 from ..progress import progress_bar
 from .acceptance import SPECULATIVE, AcceptanceRule, verify_slots
+from .checks import check_number
 from .drafts import FillRequest, random_init, resolve_initialiser
 from .jacobi import (
     ACCEPT,

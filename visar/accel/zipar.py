@@ -109,7 +109,7 @@ from .jacobi import (
     independent_carry,
     maximal_coupling_carry,
 )
-from .registry import register_method
+from .registry import Request, register_method
 from .relaxed import gsd_rule
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs, to_device
 from .scoring import GuidedScorer
@@ -757,18 +757,13 @@ def commit_fronts(
 
 @torch.no_grad()
 def decode_fronts(
-    model: RasterModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
     s: int,
     window: int = 1,
     initialiser: Callable = random_init,
     updater: Callable = independent_carry,
     rule: AcceptanceRule = SPECULATIVE,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     method: str = "zipar",
     cross_row: bool = False,
     trees: FrontTrees | None = None,
@@ -779,12 +774,13 @@ def decode_fronts(
     front may also predict past its plain reach from the drafts the row above feeds in the same pass
     (kept only if those drafts are accepted); trees (Jacobi fronts only): each front also drafts K
     candidates for its first draft (`tree_pass`)."""
+    model, generators, progress = request.model, request.generators, request.progress
     height, width = token_grid(model, method)
     check_lag(s)
     check_spans(window, 0, 0)
     window, speculative = min(window, width), window > 1
     fronts = Fronts.start(model, generators, speculative)
-    scorer = GuidedScorer(model, cond, cond_mask, params)
+    scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
     log = DecodeLog(len(generators), (height, width), window, model.device)
     max_fronts = torch.zeros((), dtype=torch.long, device=model.device)
     bar = progress_bar(total=model.num_image_tokens, enabled=progress, desc=method)
@@ -856,7 +852,7 @@ def zipar(
 
     s: the window, an integer >= 1 (the released code's default is 8).
     """
-    return decode_fronts(model, cond, params, generators, s=s, cond_mask=cond_mask, progress=progress)
+    return decode_fronts(Request(model, cond, params, generators, cond_mask, progress), s=s)
 
 
 @register_method(
@@ -883,8 +879,9 @@ def zipar_sjd(
     """ZipAR whose row fronts each run a speculative Jacobi window (SJD: fresh drafts from p).
 
     s: the ZipAR window; window: slots per front and pass (clipped at the row end and by the lag
-    s); init: the draft initialiser for new slots ("random", "above", "left", "above-left");
-    cross_row: a front may also draft past its lag from the row above's drafts of the same pass
+    s); init: the draft initialiser for new slots ("random", "above", "left", "above-left";
+    "random" by default, as for gsd and lantern: a lossy method's init changes its output, so the
+    default stays the one its quality was measured with, docs/DETAILS.md); cross_row: a front may also draft past its lag from the row above's drafts of the same pass
     (kept only when those are accepted; without it lower fronts settle at exactly s behind the
     row above, one token a pass, and the combination needs as many passes as zipar).
     Lossy for s < W as zipar is; lossless for s >= W.
@@ -892,16 +889,11 @@ def zipar_sjd(
     token_grid(model, "zipar-sjd")
     initialiser = resolve_initialiser(init)
     return decode_fronts(
-        model,
-        cond,
-        params,
-        generators,
+        Request(model, cond, params, generators, cond_mask, progress),
         s=s,
         window=window,
         initialiser=initialiser,
         updater=independent_carry,
-        cond_mask=cond_mask,
-        progress=progress,
         method="zipar-sjd",
         cross_row=check_flag("cross_row", cross_row),
     )
@@ -938,16 +930,11 @@ def zipar_mc_sjd(
     initialiser = resolve_initialiser(init)
     updater = carry_updater(coupling, "zipar-mc-sjd")
     tokens, stats = decode_fronts(
-        model,
-        cond,
-        params,
-        generators,
+        Request(model, cond, params, generators, cond_mask, progress),
         s=s,
         window=window,
         initialiser=initialiser,
         updater=updater,
-        cond_mask=cond_mask,
-        progress=progress,
         method="zipar-mc-sjd",
         cross_row=check_flag("cross_row", cross_row),
     )
@@ -986,8 +973,8 @@ def zipar_tree(
     from the draft's law; depth: 2 (the tree: a side node per extra candidate) or 1 (no tree:
     zipar-mc-sjd with maximal coupling); other options as zipar-sjd. Verified by recursive
     rejection with the speculative test, not GSD's grouped one (lossy for s < W as zipar is,
-    lossless for s >= W). Defaults chosen on held-out
-    seeds (docs/SPEED.md).
+    lossless for s >= W). Defaults, init "above" included, chosen on held-out seeds for passes and
+    detector accuracy (docs/SPEED.md).
     """
     height = token_grid(model, "zipar-tree")[0]
     check_lag(s)
@@ -1002,16 +989,11 @@ def zipar_tree(
     drafts_trees = depth == 2 and branch > 1 and window > 1
     trees = FrontTrees(branch, names, len(generators), height, model.device) if drafts_trees else None
     tokens, stats = decode_fronts(
-        model,
-        cond,
-        params,
-        generators,
+        Request(model, cond, params, generators, cond_mask, progress),
         s=s,
         window=window,
         initialiser=resolve_initialiser(init),
         updater=maximal_coupling_carry,
-        cond_mask=cond_mask,
-        progress=progress,
         method="zipar-tree",
         cross_row=check_flag("cross_row", cross_row),
         trees=trees,
@@ -1060,17 +1042,12 @@ def zipar_gsd(
     rule = gsd_rule(model, tokenizer, group_size, prob_gap, max_distance, "zipar-gsd")
     initialiser = resolve_initialiser(init)
     tokens, stats = decode_fronts(
-        model,
-        cond,
-        params,
-        generators,
+        Request(model, cond, params, generators, cond_mask, progress),
         s=s,
         window=window,
         initialiser=initialiser,
         updater=independent_carry,
         rule=rule,
-        cond_mask=cond_mask,
-        progress=progress,
         method="zipar-gsd",
         cross_row=check_flag("cross_row", cross_row),
     )
@@ -1106,9 +1083,8 @@ def wavefront(
             f"model.dependency_reach = R (columns to the right in the rows above, an integer >= 0); "
             f"{type(model).__name__} declares {reach!r}: use zipar for a model with global attention"
         )
-    tokens, stats = decode_fronts(
-        model, cond, params, generators, s=reach + 1, cond_mask=cond_mask, progress=progress, method="wavefront"
-    )
+    request = Request(model, cond, params, generators, cond_mask, progress)
+    tokens, stats = decode_fronts(request, s=reach + 1, method="wavefront")
     return tokens, {**stats, "dependency_reach": reach}
 
 

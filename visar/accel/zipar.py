@@ -165,6 +165,21 @@ class PassPlan:
     leans: Tensor | None = None  # [B, M] bool: predicts (r, c) with c + s - 1 past row r - 1's generated tokens
 
 
+def windows_past_reach(
+    count: Tensor, above: Tensor, reach: Tensor, window_len: Tensor, width: int, window: int
+) -> tuple[Tensor, Tensor]:
+    """Cross-row windows: a started row's reach also counts the drafts the row above feeds in this
+    pass, top-down (the row above's window is final before this row's is set). -> (window_len,
+    above_drafts), both [B, H]."""
+    window_len, above_drafts = window_len.clone(), torch.zeros_like(count)
+    for r in range(1, count.shape[1]):
+        drafts = (window_len[:, r - 1] - 1).clamp(min=0)
+        leans = (count[:, r] > 0) & (above[:, r] < width)  # row starts keep the plain rule
+        above_drafts[:, r] = torch.where(leans, drafts, 0)
+        window_len[:, r] = (reach[:, r] + above_drafts[:, r] - count[:, r]).clamp(min=0, max=window)
+    return window_len, above_drafts
+
+
 def plan_pass(
     count: Tensor, fed: Tensor, grid: tuple[int, int], s: int, window: int, cross_row: bool = False
 ) -> PassPlan:
@@ -188,12 +203,7 @@ def plan_pass(
     window_len = (reach - count).clamp(min=0, max=window)  # 0 for a complete row, as reach <= W
     above_drafts = torch.zeros_like(count)
     if cross_row:
-        window_len = window_len.clone()
-        for r in range(1, height):  # the row above's window is final before this row's is set
-            drafts = (window_len[:, r - 1] - 1).clamp(min=0)
-            leans = (count[:, r] > 0) & (above[:, r] < width)  # row starts keep the plain rule
-            above_drafts[:, r] = torch.where(leans, drafts, 0)
-            window_len[:, r] = (reach[:, r] + above_drafts[:, r] - count[:, r]).clamp(min=0, max=window)
+        window_len, above_drafts = windows_past_reach(count, above, reach, window_len, width, window)
     true_start = (window_len > 0) & (count == 0) & (rows > 0) & (above >= width)
     fed_by_next = torch.cat([true_start[:, 1:], torch.zeros_like(true_start[:, :1])], 1)
     unfinished = count[:, -1:] < width  # the last row finishes last
@@ -881,9 +891,10 @@ def zipar_sjd(
     s: the ZipAR window; window: slots per front and pass (clipped at the row end and by the lag
     s); init: the draft initialiser for new slots ("random", "above", "left", "above-left";
     "random" by default, as for gsd and lantern: a lossy method's init changes its output, so the
-    default stays the one its quality was measured with, docs/DETAILS.md); cross_row: a front may also draft past its lag from the row above's drafts of the same pass
-    (kept only when those are accepted; without it lower fronts settle at exactly s behind the
-    row above, one token a pass, and the combination needs as many passes as zipar).
+    default stays the one its quality was measured with, docs/DETAILS.md); cross_row: a front may
+    also draft past its lag from the row above's drafts of the same pass (kept only when those are
+    accepted; without it lower fronts settle at exactly s behind the row above, one token a pass,
+    and the combination needs as many passes as zipar).
     Lossy for s < W as zipar is; lossless for s >= W.
     """
     token_grid(model, "zipar-sjd")

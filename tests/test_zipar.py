@@ -736,6 +736,7 @@ def test_a_model_without_a_grid_is_refused(name):
         ("zipar-tree", dict(depth=3), "trees of depth 2"),
         ("zipar-tree", dict(neighbours="below"), "unknown neighbour 'below'"),
         ("zipar-tree", dict(s=0), "s \\(the ZipAR window"),
+        ("zipar-tree", dict(window=None), "window must be an integer >= 1"),
         ("zipar-gsd", dict(s=0), "s \\(the ZipAR window"),
         ("zipar-gsd", dict(group_size=0, tokenizer=torch.randn(32, 4)), "group_size must be"),
         ("zipar-gsd", {}, "pass tokenizer="),

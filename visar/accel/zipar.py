@@ -989,6 +989,7 @@ def zipar_tree(
     """
     height = token_grid(model, "zipar-tree")[0]
     check_lag(s)
+    check_spans(window, 0, 0)
     check_number("branch", branch, 1, integer=True)
     branch = min(branch, model.vocab_size)  # candidates are distinct tokens
     if depth not in (1, 2) or isinstance(depth, bool):

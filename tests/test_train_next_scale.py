@@ -4,7 +4,7 @@ The training quantiser picks the codes `encode` picks and passes the decoder's g
 encoder (straight-through) and its own loss to the codebook; a few VAR steps lower the next-scale
 loss from its start (a zero head: log 512 everywhere); resumed runs end where uninterrupted ones
 do; the exports load as "var" folders that decode with var, var-prune and code (the refiner as
-draft=) and ship beside their shared tokenizer.
+refiner=) and ship beside their shared tokenizer.
 """
 
 import math
@@ -110,7 +110,7 @@ def test_the_exports_are_var_folders_that_decode_with_every_next_scale_method(qu
     runs = {
         "var": {},
         "var-prune": {"keep_fraction": 0.5},
-        "code": {"draft": str(refiner), "draft_scales": 4},
+        "code": {"refiner": str(refiner), "draft_scales": 4},
     }
     for method, options in runs.items():
         out = pipe.generate(class_labels=[0, 39], method=method, output_type="np", **options)

@@ -122,6 +122,16 @@ def test_bad_tree_options(model16, options, message):
     model16._forward_hooks.clear()
 
 
+def test_a_chain_without_side_nodes_equals_plain_ar_greedy(model16):
+    """branch 1: the tree is its main path alone (M nodes, no side node), which the path buffer must fit."""
+    greedy = SamplingParams(top_k=1)
+    cond = torch.tensor([0, 1])
+    reference, _ = ar.generate(model16, cond, greedy, make_generators(2, 0))
+    for name in ("sjd-pac", "tree-mc-sjd"):
+        tokens, stats = get_method(name).fn(model16, cond, greedy, make_generators(2, 0), window=8, branch=1)
+        assert torch.equal(tokens, reference) and stats["rows_per_pass"] == 8
+
+
 def test_registered_and_long_windows_are_clipped(model16):
     assert METHODS["sjd-pac"].lossless and METHODS["tree-mc-sjd"].lossless
     tokens, stats = get_method("tree-mc-sjd").fn(

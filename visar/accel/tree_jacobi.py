@@ -271,7 +271,10 @@ def verify_tree(
     final_law = final_law.gather(1, num_children[end][:, None, None].expand(-1, 1, ladder.shape[-1]))[:, 0]
     final = sample_from_probs(final_law, uniforms[:, -1])
     path = torch.where(reached, depth, main_len).clamp(max=main_len)
-    path = torch.zeros_like(node_tokens[:, : main_len + 1]).scatter_(1, path, torch.where(reached, node_tokens, 0))
+    # M + 1 columns whatever the tree's size (a chain, K = 1, has only M nodes); unreached nodes write to column M
+    path = node_tokens.new_zeros(node_tokens.shape[0], main_len + 1).scatter_(
+        1, path, torch.where(reached, node_tokens, 0)
+    )
     path.scatter_(1, (accepted + 1)[:, None], final[:, None])
     main_reached = (reached & layout.on_main).sum(-1) - 1
     tried = reached[:, parent] & ~blocked & valid & (depth > 0)

@@ -10,12 +10,8 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     from ...accel import METHODS
-    from ...accel.registry import REFERENCE_METHODS
 
-    kinds = list(REFERENCE_METHODS)  # by kind, its reference first, then in registration order
-    for method in sorted(
-        METHODS.values(), key=lambda m: (kinds.index(m.model_kind), m.name != REFERENCE_METHODS[m.model_kind])
-    ):
+    for method in METHODS.values():
         where = f"{method.model_kind} models; options: {', '.join(method.options) or '-'}"
         print(f"{method.name:12s} {method.lossless_label}: {method.description}  [{where}]")
     return 0

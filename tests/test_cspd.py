@@ -75,6 +75,7 @@ def min_pvalue(tokens, reference):
     return min(ks_2samp((tokens @ d).numpy(), (reference @ d).numpy()).pvalue for d in directions)
 
 
+@pytest.mark.slow  # a two-sample test over SAMPLES draws of each
 @pytest.mark.parametrize("channels", [1, 2])
 def test_exact_accept_plus_residual_samples_the_target(channels):
     tokens, reference, accepted = toy_samples(channels, "exact")
@@ -83,6 +84,7 @@ def test_exact_accept_plus_residual_samples_the_target(channels):
     assert min_pvalue(tokens, reference) > 1e-3
 
 
+@pytest.mark.slow  # the negative control of the test above
 @pytest.mark.parametrize("channels", [1, 2])
 def test_the_two_sample_test_catches_the_official_inner_temperature(channels):
     tokens, reference, accepted = toy_samples(channels, "relaxed", 42.0)

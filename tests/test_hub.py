@@ -252,6 +252,7 @@ def test_amused_by_hub_name(cache, hf_folders):
     hub_and_folder_agree("amused/amused-256", hf_folders["amused"], ["a red circle"])
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_the_cli_reads_hf_home_and_hf_hub_offline_in_a_fresh_process(tmp_path, hf_folders):
     """`--model <Hub name>` on a command, in a new interpreter whose environment names the cache (HF_HOME)."""
     lay_out_folder(tmp_path / "home" / "hub", "deepseek-community/Janus-Pro-1B", hf_folders["janus"])

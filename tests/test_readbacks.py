@@ -75,6 +75,7 @@ def test_raster_engines_read_back_a_fixed_few_times_per_pass(model, name, option
     assert counter.total / passes <= 2, (dict(counter.by_kind), passes)  # the target for ar and every window pass
 
 
+@pytest.mark.slow  # a whole bench: warm-up, timed and counted runs of ar and sjd
 def test_bench_reports_read_backs_per_pass():
     from visar.eval.bench import bench, markdown_table
 

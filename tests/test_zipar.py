@@ -312,6 +312,7 @@ def test_cross_row_fronts_commit_only_tokens_whose_context_held(monkeypatch):
     assert leaned > 0  # some commits did lean on drafts of the row above
 
 
+@pytest.mark.slow  # 16 configurations x 16 images, compared by their mean passes
 def test_jacobi_fronts_never_need_more_passes_than_zipar():
     """Each front commits at least one token whenever zipar's would, so no image needs more passes
     than W + (H - 1) s, with or without cross-row drafts. On a peaked model (neighbours often

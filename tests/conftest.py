@@ -71,6 +71,16 @@ def fixtures_dir(family: str) -> Path:
     return folder
 
 
+@pytest.fixture
+def private_neighbour_cache(tmp_path, monkeypatch):
+    """Neighbour tables (the relaxed methods' codebook neighbours) go to a fresh cache folder per test,
+    never the user's."""
+    from visar.accel import relaxed
+
+    monkeypatch.setenv("VISAR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(relaxed, "LOADED_TABLES", {})
+
+
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)

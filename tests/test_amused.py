@@ -21,33 +21,13 @@ import torch
 transformers = pytest.importorskip("transformers")
 diffusers = pytest.importorskip("diffusers")
 
+from laws import random_amused  # noqa: E402
+
 import visar  # noqa: E402
 from visar.errors import VisarError  # noqa: E402
 from visar.families import amused  # noqa: E402
 
 PROMPT = "a red circle"
-
-
-def random_amused(seed: int, std: float = 0.3):
-    """A tiny AmusedPipeline with N(0, std) weights (diverse tokens), mask id 8 after 8 codes."""
-    torch.manual_seed(seed)
-    transformer = diffusers.UVit2DModel(**amused.tiny_transformer_config())
-    vqvae = diffusers.VQModel(**amused.tiny_vq_config())
-    config = transformers.CLIPTextConfig(**amused.tiny_text_config())
-    text_encoder = transformers.CLIPTextModelWithProjection(config)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in (transformer, text_encoder):
-            for param in module.parameters():
-                if param.dim() >= 2:
-                    param.copy_(torch.randn(param.shape, generator=gen) * std)
-    return diffusers.AmusedPipeline(
-        vqvae=vqvae,
-        tokenizer=amused.tiny_tokenizer(),
-        text_encoder=text_encoder,
-        transformer=transformer,
-        scheduler=diffusers.AmusedScheduler(mask_token_id=8),
-    )
 
 
 @pytest.fixture(scope="module")

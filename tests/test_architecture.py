@@ -5,7 +5,8 @@ written interfaces (visar.models.base, visar.tokenizers.base), never a concrete 
 loader, eval or apps; the pipeline knows no training data; training code imports no decoding
 method; models and tokenizers import nothing above them; and no module imports itself back
 through others. (Importing a subpackage and looking at sys.modules would not do: visar/__init__.py
-imports the pipeline, which imports nearly everything.)
+imports the pipeline, which imports nearly everything.) And the tests keep their shared helpers in
+helper modules (tests/laws.py, conftest.py, ...): no test module imports another.
 """
 
 import ast
@@ -16,6 +17,7 @@ import pytest
 import visar
 
 PACKAGE = Path(visar.__file__).parent
+TESTS = Path(__file__).resolve().parent
 
 
 def module_of(path: Path) -> str:
@@ -157,3 +159,34 @@ def test_a_cycle_is_caught(monkeypatch):
     monkeypatch.setitem(GRAPH, "visar.eval.sweep", GRAPH["visar.eval.sweep"] | {"visar.eval.fid"})
     monkeypatch.setitem(GRAPH, "visar.eval.fid", GRAPH["visar.eval.fid"] | {"visar.eval.sweep"})
     assert any({"visar.eval.sweep", "visar.eval.fid"} <= set(cycle) for cycle in cycles())
+
+
+def imported_test_modules(source: str) -> set[str]:
+    """The test modules (test_*) a file's source imports, at the top or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return {name for name in found if name.startswith("test_")}
+
+
+def test_no_test_module_imports_another():
+    """A test module imported by another runs twice under two names and ties the files together:
+    what tests share lives in a helper module (tests/laws.py for the tiny models and exact laws)."""
+    found = {path.name: imported_test_modules(path.read_text()) for path in sorted(TESTS.glob("test_*.py"))}
+    assert {name: sorted(modules) for name, modules in found.items() if modules} == {}
+
+
+def test_the_test_import_rule_sees_every_form():
+    """Negative control: each way of importing a test module is reported; a helper module is not."""
+    for source in [
+        "from test_jacobi import tiny_llamagen",
+        "import test_jacobi",
+        "import test_jacobi as jacobi_tests",
+        "import numpy, test_jacobi.sub",
+        "def helper():\n    from test_jacobi import exact_law\n",
+    ]:
+        assert imported_test_modules(source) == {"test_jacobi"}, source
+    assert imported_test_modules("from laws import exact_law\nimport conftest") == set()

@@ -15,7 +15,7 @@ import os
 
 import pytest
 import torch
-from test_conformance import tiny_pipeline
+from laws import tiny_pipeline
 
 from visar.accel import METHODS
 from visar.errors import VisarError

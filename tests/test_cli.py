@@ -72,6 +72,7 @@ def test_listing_commands(capsys):
     assert "[raster models; options: window, warmup, tail, init]" in listing
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_help_documents_every_generate_option():
     result = run_cli("generate", "--help")
     assert result.returncode == 0

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from demo_server import free_port, needs
+from laws import random_janus, save_janus_folder
 from PIL import Image
 
 import visar.accel
@@ -49,11 +51,10 @@ PROMPTS = ["a red circle", "a blue square"]
 def janus_folder(tmp_path_factory):
     """A tiny random Janus (transformers), saved with save_pretrained: visar loads the folder offline."""
     pytest.importorskip("transformers")
-    from test_hf_janus import random_janus, save_folder
 
     old = os.environ.get("HF_HUB_OFFLINE")
     os.environ["HF_HUB_OFFLINE"] = "1"
-    yield save_folder(random_janus(grid=4, image_vocab=16, seed=0), tmp_path_factory.mktemp("janus"))
+    yield save_janus_folder(random_janus(grid=4, image_vocab=16, seed=0), tmp_path_factory.mktemp("janus"))
     if old is None:
         del os.environ["HF_HUB_OFFLINE"]
     else:
@@ -387,8 +388,6 @@ def stop(process: subprocess.Popen):
 
 @pytest.mark.slow  # one server per kind (about 10 s each)
 def test_demo_starts_with_the_model_and_method_and_generates(kind):
-    from test_demo import free_port, needs
-
     from visar.apps.demo import MAX_OPTIONS, default_options
 
     gradio_client = needs("gradio_client")

@@ -13,43 +13,26 @@ import re
 import pytest
 import torch
 from conftest import TEST_DEVICE, TEST_DTYPES, law_samples
-from test_jacobi import compare_laws, exact_law, perturbed, sequence_index, tiny_llamagen
-from test_relaxed import unit_codebook
+from laws import (
+    SAMPLES,
+    VOCAB,
+    compare_laws,
+    exact_law,
+    perturbed,
+    sequence_index,
+    tiny_llamagen,
+    tiny_pipeline,
+    unit_codebook,
+)
 
-import visar
 from visar.accel import METHODS
 from visar.accel.sampling import SamplingParams, make_generators
 from visar.accel.stats import COMMON_STATS
 from visar.errors import VisarError
 from visar.families import FAMILIES
-from visar.pipeline import resolve_dtype, seeded_init
 
 # Options that keep a test-size run small, applied where a method has the option.
 SMALL = {"tree": [[0], [1], [0, 0]], "num_iter": 4}
-
-
-def tiny_pipeline(family_name: str, seed: int = 0, device="cpu", dtype: str = "fp32") -> visar.Pipeline:
-    """The family's tiny random model and tokenizer, as a pipeline (what `visar.load` would build): weights
-    drawn on the CPU in fp32, then the generator moved to `device` in `dtype` (as `visar.load` does) and
-    the tokenizer to `device`."""
-    family = FAMILIES[family_name]
-    if family.architectures or family.pipeline_classes:  # a family over a transformers / diffusers model
-        pytest.importorskip("transformers")
-    if family.pipeline_classes:
-        pytest.importorskip("diffusers")
-    model = family.build_model(family.tiny_model_args)
-    seeded_init(model, seed, std=0.3)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        tokenizer = family.build_tokenizer(family.tiny_tokenizer_args)
-    text_encoder = family.build_text_encoder(family.tiny_text_encoder_args) if family.build_text_encoder else None
-    model.to(device=device, dtype=resolve_dtype(dtype))
-    tokenizer.to(device)
-    if text_encoder is not None:
-        text_encoder.to(device)
-    return visar.Pipeline(
-        model, tokenizer, name=f"tiny-{family_name}", defaults={"guidance_scale": 2.0}, text_encoder=text_encoder
-    )
 
 
 @pytest.fixture(scope="module", params=[(f, d) for d in TEST_DTYPES for f in sorted(FAMILIES)], ids=str)
@@ -220,11 +203,10 @@ def test_lossless_labels_say_when_a_lossy_method_is_exact():
 
 # -- every exactness claim, against the enumerated law ------------------------------------------------
 
-VOCAB, SAMPLES = 6, 20_000
 PARAMS = SamplingParams(guidance_scale=2.0, top_k=4)
-# The enumerated law is a raster model's. Continuous claims (cspd, mar-cache) are tested in tests/test_mar.py
-# (per-token marginals, equality with plain MAR); next-scale ones (var-prune at keep_fraction 1, code with
-# every scale drafted) are equalities with plain `var`, tested in tests/test_var.py.
+# The enumerated law is a raster model's. Continuous claims are tested in tests/test_cspd.py (per-token
+# marginals) and tests/test_mar.py (mar-cache's equality with plain MAR); next-scale ones (var-prune at
+# keep_fraction 1, code with every scale drafted) are equalities with plain `var`, tested in tests/test_var.py.
 EXACT_CLAIMS = sorted(
     name for name, method in METHODS.items() if method.exact_when is not None and method.model_kind == "raster"
 )

@@ -8,7 +8,6 @@ through the DevTools protocol, `tests/chromium.py`), clicks Generate and checks 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import urllib.request
 import numpy as np
 import pytest
 import torch
+from demo_server import free_port, needs
 from PIL import Image
 
 import visar
@@ -24,16 +24,6 @@ from visar.accel import METHODS
 from visar.apps.demo import MAX_OPTIONS, ModelCache, commit_heatmap, compare, default_options, parse_options
 
 MODEL = "visar-tiny-random"
-
-
-def needs(module: str):
-    """The demo extra: in CI it must be installed (`.ci/run` installs it), elsewhere its absence skips."""
-    try:
-        return __import__(module)
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail(f"{module} missing in CI: .ci/run installs the demo extra (pip install -e '.[demo]')")
-        pytest.skip(f"{module} is not installed: pip install -e '.[demo]'")
 
 
 # -- the comparison, in-process (quick) --------------------------------------------------------------
@@ -100,12 +90,6 @@ def test_heatmap_colours_early_passes_dark_and_late_ones_bright():
 
 
 # -- the server --------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def listening_addresses(port: int) -> set[str]:

@@ -78,6 +78,7 @@ def test_default_model_follows_its_class():
     assert record["accuracy"] >= 0.60
 
 
+@pytest.mark.slow  # a quality test of the shipped models
 @torch.no_grad()
 def test_zipar_aware_model_predicts_better_from_zipar_contexts():
     """The default was trained on the contexts zipar gives (lag masks): on held-out renders its
@@ -211,6 +212,7 @@ def test_mar_pair_records_its_recipes_and_shares_the_kl_tokenizer(name):
     check_recorded_recipes(name, "mar", MAR_RECIPES[name], "visar-tiny-kl", KL_RECIPES, forward_passes=16)
 
 
+@pytest.mark.slow  # cspd and mar-cache on the shipped pair at their default steps
 def test_mar_draft_is_under_a_quarter_and_drafts_for_the_target():
     target, draft = (visar.load(name, device="cpu") for name in MAR_PAIR)
     assert parameter_count(draft) * 4 <= parameter_count(target)

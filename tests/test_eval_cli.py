@@ -307,6 +307,7 @@ def test_bench_compiled_rows():
     assert pipe.is_compiled and "ar (compiled, warm-up" in markdown_table(report)
 
 
+@pytest.mark.slow  # quality columns: 12 images per row, each scored
 def test_bench_scores_a_text_conditional_model_by_geneval_task(monkeypatch):
     """A t2i model's quality columns: the GenEval-style overall score and per-task accuracies, the
     detector's verdict on each image against its own prompt's metadata (stubbed here to 'correct

@@ -23,7 +23,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_hf_janus import prompt_law, sample_each_prompt_s_law  # noqa: E402
+from laws import prompt_law, random_emu3, sample_each_prompt_s_law, save_emu3_folder, tiny_llamagen  # noqa: E402
 
 import visar  # noqa: E402
 from visar.accel import get_method  # noqa: E402
@@ -35,28 +35,9 @@ PROMPTS = ["a red circle", "the blue dog on a green square"]  # 6 and 10 tokens 
 OPTIONS = hf_emu3.TINY_OPTIONS  # 16 condition positions, a 4 x 4 grid, a short negative prompt
 
 
-def random_emu3(image_vocab: int, seed: int, std: float = 0.3):
-    """A tiny Emu3ForConditionalGeneration, N(0, std) weights (diverse greedy tokens)."""
-    config = transformers.Emu3Config(**hf_emu3.tiny_config(image_vocab))
-    torch.manual_seed(seed)
-    model = transformers.Emu3ForConditionalGeneration(config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2:
-                param.copy_(torch.randn(param.shape, generator=gen) * std)
-    return model
-
-
-def save_folder(model, image_vocab: int, folder) -> str:
-    model.save_pretrained(folder)
-    hf_emu3.tiny_processor(image_vocab).save_pretrained(folder)
-    return str(folder)
-
-
 @pytest.fixture(scope="module")
 def emu3_folder(tmp_path_factory, offline):
-    return save_folder(random_emu3(image_vocab=16, seed=0), 16, tmp_path_factory.mktemp("emu3"))
+    return save_emu3_folder(random_emu3(image_vocab=16, seed=0), 16, tmp_path_factory.mktemp("emu3"))
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +158,7 @@ LAW_CASES = [
 
 @pytest.fixture(scope="module")
 def law_pipe(tmp_path_factory, offline):
-    folder = save_folder(random_emu3(image_vocab=VOCAB, seed=1), VOCAB, tmp_path_factory.mktemp("law"))
+    folder = save_emu3_folder(random_emu3(image_vocab=VOCAB, seed=1), VOCAB, tmp_path_factory.mktemp("law"))
     return visar.load(folder, device="cpu", model_args=LAW_OPTIONS)
 
 
@@ -255,8 +236,6 @@ def test_load_options_are_checked(emu3_folder, reference):
 def test_prompt_too_long_and_foreign_draft(pipe):
     with pytest.raises(VisarError, match="more than this model's 16 condition positions"):
         pipe.generate(prompts=["a red circle on the green square of the blue dog in a"], output_type="tokens")
-    from test_jacobi import tiny_llamagen
-
     with pytest.raises(VisarError, match="condition"):
         pipe.generate(prompts=PROMPTS[:1], method="spec", draft=tiny_llamagen(vocab=16, block_size=16), top_k=1)
 

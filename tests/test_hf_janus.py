@@ -18,40 +18,19 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from laws import prompt_law, random_janus, sample_each_prompt_s_law, save_janus_folder, tiny_llamagen  # noqa: E402
+
 import visar  # noqa: E402
 from visar.accel import get_method  # noqa: E402
-from visar.accel.sampling import SamplingParams, logits_to_probs, make_generators, split_cfg  # noqa: E402
+from visar.accel.sampling import SamplingParams, make_generators  # noqa: E402
 from visar.errors import VisarError  # noqa: E402
-from visar.families import hf_janus  # noqa: E402
 
 PROMPTS = ["a red circle", "the blue dog on a green square"]  # 9 and 13 tokens with the template
 
 
-def random_janus(grid: int, image_vocab: int, seed: int, std: float = 0.3):
-    """A tiny JanusForConditionalGeneration, N(0, std) weights (diverse greedy tokens), Janus's generation config."""
-    config = transformers.JanusConfig(**hf_janus.tiny_config(grid=grid, image_vocab=image_vocab))
-    torch.manual_seed(seed)
-    model = transformers.JanusForConditionalGeneration(config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2:
-                param.copy_(torch.randn(param.shape, generator=gen) * std)
-    model.generation_config = transformers.GenerationConfig(
-        bos_token_id=0, pad_token_id=1, guidance_scale=5.0, generation_kwargs={"boi_token_id": 3}
-    )
-    return model
-
-
-def save_folder(model, folder) -> str:
-    model.save_pretrained(folder)
-    hf_janus.tiny_processor().save_pretrained(folder)
-    return str(folder)
-
-
 @pytest.fixture(scope="module")
 def janus_folder(tmp_path_factory, offline):
-    return save_folder(random_janus(grid=4, image_vocab=16, seed=0), tmp_path_factory.mktemp("janus"))
+    return save_janus_folder(random_janus(grid=4, image_vocab=16, seed=0), tmp_path_factory.mktemp("janus"))
 
 
 @pytest.fixture(scope="module")
@@ -137,46 +116,8 @@ LAW_CASES = [
 
 @pytest.fixture(scope="module")
 def law_pipe(tmp_path_factory, offline):
-    folder = save_folder(random_janus(grid=2, image_vocab=VOCAB, seed=1, std=0.3), tmp_path_factory.mktemp("law"))
+    folder = save_janus_folder(random_janus(grid=2, image_vocab=VOCAB, seed=1, std=0.3), tmp_path_factory.mktemp("law"))
     return visar.load(folder, device="cpu", model_args={"max_prompt_tokens": 16})
-
-
-@torch.no_grad()
-def prompt_law(model, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams) -> np.ndarray:
-    """P(sequence) of one prompt [T] (mask [T]) for every sequence, teacher-forced without a cache."""
-    from test_jacobi import all_sequences
-
-    seqs = all_sequences(model.vocab_size, model.num_image_tokens)
-    cond, cond_mask = ids.expand(len(seqs), -1), mask.expand(len(seqs), -1)
-    seqs_in = seqs
-    if params.uses_cfg:
-        seqs_in = torch.cat([seqs, seqs])
-        null, null_mask = model.null_condition(cond), model.null_condition_mask(cond_mask)
-        cond, cond_mask = torch.cat([cond, null]), torch.cat([cond_mask, null_mask])
-    logits = model(seqs_in[:, :-1], cond, cond_mask=cond_mask)[:, model.num_condition_tokens - 1 :]
-    probs = logits_to_probs(split_cfg(logits, params), params)
-    law = probs.gather(-1, seqs[..., None]).squeeze(-1).double().prod(-1).numpy()
-    assert abs(law.sum() - 1) < 1e-5
-    return law
-
-
-def sample_each_prompt_s_law(model, ids, mask, method, options, params, vocab: int, samples: int):
-    """`samples` images of the two prompts interleaved in one batch; each prompt's images follow its
-    enumerated law (chi-square and TV). -> (tokens, stats, which prompt each image had)."""
-    from test_jacobi import compare_laws, sequence_index
-
-    which = torch.arange(samples) % 2
-    tokens, stats = get_method(method).fn(
-        model, ids[which], params, make_generators(samples, 100), cond_mask=mask[which], **options
-    )
-    for prompt in (0, 1):
-        law = prompt_law(model, ids[prompt], mask[prompt], params)
-        pvalue, tv, tolerance = compare_laws(sequence_index(tokens[which == prompt], vocab), law)
-        print(f"{method} prompt {prompt}: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
-        assert pvalue > 1e-3 and tv < tolerance, (prompt, pvalue, tv, tolerance)
-    if method != "ar":
-        assert stats["tokens_per_forward"] > 1.0
-    return tokens, stats, which
 
 
 @pytest.mark.slow
@@ -228,8 +169,6 @@ def test_folder_of_a_model_without_image_generation(tmp_path, config):
 def test_prompt_too_long_and_foreign_draft(pipe):
     with pytest.raises(VisarError, match="more than this model's 16 condition positions"):
         pipe.generate(prompts=["a red circle on the green square of the blue dog"], output_type="tokens")
-    from test_jacobi import tiny_llamagen
-
     with pytest.raises(VisarError, match="condition"):
         pipe.generate(prompts=PROMPTS[:1], method="spec", draft=tiny_llamagen(vocab=16, block_size=16), top_k=1)
 

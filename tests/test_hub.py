@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import REPO, fixtures_dir
 from hub_cache import commit_of, lay_out, lay_out_folder, listing
+from laws import random_amused, random_emu3, random_janus, save_emu3_folder, save_janus_folder
 
 import visar
 from visar import hub
@@ -213,18 +214,13 @@ def hf_folders(tmp_path_factory, offline):
     """Tiny random Janus, Emu3 and aMUSEd save_pretrained folders (the hf tests' own models)."""
     pytest.importorskip("transformers")
     pytest.importorskip("diffusers")
-    from test_amused import random_amused
-    from test_hf_emu3 import random_emu3
-    from test_hf_emu3 import save_folder as save_emu3
-    from test_hf_janus import random_janus
-    from test_hf_janus import save_folder as save_janus
 
     root = tmp_path_factory.mktemp("hf")
     amused = root / "amused"
     random_amused(seed=0).save_pretrained(amused)
     return {
-        "janus": Path(save_janus(random_janus(grid=4, image_vocab=16, seed=0), root / "janus")),
-        "emu3": Path(save_emu3(random_emu3(image_vocab=16, seed=0), 16, root / "emu3")),
+        "janus": Path(save_janus_folder(random_janus(grid=4, image_vocab=16, seed=0), root / "janus")),
+        "emu3": Path(save_emu3_folder(random_emu3(image_vocab=16, seed=0), 16, root / "emu3")),
         "amused": amused,
     }
 
@@ -256,6 +252,7 @@ def test_amused_by_hub_name(cache, hf_folders):
     hub_and_folder_agree("amused/amused-256", hf_folders["amused"], ["a red circle"])
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_the_cli_reads_hf_home_and_hf_hub_offline_in_a_fresh_process(tmp_path, hf_folders):
     """`--model <Hub name>` on a command, in a new interpreter whose environment names the cache (HF_HOME)."""
     lay_out_folder(tmp_path / "home" / "hub", "deepseek-community/Janus-Pro-1B", hf_folders["janus"])

@@ -15,42 +15,27 @@ import numpy as np
 import pytest
 import torch
 from conftest import TEST_DEVICE, law_samples
-from scipy.stats import chisquare
+from laws import (
+    CFG_TOPK,
+    CFG_TOPK_TOPP,
+    SAMPLES,
+    TOPP_TEMP,
+    VOCAB,
+    compare_laws,
+    draw,
+    exact_law,
+    perturbed,
+    sequence_index,
+    tiny_llamagen,
+)
 
 import visar
 from visar.accel import METHODS, ar, drafts, get_method, jacobi
 from visar.accel.acceptance import AcceptanceRule, lossless, speculative_accept
 from visar.accel.registry import Request
-from visar.accel.sampling import SamplingParams, logits_to_probs, make_generators, split_cfg
+from visar.accel.sampling import SamplingParams, make_generators
 from visar.accel.stats import COMMON_STATS
 from visar.errors import VisarError
-from visar.models.llamagen import LlamaGen, LlamaGenConfig
-
-VOCAB = 6
-SAMPLES = 20_000
-
-
-def tiny_llamagen(vocab=VOCAB, block_size=4, seed=0, std=0.5, device="cpu", dtype=torch.float32, **kw) -> LlamaGen:
-    """Weights drawn on the CPU, then moved: the same model on every device."""
-    torch.manual_seed(seed)
-    args = dict(dim=16, n_layer=2, n_head=2, multiple_of=16, vocab_size=vocab, num_classes=3, block_size=block_size)
-    model = LlamaGen(LlamaGenConfig(**{**args, **kw})).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0, std)
-    return model.to(device=device, dtype=dtype)
-
-
-def perturbed(model: LlamaGen, seed: int, scale: float) -> LlamaGen:
-    """A draft model: the target's weights plus noise (same vocabulary and layout)."""
-    draft = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.parameters():
-            if p.dim() >= 2:
-                p.add_((torch.randn(p.shape, generator=gen) * scale).to(p.device, p.dtype))
-    return draft
 
 
 @pytest.fixture(scope="module")
@@ -63,60 +48,6 @@ def draft(model):
     return perturbed(model, seed=1, scale=0.3)
 
 
-def all_sequences(vocab: int, length: int) -> torch.Tensor:
-    grids = torch.meshgrid(*[torch.arange(vocab)] * length, indexing="ij")
-    return torch.stack([g.reshape(-1) for g in grids], 1)  # [V^N, N], row m = base-V digits of m
-
-
-@torch.no_grad()
-def exact_law(model: LlamaGen, label: int, params: SamplingParams) -> np.ndarray:
-    """P(sequence) for every sequence, from teacher-forced logits through the shared distribution function."""
-    seqs = all_sequences(model.vocab_size, model.num_image_tokens).to(model.device)
-    cond = torch.full((len(seqs),), label, device=model.device)
-    if params.uses_cfg:
-        seqs_in, cond = torch.cat([seqs, seqs]), torch.cat([cond, model.null_condition(cond)])
-    else:
-        seqs_in = seqs
-    logits = model(seqs_in[:, :-1], cond)[:, model.num_condition_tokens - 1 :]  # [M(x2), N, V]
-    probs = logits_to_probs(split_cfg(logits, params), params)
-    law = probs.gather(-1, seqs[..., None]).squeeze(-1).double().prod(-1).cpu().numpy()
-    assert abs(law.sum() - 1) < 1e-5
-    return law
-
-
-def sequence_index(tokens: torch.Tensor, vocab: int) -> np.ndarray:
-    weights = vocab ** torch.arange(tokens.shape[1] - 1, -1, -1)
-    return (tokens.cpu() * weights).sum(1).numpy()
-
-
-def compare_laws(index: np.ndarray, law: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
-    """-> (chi-square p-value, TV, TV tolerance). Cells expected below 5 are pooled; a draw in a
-    zero-probability cell fails at once. The TV tolerance is the mean + 5 sd of the TV of exact
-    multinomial samples of the same size (the Monte-Carlo noise floor)."""
-    n = len(index)
-    counts = np.bincount(index, minlength=len(law)).astype(float)
-    assert counts[law == 0].sum() == 0, "a zero-probability sequence was drawn"
-    expected = law * n
-    small = expected < 5
-    observed = np.append(counts[~small], counts[small].sum())
-    expected = np.append(expected[~small], expected[small].sum())
-    if expected[-1] == 0:
-        observed, expected = observed[:-1], expected[:-1]
-    pvalue = chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
-    tv = 0.5 * np.abs(counts / n - law).sum()
-    null = np.random.default_rng(seed).multinomial(n, law / law.sum(), size=200) / n
-    null_tv = 0.5 * np.abs(null - law).sum(1)
-    return pvalue, tv, null_tv.mean() + 5 * null_tv.std()
-
-
-def draw(method, model, label, params, n, seed=0, **options):
-    cond = torch.full((n,), label, device=model.device)
-    return get_method(method).fn(model, cond, params, make_generators(n, seed), **options)
-
-
-CFG_TOPK = SamplingParams(guidance_scale=2.0, top_k=4)
-TOPP_TEMP = SamplingParams(top_p=0.8, temperature=1.3)
-CFG_TOPK_TOPP = SamplingParams(guidance_scale=1.5, top_k=5, top_p=0.9, temperature=0.9)
 SETTINGS = [CFG_TOPK, TOPP_TEMP, CFG_TOPK_TOPP]
 LOSSLESS = [
     ("sjd", {}),

@@ -2,8 +2,8 @@
 
 The checks of the parallel-family brief (section 5): per-step reveal counts follow the schedule and
 sum to N; revealed tokens never change; with Gumbel scale 0 the lowest-confidence tokens go back
-to the mask; the Halton and LPD selectors cover the grid with disjoint groups; LPD's proximity
-picks keep the repulsion distance, and its order is fixed by the seed. Then bad options.
+to the mask; the Halton selector covers the grid. Then bad options. LPD's order (proximity picks
+that keep the repulsion distance, disjoint groups, fixed by the seed): tests/test_lpd.py.
 Shapes, determinism and batch invariance of every method: tests/test_conformance.py.
 """
 
@@ -11,10 +11,10 @@ import math
 
 import pytest
 import torch
+from laws import tiny_pipeline
 
 import visar
 from visar.accel.halton import halton_order, radical_inverse
-from visar.accel.lpd import Grid, lpd_order
 from visar.accel.masked import reveal_counts, sample_positions
 from visar.accel.maskgit import noise_temperatures
 from visar.errors import VisarError
@@ -112,47 +112,6 @@ def test_halton_order_covers_the_grid_and_spreads():
     assert min(max(abs(a[0] - b[0]), abs(a[1] - b[1])) for i, a in enumerate(first) for b in first[:i]) >= 2
 
 
-def test_lpd_step_picks_near_cells_apart_then_farthest_points():
-    grid = Grid(8, 8)  # cells 0, 1, 2, 3 on the top row; 27 = (3, 3); 63 = (7, 7)
-    ranked, rest = [0, 1, 2, 3, 27], [63]
-    # greedy: 0; 1 and 2 within Chebyshev distance 2 of it are skipped; 3 and 27 are 3 away
-    assert grid.pick_group(3, list(ranked), list(rest), 2, None) == [0, 3, 27]
-    # one more: farthest-point sampling over the rest and the skipped, measured to this step's cells
-    assert grid.pick_group(4, list(ranked), list(rest), 2, None) == [0, 3, 27, 63]
-    # nothing near decoded cells: the fallback starts from first(pool), here the pool's last cell
-    assert grid.pick_group(2, [], [0, 9, 63], 2, lambda pool: pool[-1]) == [63, 0]
-
-
-def test_lpd_groups_are_a_partition_that_starts_near_the_decoded():
-    grid, counts = Grid(8, 8), reveal_counts(10, 64, "cosine")
-    order = lpd_order(grid, counts, torch.Generator().manual_seed(0), proximity=1.0, repulsion=2)
-    assert sorted(order) == list(range(64))
-    decoded, start = torch.zeros(64, dtype=torch.bool), 0
-    for size in counts:
-        group = order[start : start + size]
-        proximity = grid.proximity(decoded)
-        if bool((proximity[~decoded] >= 1.0).any()):  # a candidate next to decoded cells leads the group
-            assert proximity[group[0]] >= 1.0
-        decoded[group] = True
-        start += size
-
-
-def test_lpd_order_is_fixed_by_the_seed():
-    grid, counts = Grid(6, 6), reveal_counts(8, 36, "cosine")
-
-    def order(seed):
-        return lpd_order(grid, counts, torch.Generator().manual_seed(seed), proximity=1.0, repulsion=2)
-
-    assert order(0) == order(0) and order(0) != order(1)
-
-
-def test_proximity_weights_are_lpds():
-    grid = Grid(3, 3)
-    decoded = torch.zeros(9, dtype=torch.bool)
-    decoded[4] = True  # the centre: edge neighbours score 1, diagonal ones 1/sqrt(2)
-    assert torch.allclose(grid.proximity(decoded).reshape(3, 3)[0], torch.tensor([2**-0.5, 1.0, 2**-0.5]))
-
-
 @pytest.mark.parametrize("method", MASKED_METHODS)
 @pytest.mark.parametrize("steps", [0, 37, 2.5, True])
 def test_steps_out_of_range(method, steps):
@@ -187,8 +146,6 @@ def test_teacher_forced_logits_are_for_raster_models():
 
 
 def test_bench_on_a_masked_model_measures_against_one_token_per_step():
-    from test_conformance import tiny_pipeline
-
     from visar.eval.bench import bench
 
     pipe = tiny_pipeline("maskgit")

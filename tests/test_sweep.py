@@ -11,6 +11,7 @@ from visar.eval.plots import nice_ticks, plot_sweep
 from visar.eval.sweep import parse_sweep
 
 
+@pytest.mark.slow  # a bench per swept value, with its quality columns
 def test_sweep_end_to_end(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("VISAR_CACHE", str(tmp_path / "cache"))
     png, js = tmp_path / "sweep.png", tmp_path / "sweep.json"

@@ -122,6 +122,7 @@ def test_distillation_adds_the_distance_to_the_teachers_head():
     assert loss(other) > loss(None) + 1e-3
 
 
+@pytest.mark.slow  # needs the module's trained MAR pair
 def test_a_few_steps_lower_the_mar_loss(quick_pair):
     out, export, _ = quick_pair
     data = np.load(out / "dataset.npz")
@@ -144,6 +145,7 @@ def test_a_few_steps_lower_the_mar_loss(quick_pair):
     assert loss(pipe.model) < loss(start) - 0.1
 
 
+@pytest.mark.slow  # needs the module's trained MAR pair
 def test_the_exports_are_mar_folders_that_decode_with_every_continuous_method(quick_pair):
     _, target, draft = quick_pair
     pipe = visar.load(str(target), device="cpu")
@@ -159,6 +161,7 @@ def test_the_exports_are_mar_folders_that_decode_with_every_continuous_method(qu
     assert default.stats["num_iter"] == 16  # a quarter of the 64 tokens, as upstream's 64 for 256
 
 
+@pytest.mark.slow  # needs the module's trained MAR pair
 def test_ship_puts_the_mar_export_beside_its_kl_tokenizer(quick_pair, tmp_path):
     _, target, _ = quick_pair
     shipped = ship(target, "visar-tiny-mar-c2i", "a MAR model", weights_dir=tmp_path)
@@ -167,6 +170,7 @@ def test_ship_puts_the_mar_export_beside_its_kl_tokenizer(quick_pair, tmp_path):
     assert pipe.model.model_kind == "continuous" and pipe.name == "visar-tiny-mar-c2i"
 
 
+@pytest.mark.slow  # trains a KL tokenizer and a MAR, whole and resumed
 def test_kl_and_mar_resume_is_exact(tmp_path, quick_kl):
     from safetensors.torch import load_file
 

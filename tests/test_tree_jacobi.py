@@ -1,6 +1,6 @@
 """Draft-tree speculative Jacobi decoding (sjd-pac, tree-mc-sjd): exact joint law, batch invariance, bad input.
 
-The exactness tests enumerate the joint law of the tiny LlamaGen of tests/test_jacobi.py
+The exactness tests enumerate the joint law of the tiny LlamaGen of tests/laws.py
 (vocabulary 6, 2x2 tokens) and draw 20,000 images per case, at CFG with top-k, top-p with
 temperature, and all of them; the negative control verifies every candidate of a tree against p
 itself (no residual after a rejected sibling) and must fail the same test.
@@ -8,7 +8,7 @@ itself (no residual after a rejected sibling) and must fail the same test.
 
 import pytest
 import torch
-from test_jacobi import (
+from laws import (
     CFG_TOPK,
     CFG_TOPK_TOPP,
     SAMPLES,

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 from conftest import fixtures_dir
+from laws import tiny_llamagen
 from safetensors.torch import load_file
 
 import visar
@@ -366,8 +367,6 @@ def test_code_refuses_a_refiner_with_another_tokenizer(pair):
 
 
 def test_code_refuses_a_raster_refiner(pair):
-    from test_jacobi import tiny_llamagen
-
     drafter, _ = pair
     with pytest.raises(VisarError, match="must be a next-scale model"):
         generate(drafter, method="code", refiner=tiny_llamagen(vocab=16, block_size=16))

@@ -5,7 +5,7 @@
 - every pass feeds and shows exactly the intended sets (recorded from the model's forward,
   compared with sets derived from the closed-form schedule, not from the code's own rule);
 - Jacobi fronts keep the lag and show no other front's drafts; with s >= W they sample the exact
-  joint law (enumerated as in tests/test_jacobi.py);
+  joint law (enumerated as in tests/laws.py);
 - on a model with a hard radius-1 local receptive field, wavefront decoding equals raster decoding;
 - the "above" / "left" / "above-left" initialisers keep the Jacobi engine exact (joint law).
 """
@@ -15,28 +15,18 @@ import json
 import numpy as np
 import pytest
 import torch
+from laws import exact_law, tiny_llamagen
 from scipy.stats import chisquare
 
 import visar
 from visar.accel import METHODS, ar, drafts, get_method, jacobi, tree_jacobi, zipar
-from visar.accel.sampling import SamplingParams, logits_to_probs, make_generators, split_cfg
+from visar.accel.sampling import SamplingParams, make_generators
 from visar.apps.cli import main
 from visar.errors import VisarError
 from visar.models.lag_mask import lag_training_mask
-from visar.models.llamagen import LlamaGen, LlamaGenConfig
+from visar.models.llamagen import LlamaGen
 
 SAMPLES = 20_000
-
-
-def tiny_llamagen(vocab=32, block_size=16, seed=0, std=0.3, cls=LlamaGen, **kw) -> LlamaGen:
-    torch.manual_seed(seed)
-    args = dict(dim=16, n_layer=2, n_head=2, multiple_of=16, vocab_size=vocab, num_classes=3, block_size=block_size)
-    model = cls(LlamaGenConfig(**{**args, **kw})).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0, std)
-    return model
 
 
 def schedule_pass(index: int, width: int, s: int) -> int:
@@ -57,7 +47,7 @@ GREEDY = SamplingParams(top_k=1, guidance_scale=2.0)
     [(16, [1, 2, 3, 4, 9]), (36, [1, 2, 4, 5, 6]), (64, [1, 3, 7, 8]), (256, [4, 8])],
 )
 def test_pass_count_is_the_formula(block_size, windows):
-    model = tiny_llamagen(block_size=block_size, std=0.1)
+    model = tiny_llamagen(vocab=32, block_size=block_size, std=0.1)
     height, width = model.grid_size
     for s in windows:
         tokens, stats = zipar.zipar(model, torch.tensor([0, 2]), SamplingParams(), make_generators(2, 0), s=s)
@@ -72,7 +62,7 @@ def test_pass_count_is_the_formula(block_size, windows):
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED, SamplingParams()])
 def test_equals_plain_ar_when_the_window_covers_a_row(params):
-    model = tiny_llamagen(block_size=36, seed=1)
+    model = tiny_llamagen(vocab=32, block_size=36, seed=1, std=0.3)
     cond = torch.tensor([0, 2, 1, 1])
     reference, ar_stats = ar.generate(model, cond, params, make_generators(4, 7))
     for s in (6, 11):
@@ -86,7 +76,7 @@ def test_equals_plain_ar_when_the_window_covers_a_row(params):
 
 def test_equals_plain_ar_text_conditional():
     """Caption conditions with padding: the prefill and the cache's key mask carry over to the explicit masks."""
-    model = tiny_llamagen(block_size=16, seed=4, model_type="t2i", cls_token_num=3, caption_dim=8)
+    model = tiny_llamagen(vocab=32, block_size=16, seed=4, std=0.3, model_type="t2i", cls_token_num=3, caption_dim=8)
     captions = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
     mask = torch.tensor([[False, True, True], [True, True, True]])
     for params in (GREEDY, SAMPLED):
@@ -161,7 +151,7 @@ class Recorder:
 
 @pytest.mark.parametrize("block_size, s, params", [(36, 2, SamplingParams()), (36, 4, GREEDY), (64, 3, SAMPLED)])
 def test_each_pass_feeds_and_shows_the_intended_sets(block_size, s, params):
-    model = tiny_llamagen(block_size=block_size, seed=2)
+    model = tiny_llamagen(vocab=32, block_size=block_size, seed=2, std=0.3)
     height, width = model.grid_size
     num_tokens, num_cond = block_size, model.num_condition_tokens
     cond = torch.tensor([1, 0])
@@ -201,7 +191,7 @@ def test_each_pass_feeds_and_shows_the_intended_sets(block_size, s, params):
 @pytest.mark.parametrize("block_size, s", [(36, 2), (64, 3), (36, 6)])
 def test_training_mask_is_what_each_predicting_input_sees(block_size, s):
     """ZipAR-aware training (apps/train.py) must show a position what generation shows it."""
-    model = tiny_llamagen(block_size=block_size, seed=3)
+    model = tiny_llamagen(vocab=32, block_size=block_size, seed=3, std=0.3)
     height, width = model.grid_size
     num_cond = model.num_condition_tokens
     train_mask = lag_training_mask((height, width), s, num_cond)
@@ -252,7 +242,7 @@ def test_plan_of_jacobi_fronts():
 
 
 def test_jacobi_fronts_keep_the_lag_and_their_drafts_private(monkeypatch):
-    model = tiny_llamagen(block_size=64, seed=3)
+    model = tiny_llamagen(vocab=32, block_size=64, seed=3, std=0.3)
     width, num_cond, s = 8, model.num_condition_tokens, 3
     counts = []
     plan_pass = zipar.plan_pass
@@ -355,6 +345,7 @@ def test_cross_row_fronts_commit_only_tokens_whose_context_held(monkeypatch):
     assert leaned > 0  # some commits did lean on drafts of the row above
 
 
+@pytest.mark.slow  # 16 configurations x 16 images, compared by their mean passes
 def test_jacobi_fronts_never_need_more_passes_than_zipar():
     """Each front commits at least one token whenever zipar's would, so no image needs more passes
     than W + (H - 1) s, with or without cross-row drafts. On a peaked model (neighbours often
@@ -413,7 +404,7 @@ def test_carried_laws_are_kept_for_live_drafts_only(monkeypatch, coupling):
 
 
 def test_jacobi_fronts_do_not_depend_on_the_batch():
-    model = tiny_llamagen(block_size=36, seed=6)
+    model = tiny_llamagen(vocab=32, block_size=36, seed=6, std=0.3)
     params = SAMPLED
     cond = torch.tensor([0, 2, 1])
     gens = make_generators(3, 10)
@@ -432,24 +423,6 @@ def test_jacobi_fronts_do_not_depend_on_the_batch():
 
 
 # -- exactness against the enumerated joint law --------------------------------------------------------------
-
-
-def all_sequences(vocab: int, length: int) -> torch.Tensor:
-    grids = torch.meshgrid(*[torch.arange(vocab)] * length, indexing="ij")
-    return torch.stack([g.reshape(-1) for g in grids], 1)  # [V^N, N], row m = base-V digits of m
-
-
-@torch.no_grad()
-def exact_law(model, label: int, params: SamplingParams) -> np.ndarray:
-    """P(sequence) for every sequence: teacher-forced logits through the shared distribution function."""
-    seqs = all_sequences(model.vocab_size, model.num_image_tokens)
-    cond = torch.full((len(seqs),), label)
-    seqs_in = seqs
-    if params.uses_cfg:
-        seqs_in, cond = torch.cat([seqs, seqs]), torch.cat([cond, model.null_condition(cond)])
-    logits = model(seqs_in[:, :-1], cond)[:, model.num_condition_tokens - 1 :]
-    probs = logits_to_probs(split_cfg(logits, params), params)
-    return probs.gather(-1, seqs[..., None]).squeeze(-1).double().prod(-1).numpy()
 
 
 def law_matches(tokens: torch.Tensor, law: np.ndarray, vocab: int) -> tuple[bool, str]:
@@ -632,7 +605,7 @@ class LocalLlamaGen(LlamaGen):
 
 @pytest.fixture(scope="module")
 def local_model():
-    return tiny_llamagen(block_size=36, seed=7, std=0.5, cls=LocalLlamaGen)
+    return tiny_llamagen(vocab=32, block_size=36, seed=7, std=0.5, cls=LocalLlamaGen)
 
 
 @torch.no_grad()
@@ -744,7 +717,7 @@ def test_a_model_without_a_grid_is_refused(name):
     ],
 )
 def test_bad_options(name, options, message):
-    model = tiny_llamagen(block_size=16)
+    model = tiny_llamagen(vocab=32, block_size=16, std=0.3)
     with pytest.raises(VisarError, match=message):
         get_method(name).fn(model, torch.tensor([0]), SamplingParams(), make_generators(1, 0), **options)
 

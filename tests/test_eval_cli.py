@@ -293,7 +293,7 @@ def test_jacobi_passes_keep_to_a_few_shapes():
     assert len(lengths) == out.stats["forward_passes"]
 
 
-@pytest.mark.slow  # torch.compile of every row's shapes: 48 s, the quick tier's longest test
+@pytest.mark.slow  # torch.compile of every row's shapes: too slow for the quick tier
 def test_bench_compiled_rows():
     """--compiled-rows: every method again under torch.compile, marked, its warm-up apart, ratios against eager AR."""
     from visar.eval.bench import bench, markdown_table

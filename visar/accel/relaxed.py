@@ -399,6 +399,3 @@ def lantern_pp(
     request = Request(model, cond, params, generators, cond_mask, progress)
     tokens, stats = tree_decode(request, draft_model, static_tree, relax)
     return tokens, {**stats, "lambda_cap": lambda_cap, "delta": delta, "k": table.shape[1], "form": form}
-
-
-# -- the settings at which a relaxed method is exact (visar.accel.Method.exact_when) ----------------------

@@ -84,6 +84,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -630,14 +631,14 @@ def tree_pass(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One pass of fronts that draft trees -> p [B, M, V], slot tokens [B, M], accept [B, M].
 
-    context: (tokens, count, generated, s) as score_fronts takes them; draft: (draft tokens, their
-    laws, the pass's uniforms [B, 4, M], the tree block [B, H, 2K]). Slot 0 outputs the taken
+    context: (tokens, count, generated, s) as score_fronts takes them; draft: the pass's PassDraft
+    (Jacobi fronts, with the trees' block). Slot 0 outputs the taken
     candidate (or the draw after the last rejection). A taken side candidate counts as a rejection
     of slot 0's draft, since slot 1 and the rows below saw candidate 0; slot 1 outputs a draw from
     the side node's p instead, which `FrontTrees.extend` commits when slot 1's context held.
     """
     tokens, count, generated, s = context
-    draft_tokens, draft_probs, uniforms, tree_u = draft
+    draft_tokens, draft_probs, uniforms, tree_u, _ = draft
     branch, num_inputs = trees.branch, plan.slot.shape[1]
     sides = side_nodes(plan, branch)
     candidates = laws = None
@@ -709,36 +710,42 @@ class Fronts:
         return cls(tokens, count, torch.zeros_like(count), state, carried, position_uniforms)
 
 
+class PassDraft(NamedTuple):
+    """This pass's drafts and randomness (`pass_drafts`)."""
+
+    tokens: Tensor | None  # [B, M] every slot's draft (None: plain fronts, or no slot has one)
+    probs: Tensor | None  # [B, M, V] the law each was drawn from
+    uniforms: Tensor | None  # [B, 4, M] Jacobi fronts' block (None for plain fronts)
+    tree_uniforms: Tensor | None  # [B, H, 2K] the trees' block (None without trees)
+    draws: Tensor  # [B, M] each slot's draw: ar.py's uniform of its index (plain fronts), else the residual's
+
+
 def pass_drafts(fronts: Fronts, generators, plan: PassPlan, generated: Tensor, initialiser, window: int, trees):
-    """This pass's randomness and drafts -> (draft_tokens [B, M], draft_probs [B, M, V], uniforms
-    [B, 4, M], tree block, draws [B, M]). Plain fronts: no drafts, and each input's draw is ar.py's
-    uniform of the index it predicts. Jacobi fronts: the pass's block [B, 4, M] (then the tree block,
-    None without trees) and every slot's draft (None when no slot has one); draws are the residual's."""
+    """This pass's randomness and drafts -> PassDraft."""
     if fronts.carried is None:
         target = (plan.input_index + 1).clamp(max=fronts.state.num_tokens - 1)  # N: scratch
-        return None, None, None, None, fronts.position_uniforms.gather(1, target)
+        return PassDraft(None, None, None, None, fronts.position_uniforms.gather(1, target))
     height = fronts.count.shape[1]
     uniforms = pass_uniforms(generators, plan, height, window)
     tree_u = None if trees is None else trees.uniforms(generators, height, plan.row.device)
     if not bool(plan.has_draft.any()):
-        return None, None, uniforms, tree_u, uniforms[:, RESIDUAL]
+        return PassDraft(None, None, uniforms, tree_u, uniforms[:, RESIDUAL])
     target = plan.input_index + 1
     draft_tokens, draft_probs = fronts.carried.propose(
         plan, fronts.state, target, generated, initialiser, uniforms[:, DRAFT]
     )
-    return draft_tokens, draft_probs, uniforms, tree_u, uniforms[:, RESIDUAL]
+    return PassDraft(draft_tokens, draft_probs, uniforms, tree_u, uniforms[:, RESIDUAL])
 
 
 def score_and_verify(
     fronts: Fronts, scorer: GuidedScorer, plan: PassPlan, generated: Tensor, s: int, rule, trees, first: bool, draft
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """One pass -> target probs [B, M, V], slot tokens [B, M], accept [B, M]; draft: `pass_drafts`' output."""
-    draft_tokens, draft_probs, uniforms, tree_u, draws = draft
+    """One pass -> target probs [B, M, V], slot tokens [B, M], accept [B, M]; draft: `pass_drafts`' PassDraft."""
     if trees is None or first:
-        target_probs = score_fronts(scorer, plan, fronts.tokens, fronts.count, generated, s, draft_tokens, first)
-        return target_probs, *front_outputs(rule, plan, target_probs, draft_tokens, draft_probs, uniforms, draws)
+        target_probs = score_fronts(scorer, plan, fronts.tokens, fronts.count, generated, s, draft.tokens, first)
+        outputs = front_outputs(rule, plan, target_probs, draft.tokens, draft.probs, draft.uniforms, draft.draws)
+        return target_probs, *outputs
     context = (fronts.tokens, fronts.count, generated, s)
-    draft = (draft_tokens, draft_probs, uniforms, tree_u)
     return tree_pass(trees, rule, scorer, plan, fronts.carried, fronts.state, context, draft)
 
 
@@ -805,7 +812,6 @@ def decode_fronts(
             generated = generated_mask(count, width)
             fronts.state.committed = count.sum(1)
             draft = pass_drafts(fronts, generators, plan, generated, initialiser, window, trees)
-            uniforms = draft[2]  # [B, 4, M], None for plain fronts
             target_probs, slot_tokens, accept = score_and_verify(
                 fronts, scorer, plan, generated, s, rule, trees, first, draft
             )
@@ -813,8 +819,9 @@ def decode_fronts(
             commits, lane_commits = commit_fronts(fronts, plan, accept, slot_tokens, log, scorer.forward_passes, rules)
             if speculative:  # the slots after a front's commit become drafts for the same indices
                 after_pass = generated_mask(count + commits, width)
+                carry_u = draft.uniforms[:, CARRY]
                 fronts.carried.carry_over(
-                    updater, plan, fronts.state, target_probs, slot_tokens, lane_commits, uniforms[:, CARRY], after_pass
+                    updater, plan, fronts.state, target_probs, slot_tokens, lane_commits, carry_u, after_pass
                 )
             fronts.fed = fed_after_pass(plan, fronts.fed, count, commits, width)
             fronts.count = count + commits
@@ -1098,6 +1105,3 @@ def wavefront(
     request = Request(model, cond, params, generators, cond_mask, progress)
     tokens, stats = decode_fronts(request, s=reach + 1, method="wavefront")
     return tokens, {**stats, "dependency_reach": reach}
-
-
-# -- the settings at which a zipar method is exact (visar.accel.Method.exact_when) -----------------------

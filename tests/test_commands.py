@@ -18,16 +18,11 @@ import errno
 import io
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from demo_server import free_port, needs
+from demo_server import free_port, needs, start_demo, stop, wait_for
 from laws import random_janus, save_janus_folder
 from PIL import Image
 
@@ -353,37 +348,6 @@ def test_eval_fid_packs_and_scores_a_few_images_per_method(kind, tmp_path, capsy
 
 
 # -- the demo ------------------------------------------------------------------------------------------------
-
-
-def start_demo(model: str, method: str, port: int) -> subprocess.Popen:
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "visar", "demo", "--model", model, "--method", method, "--port", str(port)]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-
-
-def wait_for(process: subprocess.Popen, url: str, seconds: float = 180):
-    deadline = time.monotonic() + seconds
-    while True:
-        if process.poll() is not None:
-            pytest.fail(f"visar demo exited with {process.returncode}: {process.stdout.read()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            pytest.fail(f"visar demo did not answer within {seconds:.0f} s")
-        time.sleep(0.5)
-
-
-def stop(process: subprocess.Popen):
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 @pytest.mark.slow  # one server per kind (about 10 s each)

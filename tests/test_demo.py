@@ -7,16 +7,12 @@ through the DevTools protocol, `tests/chromium.py`), clicks Generate and checks 
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 
 import numpy as np
 import pytest
 import torch
-from demo_server import free_port, needs
+from demo_server import free_port, needs, start_demo, stop, wait_for
 from PIL import Image
 
 import visar
@@ -112,31 +108,11 @@ def listening_addresses(port: int) -> set[str]:
 def server():
     needs("gradio")
     port = free_port()
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
-    command = [sys.executable, "-m", "visar", "demo", "--model", MODEL, "--method", "sjd", "--port", str(port)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    process = start_demo(MODEL, "sjd", port)
     url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 180
-    while True:
-        if process.poll() is not None:
-            pytest.fail(f"visar demo exited with {process.returncode}: {process.stdout.read()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail("visar demo did not answer within 180 s")
-        time.sleep(0.5)
+    wait_for(process, url)
     yield {"url": url, "port": port, "started": time.monotonic()}
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop(process)
 
 
 @pytest.fixture(scope="module")

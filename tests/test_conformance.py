@@ -2,7 +2,8 @@
 
 A new method (visar.accel.register_method) or family (visar.families.register_family) is covered
 here without a new test. For each pair whose kinds fit: token shapes and range, determinism for a
-seed, batch invariance (an image's tokens do not depend on its batch), the common statistics, and
+seed, batch invariance (an image's tokens do not depend on its batch; `auto`, which chooses for
+the batch size, excepted), the common statistics, and
 the lossless flag for the options; where the kinds do not fit, or the model lacks what the method
 needs, one clear VisarError. Then every "exact at these settings" claim of a lossy method is
 checked against the enumerated law of a tiny model (slow tier), with a negative control.
@@ -25,7 +26,7 @@ from laws import (
     unit_codebook,
 )
 
-from visar.accel import METHODS
+from visar.accel import METHODS, reference_method
 from visar.accel.sampling import SamplingParams, make_generators
 from visar.accel.stats import COMMON_STATS
 from visar.errors import VisarError
@@ -65,6 +66,10 @@ def test_method_on_every_family(family_pair, method_name):
     pipe, draft = family_pair
     method = METHODS[method_name]
     options = options_for(method, draft)
+    if method_name == "auto" and pipe.model.model_kind != "raster":  # the pipeline runs the kind's reference
+        out = pipe.generate(**conditions(pipe, 1), method="auto", output_type="tokens")
+        assert out.stats["method"] == reference_method(pipe.model)
+        return
     if not fits(method, pipe):
         with pytest.raises(VisarError) as err:
             pipe.generate(**conditions(pipe, 1), method=method_name, output_type="tokens", **options)
@@ -107,6 +112,8 @@ def test_method_on_every_family(family_pair, method_name):
     # determinism for a seed, and batch invariance: image i of the batch alone, with seed 5 + i
     again = pipe.generate(**conditions(pipe, 3), **run)
     assert torch.equal(again.tokens, tokens)
+    if not method.batch_invariant:  # auto chooses for the batch size (the same law)
+        return
     if pipe.dtype != torch.float32:
         return check_low_precision_batch_invariance(pipe, run, tokens, continuous)
     for i in range(3):
@@ -182,6 +189,12 @@ def test_every_method_refuses_a_model_of_another_kind(method_name):
     message = (
         f"method '{method_name}' decodes {method.model_kind} models; {type(pipe.model).__name__} is a {other} model"
     )
+    with pytest.raises(VisarError, match=re.escape(message)):
+        method.check_model(pipe.model)
+    if method_name == "auto":  # through the pipeline, "auto" is the other kind's reference decoding
+        out = pipe.generate(class_labels=[0], method=method_name, output_type="tokens")
+        assert out.stats["method"] == reference_method(pipe.model)
+        return
     with pytest.raises(VisarError, match=re.escape(message)):
         pipe.generate(class_labels=[0], method=method_name, output_type="tokens")
 

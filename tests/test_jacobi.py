@@ -274,8 +274,8 @@ def test_coupling_needs_fewer_passes_than_sjd(model16):
 def test_methods_are_registered_with_their_options():
     assert {"sjd", "mc-sjd", "spec"} <= set(METHODS)
     assert all(METHODS[m].lossless for m in ("sjd", "mc-sjd", "spec"))
-    assert METHODS["sjd"].options == ["window", "warmup", "tail", "init"]
-    assert METHODS["mc-sjd"].options == ["window", "warmup", "tail", "coupling", "init"]
+    assert METHODS["sjd"].options == ["window", "warmup", "tail", "init", "budget"]
+    assert METHODS["mc-sjd"].options == ["window", "warmup", "tail", "coupling", "init", "budget"]
     assert METHODS["spec"].options == ["draft", "window", "warmup", "tail"]
 
 

@@ -107,7 +107,9 @@ def test_tree_layout():
         (dict(depth=0), "depth must be an integer >= 1"),
         (dict(window=1), "window must be an integer >= 2"),
         (dict(window=8, branch=3, depth=3), "13 nodes, more than the window of 8"),
-        (dict(branch=17, depth=2), "more candidates than the vocabulary has tokens"),
+        (dict(budget="fast"), "budget for tree-mc-sjd must be 'auto', a whole number of rows"),
+        (dict(budget=0), "budget for tree-mc-sjd must be 'auto'"),
+        (dict(budget=4), "7 nodes, more than the window of 4"),
         (dict(depth=18, branch=1, window=40), "branches past the image's 16 tokens"),
         (dict(neighbours="left,below"), "unknown neighbour 'below'"),
         (dict(neighbours=["left"]), "neighbours must be a comma-separated string"),
@@ -120,6 +122,18 @@ def test_bad_tree_options(model16, options, message):
         get_method("tree-mc-sjd").fn(model16, torch.tensor([0]), SamplingParams(), make_generators(1, 0), **options)
     assert not calls  # refused before any model call
     model16._forward_hooks.clear()
+
+
+@pytest.mark.parametrize("method", ["tree-mc-sjd", "zipar-tree"])
+def test_branch_is_clipped_to_the_vocabulary_by_one_rule(method):
+    """A default branch larger than a small vocabulary runs with every token a candidate, in both tree
+    methods (tree_jacobi.clip_branch), where tree-mc-sjd used to refuse it."""
+    model = tiny_llamagen(vocab=4, block_size=16, seed=3, std=0.3)
+    assert get_method(method).defaults["branch"] > 4
+    tokens, stats = get_method(method).fn(model, torch.tensor([0]), SamplingParams(), make_generators(1, 0))
+    assert tokens.shape == (1, 16) and int(tokens.max()) < 4
+    if method == "tree-mc-sjd":
+        assert stats["branch"] == 4
 
 
 def test_a_chain_without_side_nodes_equals_plain_ar_greedy(model16):

@@ -299,7 +299,9 @@ class Pipeline:
         """Generate one image per class label / prompt.
 
         method: a registered method of the model's kind (`visar methods`); None: plain sampling of
-        that kind ("ar" for raster models, "var" for next-scale models).
+        that kind ("ar" for raster models, "var" for next-scale models); "auto": the fastest lossless
+        method for this model, device and batch (raster models: AR, mc-sjd or tree-mc-sjd with
+        measured budgets, `visar.accel.auto`; other kinds: their plain sampling).
         Anything else than this describes (no or empty conditions, class labels that are not integer
         ids, prompts that are not non-empty strings, a seed outside 0..2**64 - 1 - (B - 1), settings out
         of range: guidance_scale 0..1e4, temperature 1e-4..1e4, top_k >= 1, top_p in (0, 1], an unknown
@@ -322,6 +324,8 @@ class Pipeline:
         if output_type not in ("pil", "pt", "np", "tokens"):
             raise VisarError(f"output_type must be 'pil', 'pt', 'np' or 'tokens', got {output_type!r}")
         method = method or reference_method(self.model)
+        if method == "auto" and model_kind(self.model) != "raster":  # no faster lossless method without a draft
+            method = reference_method(self.model)
         decoding_method = get_method(method)
         decoding_method.check_options(method_options)
         decoding_method.check_model(self.model)

@@ -5,13 +5,13 @@ the order `visar methods` and the demo list them (each kind's reference first)."
 from __future__ import annotations
 
 # isort: off
-from . import ar, jacobi, tree_jacobi, relaxed, zipar  # raster models
+from . import ar, jacobi, tree_jacobi, auto, relaxed, zipar  # raster models
 from . import mar, cspd, mar_cache  # continuous-token models
 from . import next_scale  # next-scale models
 from . import maskgit, halton, lpd  # masked models
 
 # isort: on
-from . import drafts
+from . import budget, drafts
 from .registry import METHODS, Method, get_method, list_methods, reference_method, register_method
 
 __all__ = [
@@ -22,6 +22,8 @@ __all__ = [
     "reference_method",
     "register_method",
     "ar",
+    "auto",
+    "budget",
     "cspd",
     "drafts",
     "halton",

@@ -12,7 +12,8 @@ from torch import Tensor
 
 from ..models.base import RasterModel
 from ..progress import progress_bar
-from .registry import register_method
+from .budget import PassCosts, ProbeBudget, cost_key, measured_costs, scratch_request
+from .registry import Request, register_method
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
 from .stats import DecodeLog
@@ -30,19 +31,35 @@ def generate(
     progress: bool = False,
 ) -> tuple[Tensor, dict]:
     """Sample image tokens [B, N] in raster order; returns (tokens, stats)."""
+    return sample_tokens(Request(model, cond, params, generators, cond_mask, progress))
+
+
+def sample_tokens(request: Request, probe: ProbeBudget | None = None) -> tuple[Tensor, dict]:
+    """The AR loop; `probe` (timing one step's cost, `ar_costs`) may stop it early."""
+    model, generators = request.model, request.generators
     device = model.device
-    batch = cond.shape[0]
+    batch = request.cond.shape[0]
     log = DecodeLog(batch, model.grid_size, 0, device)
     num_cond, num_tokens = model.num_condition_tokens, model.num_image_tokens
-    scorer = GuidedScorer(model, cond, cond_mask, params)
+    scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
     tokens = torch.empty(batch, num_tokens, dtype=torch.long, device=device)
     positions = torch.arange(num_cond, num_cond + num_tokens, device=device)  # made once, not copied per step
     with scorer.cache(num_cond + num_tokens):
         probs = scorer.prefill()  # [B, V]
-        for i in progress_bar(range(num_tokens), enabled=progress, desc="ar"):
+        for i in progress_bar(range(num_tokens), enabled=request.progress, desc="ar"):
+            if probe is not None and probe.size() is None:
+                break
             tokens[:, i] = sample_from_probs(probs, draw_uniforms(generators)[:, 0])
             if i + 1 < num_tokens:
                 probs = scorer.target_probs(scorer.logits(tokens[:, i : i + 1], positions[i : i + 1])[:, -1])
     log.passes_per_image[:] = num_tokens
     log.commit_pass[:, :num_tokens] = torch.arange(1, num_tokens + 1, device=device)  # token i from pass i + 1
     return tokens, log.stats(forward_passes=num_tokens)
+
+
+def ar_costs(request: Request) -> PassCosts | None:
+    """Seconds per AR step for this model, device, dtype, batch size and guidance, measured once
+    (`budget.measured_costs`), for `auto` to weigh against the speculative engines."""
+    model = request.model
+    key = cost_key("ar", model, request.cond.shape[0], request.params.uses_cfg, (model.num_condition_tokens,))
+    return measured_costs(model, key, (1,), lambda probe: sample_tokens(scratch_request(request), probe), model.device)

@@ -51,6 +51,19 @@ from ..errors import VisarError
 from ..models.base import RasterModel
 from ..progress import progress_bar
 from .acceptance import SPECULATIVE, AcceptanceRule, gumbel_coupling, keyed_uniforms, verify_slots
+from .budget import (
+    AUTO,
+    CHAIN_SIZES,
+    MAX_AGE,
+    PassCosts,
+    ProbeBudget,
+    SurvivalCounts,
+    WindowBudget,
+    check_budget,
+    cost_key,
+    measured_costs,
+    scratch_request,
+)
 from .checks import check_number
 from .drafts import DecodeState, FillRequest, resolve_initialiser
 from .registry import Request, register_method
@@ -177,6 +190,9 @@ class JacobiProposer:
         self.carry_tokens = torch.zeros(batch, self.window, dtype=torch.long, device=device)
         self.carry_probs = torch.zeros(batch, self.window, vocab, device=device)
         self.carry_count = torch.zeros(batch, dtype=torch.long, device=device)
+        # passes each carried draft has been through (its age; a new slot's draft is 0), for the budget
+        self.carry_age = torch.zeros(batch, self.window, dtype=torch.long, device=device)
+        self.draft_age = self.carry_age[:, :0]  # [B, G] of the last proposal
 
     def canvas(self, state: DecodeState) -> Tensor:
         slots = torch.arange(state.tokens.shape[1], device=state.tokens.device)
@@ -191,6 +207,7 @@ class JacobiProposer:
         from_carry = slots < self.carry_count[:, None]  # [B, G]
         draft_tokens = self.carry_tokens[:, :num_slots]
         draft_probs = self.carry_probs[:, :num_slots]
+        self.draft_age = torch.where(from_carry, self.carry_age[:, :num_slots], 0)
         if num_slots == 0:  # a pass of plain AR steps: no draft slots
             return draft_tokens, draft_probs
         needs_fill = (slots < window.num_drafts[:, None]) & ~from_carry
@@ -219,6 +236,8 @@ class JacobiProposer:
         vocab = target_probs.shape[-1]
         self.carry_probs[:, :length] = law.gather(1, shift[..., None].expand(-1, -1, vocab))
         self.carry_count = (window.window_len - commit_count).clamp(min=0)
+        slot_age = F.pad(self.draft_age, (0, length - self.draft_age.shape[1])) + 1  # the bonus slot: a new draw
+        self.carry_age[:, :length] = slot_age.gather(1, shift)
 
     def close(self):
         pass
@@ -394,8 +413,13 @@ def speculative_decode(
     warmup: int = 0,
     tail: int = 0,
     rule: AcceptanceRule = SPECULATIVE,
+    budget: WindowBudget | ProbeBudget | None = None,
 ) -> tuple[Tensor, dict]:
-    """The engine: propose, score, verify, commit (ragged), truncate, carry over. -> (tokens [B, N], stats)."""
+    """The engine: propose, score, verify, commit (ragged), truncate, carry over. -> (tokens [B, N], stats).
+
+    budget: chooses each pass's window (at most `window`) from what earlier passes committed, or
+    stops a probe (`budget.size()` None); None: every pass has `window` slots.
+    """
     check_spans(window, warmup, tail)
     model, cond, generators, progress = request.model, request.cond, request.generators, request.progress
     device = model.device
@@ -406,14 +430,19 @@ def speculative_decode(
     state = new_state(model, generators, window, spare=window)
     scorer = GuidedScorer(model, cond, request.cond_mask, request.params)
     bar = progress_bar(total=num_tokens, enabled=progress, desc="speculative")
+    sizes_chosen: dict[int, int] = {}  # window -> passes
     with scorer.cache(num_cond + num_tokens):
         proposer.start(state)
         try:
             while True:
-                window_len = window_lengths(state.committed, window, warmup, tail, num_tokens)
+                pass_size = window if budget is None else budget.size()
+                if pass_size is None:  # a probe's last timed pass
+                    break
+                window_len = window_lengths(state.committed, min(pass_size, window), warmup, tail, num_tokens)
                 num_slots = int(window_len.max())  # the one host sync of the loop the engine needs
                 if num_slots == 0:
                     break
+                sizes_chosen[pass_size] = sizes_chosen.get(pass_size, 0) + 1
                 uniforms = draw_uniforms(generators, NUM_PURPOSES * window).view(batch, NUM_PURPOSES, window)
                 pass_window = Window(
                     window_len, (window_len - 1).clamp(min=0), to_device(uniforms, device), num_slots - 1
@@ -432,6 +461,14 @@ def speculative_decode(
                 log.drafts(state.committed[:, None] + drafted, drafted, tested, drafted < verdict.num_accepted[:, None])
                 log.commit(state.committed[:, None] + slots, slots < commit_count[:, None], scorer.forward_passes)
                 log.count_pass(window_len > 0)
+                if budget is not None:
+                    budget.count(
+                        verdict.num_accepted,
+                        pass_window.num_drafts,
+                        window_len > 0,
+                        proposer.draft_age,
+                        state.committed + commit_count,
+                    )
                 proposer.after_commit(
                     state, pass_window, target_probs, verdict.slot_tokens, commit_count, verdict.slot_laws
                 )
@@ -444,7 +481,59 @@ def speculative_decode(
             bar.close()
             proposer.close()
     stats = log.stats(scorer.forward_passes, draft_forward_passes=proposer.forward_passes)
-    return state.tokens[:, :num_tokens], {**stats, "window": window}
+    return state.tokens[:, :num_tokens], {**stats, "window": window, "sizes_chosen": dict(sorted(sizes_chosen.items()))}
+
+
+# -- budgets: the window of each pass matched to the device --------------------------------------------
+
+
+def chain_costs(request: Request, make_proposer: Callable[[], Proposer]) -> PassCosts | None:
+    """Seconds per pass of this engine at each window of CHAIN_SIZES (clipped to the image), measured
+    once per model, device, dtype, batch size and guidance (`budget.measured_costs`)."""
+    model = request.model
+    sizes = tuple(s for s in CHAIN_SIZES if s <= model.num_image_tokens)
+    key = cost_key("chain", model, request.cond.shape[0], request.params.uses_cfg, (model.num_condition_tokens,))
+
+    def probe(budget: ProbeBudget):
+        speculative_decode(scratch_request(request), make_proposer(), window=max(sizes), budget=budget)
+
+    return measured_costs(model, key, sizes, probe, model.device)
+
+
+def chain_budget(request: Request, costs: PassCosts, first_prior: float | None = None) -> WindowBudget:
+    """The auto budget of a chain window: window w has w - 1 draft slots."""
+    counts = SurvivalCounts(MAX_AGE, request.model.device)
+    extra = {} if first_prior is None else {"first_prior": first_prior}
+    return WindowBudget(costs, costs.sizes, lambda size: size - 1, counts, **extra)
+
+
+def decode_with_budget(
+    request: Request,
+    make_proposer: Callable[[], Proposer],
+    budget: str | int | None,
+    method: str,
+    *,
+    window: int,
+    warmup: int = 0,
+    tail: int = 0,
+    rule: AcceptanceRule = SPECULATIVE,
+) -> tuple[Tensor, dict]:
+    """`speculative_decode` under a budget: None, the fixed `window`; a number, that window; "auto",
+    each pass's window chosen from the measured pass costs and the decode's own acceptance counts
+    (falling back to `window`, said in stats["budget"], when the costs cannot be measured)."""
+    budget = check_budget(budget, method)
+    spans = {"warmup": warmup, "tail": tail, "rule": rule}
+    if budget != AUTO:
+        window = window if budget is None else budget
+        tokens, stats = speculative_decode(request, make_proposer(), window=window, **spans)
+        return tokens, {**stats, "budget": budget if budget is not None else "fixed"}
+    costs = chain_costs(request, make_proposer)
+    if costs is None:
+        tokens, stats = speculative_decode(request, make_proposer(), window=window, **spans)
+        return tokens, {**stats, "budget": f"fixed window {window}: the pass costs could not be measured"}
+    controller = chain_budget(request, costs)
+    tokens, stats = speculative_decode(request, make_proposer(), window=max(costs.sizes), budget=controller, **spans)
+    return tokens, {**stats, **controller.stats()}
 
 
 # -- the registered methods ----------------------------------------------------------------------------
@@ -467,18 +556,27 @@ def sjd(
     warmup: int = 0,
     tail: int = 0,
     init: str | Callable = "above",
+    budget: str | int | None = None,
 ) -> tuple[Tensor, dict]:
     """Speculative Jacobi decoding (Teng et al. 2024), exact at every batch size.
 
     window: slots per target pass (the last committed token + window - 1 drafts), so 1..window
     tokens per pass; warmup / tail: the first / last tokens decoded one per pass (plain AR);
     init: the draft initialiser for new slots: "above" (the token one row up; the default, as it
-    takes the fewest passes, docs/DEFAULTS.md), "random" (the paper's), "left", "above-left".
+    takes the fewest passes, docs/DEFAULTS.md), "random" (the paper's), "left", "above-left";
+    budget: "auto" chooses each pass's window (1 .. 32) for the most tokens per second on this
+    device and batch (`visar.accel.budget`), a number is the window, None keeps `window`.
     """
     check_spans(window, warmup, tail)
-    proposer = JacobiProposer(resolve_initialiser(init), independent_carry)
-    return speculative_decode(
-        Request(model, cond, params, generators, cond_mask, progress), proposer, window=window, warmup=warmup, tail=tail
+    initialiser = resolve_initialiser(init)
+    return decode_with_budget(
+        Request(model, cond, params, generators, cond_mask, progress),
+        lambda: JacobiProposer(initialiser, independent_carry),
+        budget,
+        "sjd",
+        window=window,
+        warmup=warmup,
+        tail=tail,
     )
 
 
@@ -500,17 +598,25 @@ def mc_sjd(
     tail: int = 0,
     coupling: str = "maximal",
     init: str | Callable = "above",
+    budget: str | int | None = None,
 ) -> tuple[Tensor, dict]:
     """Coupled speculative Jacobi decoding (So et al. 2025): SJD whose carried drafts are coupled to the old ones.
 
     coupling: "maximal" (the speculative test at every slot, pi_MC) or "gumbel" (Gumbel-max with
     noise keyed to image and absolute position, pi_GS). Other options as `sjd` (init "above" by
-    default: the fewest passes, docs/DEFAULTS.md).
+    default: the fewest passes, docs/DEFAULTS.md), budget as `sjd`'s.
     """
     check_spans(window, warmup, tail)
-    proposer = JacobiProposer(resolve_initialiser(init), carry_updater(coupling, "mc-sjd"))
-    tokens, stats = speculative_decode(
-        Request(model, cond, params, generators, cond_mask, progress), proposer, window=window, warmup=warmup, tail=tail
+    initialiser = resolve_initialiser(init)
+    carry_updater(coupling, "mc-sjd")  # checked before any probe
+    tokens, stats = decode_with_budget(
+        Request(model, cond, params, generators, cond_mask, progress),
+        lambda: JacobiProposer(initialiser, carry_updater(coupling, "mc-sjd")),
+        budget,
+        "mc-sjd",
+        window=window,
+        warmup=warmup,
+        tail=tail,
     )
     return tokens, {**stats, "coupling": coupling}
 

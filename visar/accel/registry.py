@@ -61,6 +61,9 @@ class Method:
     # pipeline): `draft` for drafters, `refiner` for code's refiner; needed or optional (lantern)
     draft_option: str = "draft"
     requires: tuple[str, ...] = ()  # model attributes it needs beyond its kind's interface
+    # an image's tokens do not depend on the rest of its batch (False for `auto`, whose choices are
+    # made for the batch size: the same law, other random numbers)
+    batch_invariant: bool = True
 
     @property
     def options(self) -> list[str]:

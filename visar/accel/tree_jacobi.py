@@ -60,9 +60,34 @@ from ..errors import VisarError
 from ..models.base import RasterModel
 from ..progress import progress_bar
 from .acceptance import speculative_residual
+from .budget import (
+    AUTO,
+    MAX_AGE,
+    PRIOR_ACCEPT,
+    PRIOR_EXTRA_ACCEPT,
+    TREE_SIZES,
+    PassCosts,
+    ProbeBudget,
+    SurvivalCounts,
+    WindowBudget,
+    check_budget,
+    cost_key,
+    measured_costs,
+    scratch_request,
+)
 from .checks import check_number
 from .drafts import resolve_initialiser
-from .jacobi import DRAFT, DecodeState, JacobiProposer, Window, maximal_coupling_carry, new_state
+from .jacobi import (
+    DRAFT,
+    DecodeState,
+    JacobiProposer,
+    Window,
+    chain_budget,
+    chain_costs,
+    maximal_coupling_carry,
+    new_state,
+    speculative_decode,
+)
 from .registry import Request, register_method
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
@@ -416,29 +441,46 @@ def commit_path(state: DecodeState, layout: DraftTree, verdict: TreeVerdict, com
 
 @torch.no_grad()
 def tree_jacobi_decode(
-    request: Request, layout: DraftTree, initialiser: Callable, neighbours: tuple[str, ...] = ()
+    request: Request,
+    layouts: DraftTree | dict[int, DraftTree],
+    initialiser: Callable,
+    neighbours: tuple[str, ...] = (),
+    budget: WindowBudget | ProbeBudget | None = None,
 ) -> tuple[Tensor, dict]:
-    """Propose a tree, score it in one pass, verify every node, commit, carry over. -> (tokens [B, N], stats)."""
+    """Propose a tree, score it in one pass, verify every node, commit, carry over. -> (tokens [B, N], stats).
+
+    layouts: one tree, or trees by size (one branch and depth, main paths of several lengths), of
+    which `budget` chooses each pass's (from what earlier passes committed), or stops a probe.
+    """
     model, cond, generators, progress = request.model, request.cond, request.generators, request.progress
     device = model.device
     batch, num_tokens = cond.shape[0], model.num_image_tokens
-    main_len = layout.main_length
+    if isinstance(layouts, DraftTree):
+        layouts = {layouts.num_nodes: layouts}
+    largest = layouts[max(layouts)]
+    main_len = largest.main_length
     state = new_state(model, generators, main_len, spare=main_len + 1)
     scorer = GuidedScorer(model, cond, request.cond_mask, request.params)
     proposer = JacobiProposer(initialiser, maximal_coupling_carry)
     log = DecodeLog(batch, model.grid_size, main_len, device)
-    tree_pass = TreePass(scorer, layout)
-    layout = layout.to(device)
-    node_depth = layout.tree.depth
+    passes = {size: TreePass(scorer, layout) for size, layout in layouts.items()}  # one cache layout: same side nodes
+    layouts = {size: layout.to(device) for size, layout in layouts.items()}
+    sizes_chosen: dict[int, int] = {}
     fed = torch.zeros(batch, dtype=torch.long, device=device)  # tokens of each image with their KV cached
     bar = progress_bar(total=num_tokens, enabled=progress, desc="tree")
-    with scorer.cache(tree_pass.size):
+    with scorer.cache(passes[max(passes)].size):
         proposer.start(state)
         try:
             while True:
                 active = state.committed < num_tokens
                 if not bool(active.any()):  # the one read-back of the loop
                     break
+                size = max(layouts) if budget is None else budget.size()
+                if size is None:  # a probe's last timed pass
+                    break
+                sizes_chosen[size] = sizes_chosen.get(size, 0) + 1
+                layout, tree_pass = layouts[size], passes[size]
+                node_depth = layout.tree.depth
                 window, extra_u, test_u = tree_randomness(generators, layout, active)
                 node_tokens, node_q = draft_tree(proposer, state, window, layout, neighbours, extra_u)
                 first = scorer.forward_passes == 0
@@ -454,19 +496,119 @@ def tree_jacobi_decode(
                 columns = index - state.committed[:, None] + 1
                 log.commit(index, (columns <= commit_count[:, None]) & (index < num_tokens), scorer.forward_passes)
                 log.count_pass(active)
+                if budget is not None:
+                    depths = (num_tokens - state.committed).clamp(max=layout.main_length - 1)
+                    committed = (state.committed + commit_count).clamp(max=num_tokens)
+                    budget.count(verdict.accepted, depths, active, proposer.draft_age, committed)
                 # The main path's outputs past the commit are the next drafts, coupled to the old ones.
                 main_probs = probs[:, layout.main]
                 proposer.after_commit(state, window, main_probs, verdict.main_outputs, commit_count, main_probs)
                 fed = torch.where(active, state.committed + verdict.main_reached, fed)
                 state.committed = (state.committed + commit_count).clamp(max=num_tokens)
-                scorer.truncate_cache(tree_pass.num_cond + fed)
+                scorer.truncate_cache(passes[size].num_cond + fed)
                 if progress:
                     bar.update(int(state.committed.min()) - bar.n)
         finally:
             bar.close()
     stats = log.stats(scorer.forward_passes)
-    shape = {"window": layout.num_nodes, "branch": layout.branch, "depth": layout.depth}
-    return state.tokens[:, :num_tokens], {**stats, **shape, "rows_per_pass": layout.num_nodes}
+    shape = {"window": largest.num_nodes, "branch": largest.branch, "depth": largest.depth}
+    sizes_chosen = dict(sorted(sizes_chosen.items()))
+    return state.tokens[:, :num_tokens], {
+        **stats,
+        **shape,
+        "rows_per_pass": largest.num_nodes,
+        "sizes_chosen": sizes_chosen,
+    }
+
+
+def tree_costs(request: Request, layouts: dict[int, DraftTree], initialiser, neighbours) -> PassCosts | None:
+    """Seconds per pass of the tree engine at each of `layouts`' sizes (one branch and depth),
+    measured once per model, device, dtype, batch size, guidance and tree (`budget.measured_costs`)."""
+    model, some = request.model, next(iter(layouts.values()))
+    key = cost_key(
+        "tree",
+        model,
+        request.cond.shape[0],
+        request.params.uses_cfg,
+        (model.num_condition_tokens, some.branch, some.depth),
+    )
+
+    def probe(budget: ProbeBudget):
+        tree_jacobi_decode(scratch_request(request), layouts, initialiser, neighbours, budget)
+
+    return measured_costs(model, key, tuple(sorted(layouts)), probe, model.device)
+
+
+def tree_layouts(model: RasterModel, branch: int, depth: int) -> dict[int, DraftTree]:
+    """The trees of this branch and depth at every TREE_SIZES size that holds them (clipped to the image)."""
+    layouts = {}
+    for size in TREE_SIZES:
+        try:
+            layout = check_tree(model, size, branch, depth)
+        except VisarError:  # a tree bigger than this size
+            continue
+        layouts.setdefault(layout.num_nodes, layout)
+    return layouts
+
+
+def tree_prior_rates(branch: int, depth: int, slots: int) -> list[float]:
+    """Before any counts: the chance of passing each draft slot of a tree (the first depth - 1
+    slots have `branch` candidates, the main path after them one)."""
+    one = PRIOR_ACCEPT
+    several = 1 - (1 - one) * (1 - PRIOR_EXTRA_ACCEPT) ** (branch - 1)
+    return [several if slot < depth - 1 else one for slot in range(slots)]
+
+
+def decode_tree_with_budget(
+    request: Request, layout: DraftTree, initialiser: Callable, neighbours: tuple[str, ...], budget, method: str
+) -> tuple[Tensor, dict]:
+    """`tree_jacobi_decode` under a budget: None, the fixed tree; a number, the tree with that many
+    nodes; "auto": the tree's main path chosen per pass for the most tokens per second, or, when
+    the measured costs say no tree of this branch and depth pays for its extra rows on this device
+    and batch, the tree's one-branch case, a coupled chain (mc-sjd's engine with this method's
+    init); the pass costs unmeasurable: the fixed tree, said in stats["budget"]."""
+    budget = check_budget(budget, method)
+    if budget != AUTO:
+        if budget is not None:
+            layout = check_tree(request.model, budget, layout.branch, layout.depth)
+        tokens, stats = tree_jacobi_decode(request, layout, initialiser, neighbours)
+        return tokens, {**stats, "budget": budget if budget is not None else "fixed"}
+    layouts = tree_layouts(request.model, layout.branch, layout.depth)
+    tree = tree_costs(request, layouts, initialiser, neighbours) if layouts else None
+    chain = chain_costs(request, lambda: JacobiProposer(initialiser, maximal_coupling_carry))
+    if tree is None or chain is None:
+        tokens, stats = tree_jacobi_decode(request, layout, initialiser, neighbours)
+        return tokens, {**stats, "budget": f"fixed tree of {layout.num_nodes}: the pass costs could not be measured"}
+    if chain_beats_tree(chain, tree, layouts):
+        controller = chain_budget(request, chain)
+        proposer = JacobiProposer(initialiser, maximal_coupling_carry)
+        tokens, stats = speculative_decode(request, proposer, window=max(chain.sizes), budget=controller)
+        return tokens, {**stats, **controller.stats(), "branch": 1, "depth": 1, "tree": "chain"}
+    rates = tree_prior_rates(layout.branch, layout.depth, 1)
+    counts = SurvivalCounts(MAX_AGE, request.model.device)
+    controller = WindowBudget(tree, tree.sizes, lambda size: layouts[size].main_length - 1, counts, rates[0])
+    tokens, stats = tree_jacobi_decode(request, layouts, initialiser, neighbours, controller)
+    return tokens, {**stats, **controller.stats(), "tree": "tree"}
+
+
+def slot_tokens(rates: list[float], drafts: int) -> float:
+    """1 + sum_j P(drafts 0 .. j accepted), with rates[j] the chance of passing slot j once reached."""
+    total, survive = 1.0, 1.0
+    for rate in rates[:drafts]:
+        survive *= rate
+        total += survive
+    return total
+
+
+def chain_beats_tree(chain: PassCosts, tree: PassCosts, layouts: dict[int, DraftTree]) -> bool:
+    """Whether the best chain window is expected to commit more tokens per second than the best tree
+    of `layouts`, from the measured costs and the prior acceptance (before any counts)."""
+    longest = max(layouts.values(), key=lambda t: t.main_length)
+    rates = tree_prior_rates(longest.branch, longest.depth, longest.main_length)
+    chain_rates = [PRIOR_ACCEPT] * max(chain.sizes)
+    chain_best = max(slot_tokens(chain_rates, s - 1) / chain(s) for s in chain.sizes)
+    tree_best = max(slot_tokens(rates, layouts[s].main_length - 1) / tree(s) for s in tree.sizes)
+    return chain_best >= tree_best
 
 
 @register_method(
@@ -487,17 +629,20 @@ def sjd_pac(
     branch: int = 3,
     depth: int = 3,
     init: str | Callable = "random",
+    budget: str | int | None = None,
 ) -> tuple[Tensor, dict]:
     """SJD-PAC (Kang et al. 2026), exact at every batch size.
 
     window: tree nodes per pass, the root included (L); branch: candidates at each branching
     position (K); depth: the tree's depth, root included (D: positions 1 .. D - 1 branch);
     init: the draft of a new slot, "random" as upstream ("above", "left", "above-left" as sjd).
-    Defaults are those of upstream's `eval_model.py` (L = 16, K = 3, D = 3).
+    Defaults are those of upstream's `eval_model.py` (L = 16, K = 3, D = 3). budget: "auto"
+    chooses each pass's main path (nodes 16 .. 64) for the most tokens per second on this device
+    and batch, or the one-branch chain when no tree pays for its rows here; a number is the window.
     """
     layout = check_tree(model, window, branch, depth)
     request = Request(model, cond, params, generators, cond_mask, progress)
-    return tree_jacobi_decode(request, layout, resolve_initialiser(init))
+    return decode_tree_with_budget(request, layout, resolve_initialiser(init), (), budget, "sjd-pac")
 
 
 @register_method(
@@ -519,6 +664,7 @@ def tree_mc_sjd(
     depth: int = 2,
     init: str | Callable = "above",
     neighbours: str = "left,above,above-right,above-left",
+    budget: str | int | None = None,
 ) -> tuple[Tensor, dict]:
     """Coupled draft trees: SJD-PAC's tree after each commit, MC-SJD's coupled carry-over, 2-D drafts.
 
@@ -527,12 +673,14 @@ def tree_mc_sjd(
     `neighbours` of the position not tried yet (one-hot laws; "left", "above", "above-left",
     "above-right", comma-separated, "" for none), then draws without replacement from the
     carried draft's law; init: the draft of a new slot ("above"). Defaults chosen on held-out
-    seeds for passes and rows per pass (docs/DEFAULTS.md).
+    seeds for passes and rows per pass (docs/DEFAULTS.md). budget: "auto" chooses each pass's
+    main path (nodes 8 .. 64) for the most tokens per second on this device and batch, or the
+    one-branch chain (mc-sjd's engine) when no tree pays for its rows here; a number is the window.
     """
     layout = check_tree(model, window, branch, depth)
     names = parse_neighbours(neighbours)
     request = Request(model, cond, params, generators, cond_mask, progress)
-    return tree_jacobi_decode(request, layout, resolve_initialiser(init), names)
+    return decode_tree_with_budget(request, layout, resolve_initialiser(init), names, budget, "tree-mc-sjd")
 
 
 def parse_neighbours(neighbours: str) -> tuple[str, ...]:
@@ -546,14 +694,19 @@ def parse_neighbours(neighbours: str) -> tuple[str, ...]:
     return names
 
 
+def clip_branch(branch: int, model: RasterModel) -> int:
+    """Candidates per branching position: `branch`, at most the vocabulary's size (candidates are
+    distinct tokens), so a default runs on a model of any vocabulary (tree-mc-sjd, zipar-tree)."""
+    check_number("branch", branch, 1, integer=True)
+    return min(branch, model.vocab_size)
+
+
 def check_tree(model: RasterModel, window: int, branch: int, depth: int) -> DraftTree:
-    """The draft tree of these options, or one clear VisarError (before any model call). A main path
-    longer than the image is clipped to it (its extra nodes could only be padding)."""
-    layout = DraftTree.build(window, branch, depth)
-    if branch > model.vocab_size:
-        raise VisarError(
-            f"branch {branch} asks for more candidates than the vocabulary has tokens ({model.vocab_size})"
-        )
+    """The draft tree of these options, or one clear VisarError (before any model call). Its branch
+    is clipped to the vocabulary (`clip_branch`), a main path longer than the image to the image
+    (its extra nodes could only be padding)."""
+    layout = DraftTree.build(window, clip_branch(branch, model), depth)
+    branch = layout.branch
     if depth - 1 > model.num_image_tokens:
         raise VisarError(f"depth {depth} branches past the image's {model.num_image_tokens} tokens: lower depth")
     longest = layout.num_nodes - layout.main_length + model.num_image_tokens + 1  # main path: root + N drafts

@@ -94,7 +94,6 @@ from ..models.base import RasterModel
 from ..models.lag_mask import check_lag
 from ..progress import progress_bar
 from .acceptance import SPECULATIVE, AcceptanceRule, verify_slots
-from .checks import check_number
 from .drafts import FillRequest, random_init, resolve_initialiser
 from .jacobi import (
     ACCEPT,
@@ -115,7 +114,7 @@ from .relaxed import gsd_rule
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs, to_device
 from .scoring import GuidedScorer
 from .stats import DecodeLog
-from .tree_jacobi import neighbour_candidates, parse_neighbours, residual_ladder, without_replacement
+from .tree_jacobi import clip_branch, neighbour_candidates, parse_neighbours, residual_ladder, without_replacement
 
 
 def token_grid(model, method: str) -> tuple[int, int]:
@@ -997,8 +996,7 @@ def zipar_tree(
     height = token_grid(model, "zipar-tree")[0]
     check_lag(s)
     check_spans(window, 0, 0)
-    check_number("branch", branch, 1, integer=True)
-    branch = min(branch, model.vocab_size)  # candidates are distinct tokens
+    branch = clip_branch(branch, model)
     if depth not in (1, 2) or isinstance(depth, bool):
         raise VisarError(
             f"zipar-tree drafts trees of depth 2 (K candidates for each front's first draft) or 1 (none), "

@@ -1,0 +1,300 @@
+"""Draft budgets matched to the running device: how many rows a pass scores, chosen per pass.
+
+A pass that scores more draft slots commits more tokens, but on a CPU (or at a large batch) its
+rows are not free. `budget="auto"` weighs the two with what this decode can see:
+
+- `PassCosts`: seconds per pass of the method's own engine at each size (window slots, or tree
+  nodes), measured once per (model, device, dtype, batch size, guidance, engine) at first use, a
+  few probe passes per size on the caller's conditions with throwaway generators, and cached for
+  the process (`measured_costs`);
+- `SurvivalCounts`: per draft slot, how often the decode reached it and how often it went past it
+  (Kaplan-Meier), on the device, read back once every few passes;
+- `WindowBudget`: each pass's size, the one with the most expected committed tokens per second.
+
+The choice depends only on the measured costs and on what earlier passes committed, never on the
+randomness of the passes to come, so every lossless method keeps its exact law under it
+(tests/test_budget.py). The costs are measured once and then fixed, so a process draws the same
+tokens for the same seed; another process, device or batch size may choose other sizes (the same
+law, other random numbers). A fixed budget keeps tokens independent of all three.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from ..errors import VisarError
+from .registry import Request
+from .timing import synchronized_clock
+
+AUTO = "auto"
+# Window sizes a budget chooses from: powers of two, the shapes the engines pad a pass to anyway.
+CHAIN_SIZES = (1, 2, 4, 8, 16, 32)
+TREE_SIZES = (8, 16, 32, 64)
+# Probe passes timed per size (after the first pass of a probe, which also feeds the condition).
+PROBE_PASSES = 2
+PROBE_ROUNDS = 3
+# Before a decode has counts: the chance that a draft passes its test (rank 0, and a tree's extra
+# candidate), and how many passes' worth of weight this prior keeps (held-out seeds, docs/SPEED.md).
+PRIOR_ACCEPT = 0.6
+PRIOR_EXTRA_ACCEPT = 0.15
+PRIOR_STRENGTH = 4.0
+MAX_AGE = 8  # ages counted apart (older drafts share the last)
+CHOOSE_EVERY = 4  # passes between two choices: one read-back of the counts each time
+# Each choice keeps this share of the counts before it: acceptance changes over an image (its first
+# row has no row above to draft from), and a decode that chose one slot (plain AR steps) tests no
+# drafts, so its estimate relaxes back to the prior and it tries drafting again.
+COUNT_DECAY = 0.85
+OBSERVED_DECAY = 0.8
+
+
+def check_budget(budget, method: str) -> str | int | None:
+    """None (the method's fixed shape), "auto", or a whole number of rows per pass >= 1; else one VisarError."""
+    if budget is None or budget == AUTO:
+        return budget
+    if isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1:
+        return budget
+    raise VisarError(
+        f"budget for {method} must be 'auto', a whole number of rows per pass >= 1, or None; got {budget!r}"
+    )
+
+
+@dataclass(frozen=True)
+class PassCosts:
+    """Seconds per pass of one engine at each size it was measured at (sorted, ascending)."""
+
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __call__(self, size: int) -> float:
+        """The cost of a pass of `size` rows: the measured size at or above it (passes pad up)."""
+        for measured, seconds in zip(self.sizes, self.seconds, strict=True):
+            if measured >= size:
+                return seconds
+        return self.seconds[-1] * size / self.sizes[-1]
+
+    def as_ms(self) -> dict[int, float]:
+        return {size: round(1000 * s, 3) for size, s in zip(self.sizes, self.seconds, strict=True)}
+
+
+# model -> {key: PassCosts}: measured once per model, device, dtype, batch, guidance and engine.
+_COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# model -> seconds(engine, size): costs given instead of measured (`pin_costs`)
+_PINNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def pin_costs(model, seconds: Callable[[str, int], float] | None) -> None:
+    """Use seconds(engine, size) as `model`'s pass costs instead of measuring them ("ar", "chain" or
+    "tree"; None: measure again). For choices that must not depend on this machine's timing: a
+    benchmark that replays costs measured elsewhere, or a test that drives the budget."""
+    _COSTS.pop(model, None)
+    if seconds is None:
+        _PINNED.pop(model, None)
+    else:
+        _PINNED[model] = seconds
+
+
+class ProbeBudget:
+    """A budget for timing: a fixed size for `passes` passes, then stop; records each pass's seconds."""
+
+    def __init__(self, size: int, passes: int, device):
+        self.fixed, self.passes, self.device = size, passes, device
+        self.times: list[float] = []
+        self.clock: float | None = None
+
+    def size(self) -> int | None:
+        now = synchronized_clock(self.device)
+        if self.clock is not None:
+            self.times.append(now - self.clock)
+        self.clock = now
+        return self.fixed if len(self.times) < self.passes else None
+
+    def count(self, accepted: Tensor, available: Tensor, active: Tensor, age: Tensor, committed: Tensor) -> None:
+        pass
+
+
+def measured_costs(
+    model, key: tuple, sizes: Sequence[int], probe: Callable[[ProbeBudget], None], device
+) -> PassCosts | None:
+    """The engine's seconds per pass at each size, measured at first use and cached for `model`.
+
+    probe(budget) runs the engine on scratch generators under a ProbeBudget until it stops. The
+    sizes take turns, PROBE_ROUNDS times, so that a slow moment of the machine does not land on one
+    size; the first pass of each probe (it also feeds the condition) is not counted, and the fastest
+    of the others is. A pass of fewer rows costs no more than a larger one (the smaller cost is
+    kept). None when the measurement fails (the caller falls back to its fixed shape and says so).
+    """
+    if model in _PINNED:
+        return PassCosts(tuple(sizes), tuple(_PINNED[model](key[0], size) for size in sizes))
+    cached = _COSTS.setdefault(model, {})
+    if key in cached:
+        return cached[key]
+    best = dict.fromkeys(sizes, float("inf"))
+    try:
+        for _ in range(PROBE_ROUNDS):
+            for size in sizes:
+                budget = ProbeBudget(size, PROBE_PASSES + 1, device)
+                probe(budget)
+                timed = budget.times[1:] or budget.times  # a tiny image may end after one pass
+                best[size] = min([best[size], *timed])
+    except (RuntimeError, VisarError):  # torch.OutOfMemoryError is a RuntimeError
+        return None
+    seconds = [min(best[s] for s in sizes if s >= size) for size in sizes]
+    if not all(0 < s < float("inf") for s in seconds):
+        return None
+    costs = PassCosts(tuple(sizes), tuple(seconds))
+    cached[key] = costs
+    return costs
+
+
+def scratch_request(request: Request) -> Request:
+    """The caller's model and conditions with throwaway generators: a probe draws none of the caller's
+    randomness, so what it measures cannot bias the decode."""
+    generators = [torch.Generator().manual_seed(i) for i in range(len(request.generators))]
+    return replace(request, generators=generators, progress=False)
+
+
+def cost_key(engine: str, model, batch: int, guided: bool, extra: tuple = ()) -> tuple:
+    return (engine, str(model.device), str(getattr(model, "dtype", "")), batch, guided, *extra)
+
+
+class SurvivalCounts:
+    """How often a draft that was reached (every draft before it accepted) passed its test, by the
+    draft's age: the passes it has been carried through (0: a new slot's draft). A coupled draft
+    carried over more passes was drawn from a law closer to the final one, so it is accepted more
+    often; a longer window holds older drafts at every slot (`expected_tokens`). Counted over the
+    batch on the device, without a read-back."""
+
+    def __init__(self, ages: int, device, decay: float = COUNT_DECAY):
+        self.reached = torch.zeros(ages, device=device)
+        self.passed = torch.zeros_like(self.reached)
+        self.decay = decay
+
+    def count(self, accepted: Tensor, available: Tensor, active: Tensor, age: Tensor) -> None:
+        """accepted [B]: leading drafts accepted this pass; available [B]: drafts it tested; active [B];
+        age [B, G]: each draft slot's age."""
+        slots = torch.arange(age.shape[1], device=accepted.device)
+        reached = (slots < available[:, None]) & (slots <= accepted[:, None]) & active[:, None]
+        passed = reached & (slots < accepted[:, None])
+        bucket = age.clamp(max=len(self.reached) - 1).flatten()
+        self.reached.scatter_add_(0, bucket, reached.flatten().to(self.reached.dtype))
+        self.passed.scatter_add_(0, bucket, passed.flatten().to(self.passed.dtype))
+
+    def rates(self, first_prior: float = PRIOR_ACCEPT, strength: float = PRIOR_STRENGTH) -> list[float]:
+        """The chance that a reached draft of each age passes: each age's counts shrunk towards the age
+        before it (age 0 towards `first_prior`), so an age never seen inherits the last rate seen.
+        One read-back; the counts then decay by `decay`."""
+        counts = torch.stack([self.reached, self.passed]).tolist()
+        self.reached *= self.decay
+        self.passed *= self.decay
+        rates, prior = [], first_prior
+        for reached, passed in zip(*counts, strict=True):
+            prior = (passed + strength * prior) / (reached + strength)
+            rates.append(prior)
+        return rates
+
+
+def expected_tokens(rates: Sequence[float], drafts: int) -> float:
+    """Expected tokens a pass with `drafts` draft slots commits in the steady state of a carried window.
+
+    With c tokens committed a pass, the draft at slot j entered the window at its end about
+    (drafts - 1 - j) / c passes ago, so it has that age; a pass commits 1 + sum_j P(drafts 0 .. j
+    accepted). c is the fixed point of the two (damped iterations from 1).
+    """
+    commits = 1.0
+    if not rates or drafts == 0:
+        return commits
+    for _ in range(12):
+        total, survive = 1.0, 1.0
+        for slot in range(drafts):
+            survive *= rates[min(int((drafts - 1 - slot) / commits), len(rates) - 1)]
+            total += survive
+        commits = (commits + total) / 2  # damped: the plain iteration can swing between two states
+    return commits
+
+
+class WindowBudget:
+    """Each pass's size: the one with the most expected committed tokens per second, re-chosen every
+    CHOOSE_EVERY passes.
+
+    What counts is the progress of the batch's slowest image (the batch ends with it): a size's
+    expected tokens per pass mixes what passes at that size moved the slowest image with what the
+    survival counts predict for an image at that size (a prior worth PRIOR_STRENGTH passes), its
+    accepted drafts scaled by how far the slowest image's have kept up with the mean's. The
+    prediction carries what one window saw to the others (longer windows hold older drafts,
+    `expected_tokens`); the observed progress corrects it.
+
+    sizes: what the engine can run; drafts_of(size): the main-path draft slots of a pass of that
+    size (a chain window: size - 1; a tree: its main path less the root).
+    """
+
+    def __init__(
+        self,
+        costs: PassCosts,
+        sizes: tuple[int, ...],
+        drafts_of: Callable[[int], int],
+        counts: SurvivalCounts,
+        first_prior: float = PRIOR_ACCEPT,
+    ):
+        self.costs, self.sizes, self.drafts_of, self.counts = costs, sizes, drafts_of, counts
+        self.first_prior, self.every = first_prior, CHOOSE_EVERY
+        device = counts.reached.device
+        # since the last choice: tokens committed and image-passes over the batch; the slowest image's count
+        self.interval = torch.zeros(2, device=device)
+        self.slowest = torch.zeros((), device=device)
+        self.last_slowest, self.interval_passes = 0.0, 0
+        self.observed = {size: [0.0, 0.0] for size in sizes}  # size -> decayed [slowest's tokens, passes]
+        self.keeping_up = [0.0, 0.0]  # decayed [slowest's tokens, mean tokens] over the passes
+        self.current, self.passes = 0, 0
+
+    def size(self) -> int:
+        if self.passes % self.every == 0:
+            self.current = self.choose()
+        self.passes += 1
+        self.interval_passes += 1
+        return self.current
+
+    def choose(self) -> int:
+        tokens, image_passes, slowest = torch.cat([self.interval, self.slowest[None]]).tolist()
+        self.interval.zero_()
+        moved, passes = slowest - self.last_slowest, self.interval_passes
+        self.last_slowest, self.interval_passes = slowest, 0
+        for size, seen in self.observed.items():
+            seen[0], seen[1] = seen[0] * OBSERVED_DECAY, seen[1] * OBSERVED_DECAY
+            if size == self.current:
+                seen[0], seen[1] = seen[0] + moved, seen[1] + passes
+        # drafts accepted beyond the one token a pass always commits: the slowest image's, the mean's
+        mean = tokens / image_passes * passes if image_passes else float(passes)
+        slowest_drafts, mean_drafts = max(moved - passes, 0.0), max(mean - passes, 0.0)
+        self.keeping_up = [
+            self.keeping_up[0] * OBSERVED_DECAY + slowest_drafts,
+            self.keeping_up[1] * OBSERVED_DECAY + mean_drafts,
+        ]
+        keeping_up = (self.keeping_up[0] + PRIOR_STRENGTH) / (self.keeping_up[1] + PRIOR_STRENGTH)
+        rates = self.counts.rates(self.first_prior)
+
+        def expected(size: int) -> float:
+            seen_tokens, seen_passes = self.observed[size]
+            predicted = 1 + (expected_tokens(rates, self.drafts_of(size)) - 1) * keeping_up
+            return (seen_tokens + PRIOR_STRENGTH * predicted) / (seen_passes + PRIOR_STRENGTH)
+
+        return best_size(self.sizes, self.costs, expected)
+
+    def count(self, accepted: Tensor, available: Tensor, active: Tensor, age: Tensor, committed: Tensor) -> None:
+        """This pass's outcome: accepted, available, active and age as SurvivalCounts.count; committed [B]:
+        each image's committed tokens after it."""
+        self.counts.count(accepted, available, active, age)
+        self.interval += torch.stack([((accepted + 1) * active).sum(), active.sum()]).to(self.interval.dtype)
+        self.slowest = committed.min().to(self.slowest.dtype)
+
+    def stats(self) -> dict:
+        return {"budget": AUTO, "pass_ms": self.costs.as_ms()}
+
+
+def best_size(sizes: Sequence[int], costs: PassCosts, tokens: Callable[[int], float]) -> int:
+    """The size with the most expected tokens per second (the smaller one on a tie)."""
+    return max(sizes, key=lambda s: (tokens(s) / costs(s), -s))

@@ -32,7 +32,10 @@ def files_of(folder: Path) -> dict[str, bytes]:
 
 
 def generate(out: Path, *args: str) -> int:
-    return main(["generate", *MODEL, "--quiet", "--out", str(out), *args])
+    """`visar generate` with plain AR unless args name a method: the batch tool's guarantees (the same
+    files at any batch size, on resume) hold for a fixed method; `auto` chooses for the batch size."""
+    method = [] if "--method" in args else ["--method", "ar"]
+    return main(["generate", *MODEL, "--quiet", "--out", str(out), *method, *args])
 
 
 def last_error(capsys) -> str:

@@ -15,7 +15,7 @@ def run_cli(*args):
 
 def test_generate_writes_images_and_stats(tmp_path):
     out = tmp_path / "gen"
-    args = "generate --model visar-tiny-random --class 3 5 --n 3 --batch-size 2 --seed 4 --top-k 20 --out"
+    args = "generate --model visar-tiny-random --method ar --class 3 5 --n 3 --batch-size 2 --seed 4 --top-k 20 --out"
     assert main([*args.split(), str(out)]) == 0
     assert sorted(p.name for p in out.glob("*.png")) == ["00000.png", "00001.png", "00002.png"]
     stats = json.loads((out / "stats.json").read_text())
@@ -63,13 +63,21 @@ def test_generate_refuses_fewer_than_one_image(tmp_path, capsys, n):
     assert not out.exists()
 
 
+def test_generate_defaults_to_auto_and_records_what_it_ran(tmp_path):
+    out = tmp_path / "auto"
+    assert main(["generate", "--model", "visar-tiny-random", "--n", "2", "--quiet", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in (out / "images.jsonl").read_text().splitlines()]
+    assert {r["method"] for r in records} == {"auto"}
+    assert {r["auto"] for r in records} <= {"ar", "mc-sjd", "tree-mc-sjd"} and len(records) == 2
+
+
 def test_listing_commands(capsys):
     assert main(["models"]) == 0
     assert "visar-tiny-random" in capsys.readouterr().out
     assert main(["methods"]) == 0
     listing = capsys.readouterr().out
     assert "sjd          lossless:" in listing and "gsd          lossy (exact when group_size=1):" in listing
-    assert "[raster models; options: window, warmup, tail, init]" in listing
+    assert "[raster models; options: window, warmup, tail, init, budget]" in listing
 
 
 @pytest.mark.slow  # a fresh interpreter

@@ -39,7 +39,7 @@ DISPLAY_PX = 256  # images and the heatmap are shown at least this large (neares
 MAX_OPTIONS = max(len(method.options) for method in METHODS.values())
 MAX_SEED = 2**63 - 1
 MAX_OPTION_TEXT = 200
-DEFAULT_METHOD = "mc-sjd"
+DEFAULT_METHOD = "auto"
 # viridis at 0, 1/4, 1/2, 3/4, 1: the heatmap's colours, early passes dark, late passes yellow
 VIRIDIS = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
 

@@ -214,7 +214,10 @@ def generate_missing(
                 job.path.parent.mkdir(parents=True, exist_ok=True)
                 save_png(decode_alone(pipe, tokens), job.path)
                 if on_image is not None:
-                    on_image(job, {"forward_passes": out.stats["forward_passes_per_image"][i]})
+                    record = {"forward_passes": out.stats["forward_passes_per_image"][i]}
+                    if "auto" in out.stats:  # what `auto` ran for this batch
+                        record["auto"] = out.stats["auto"]
+                    on_image(job, record)
             totals["decode_s"] += time.perf_counter() - start
             totals["forward_passes"] += out.stats["forward_passes"]
             totals["latency_s"] += out.stats["latency_s"]

@@ -80,6 +80,8 @@ def load_pipeline(args):
     )
     if getattr(args, "method", "") is None:  # the sampling flags' --method, unset: the reference of the model's kind
         args.method = reference_method(pipe.model)
+    elif getattr(args, "method", "") == "auto" and pipe.model.model_kind != "raster":  # the kind's reference
+        args.method = reference_method(pipe.model)
     return pipe.compile(**compile_kwargs(args)) if args.compile else pipe
 
 
@@ -87,14 +89,21 @@ def compile_kwargs(args) -> dict:
     return {"mode": args.compile_mode} if args.compile_mode else {}
 
 
-def add_sampling_args(parser: argparse.ArgumentParser):
+def add_sampling_args(parser: argparse.ArgumentParser, default_method: str | None = None):
+    """The sampling flags; --method defaults to `default_method`, or (None) the model kind's reference."""
     group = parser.add_argument_group("sampling (unset values take the model's defaults, see `visar models -v`)")
-    group.add_argument(
-        "--method",
-        default=None,
-        help="decoding method (see `visar methods`); default the model kind's reference: ar for raster models, "
-        "maskgit for masked ones",
-    )
+    if default_method == "auto":
+        method_help = (
+            "decoding method (see `visar methods`); default auto: the fastest lossless method for this model, "
+            "device and batch size (raster models: ar, mc-sjd or tree-mc-sjd with budgets measured on this "
+            "device; other kinds: their reference, e.g. maskgit for masked models)"
+        )
+    else:
+        method_help = (
+            "decoding method (see `visar methods`); default the model kind's reference: ar for raster models, "
+            "maskgit for masked ones"
+        )
+    group.add_argument("--method", default=default_method, help=method_help)
     group.add_argument("--seed", type=int, default=0, help="image i uses seed + i (default 0)")
     group.add_argument(
         "--guidance-scale", "--cfg", type=float, help="classifier-free guidance scale, 0 to 1e4 (1 = off)"

@@ -20,7 +20,9 @@ def add_parser(subparsers):
     parser.add_argument("--port", type=int, help="port (default: 7860, or the next free one)")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (default off)")
     parser.add_argument("--model", default="default", help="model shown first (default: the embedded default)")
-    parser.add_argument("--method", default="mc-sjd", help="method shown first (default mc-sjd)")
+    parser.add_argument(
+        "--method", default="auto", help="method shown first (default auto: the fastest lossless one on this device)"
+    )
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
     parser.add_argument("--dtype", default="fp32", help="generator dtype: fp32, bf16 or fp16 (default fp32)")
     parser.add_argument(

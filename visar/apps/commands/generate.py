@@ -25,7 +25,7 @@ def add_parser(subparsers):
         description=DESCRIPTION,
     )
     add_model_args(parser)
-    add_sampling_args(parser)
+    add_sampling_args(parser, default_method="auto")
     items = parser.add_argument_group("items (one of; class models default to all classes in turn)")
     items.add_argument(
         "--class",

@@ -87,6 +87,7 @@ def test_bench_table_and_json(tmp_path, capsys):
     assert row["step_compression"] == 1.0 and row["latency_ratio_vs_ar"] == 1.0
     assert set(row) == {
         "method",
+        "options",
         "lossless",
         "forward_passes",
         "draft_forward_passes",

@@ -84,4 +84,4 @@ def test_bench_reports_read_backs_per_pass():
     rows = {r["method"]: r for r in report["rows"]}
     assert rows["ar"]["read_backs_per_pass"] <= 0.1 and 0 < rows["sjd"]["read_backs_per_pass"] <= 2
     assert set(rows["sjd"]["read_backs_by_kind"]) <= {"item", "tolist", "bool index", "device to host copy"}
-    assert "| read-backs/pass |" in markdown_table(report)
+    assert "| read-backs/pass | rows/pass chosen |" in markdown_table(report)

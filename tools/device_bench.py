@@ -32,7 +32,7 @@ import torch
 
 import visar
 from visar.errors import VisarError
-from visar.eval.bench import bench
+from visar.eval.bench import bench, row_name
 from visar.models.llamagen import preset_config
 
 TINY_ARGS = dict(dim=32, n_layer=2, n_head=2, multiple_of=32, vocab_size=256, num_classes=10, block_size=16)
@@ -77,7 +77,7 @@ def set_mode(pipe, mode: str, backend: str | None):
 
 
 def cell_rows(report: dict, model: str, params_m: float, mode: str, batch: int, notes: list[str], fell_back: bool):
-    rows = {r["method"]: r for r in report["rows"]}
+    rows = {row_name(r): r for r in report["rows"]}
     ar = rows["ar"]
     out = []
     for name, r in rows.items():
@@ -161,7 +161,11 @@ def main():
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--modes", default="eager,default,reduce-overhead")
-    parser.add_argument("--methods", default="sjd,mc-sjd")
+    parser.add_argument(
+        "--methods",
+        default="sjd,mc-sjd",
+        help="comma-separated; METHOD:auto runs it with budget='auto' (e.g. mc-sjd:auto)",
+    )
     parser.add_argument("--rows", help="JSONL file the rows are appended to")
     parser.add_argument("--deadline", type=float, default=float("inf"), help="start no cell after this (epoch s)")
     parser.add_argument("--compile-backend", help="torch.compile backend (the dry run: eager, no C++ compiler)")
@@ -181,7 +185,10 @@ def main():
     params_m = sum(p.numel() for p in pipe.model.parameters()) / 1e6
     notes = CudaGraphNotes()
     logging.getLogger("torch").addHandler(notes)
-    methods = [m for m in args.methods.split(",") if m]
+    # "mc-sjd:auto" runs mc-sjd with budget="auto", beside "mc-sjd" at its fixed window
+    runs = [
+        (m.partition(":")[0], {"budget": m.partition(":")[2]} if ":" in m else {}) for m in args.methods.split(",") if m
+    ]
     rows_file = Path(args.rows)
     rows_file.parent.mkdir(parents=True, exist_ok=True)
     for mode in args.modes.split(","):
@@ -197,7 +204,7 @@ def main():
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
-                    report = bench(pipe, methods, n=batch, batch_size=batch, progress=False)
+                    report = bench(pipe, [], runs=runs, n=batch, batch_size=batch, progress=False)
                 except (torch.OutOfMemoryError, VisarError) as err:  # Pipeline.generate: out of memory as a VisarError
                     torch.cuda.empty_cache()
                     with rows_file.open("a") as f:

@@ -94,7 +94,7 @@ if [ $DRY -eq 1 ]; then
         -k "test_method_on_every_family and llamagen and mc-sjd"
     run_tests exact-law 120 VISAR_TEST_DEVICE=cpu VISAR_TEST_LAW_SAMPLES=2000 -- -m slow tests/test_conformance.py \
         -k "exact_settings and gsd"
-    run_bench $(($(date +%s) + 60)) --model tiny --modes eager --batches 1,2 --methods sjd,mc-sjd,zipar
+    run_bench $(($(date +%s) + 60)) --model tiny --modes eager --batches 1,2 --methods sjd,mc-sjd,mc-sjd:auto,auto,zipar
     run_bench $(($(date +%s) + 60)) --model tiny --modes reduce-overhead --batches 1 --methods sjd \
         --compile-backend eager
 else
@@ -107,8 +107,8 @@ else
     run_tests exact-law 40 VISAR_TEST_DEVICE=cuda VISAR_TEST_LAW_SAMPLES=10000 -- "${XDIST[@]}" -m slow \
         tests/test_conformance.py -k exact_settings
     # eager rows of every model first (cheap, and the ones that matter most), then the compiled modes
-    run_bench $((START + 300)) --model default --modes eager --methods sjd,mc-sjd,zipar
-    run_bench $((START + 300)) --model gpt-b --modes eager
+    run_bench $((START + 300)) --model default --modes eager --methods sjd,mc-sjd,mc-sjd:auto,tree-mc-sjd,tree-mc-sjd:auto,auto,zipar
+    run_bench $((START + 300)) --model gpt-b --modes eager --methods sjd,mc-sjd,mc-sjd:auto,tree-mc-sjd:auto,auto
     run_bench $((START + 300)) --model gpt-xl --modes eager
     run_bench $((START + 390)) --model default --modes reduce-overhead,default --methods sjd,mc-sjd,zipar
     run_bench $((START + 430)) --model gpt-b --modes reduce-overhead --batches 1,8

@@ -219,6 +219,7 @@ def speed_row(pipe, name: str, options: dict, conds: list, batch_size: int) -> d
     draft_passes = sum(o.stats["draft_forward_passes"] * b for o, b in zip(outs, batch_images, strict=True))
     return {
         "method": name,
+        "options": {k: v for k, v in options.items() if isinstance(v, (str, int, float, bool))},
         "lossless": all(o.stats["lossless"] for o in outs),  # at these options (gsd group_size=1 is exact)
         "forward_passes": per_image_passes,
         "draft_forward_passes": draft_passes / len(conds),
@@ -238,7 +239,36 @@ def speed_row(pipe, name: str, options: dict, conds: list, batch_size: int) -> d
         "warmup_s": warmup,
         **acceptance_columns([o.stats for o in outs]),
         **layer_token_columns([o.stats for o in outs]),
+        **budget_columns([o.stats for o in outs]),
     }
+
+
+def budget_columns(stats: list[dict]) -> dict:
+    """The sizes (window slots or tree nodes) each pass ran at, pooled over the run's batches, what
+    `auto` ran, and the pass costs a budget measured: what `budget="auto"` chose on this device."""
+    chosen: dict[int, int] = {}
+    for s in stats:
+        for size, passes in s.get("sizes_chosen", {}).items():
+            chosen[int(size)] = chosen.get(int(size), 0) + passes
+    columns = {"sizes_chosen": dict(sorted(chosen.items()))} if chosen else {}
+    ran = sorted({s["auto"] for s in stats if "auto" in s})
+    if ran:
+        columns["auto"] = ran
+    costs = next((s["pass_ms"] for s in stats if "pass_ms" in s), None)
+    if costs is not None:
+        columns["pass_ms"] = costs
+    return columns
+
+
+def budget_label(row: dict) -> str:
+    """ "8 (62%), 16 (38%)" for the sizes a row's passes ran at, with what `auto` ran; "-" without."""
+    chosen = row.get("sizes_chosen") or {}
+    total = sum(chosen.values())
+    sizes = ", ".join(f"{size} ({passes / total:.0%})" for size, passes in chosen.items()) if total else ""
+    if len(chosen) == 1:
+        sizes = str(next(iter(chosen)))
+    ran = " / ".join(row.get("auto", []))
+    return " ".join(part for part in (ran + ":" if ran and sizes else ran, sizes) if part) or "-"
 
 
 def layer_token_columns(stats: list[dict]) -> dict:
@@ -277,6 +307,13 @@ def quality_columns(pipe, name: str, options: dict, conds: list, row: dict, ar_f
     return ar_feats
 
 
+def row_name(row: dict) -> str:
+    """A row's method, with its budget when it has one ("mc-sjd, budget auto"): runs of one method
+    under several budgets stay apart."""
+    budget = (row.get("options") or {}).get("budget")
+    return row["method"] if budget is None else f"{row['method']}, budget {budget}"
+
+
 def markdown_table(report: dict) -> str:
     """The report's table; a text-conditional model's quality column is the GenEval-style overall
     score, with a second table of its per-task accuracies."""
@@ -284,15 +321,17 @@ def markdown_table(report: dict) -> str:
     quality = ("GenEval overall", "geneval_overall") if geneval else ("detector acc.", "detector_accuracy")
     header = (
         "| method | lossless | forward passes | step compression | tokens/forward | latency / AR | images/s "
-        f"| peak MB | {quality[0]} | Frechet vs AR | ms/forward | draft acceptance | read-backs/pass |"
+        f"| peak MB | {quality[0]} | Frechet vs AR | ms/forward | draft acceptance | read-backs/pass "
+        "| rows/pass chosen |"
     )
-    lines = [header, "|" + "---|" * 13]
+    lines = [header, "|" + "---|" * 14]
 
     def fmt(value, spec):
         return "-" if value is None else format(value, spec)
 
     def label(r):
-        return f"{r['method']} (compiled, warm-up {r['warmup_s']:.0f} s)" if r.get("compiled") else r["method"]
+        name = row_name(r)
+        return f"{name} (compiled, warm-up {r['warmup_s']:.0f} s)" if r.get("compiled") else name
 
     for r in report["rows"]:
         lines.append(
@@ -301,7 +340,7 @@ def markdown_table(report: dict) -> str:
             f"| {r['images_per_s']:.2f} | {fmt(r['peak_mem_mb'], '.1f')} "
             f"| {fmt(r.get(quality[1]), '.1%')} | {fmt(r['frechet_vs_ar'], '.3f')} "
             f"| {fmt(r.get('ms_per_forward'), '.1f')} | {fmt(r.get('acceptance_rate'), '.1%')} "
-            f"| {fmt(r.get('read_backs_per_pass'), '.2f')} |"
+            f"| {fmt(r.get('read_backs_per_pass'), '.2f')} | {budget_label(r)} |"
         )
     s = report["settings"]
     lines.append("")
@@ -336,6 +375,8 @@ REPORT_NOTES = (
     "read-backs/pass: operations that make the host wait for the device (.item(), .tolist(), nonzero, boolean "
     "indexing, device-to-host copies; visar.eval.readbacks) per forward pass, counted in an extra eager batch; on a "
     "GPU each stalls the launch queue. A CPU run cannot see host-device copies (there are none there).",
+    "rows/pass chosen: the window slots or tree nodes of the row's passes (share of passes in brackets); under "
+    "budget=auto chosen per pass from pass costs measured on this device (report.json: pass_ms), and what `auto` ran.",
     "Compiled rows (--compiled-rows, or --compile): the generator under torch.compile; their warm-up is the first "
     "batch, compilation included, kept out of the latency; latency / AR is against the eager AR row.",
 )

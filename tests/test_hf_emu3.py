@@ -69,8 +69,9 @@ def test_loads_as_emu3_with_its_defaults(pipe, reference):
     assert out.images.shape == (2, 8, 8, 3)  # the tiny VQ upsamples its 4 x 4 latent once
 
 
-def emu3_generate(reference, ids, mask, negative, guidance_scale, height=4, width=4):
-    """transformers' image generation as Emu3's docs run it: the prefix constraint and negative-prompt CFG."""
+def emu3_constraint(reference, height, width):
+    """Emu3's prefix constraint (transformers' Emu3 docs): visual tokens, the end-of-line token closing
+    every row of `width`, counted from the prompt's `<|image token|>`; then the end of frame."""
     model, processor = reference
     tokenizer, mapping = processor.tokenizer, model.model.vocabulary_mapping
     visual = mapping.image_tokens
@@ -83,22 +84,33 @@ def emu3_generate(reference, ids, mask, negative, guidance_scale, height=4, widt
             return (tokenizer.eof_token_id,)
         return visual
 
+    return allowed
+
+
+def emu3_image_tokens(reference, out, prompt_length, height, width):
+    """generate's output -> the image tokens [B, H, W] (the visual codes, row ends dropped)."""
+    mapping = reference[0].model.vocabulary_mapping
+    rows = out[:, prompt_length:].reshape(-1, height, width + 1)
+    assert (rows[:, :, -1] == mapping.eol_token_id).all(), "a row without its end-of-line token (right padding?)"
+    return mapping.convert_bpe2img(rows).long()
+
+
+def emu3_generate(reference, ids, mask, negative, guidance_scale, height=4, width=4):
+    """transformers' image generation as Emu3's docs run it: the prefix constraint and negative-prompt CFG."""
     guidance = {}
     if guidance_scale != 1:
         negative = negative.expand(ids.shape[0], -1)
         guidance = dict(negative_prompt_ids=negative, negative_prompt_attention_mask=torch.ones_like(negative))
-    out = model.generate(
+    out = reference[0].generate(
         input_ids=ids,
         attention_mask=mask.long(),
-        prefix_allowed_tokens_fn=allowed,
+        prefix_allowed_tokens_fn=emu3_constraint(reference, height, width),
         do_sample=False,
         max_new_tokens=height * (width + 1),
         guidance_scale=guidance_scale,
         **guidance,
     )
-    rows = out[:, ids.shape[1] :].reshape(-1, height, width + 1)
-    assert (rows[:, :, -1] == mapping.eol_token_id).all()  # every row ends with the end-of-line token
-    return mapping.convert_bpe2img(rows).long()
+    return emu3_image_tokens(reference, out, ids.shape[1], height, width)
 
 
 @pytest.mark.parametrize("guidance_scale", [1.0, 3.0])

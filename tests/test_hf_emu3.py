@@ -5,6 +5,9 @@ loaded offline through `visar.load(FOLDER)`, against transformers' own image gen
 and the end-of-line token at every row end) and its negative-prompt guidance, at CFG 1 and at CFG 3
 (Emu3's default), for a batch of left-padded prompts of different lengths, for every method that is
 exact at top-k 1;
+(a') the same against transformers run as a user runs it from the folder's saved processor alone (its
+tokenizer's padding, its image_sizes, the negative prompt through it): batches of one and of several
+prompt lengths, CFG 1, 3 and 7, the processor's rounded grids (4 x 4, 4 x 8, 4 x 5, 9 x 3);
 (b) teacher-forced image-token logits equal those of transformers' forward over Emu3's own sequence
 (rows with their end-of-line tokens), through visar's cache and without it;
 (c) ar, sjd and mc-sjd on the adapter sample the enumerated joint law (image vocabulary 6, 2 x 2
@@ -69,8 +72,9 @@ def test_loads_as_emu3_with_its_defaults(pipe, reference):
     assert out.images.shape == (2, 8, 8, 3)  # the tiny VQ upsamples its 4 x 4 latent once
 
 
-def emu3_generate(reference, ids, mask, negative, guidance_scale, height=4, width=4):
-    """transformers' image generation as Emu3's docs run it: the prefix constraint and negative-prompt CFG."""
+def emu3_constraint(reference, height, width):
+    """Emu3's prefix constraint (transformers' Emu3 docs): visual tokens, the end-of-line token closing
+    every row of `width`, counted from the prompt's `<|image token|>`; then the end of frame."""
     model, processor = reference
     tokenizer, mapping = processor.tokenizer, model.model.vocabulary_mapping
     visual = mapping.image_tokens
@@ -83,22 +87,33 @@ def emu3_generate(reference, ids, mask, negative, guidance_scale, height=4, widt
             return (tokenizer.eof_token_id,)
         return visual
 
+    return allowed
+
+
+def emu3_image_tokens(reference, out, prompt_length, height, width):
+    """generate's output -> the image tokens [B, H, W] (the visual codes, row ends dropped)."""
+    mapping = reference[0].model.vocabulary_mapping
+    rows = out[:, prompt_length:].reshape(-1, height, width + 1)
+    assert (rows[:, :, -1] == mapping.eol_token_id).all(), "a row without its end-of-line token (right padding?)"
+    return mapping.convert_bpe2img(rows).long()
+
+
+def emu3_generate(reference, ids, mask, negative, guidance_scale, height=4, width=4):
+    """transformers' image generation as Emu3's docs run it: the prefix constraint and negative-prompt CFG."""
     guidance = {}
     if guidance_scale != 1:
         negative = negative.expand(ids.shape[0], -1)
         guidance = dict(negative_prompt_ids=negative, negative_prompt_attention_mask=torch.ones_like(negative))
-    out = model.generate(
+    out = reference[0].generate(
         input_ids=ids,
         attention_mask=mask.long(),
-        prefix_allowed_tokens_fn=allowed,
+        prefix_allowed_tokens_fn=emu3_constraint(reference, height, width),
         do_sample=False,
         max_new_tokens=height * (width + 1),
         guidance_scale=guidance_scale,
         **guidance,
     )
-    rows = out[:, ids.shape[1] :].reshape(-1, height, width + 1)
-    assert (rows[:, :, -1] == mapping.eol_token_id).all()  # every row ends with the end-of-line token
-    return mapping.convert_bpe2img(rows).long()
+    return emu3_image_tokens(reference, out, ids.shape[1], height, width)
 
 
 @pytest.mark.parametrize("guidance_scale", [1.0, 3.0])
@@ -116,6 +131,79 @@ def test_greedy_equals_transformers(pipe, reference, emu3_folder, guidance_scale
     draft = visar.load(emu3_folder, device="cpu", model_args=OPTIONS).model  # the same weights: every node accepted
     out = pipe.generate(prompts=PROMPTS, method="spec", draft=draft, **greedy)
     assert torch.equal(out.tokens, expected) and out.stats["tokens_per_forward"] > 2
+
+
+# -- (a') as a user runs transformers: prompts, grid and negative prompt from the folder's own processor ---
+
+THREE_PROMPTS = ["dog", "a red circle", "the blue dog on a green square of 1 2"]  # 5, 8 and 16 tokens
+LONG_NEGATIVE = "lowres , blurry . the red square of a green triangle in 1 2 3"  # longer than two of them
+
+
+def user_generate(reference, prompts, guidance_scale, size, negative):
+    """transformers' image generation run as its Emu3 docs run it, from the folder's saved processor alone:
+    the processor pads the batch with its saved tokenizer's settings (`padding=True`), writes the size into
+    the prompt and gives the grid (`image_sizes`). The negative prompt is formatted for image generation, as
+    baaivision/Emu3's image_generation.py does (the processor's mode 'G'; transformers' docs leave the size
+    prefix off it, another unconditional branch). -> image tokens [B, H, W] and the grid (H, W)."""
+    model, processor = reference
+    inputs = processor(text=prompts, padding=True, return_tensors="pt", return_for_image_generation=True, **size)
+    height, width = (int(n) for n in inputs.pop("image_sizes")[0])
+    guidance = {}
+    if guidance_scale != 1:
+        texts = [negative] * len(prompts)
+        neg = processor(text=texts, padding=True, return_tensors="pt", return_for_image_generation=True, **size)
+        guidance = dict(negative_prompt_ids=neg["input_ids"], negative_prompt_attention_mask=neg["attention_mask"])
+    out = model.generate(
+        **inputs,
+        prefix_allowed_tokens_fn=emu3_constraint(reference, height, width),
+        do_sample=False,
+        max_new_tokens=height * (width + 1),
+        guidance_scale=guidance_scale,
+        **guidance,
+    )
+    return emu3_image_tokens(reference, out, inputs["input_ids"].shape[1], height, width), (height, width)
+
+
+NEGATIVE = OPTIONS["negative_prompt"]
+USER_CASES = [  # prompts, guidance scale, size options, negative prompt (None: visar's default, Emu3's own)
+    # batches of prompts of different lengths: padding that differs within the batch
+    pytest.param(THREE_PROMPTS, 3.0, {"image_area": 32 * 32}, NEGATIVE, id="3-prompts-cfg3-4x4"),
+    pytest.param(PROMPTS, 1.0, {"image_area": 32 * 64, "ratio": "2:1"}, NEGATIVE, id="2-prompts-cfg1-4x8"),
+    pytest.param(THREE_PROMPTS, 1.0, {"image_area": 32 * 32}, NEGATIVE, id="3-prompts-cfg1-4x4"),
+    pytest.param(PROMPTS, 3.0, {"image_area": 32 * 64, "ratio": "2:1"}, LONG_NEGATIVE, id="2-prompts-cfg3-4x8"),
+    # the processor's rounding: 1200 pixels at 4:3 -> 4 x 5 tokens; 1728 at 1:3 -> 9 x 3
+    pytest.param(THREE_PROMPTS, 3.0, {"image_area": 1200, "ratio": "4:3"}, None, id="3-prompts-cfg3-4x5"),
+    pytest.param(THREE_PROMPTS, 7.0, {"image_area": 1728, "ratio": "1:3"}, LONG_NEGATIVE, id="3-prompts-cfg7-9x3"),
+    # a batch of one (no padding on transformers' side)
+    pytest.param(PROMPTS[1:], 3.0, {"image_area": 1200, "ratio": "4:3"}, LONG_NEGATIVE, id="1-prompt-cfg3-4x5"),
+    pytest.param(PROMPTS[:1], 1.0, {"image_area": 32 * 32}, NEGATIVE, id="1-prompt-cfg1-4x4"),
+]
+
+
+@pytest.mark.parametrize("prompts, guidance_scale, size, negative", USER_CASES)
+def test_greedy_equals_transformers_from_the_saved_processor(
+    emu3_folder, reference, prompts, guidance_scale, size, negative
+):
+    """visar.load(FOLDER) against transformers' generate on inputs the folder's own processor makes, as a user
+    of transformers would (nothing taken from visar's encoder): same grid, same greedy tokens."""
+    options = {"max_prompt_tokens": 64, **size, **({} if negative is None else {"negative_prompt": negative})}
+    pipe = visar.load(emu3_folder, device="cpu", model_args=options)
+    expected, grid = user_generate(reference, prompts, guidance_scale, size, negative or hf_emu3.NEGATIVE_PROMPT)
+    assert pipe.model.grid_size == grid
+    for method in ("ar", "mc-sjd"):
+        out = pipe.generate(
+            prompts=prompts, method=method, top_k=1, guidance_scale=guidance_scale, output_type="tokens"
+        )
+        assert torch.equal(out.tokens, expected), method
+
+
+def test_the_saved_tokenizer_pads_on_the_left(reference):
+    """As transformers' convert_emu3_weights_to_hf.py saves Emu3-Gen-hf's tokenizer: a batch padded with the
+    folder's own settings is left-padded, which generate needs (its positions and the prefix constraint)."""
+    processor = reference[1]
+    assert processor.tokenizer.padding_side == "left"
+    mask = processor(text=PROMPTS, padding=True, return_for_image_generation=True)["attention_mask"]
+    assert mask[0][0] == 0 and mask[0][-1] == 1
 
 
 def emu3_sequence(reference, ids, tokens):

@@ -164,7 +164,9 @@ def tiny_vq_config(image_vocab: int = 8) -> dict:
 
 
 def tiny_processor(image_vocab: int = 8):
-    """An Emu3Processor over a word-level tokenizer of the tiny vocabulary (no files)."""
+    """An Emu3Processor over a word-level tokenizer of the tiny vocabulary (no files). Its tokenizer pads on
+    the left, as transformers' convert_emu3_weights_to_hf.py saves Emu3-Gen-hf's: what the processor pads
+    with `padding=True` (transformers' Emu3 docs, a folder saved from it) is what `generate` needs."""
     transformers = transformers_module()
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -178,6 +180,7 @@ def tiny_processor(image_vocab: int = 8):
         eos_token="<|extra_204|>",
         pad_token="<|endoftext|>",
         unk_token="<unk>",
+        padding_side="left",
         extra_special_tokens={
             "image_token": "<|extra_0|>",
             "boi_token": "<|image start|>",

@@ -1,6 +1,7 @@
 """Model names visar knows: embedded models shipped in the package, and the families' official presets.
 
-Embedded models live in `visar/weights/<name>/` as `config.json` (+ safetensors weights); a
+Embedded models live in `visar/weights/<name>/` as `config.json` (+ safetensors weights, the tokenizer's
+among them: each folder is self-contained); a
 config with `"init": {"random_seed": S}` and no weights builds a seeded random model. Official
 presets (defined by their family, `visar/families/`) fetch their released files from the Hugging
 Face Hub (`visar/hub.py`), or take files on disk (`checkpoint=`, `vq_checkpoint=`).

@@ -1,6 +1,7 @@
 """The models shipped inside the package: they load strictly, stay small, record their recipe, and work."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -26,6 +27,38 @@ def test_shipped_weights_are_small_fp16_and_reproducible_by_recipe():
     from safetensors.torch import load_file
 
     assert all(t.dtype == torch.float16 for p in files for t in load_file(str(p)).values())
+
+
+def test_every_embedded_folder_is_self_contained():
+    """Each folder names only its own files (it loads when copied alone, or published on the Hub), and its
+    tokenizer is byte for byte the one in the folder of its tokenizer recipe (which training and the
+    shapes-world features read)."""
+    for name, folder in embedded_models().items():
+        config = json.loads((folder / "config.json").read_text())
+        for file in config.get("weights", {}).values():
+            assert "/" not in file and (folder / file).is_file(), (name, file)
+        if "tokenizer" in config.get("weights", {}):
+            shared = WEIGHTS_DIR / config["tokenizer_recipe"]["name"] / "tokenizer.safetensors"
+            assert (folder / config["weights"]["tokenizer"]).read_bytes() == shared.read_bytes(), name
+
+
+def test_ship_writes_a_self_contained_folder(tmp_path):
+    """`visar train ship` on an export (here an embedded folder, laid out as one) copies every file the
+    config names into the new folder, and the tokenizer again into the recipe's tokenizer folder."""
+    from visar.apps.train import ship
+
+    export = tmp_path / "export"
+    shutil.copytree(embedded_models()["visar-tiny-c2i"], export)
+    target = ship(export, "shipped", "a copy", weights_dir=tmp_path / "weights")
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors", "tokenizer.safetensors"]
+    assert json.loads((target / "config.json").read_text())["weights"]["tokenizer"] == "tokenizer.safetensors"
+    shared = tmp_path / "weights" / "visar-tiny-vq"
+    assert (shared / "tokenizer.safetensors").read_bytes() == (export / "tokenizer.safetensors").read_bytes()
+    assert (shared / "tokenizer.json").is_file()
+    moved = shutil.move(target, tmp_path / "elsewhere")  # no sibling folder to lean on
+    a = visar.load(str(moved), device="cpu").generate(class_labels=[13], seed=5, output_type="np")
+    b = visar.load("visar-tiny-c2i", device="cpu").generate(class_labels=[13], seed=5, output_type="np")
+    assert torch.equal(a.tokens, b.tokens) and (a.images == b.images).all()
 
 
 def test_draft_is_at_most_a_quarter_of_the_target():

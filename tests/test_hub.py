@@ -20,6 +20,7 @@ from laws import random_amused, random_emu3, random_janus, save_emu3_folder, sav
 import visar
 from visar import hub
 from visar.errors import CheckpointMismatchError, VisarError
+from visar.registry import embedded_models
 
 
 @pytest.fixture
@@ -204,6 +205,25 @@ def test_online_failures_are_one_sentence(monkeypatch, tmp_path, error, match):
 def test_revision_is_for_hub_names():
     with pytest.raises(VisarError, match="revision= picks a version of a Hub repository"):
         visar.load("default", revision="main")
+
+
+# -- visar's own model folders by Hub name -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["visar-tiny-c2i", "visar-tiny-var-c2i"])
+def test_an_embedded_model_folder_published_on_the_hub_loads_by_its_repo_id(cache, name):
+    """An embedded folder uploaded as is (models--owner--name/snapshots/<commit>/, files as links to blobs)
+    loads by repo id offline: nothing in it may name a file beside the folder, which the Hub would not have."""
+    snapshot = lay_out_folder(cache, f"someone/{name}", embedded_models()[name])
+    assert snapshot.parent.name == "snapshots" and (snapshot / "tokenizer.safetensors").is_symlink()
+    by_name = visar.load(f"someone/{name}", device="cpu")
+    by_folder = visar.load(name, device="cpu")
+    assert same_weights(by_name.tokenizer, by_folder.tokenizer)
+    a = by_name.generate(class_labels=[13], seed=5, output_type="np")
+    b = by_folder.generate(class_labels=[13], seed=5, output_type="np")
+    tokens_a, tokens_b = (t if isinstance(t, list) else [t] for t in (a.tokens, b.tokens))
+    assert len(tokens_a) == len(tokens_b) and all(map(torch.equal, tokens_a, tokens_b))
+    assert (a.images == b.images).all()
 
 
 # -- Hugging Face folders by Hub name -------------------------------------------------------------------------

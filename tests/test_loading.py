@@ -1,5 +1,8 @@
 """Safe, strict checkpoint loading with clear errors."""
 
+import json
+import shutil
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -8,6 +11,7 @@ import visar
 from visar.errors import CheckpointMismatchError, VisarError
 from visar.families.llamagen import load_model_weights
 from visar.models.llamagen import LlamaGen, LlamaGenConfig, preset_config
+from visar.registry import embedded_models
 
 TINY = dict(dim=64, n_layer=2, n_head=4, vocab_size=64, num_classes=10, block_size=16)
 
@@ -81,3 +85,36 @@ def test_corrupt_truncated_and_missing_files(tmp_path):
 def test_unknown_model_args_field():
     with pytest.raises(VisarError, match="unknown LlamaGen model_args"):
         LlamaGenConfig.from_dict({"dim": 64, "n_layers": 2})
+
+
+@pytest.mark.parametrize("key", ["model", "tokenizer", "text_encoder"])
+@pytest.mark.parametrize("where", ["sibling", "absolute"])
+def test_a_folder_naming_a_file_outside_itself_is_refused(tmp_path, key, where):
+    """A config.json whose weights name a file out of its folder is refused with one sentence, even where
+    that file exists (as the shipped folders' ../visar-tiny-vq/ did): a copy of the folder alone, or its
+    Hub repository, would lack it. The unchanged copy loads (control)."""
+    folder = tmp_path / "models" / "t2i"
+    shutil.copytree(embedded_models()["visar-tiny-t2i"], folder)
+    visar.load(str(folder), device="cpu")
+    config = json.loads((folder / "config.json").read_text())
+    file = config["weights"][key]
+    outside = tmp_path / "models" / "shared" / file
+    outside.parent.mkdir()
+    (folder / file).rename(outside)
+    config["weights"][key] = "../shared/" + file if where == "sibling" else str(outside)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        VisarError, match=rf"names weights '{key}' as .*outside its folder: a model folder must be self-contained"
+    ):
+        visar.load(str(folder), device="cpu")
+
+
+def test_a_path_that_stays_in_the_folder_is_allowed(tmp_path):
+    folder = tmp_path / "c2i"
+    shutil.copytree(embedded_models()["visar-tiny-c2i"], folder)
+    (folder / "vq").mkdir()
+    (folder / "tokenizer.safetensors").rename(folder / "vq" / "tokenizer.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    config["weights"]["tokenizer"] = "vq/../vq/tokenizer.safetensors"
+    (folder / "config.json").write_text(json.dumps(config))
+    assert visar.load(str(folder), device="cpu").name == "visar-tiny-c2i"

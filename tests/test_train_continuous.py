@@ -166,6 +166,7 @@ def test_ship_puts_the_mar_export_beside_its_kl_tokenizer(quick_pair, tmp_path):
     _, target, _ = quick_pair
     shipped = ship(target, "visar-tiny-mar-c2i", "a MAR model", weights_dir=tmp_path)
     assert (tmp_path / "visar-tiny-kl" / "tokenizer.safetensors").is_file()
+    assert (shipped / "tokenizer.safetensors").read_bytes() == (target / "tokenizer.safetensors").read_bytes()
     pipe = visar.load(str(shipped), device="cpu")
     assert pipe.model.model_kind == "continuous" and pipe.name == "visar-tiny-mar-c2i"
 

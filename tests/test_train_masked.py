@@ -91,6 +91,7 @@ def test_ship_puts_the_masked_export_beside_the_shared_tokenizer(quick_run, tmp_
     _, export = quick_run
     target = ship(export, "visar-tiny-maskgit-c2i", "a masked model", weights_dir=tmp_path)
     assert (tmp_path / "visar-tiny-vq" / "tokenizer.safetensors").is_file()
+    assert (target / "tokenizer.safetensors").read_bytes() == (export / "tokenizer.safetensors").read_bytes()
     pipe = visar.load(str(target), device="cpu")
     assert pipe.model.model_kind == "masked" and pipe.name == "visar-tiny-maskgit-c2i"
 

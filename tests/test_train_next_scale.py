@@ -122,6 +122,7 @@ def test_ship_puts_the_var_export_beside_its_multiscale_tokenizer(quick_pair, tm
     _, drafter, _ = quick_pair
     target = ship(drafter, "visar-tiny-var-c2i", "a VAR model", weights_dir=tmp_path)
     assert (tmp_path / "visar-tiny-msvq" / "tokenizer.safetensors").is_file()
+    assert (target / "tokenizer.safetensors").read_bytes() == (drafter / "tokenizer.safetensors").read_bytes()
     pipe = visar.load(str(target), device="cpu")
     assert pipe.model.model_kind == "next-scale" and pipe.name == "visar-tiny-var-c2i"
 

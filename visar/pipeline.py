@@ -679,10 +679,10 @@ def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None, model_args=No
             with torch.random.fork_rng(devices=[]):  # PyTorch's default conv init, seeded
                 torch.manual_seed(init_seed)
                 tokenizer = family.build_tokenizer(config["vq_args"])
-    model_file = checkpoint or (folder / weights["model"] if "model" in weights else None)
+    model_file = checkpoint or (registry.weights_file(folder, weights, "model") if "model" in weights else None)
     if model_file is not None:
         family.load_model_weights(model, model_file, f"{folder.name} weights {model_file}")
-    vq_file = vq_checkpoint or (folder / weights["tokenizer"] if "tokenizer" in weights else None)
+    vq_file = vq_checkpoint or (registry.weights_file(folder, weights, "tokenizer") if "tokenizer" in weights else None)
     if vq_file is not None and tokenizer is not None:
         family.load_tokenizer_weights(tokenizer, vq_file, f"{folder.name} tokenizer {vq_file}")
     if tokenizer is not None and family.check_tokenizer is not None:
@@ -692,7 +692,7 @@ def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None, model_args=No
     text_encoder = None
     if "text_encoder_args" in config:
         text_encoder = CaptionEncoder(CaptionEncoderConfig.from_dict(config["text_encoder_args"]))
-        path = folder / weights["text_encoder"]
+        path = registry.weights_file(folder, weights, "text_encoder")
         load_strict(text_encoder, read_state_dict(path), source=f"{folder.name} text encoder {path}")
         text_encoder.float().eval()
     model.float()

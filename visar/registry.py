@@ -1,6 +1,7 @@
 """Model names visar knows: embedded models shipped in the package, and the families' official presets.
 
-Embedded models live in `visar/weights/<name>/` as `config.json` (+ safetensors weights); a
+Embedded models live in `visar/weights/<name>/` as `config.json` (+ safetensors weights, the tokenizer's
+among them: each folder is self-contained); a
 config with `"init": {"random_seed": S}` and no weights builds a seeded random model. Official
 presets (defined by their family, `visar/families/`) fetch their released files from the Hugging
 Face Hub (`visar/hub.py`), or take files on disk (`checkpoint=`, `vq_checkpoint=`).
@@ -9,6 +10,7 @@ Face Hub (`visar/hub.py`), or take files on disk (`checkpoint=`, `vq_checkpoint=
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from .errors import VisarError
@@ -51,6 +53,22 @@ def read_model_config(folder: Path) -> dict:
             raise VisarError(f"cannot read {folder / 'model_index.json'}: {err}") from err
     config = read_config(folder)
     return {**config, "_source": "config.json"} if "_class_name" in config else config
+
+
+def weights_file(folder: Path, weights: dict, key: str) -> Path:
+    """The file config.json's "weights" names under `key`, which must lie inside the folder: a folder is
+    published (a Hub repository) and copied as a whole, so a path out of it (absolute, or up through "..")
+    would name a file its copies lack. Judged on the name as written, not on where links lead (a Hub
+    cache's snapshot files are links into its blobs)."""
+    name = weights.get(key)
+    if key not in weights or not isinstance(name, str) or not name:
+        raise VisarError(f"{folder / 'config.json'} names no file for weights {key!r} (got {name!r})")
+    if Path(name).is_absolute() or Path(os.path.normpath(name)).parts[:1] == ("..",):
+        raise VisarError(
+            f"{folder / 'config.json'} names weights {key!r} as {name!r}, outside its folder: a model folder must "
+            f"be self-contained, so put the file in the folder and name it by its path there"
+        )
+    return folder / name
 
 
 def list_models() -> list[str]:

@@ -733,26 +733,26 @@ def export_ar(
 
 
 def ship(export: str | os.PathLike, name: str, description: str, weights_dir: Path | None = None) -> Path:
-    """Copy an AR export into the package as embedded model `name`, sharing one tokenizer folder.
+    """Copy an export (ar, masked, next-scale or continuous) into the package as embedded model `name`.
 
-    The tokenizer goes to `weights/<tokenizer recipe>/` (once for all models trained on it) and
-    the model's config.json points at it, which keeps the shipped weights small.
+    The folder is self-contained, as the export is: its tokenizer.safetensors travels with it, so that
+    the folder loads wherever it is copied or published (a Hub repository has no sibling folders).
+    The tokenizer also goes to `weights/<tokenizer recipe>/` with its tokenizer.json: the folder that
+    `visar train ... --tokenizer` and the shapes-world features read (git stores the copies once).
     """
-    from ..registry import WEIGHTS_DIR
+    from ..registry import WEIGHTS_DIR, weights_file
 
     export, weights_dir = Path(export), weights_dir or WEIGHTS_DIR
     config = json.loads((export / "config.json").read_text())
     tokenizer_name = config["tokenizer_recipe"]["name"]
     tokenizer_dir = prepare_out_dir(weights_dir / tokenizer_name)
-    shutil.copyfile(export / "tokenizer.safetensors", tokenizer_dir / "tokenizer.safetensors")
+    shutil.copyfile(weights_file(export, config["weights"], "tokenizer"), tokenizer_dir / "tokenizer.safetensors")
     (tokenizer_dir / "tokenizer.json").write_text(
         json.dumps({"vq_args": config["vq_args"], "recipe": config["tokenizer_recipe"]}, indent=1)
     )
     target = prepare_out_dir(weights_dir / name)
     for key, file in config["weights"].items():
-        if key != "tokenizer":
-            shutil.copyfile(export / file, target / file)
-    config["weights"]["tokenizer"] = f"../{tokenizer_name}/tokenizer.safetensors"
+        shutil.copyfile(weights_file(export, config["weights"], key), target / file)
     config.update(name=name, description=description)
     (target / "config.json").write_text(json.dumps(config, indent=1))
     return target

@@ -22,7 +22,8 @@ def add_parser(subparsers):
         "visar-tiny-var-c2i-refiner-s6 (the refiner fine-tuned on scales 6-8), on a visar-tiny-msvq tokenizer; "
         "continuous: visar-tiny-mar-c2i (MAR, cspd's target), visar-tiny-mar-c2i-draft (its draft), on a "
         "visar-tiny-kl tokenizer. `ship` copies an ar, masked, next-scale or continuous export into "
-        "visar/weights/ (the tokenizer into a shared folder named after its recipe).",
+        "visar/weights/ as a self-contained folder (its tokenizer with it, and again in the folder named after the "
+        "tokenizer's recipe, which --tokenizer reads).",
     )
     parser.add_argument(
         "what",

@@ -174,7 +174,7 @@ def test_costs_are_measured_once_and_a_failed_measurement_falls_back(model, monk
     fresh = tiny_llamagen(seed=11)
     get_method("sjd").fn(fresh, cond, TOPP_TEMP, make_generators(1, 0), budget="auto")
     probes = sum(isinstance(b, budget.ProbeBudget) for b in calls)
-    assert probes == budget.PROBE_ROUNDS * 3  # sizes 1, 2, 4 on a 4-token image
+    assert probes == 1 + budget.PROBE_ROUNDS * 3  # one untimed, then sizes 1, 2, 4 on a 4-token image
     calls.clear()
     _, stats = get_method("sjd").fn(fresh, cond, TOPP_TEMP, make_generators(1, 0), budget="auto")
     assert not any(isinstance(b, budget.ProbeBudget) for b in calls) and stats["budget"] == "auto"
@@ -210,25 +210,29 @@ def test_survival_counts_follow_each_age_and_relax_to_the_prior():
     counts.count(accepted, torch.tensor([3, 3]), torch.tensor([True, True]), age)
     assert counts.reached.tolist() == [1, 1, 2] and counts.passed.tolist() == [0, 1, 1]
     first = counts.rates(0.5, strength=1.0)
-    assert first == pytest.approx([(0 + 0.5) / 2, (1 + 0.25) / 2, (1 + 0.625) / 3])
-    for _ in range(60):  # nothing reached since: the estimates relax to the prior
+    r0 = (0 + 0.5) / 2  # age 0: reached once, failed; shrunk towards the prior 0.5
+    r1 = (1 + 1 - (1 - r0) * budget.AGE_DECAY) / 2  # towards age 0's rate, its failures shrunk by AGE_DECAY
+    r2 = (1 + 1 - (1 - r1) * budget.AGE_DECAY) / 3
+    assert first == pytest.approx([r0, r1, r2])
+    for _ in range(60):  # nothing reached since: the estimates relax to the prior, extrapolated by age
         rates = counts.rates(0.5, strength=1.0)
-    assert rates == pytest.approx([0.5] * 3, abs=1e-3)
+    decay = budget.AGE_DECAY
+    assert rates == pytest.approx([0.5, 1 - 0.5 * decay, 1 - 0.5 * decay**2], abs=1e-3)
 
 
 def test_the_budget_follows_the_slowest_image(model):
     costs = PassCosts((1, 2, 4), (1.0, 1.2, 1.9))
-    controller = WindowBudget(costs, costs.sizes, lambda s: s - 1, SurvivalCounts(4, "cpu"))
-    assert controller.size() == 2  # the prior: 2 slots pay, 4 do not yet
-    for _ in range(budget.CHOOSE_EVERY - 1):
-        controller.size()
+    controller = WindowBudget(costs, costs.sizes, lambda s: s - 1, SurvivalCounts(4, "cpu"), (16, 16))
     drafts = torch.tensor([[0, 0, 0]] * 2)
-    # every draft passes for image 0, none for image 1: the batch moves at image 1's pace
+    sizes = []
+    # past the first row, every draft passes for image 0 and none for image 1: the batch moves at
+    # image 1's pace, one token a pass, which the cheapest pass gives as well
     for step in range(40):
-        accepted, committed = torch.tensor([3, 0]), torch.tensor([4 * (step + 1), step + 1])
+        sizes.append(controller.size())
+        accepted, committed = torch.tensor([3, 0]), torch.tensor([16 + 4 * step, 16 + step])
         controller.count(accepted, torch.tensor([3, 3]), torch.tensor([True, True]), drafts, committed)
-        size = controller.size()
-    assert size == 1
+    assert sizes[0] == 2  # the prior: 2 slots pay, 4 do not yet
+    assert sizes[-1] == 1
 
 
 @pytest.mark.parametrize("name", ["sjd", "mc-sjd", "sjd-pac", "tree-mc-sjd"])

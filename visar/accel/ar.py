@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..models.base import RasterModel
 from ..progress import progress_bar
-from .budget import PassCosts, ProbeBudget, cost_key, measured_costs, scratch_request
+from .budget import ProbeBudget
 from .registry import Request, register_method
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
@@ -55,11 +55,3 @@ def sample_tokens(request: Request, probe: ProbeBudget | None = None) -> tuple[T
     log.passes_per_image[:] = num_tokens
     log.commit_pass[:, :num_tokens] = torch.arange(1, num_tokens + 1, device=device)  # token i from pass i + 1
     return tokens, log.stats(forward_passes=num_tokens)
-
-
-def ar_costs(request: Request) -> PassCosts | None:
-    """Seconds per AR step for this model, device, dtype, batch size and guidance, measured once
-    (`budget.measured_costs`), for `auto` to weigh against the speculative engines."""
-    model = request.model
-    key = cost_key("ar", model, request.cond.shape[0], request.params.uses_cfg, (model.num_condition_tokens,))
-    return measured_costs(model, key, (1,), lambda probe: sample_tokens(scratch_request(request), probe), model.device)

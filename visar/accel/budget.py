@@ -36,20 +36,30 @@ AUTO = "auto"
 CHAIN_SIZES = (1, 2, 4, 8, 16, 32)
 TREE_SIZES = (8, 16, 32, 64)
 # Probe passes timed per size (after the first pass of a probe, which also feeds the condition).
-PROBE_PASSES = 2
+PROBE_PASSES = 3
 PROBE_ROUNDS = 3
 # Before a decode has counts: the chance that a draft passes its test (rank 0, and a tree's extra
 # candidate), and how many passes' worth of weight this prior keeps (held-out seeds, docs/SPEED.md).
-PRIOR_ACCEPT = 0.6
+PRIOR_ACCEPT = 0.5
 PRIOR_EXTRA_ACCEPT = 0.15
 PRIOR_STRENGTH = 4.0
+# A batch ends with its slowest image: before any counts, the drafts a batch of B accepts per pass
+# are taken as B ** -LAGGARD_EXPONENT of one image's (held-out seeds: 0.77-0.86 at B = 8).
+LAGGARD_EXPONENT = 0.1
+# How much more tokens per second (at the prior) a costlier choice must promise before a decode
+# commits to it: drafting over AR (`auto`), a draft tree over a chain (tree methods' auto budget).
+DRAFT_MARGIN = 0.1
 MAX_AGE = 8  # ages counted apart (older drafts share the last)
+# A draft carried one pass longer fails this much less often, where an age has no counts yet
+# (held-out seeds: docs/SPEED.md).
+AGE_DECAY = 0.8
 CHOOSE_EVERY = 4  # passes between two choices: one read-back of the counts each time
 # Each choice keeps this share of the counts before it: acceptance changes over an image (its first
 # row has no row above to draft from), and a decode that chose one slot (plain AR steps) tests no
 # drafts, so its estimate relaxes back to the prior and it tries drafting again.
 COUNT_DECAY = 0.85
 OBSERVED_DECAY = 0.8
+KEEPING_UP_DECAY = 0.95  # the slowest image against the mean: a longer memory, each interval's is noisy
 
 
 def check_budget(budget, method: str) -> str | int | None:
@@ -71,11 +81,12 @@ class PassCosts:
     seconds: tuple[float, ...]
 
     def __call__(self, size: int) -> float:
-        """The cost of a pass of `size` rows: the measured size at or above it (passes pad up)."""
+        """The cost of a pass of `size` rows: the measured size at or above it (passes pad up); past the
+        largest, the largest's (a lower bound: a pass of more rows costs no less)."""
         for measured, seconds in zip(self.sizes, self.seconds, strict=True):
             if measured >= size:
                 return seconds
-        return self.seconds[-1] * size / self.sizes[-1]
+        return self.seconds[-1]
 
     def as_ms(self) -> dict[int, float]:
         return {size: round(1000 * s, 3) for size, s in zip(self.sizes, self.seconds, strict=True)}
@@ -114,33 +125,47 @@ class ProbeBudget:
         return self.fixed if len(self.times) < self.passes else None
 
     def count(self, accepted: Tensor, available: Tensor, active: Tensor, age: Tensor, committed: Tensor) -> None:
-        pass
+        pass  # a probe only times
 
 
 def measured_costs(
-    model, key: tuple, sizes: Sequence[int], probe: Callable[[ProbeBudget], None], device
+    model,
+    key: tuple,
+    sizes: Sequence[int],
+    probe: Callable[[ProbeBudget], None],
+    device,
+    most_tokens: Callable[[int], int] = lambda size: size,
 ) -> PassCosts | None:
     """The engine's seconds per pass at each size, measured at first use and cached for `model`.
 
-    probe(budget) runs the engine on scratch generators under a ProbeBudget until it stops. The
-    sizes take turns, PROBE_ROUNDS times, so that a slow moment of the machine does not land on one
-    size; the first pass of each probe (it also feeds the condition) is not counted, and the fastest
-    of the others is. A pass of fewer rows costs no more than a larger one (the smaller cost is
-    kept). None when the measurement fails (the caller falls back to its fixed shape and says so).
+    probe(budget) runs the engine on scratch generators under a ProbeBudget until it stops: once
+    untimed (a process's first passes run slow), then the sizes take turns, PROBE_ROUNDS times, so
+    that a slow moment of the machine does not land on one size. The first pass of each probe (it
+    also feeds the condition) is not counted; the fastest of the others is kept, as ratios between
+    sizes are what count and a machine's speed can drift by half within a second. A pass of fewer
+    rows costs no more than a larger one (the smaller cost is kept). Sizes past one whose pass costs
+    more than most_tokens(size) passes of the smallest size are not measured (not even accepting
+    every draft could pay for them), so on a CPU at a large batch the probe stays short. None when
+    the measurement fails (the caller falls back to its fixed shape and says so).
     """
     if model in _PINNED:
         return PassCosts(tuple(sizes), tuple(_PINNED[model](key[0], size) for size in sizes))
     cached = _COSTS.setdefault(model, {})
     if key in cached:
         return cached[key]
+    sizes = sorted(sizes)
     best = dict.fromkeys(sizes, float("inf"))
     try:
+        probe(ProbeBudget(sizes[0], PROBE_PASSES + 1, device))  # untimed: a process's first passes run slow
         for _ in range(PROBE_ROUNDS):
             for size in sizes:
                 budget = ProbeBudget(size, PROBE_PASSES + 1, device)
                 probe(budget)
                 timed = budget.times[1:] or budget.times  # a tiny image may end after one pass
                 best[size] = min([best[size], *timed])
+                if best[size] > most_tokens(size) * best[sizes[0]]:
+                    sizes = sizes[: sizes.index(size) + 1]
+                    break
     except (RuntimeError, VisarError):  # torch.OutOfMemoryError is a RuntimeError
         return None
     seconds = [min(best[s] for s in sizes if s >= size) for size in sizes]
@@ -185,16 +210,18 @@ class SurvivalCounts:
         self.passed.scatter_add_(0, bucket, passed.flatten().to(self.passed.dtype))
 
     def rates(self, first_prior: float = PRIOR_ACCEPT, strength: float = PRIOR_STRENGTH) -> list[float]:
-        """The chance that a reached draft of each age passes: each age's counts shrunk towards the age
-        before it (age 0 towards `first_prior`), so an age never seen inherits the last rate seen.
+        """The chance that a reached draft of each age passes: each age's counts shrunk towards a prior
+        drawn from the age before it, whose chance of failing shrinks by AGE_DECAY per pass carried
+        (age 0 towards `first_prior`), so ages a short window never holds are extrapolated, not copied.
         One read-back; the counts then decay by `decay`."""
         counts = torch.stack([self.reached, self.passed]).tolist()
         self.reached *= self.decay
         self.passed *= self.decay
         rates, prior = [], first_prior
         for reached, passed in zip(*counts, strict=True):
-            prior = (passed + strength * prior) / (reached + strength)
-            rates.append(prior)
+            rate = (passed + strength * prior) / (reached + strength)
+            rates.append(rate)
+            prior = 1 - (1 - rate) * AGE_DECAY
         return rates
 
 
@@ -221,12 +248,12 @@ class WindowBudget:
     """Each pass's size: the one with the most expected committed tokens per second, re-chosen every
     CHOOSE_EVERY passes.
 
-    What counts is the progress of the batch's slowest image (the batch ends with it): a size's
-    expected tokens per pass mixes what passes at that size moved the slowest image with what the
-    survival counts predict for an image at that size (a prior worth PRIOR_STRENGTH passes), its
-    accepted drafts scaled by how far the slowest image's have kept up with the mean's. The
+    An image's expected tokens per pass at a size mixes what passes at that size committed (the
+    batch's mean) with what the survival counts predict (a prior worth PRIOR_STRENGTH passes): the
     prediction carries what one window saw to the others (longer windows hold older drafts,
-    `expected_tokens`); the observed progress corrects it.
+    `expected_tokens`), the observed mean corrects it. The batch ends with its slowest image, so
+    the drafts it accepts are scaled by how far the slowest image's progress has kept up with the
+    mean's (over a longer memory: one interval's slowest image is a noisy sample).
 
     sizes: what the engine can run; drafts_of(size): the main-path draft slots of a pass of that
     size (a chain window: size - 1; a tree: its main path less the root).
@@ -238,17 +265,20 @@ class WindowBudget:
         sizes: tuple[int, ...],
         drafts_of: Callable[[int], int],
         counts: SurvivalCounts,
+        grid_size: tuple[int, int],
         first_prior: float = PRIOR_ACCEPT,
     ):
         self.costs, self.sizes, self.drafts_of, self.counts = costs, sizes, drafts_of, counts
         self.first_prior, self.every = first_prior, CHOOSE_EVERY
+        self.width, self.num_tokens = grid_size[1], grid_size[0] * grid_size[1]
+        self.batch = 1  # set by the first count
         device = counts.reached.device
         # since the last choice: tokens committed and image-passes over the batch; the slowest image's count
         self.interval = torch.zeros(2, device=device)
-        self.slowest = torch.zeros((), device=device)
-        self.last_slowest, self.interval_passes = 0.0, 0
-        self.observed = {size: [0.0, 0.0] for size in sizes}  # size -> decayed [slowest's tokens, passes]
-        self.keeping_up = [0.0, 0.0]  # decayed [slowest's tokens, mean tokens] over the passes
+        self.slowest = torch.zeros(2, device=device)  # the slowest image's count at the interval's start, now
+        self.interval_passes = 0
+        self.observed = {size: [0.0, 0.0] for size in sizes}  # size -> decayed [mean tokens, passes]
+        self.keeping_up = [0.0, 0.0]  # decayed drafts accepted a pass: [the slowest image's, the mean's]
         self.current, self.passes = 0, 0
 
     def size(self) -> int:
@@ -259,40 +289,62 @@ class WindowBudget:
         return self.current
 
     def choose(self) -> int:
-        tokens, image_passes, slowest = torch.cat([self.interval, self.slowest[None]]).tolist()
+        tokens, image_passes, start, slowest = torch.cat([self.interval, self.slowest]).tolist()
         self.interval.zero_()
-        moved, passes = slowest - self.last_slowest, self.interval_passes
-        self.last_slowest, self.interval_passes = slowest, 0
+        moved, passes = slowest - start, self.interval_passes
+        self.interval_passes = 0
+        mean = tokens / image_passes * passes if image_passes else 0.0  # an image's tokens over the interval
         for size, seen in self.observed.items():
             seen[0], seen[1] = seen[0] * OBSERVED_DECAY, seen[1] * OBSERVED_DECAY
-            if size == self.current:
-                seen[0], seen[1] = seen[0] + moved, seen[1] + passes
-        # drafts accepted beyond the one token a pass always commits: the slowest image's, the mean's
-        mean = tokens / image_passes * passes if image_passes else float(passes)
-        slowest_drafts, mean_drafts = max(moved - passes, 0.0), max(mean - passes, 0.0)
-        self.keeping_up = [
-            self.keeping_up[0] * OBSERVED_DECAY + slowest_drafts,
-            self.keeping_up[1] * OBSERVED_DECAY + mean_drafts,
-        ]
-        keeping_up = (self.keeping_up[0] + PRIOR_STRENGTH) / (self.keeping_up[1] + PRIOR_STRENGTH)
+            if size == self.current and image_passes:
+                seen[0], seen[1] = seen[0] + mean, seen[1] + passes
+        if image_passes:  # drafts beyond the one token a pass always commits
+            self.keeping_up = [
+                self.keeping_up[0] * KEEPING_UP_DECAY + max(moved - passes, 0.0),
+                self.keeping_up[1] * KEEPING_UP_DECAY + max(mean - passes, 0.0),
+            ]
+        prior = batch_keeping_up(self.batch) * PRIOR_STRENGTH
+        keeping_up = min(1.0, (self.keeping_up[0] + prior) / (self.keeping_up[1] + PRIOR_STRENGTH))
         rates = self.counts.rates(self.first_prior)
 
         def expected(size: int) -> float:
             seen_tokens, seen_passes = self.observed[size]
-            predicted = 1 + (expected_tokens(rates, self.drafts_of(size)) - 1) * keeping_up
-            return (seen_tokens + PRIOR_STRENGTH * predicted) / (seen_passes + PRIOR_STRENGTH)
+            predicted = expected_tokens(rates, self.drafts_of(size))
+            image = (seen_tokens + PRIOR_STRENGTH * predicted) / (seen_passes + PRIOR_STRENGTH)
+            return 1 + (image - 1) * keeping_up
 
         return best_size(self.sizes, self.costs, expected)
 
     def count(self, accepted: Tensor, available: Tensor, active: Tensor, age: Tensor, committed: Tensor) -> None:
         """This pass's outcome: accepted, available, active and age as SurvivalCounts.count; committed [B]:
-        each image's committed tokens after it."""
-        self.counts.count(accepted, available, active, age)
-        self.interval += torch.stack([((accepted + 1) * active).sum(), active.sum()]).to(self.interval.dtype)
-        self.slowest = committed.min().to(self.slowest.dtype)
+        each image's committed tokens before it. Passes in an image's first row, whose drafts have no
+        row above to copy or condition on, move the slowest image but teach nothing about the rest."""
+        self.batch = len(committed)
+        learn = active & (committed >= self.width)
+        self.counts.count(accepted, available, learn, age)
+        self.interval += torch.stack([((accepted + 1) * learn).sum(), learn.sum()]).to(self.interval.dtype)
+        after = torch.where(active, committed + accepted + 1, committed).clamp(max=self.num_tokens)
+        if self.interval_passes == 1:  # the interval's first pass
+            self.slowest[0] = committed.min()
+        self.slowest[1] = after.min()
 
     def stats(self) -> dict:
         return {"budget": AUTO, "pass_ms": self.costs.as_ms()}
+
+
+def batch_keeping_up(batch: int) -> float:
+    """Before any counts, the share of one image's accepted drafts a batch's slowest image accepts."""
+    return batch**-LAGGARD_EXPONENT
+
+
+def prior_tokens(rates: Sequence[float], drafts: int, batch: int) -> float:
+    """Tokens a pass of a batch of `batch` commits before any counts: 1 + the drafts accepted (slot j
+    passed with rates[j] once reached), scaled by `batch_keeping_up`."""
+    accepted, survive = 0.0, 1.0
+    for rate in rates[:drafts]:
+        survive *= rate
+        accepted += survive
+    return 1 + accepted * batch_keeping_up(batch)
 
 
 def best_size(sizes: Sequence[int], costs: PassCosts, tokens: Callable[[int], float]) -> int:

@@ -467,7 +467,7 @@ def speculative_decode(
                         pass_window.num_drafts,
                         window_len > 0,
                         proposer.draft_age,
-                        state.committed + commit_count,
+                        state.committed,
                     )
                 proposer.after_commit(
                     state, pass_window, target_probs, verdict.slot_tokens, commit_count, verdict.slot_laws
@@ -500,11 +500,11 @@ def chain_costs(request: Request, make_proposer: Callable[[], Proposer]) -> Pass
     return measured_costs(model, key, sizes, probe, model.device)
 
 
-def chain_budget(request: Request, costs: PassCosts, first_prior: float | None = None) -> WindowBudget:
+def chain_budget(request: Request, costs: PassCosts) -> WindowBudget:
     """The auto budget of a chain window: window w has w - 1 draft slots."""
-    counts = SurvivalCounts(MAX_AGE, request.model.device)
-    extra = {} if first_prior is None else {"first_prior": first_prior}
-    return WindowBudget(costs, costs.sizes, lambda size: size - 1, counts, **extra)
+    model = request.model
+    counts = SurvivalCounts(MAX_AGE, model.device)
+    return WindowBudget(costs, costs.sizes, lambda size: size - 1, counts, tuple(model.grid_size))
 
 
 def decode_with_budget(

@@ -62,6 +62,7 @@ from ..progress import progress_bar
 from .acceptance import speculative_residual
 from .budget import (
     AUTO,
+    DRAFT_MARGIN,
     MAX_AGE,
     PRIOR_ACCEPT,
     PRIOR_EXTRA_ACCEPT,
@@ -73,6 +74,7 @@ from .budget import (
     check_budget,
     cost_key,
     measured_costs,
+    prior_tokens,
     scratch_request,
 )
 from .checks import check_number
@@ -498,8 +500,7 @@ def tree_jacobi_decode(
                 log.count_pass(active)
                 if budget is not None:
                     depths = (num_tokens - state.committed).clamp(max=layout.main_length - 1)
-                    committed = (state.committed + commit_count).clamp(max=num_tokens)
-                    budget.count(verdict.accepted, depths, active, proposer.draft_age, committed)
+                    budget.count(verdict.accepted, depths, active, proposer.draft_age, state.committed)
                 # The main path's outputs past the commit are the next drafts, coupled to the old ones.
                 main_probs = probs[:, layout.main]
                 proposer.after_commit(state, window, main_probs, verdict.main_outputs, commit_count, main_probs)
@@ -536,7 +537,8 @@ def tree_costs(request: Request, layouts: dict[int, DraftTree], initialiser, nei
     def probe(budget: ProbeBudget):
         tree_jacobi_decode(scratch_request(request), layouts, initialiser, neighbours, budget)
 
-    return measured_costs(model, key, tuple(sorted(layouts)), probe, model.device)
+    most = {size: layout.main_length for size, layout in layouts.items()}
+    return measured_costs(model, key, tuple(sorted(layouts)), probe, model.device, most.__getitem__)
 
 
 def tree_layouts(model: RasterModel, branch: int, depth: int) -> dict[int, DraftTree]:
@@ -559,14 +561,58 @@ def tree_prior_rates(branch: int, depth: int, slots: int) -> list[float]:
     return [several if slot < depth - 1 else one for slot in range(slots)]
 
 
+@dataclass
+class DraftShape:
+    """What the measured costs say before the first pass: the chain's and (where one could pay) the
+    tree's pass costs, which one to run, and its expected tokens per second at the prior acceptance."""
+
+    chain: PassCosts
+    tree: PassCosts | None
+    use_tree: bool
+    rate: float
+
+
+def prior_rate(costs: PassCosts, drafts_of: Callable[[int], int], rates_of: Callable[[int], list], batch: int) -> float:
+    """The most tokens per second any measured size promises at the prior acceptance."""
+    return max(prior_tokens(rates_of(s), drafts_of(s), batch) / costs(s) for s in costs.sizes)
+
+
+def choose_draft_shape(
+    request: Request, layouts: dict[int, DraftTree], initialiser: Callable, neighbours: tuple[str, ...]
+) -> DraftShape | None:
+    """Chain or tree, from the measured costs (None when the chain's cannot be measured). The trees
+    are measured only where one could pay: a tree pass costs at least a chain pass of as many rows,
+    so on a device where rows cost (a CPU) the chain's costs already rule trees out."""
+    chain = chain_costs(request, lambda: JacobiProposer(initialiser, maximal_coupling_carry))
+    if chain is None:
+        return None
+    batch = request.cond.shape[0]
+    chain_rate = prior_rate(chain, lambda s: s - 1, lambda s: [PRIOR_ACCEPT] * s, batch)
+    if not layouts:
+        return DraftShape(chain, None, False, chain_rate)
+    some = next(iter(layouts.values()))
+
+    def tree_rate(costs: PassCosts) -> float:
+        drafts_of = lambda s: layouts[s].main_length - 1  # noqa: E731
+        return prior_rate(costs, drafts_of, lambda s: tree_prior_rates(some.branch, some.depth, drafts_of(s)), batch)
+
+    at_chain_cost = PassCosts(tuple(sorted(layouts)), tuple(chain(s) for s in sorted(layouts)))
+    if tree_rate(at_chain_cost) <= chain_rate * (1 + DRAFT_MARGIN):
+        return DraftShape(chain, None, False, chain_rate)
+    tree = tree_costs(request, layouts, initialiser, neighbours)
+    if tree is None or tree_rate(tree) <= chain_rate * (1 + DRAFT_MARGIN):
+        return DraftShape(chain, tree, False, chain_rate)
+    return DraftShape(chain, tree, True, tree_rate(tree))
+
+
 def decode_tree_with_budget(
     request: Request, layout: DraftTree, initialiser: Callable, neighbours: tuple[str, ...], budget, method: str
 ) -> tuple[Tensor, dict]:
     """`tree_jacobi_decode` under a budget: None, the fixed tree; a number, the tree with that many
     nodes; "auto": the tree's main path chosen per pass for the most tokens per second, or, when
     the measured costs say no tree of this branch and depth pays for its extra rows on this device
-    and batch, the tree's one-branch case, a coupled chain (mc-sjd's engine with this method's
-    init); the pass costs unmeasurable: the fixed tree, said in stats["budget"]."""
+    and batch (by DRAFT_MARGIN), the tree's one-branch case, a coupled chain (mc-sjd's engine with
+    this method's init); the pass costs unmeasurable: the fixed tree, said in stats["budget"]."""
     budget = check_budget(budget, method)
     if budget != AUTO:
         if budget is not None:
@@ -574,41 +620,23 @@ def decode_tree_with_budget(
         tokens, stats = tree_jacobi_decode(request, layout, initialiser, neighbours)
         return tokens, {**stats, "budget": budget if budget is not None else "fixed"}
     layouts = tree_layouts(request.model, layout.branch, layout.depth)
-    tree = tree_costs(request, layouts, initialiser, neighbours) if layouts else None
-    chain = chain_costs(request, lambda: JacobiProposer(initialiser, maximal_coupling_carry))
-    if tree is None or chain is None:
+    shape = choose_draft_shape(request, layouts, initialiser, neighbours)
+    if shape is None:
         tokens, stats = tree_jacobi_decode(request, layout, initialiser, neighbours)
         return tokens, {**stats, "budget": f"fixed tree of {layout.num_nodes}: the pass costs could not be measured"}
-    if chain_beats_tree(chain, tree, layouts):
-        controller = chain_budget(request, chain)
+    if not shape.use_tree:
+        controller = chain_budget(request, shape.chain)
         proposer = JacobiProposer(initialiser, maximal_coupling_carry)
-        tokens, stats = speculative_decode(request, proposer, window=max(chain.sizes), budget=controller)
+        tokens, stats = speculative_decode(request, proposer, window=max(shape.chain.sizes), budget=controller)
         return tokens, {**stats, **controller.stats(), "branch": 1, "depth": 1, "tree": "chain"}
+    tree = shape.tree
     rates = tree_prior_rates(layout.branch, layout.depth, 1)
     counts = SurvivalCounts(MAX_AGE, request.model.device)
-    controller = WindowBudget(tree, tree.sizes, lambda size: layouts[size].main_length - 1, counts, rates[0])
-    tokens, stats = tree_jacobi_decode(request, layouts, initialiser, neighbours, controller)
+    drafts_of = lambda size: layouts[size].main_length - 1  # noqa: E731
+    controller = WindowBudget(tree, tree.sizes, drafts_of, counts, tuple(request.model.grid_size), rates[0])
+    measured = {size: layouts[size] for size in tree.sizes}
+    tokens, stats = tree_jacobi_decode(request, measured, initialiser, neighbours, controller)
     return tokens, {**stats, **controller.stats(), "tree": "tree"}
-
-
-def slot_tokens(rates: list[float], drafts: int) -> float:
-    """1 + sum_j P(drafts 0 .. j accepted), with rates[j] the chance of passing slot j once reached."""
-    total, survive = 1.0, 1.0
-    for rate in rates[:drafts]:
-        survive *= rate
-        total += survive
-    return total
-
-
-def chain_beats_tree(chain: PassCosts, tree: PassCosts, layouts: dict[int, DraftTree]) -> bool:
-    """Whether the best chain window is expected to commit more tokens per second than the best tree
-    of `layouts`, from the measured costs and the prior acceptance (before any counts)."""
-    longest = max(layouts.values(), key=lambda t: t.main_length)
-    rates = tree_prior_rates(longest.branch, longest.depth, longest.main_length)
-    chain_rates = [PRIOR_ACCEPT] * max(chain.sizes)
-    chain_best = max(slot_tokens(chain_rates, s - 1) / chain(s) for s in chain.sizes)
-    tree_best = max(slot_tokens(rates, layouts[s].main_length - 1) / tree(s) for s in tree.sizes)
-    return chain_best >= tree_best
 
 
 @register_method(

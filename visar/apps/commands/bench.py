@@ -27,7 +27,8 @@ def add_parser(subparsers):
     parser.add_argument(
         "--methods",
         default="",
-        help="comma-separated methods besides the reference (ar for raster models; default: none)",
+        help="comma-separated methods besides the reference (ar for raster models; default: none); METHOD:BUDGET "
+        "runs a method under a budget beside its other rows (e.g. mc-sjd,mc-sjd:auto,mc-sjd:8)",
     )
     parser.add_argument("--n", type=int, default=16, help="images for the speed columns (default 16)")
     parser.add_argument("--batch-size", type=int, default=1, help="batch size of the speed run (default 1)")
@@ -79,7 +80,7 @@ def run(args) -> int:
             raise VisarError(f"bench options are METHOD.KEY=VALUE (e.g. sjd.window=16), got {text!r}")
         method, rest = text.split(".", 1)  # the method keeps its dashes (zipar-mc-sjd); the key is normalised
         option, value = parse_option(rest)
-        if method not in [reference_method(pipe.model), *methods]:
+        if method not in [reference_method(pipe.model), *(m.partition(":")[0] for m in methods)]:
             raise VisarError(f"--opt {text!r} names method {method!r}, which --methods does not run")
         options.setdefault(method, {})[option] = value
     if args.sweep:
@@ -107,9 +108,19 @@ def run(args) -> int:
             files = write_bench_report(report, args.report)
             print(f"report: {files['md']}, {files['json']}, {files['png']}")
         return 0
+    # METHOD:BUDGET (e.g. mc-sjd:auto) runs the method with that budget, beside its other rows
+    runs = None
+    if any(":" in m for m in methods):
+        runs = []
+        for m in methods:
+            name, _, budget = m.partition(":")
+            runs.append(
+                (name, {**options.get(name, {}), **({"budget": parse_option(f"b={budget}")[1]} if budget else {})})
+            )
     report = bench(
         pipe,
-        methods,
+        [m.partition(":")[0] for m in methods],
+        runs=runs,
         n=args.n,
         batch_size=args.batch_size,
         quality_n=args.quality_n,

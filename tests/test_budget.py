@@ -26,7 +26,7 @@ from visar.errors import VisarError
 
 # Pass costs under which the best size depends on the acceptance seen so far (one pass of 2 slots
 # pays at the prior, 4 slots once drafts pass often, 1 slot once they rarely do): a decode switches.
-COSTS = {"ar": {1: 1.0}, "chain": {1: 1.0, 2: 1.2, 4: 1.6}}
+COSTS = {"chain": {0: 0.9, 1: 1.0, 2: 1.2, 4: 1.6}}  # size 0: an AR step
 
 
 def pinned(engine: str, size: int) -> float:
@@ -141,21 +141,21 @@ def test_stats_say_which_sizes_ran_and_what_they_cost(model, choosing_every_pass
     assert stats["budget"] == "auto"
     assert sum(stats["sizes_chosen"].values()) == stats["forward_passes"]
     assert set(stats["sizes_chosen"]) <= {1, 2, 4}
-    assert stats["pass_ms"] == {1: 1000.0, 2: 1200.0, 4: 1600.0}
+    assert stats["pass_ms"] == {0: 900.0, 1: 1000.0, 2: 1200.0, 4: 1600.0}
 
 
 def test_auto_samples_plainly_where_rows_cost_and_drafts_where_they_do_not(model):
     cond = torch.tensor([0, 1])
     try:
-        expensive = {"ar": 1.0, "chain": 1.2, "tree": 1.2}
-        pin_costs(model, lambda engine, size: expensive[engine] * size)
+        expensive = {"chain": 1.2, "tree": 1.2}
+        pin_costs(model, lambda engine, size: expensive[engine] * max(size, 1))
         _, stats = get_method("auto").fn(model, cond, TOPP_TEMP, make_generators(2, 0))
         assert stats["auto"] == "ar" and stats["forward_passes"] == model.num_image_tokens
-        flat = {"ar": 1.0, "chain": 1.0, "tree": 1.05}
+        flat = {"chain": 1.0, "tree": 1.05}
         pin_costs(model, lambda engine, size: flat[engine])  # a GPU: rows nearly free, trees pay
         _, stats = get_method("auto").fn(model, cond, TOPP_TEMP, make_generators(2, 0))
         assert stats["auto"] == "tree-mc-sjd" and stats["tree"] == "tree"
-        cpu = {"ar": 1.0, "chain": 1.0, "tree": 2.0}
+        cpu = {"chain": 1.0, "tree": 2.0}
         pin_costs(model, lambda engine, size: cpu[engine] + 0.1 * size)  # chains pay, trees' rows do not
         _, stats = get_method("auto").fn(model, cond, TOPP_TEMP, make_generators(2, 0))
         assert stats["auto"] == "mc-sjd" and stats["tree"] == "chain"
@@ -175,7 +175,8 @@ def test_costs_are_measured_once_and_a_failed_measurement_falls_back(model, monk
     fresh = tiny_llamagen(seed=11)
     get_method("sjd").fn(fresh, cond, TOPP_TEMP, make_generators(1, 0), budget="auto")
     probes = sum(isinstance(b, budget.ProbeBudget) for b in calls)
-    assert probes == 1 + budget.PROBE_ROUNDS * 3  # one untimed, then sizes 1, 2, 4 on a 4-token image
+    # one untimed, then windows 1, 2, 4 on a 4-token image each round (fewer where the costs prune them)
+    assert 1 + budget.PROBE_ROUNDS <= probes <= 1 + budget.PROBE_ROUNDS * 3
     calls.clear()
     _, stats = get_method("sjd").fn(fresh, cond, TOPP_TEMP, make_generators(1, 0), budget="auto")
     assert not any(isinstance(b, budget.ProbeBudget) for b in calls) and stats["budget"] == "auto"

@@ -3,8 +3,8 @@
 Plain AR, or tree-mc-sjd under `budget="auto"` (which itself runs a draft tree, or its one-branch
 case, mc-sjd's coupled chain, whichever the measured pass costs favour; then each pass's size is
 chosen from what the decode has accepted so far, `visar.accel.budget`). The choice between AR and
-drafting is made before the first pass, from the measured cost of each chain window (the one-slot
-window stands for an AR step) and of each tree, and the prior acceptance: drafting must promise
+drafting is made before the first pass, from the measured cost of an AR step, of each chain
+window (in the same rounds) and of each tree, and the prior acceptance: drafting must promise
 DRAFT_MARGIN more tokens per second than AR, so a device where rows cost (a CPU at a large batch)
 samples plainly. Every branch samples the model's exact law.
 """
@@ -31,9 +31,9 @@ def drafting_pays(request: Request) -> tuple[bool, str]:
     shape = choose_draft_shape(request, layouts, initialiser, parse_neighbours(defaults["neighbours"]))
     if shape is None:
         return False, "ar: the pass costs could not be measured"
-    # an AR step's cost: the chain engine's one-slot pass, measured in the same rounds as its windows
-    # (a machine's speed drifts; ratios taken within one measurement hold)
-    gain = shape.rate * shape.chain(1)
+    # an AR step's cost (chain size 0) was measured in the same rounds as the windows: a machine's
+    # speed drifts, and ratios taken within one measurement hold
+    gain = shape.rate * shape.chain(0)
     return gain > 1 + DRAFT_MARGIN, f"expected {gain:.2f}x AR's tokens per second from drafting (prior acceptance)"
 
 

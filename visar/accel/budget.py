@@ -6,16 +6,18 @@ rows are not free. `budget="auto"` weighs the two with what this decode can see:
 - `PassCosts`: seconds per pass of the method's own engine at each size (window slots, or tree
   nodes), measured once per (model, device, dtype, batch size, guidance, engine) at first use, a
   few probe passes per size on the caller's conditions with throwaway generators, and cached for
-  the process (`measured_costs`);
-- `SurvivalCounts`: per draft slot, how often the decode reached it and how often it went past it
-  (Kaplan-Meier), on the device, read back once every few passes;
-- `WindowBudget`: each pass's size, the one with the most expected committed tokens per second.
+  the process (`measured_costs`; `pin_costs` gives them instead);
+- `SurvivalCounts`: how often a reached draft passed its test, by the draft's age (the passes it
+  has been carried over), on the device, read back once every few passes;
+- `WindowBudget`: each pass's size, the one with the most expected committed tokens per second for
+  the batch's slowest image.
 
 The choice depends only on the measured costs and on what earlier passes committed, never on the
 randomness of the passes to come, so every lossless method keeps its exact law under it
 (tests/test_budget.py). The costs are measured once and then fixed, so a process draws the same
 tokens for the same seed; another process, device or batch size may choose other sizes (the same
-law, other random numbers). A fixed budget keeps tokens independent of all three.
+law, other random numbers). A fixed budget keeps tokens independent of all three. The constants
+below were set on held-out seeds (docs/DEFAULTS.md).
 """
 
 from __future__ import annotations
@@ -39,10 +41,10 @@ TREE_SIZES = (8, 16, 32, 64)
 PROBE_PASSES = 3
 PROBE_ROUNDS = 3
 # Before a decode has counts: the chance that a draft passes its test (rank 0, and a tree's extra
-# candidate), and how many passes' worth of weight this prior keeps (held-out seeds, docs/SPEED.md).
+# candidate), and how many passes' worth of weight this prior keeps.
 PRIOR_ACCEPT = 0.5
 PRIOR_EXTRA_ACCEPT = 0.15
-PRIOR_STRENGTH = 4.0
+PRIOR_STRENGTH = 8.0
 # A batch ends with its slowest image: before any counts, the drafts a batch of B accepts per pass
 # are taken as B ** -LAGGARD_EXPONENT of one image's (held-out seeds: 0.77-0.86 at B = 8).
 LAGGARD_EXPONENT = 0.1
@@ -50,15 +52,14 @@ LAGGARD_EXPONENT = 0.1
 # commits to it: drafting over AR (`auto`), a draft tree over a chain (tree methods' auto budget).
 DRAFT_MARGIN = 0.1
 MAX_AGE = 8  # ages counted apart (older drafts share the last)
-# A draft carried one pass longer fails this much less often, where an age has no counts yet
-# (held-out seeds: docs/SPEED.md).
+# A draft carried one pass longer fails this much less often, where an age has no counts yet.
 AGE_DECAY = 0.8
 CHOOSE_EVERY = 4  # passes between two choices: one read-back of the counts each time
 # Each choice keeps this share of the counts before it: acceptance changes over an image (its first
 # row has no row above to draft from), and a decode that chose one slot (plain AR steps) tests no
 # drafts, so its estimate relaxes back to the prior and it tries drafting again.
 COUNT_DECAY = 0.85
-OBSERVED_DECAY = 0.8
+OBSERVED_DECAY = 0.95
 KEEPING_UP_DECAY = 0.95  # the slowest image against the mean: a longer memory, each interval's is noisy
 
 
@@ -135,18 +136,20 @@ def measured_costs(
     probe: Callable[[ProbeBudget], None],
     device,
     most_tokens: Callable[[int], int] = lambda size: size,
+    warm_up: Sequence[int] | None = None,
 ) -> PassCosts | None:
     """The engine's seconds per pass at each size, measured at first use and cached for `model`.
 
     probe(budget) runs the engine on scratch generators under a ProbeBudget until it stops: once
-    untimed (a process's first passes run slow), then the sizes take turns, PROBE_ROUNDS times, so
-    that a slow moment of the machine does not land on one size. The first pass of each probe (it
-    also feeds the condition) is not counted; the fastest of the others is kept, as ratios between
-    sizes are what count and a machine's speed can drift by half within a second. A pass of fewer
-    rows costs no more than a larger one (the smaller cost is kept). Sizes past one whose pass costs
-    more than most_tokens(size) passes of the smallest size are not measured (not even accepting
-    every draft could pay for them), so on a CPU at a large batch the probe stays short. None when
-    the measurement fails (the caller falls back to its fixed shape and says so).
+    untimed at each `warm_up` size (default the smallest; a process's first passes of an engine run
+    slow), then the sizes take turns, PROBE_ROUNDS times, so that a slow moment of the machine does
+    not land on one size. The first pass of each probe (it also feeds the condition) is not counted;
+    the fastest of the others is kept, as ratios between sizes are what count and a machine's speed
+    can drift by half within a second. A pass of fewer rows costs no more than a larger one (the
+    smaller cost is kept). Sizes past one whose pass costs more than most_tokens(largest size) passes
+    of the smallest are not measured (a larger pass costs no less, and not even accepting every draft
+    could pay for it), so on a CPU at a large batch the probe stays short. None when the measurement
+    fails (the caller falls back to its fixed shape and says so).
     """
     if model in _PINNED:
         return PassCosts(tuple(sizes), tuple(_PINNED[model](key[0], size) for size in sizes))
@@ -156,14 +159,15 @@ def measured_costs(
     sizes = sorted(sizes)
     best = dict.fromkeys(sizes, float("inf"))
     try:
-        probe(ProbeBudget(sizes[0], PROBE_PASSES + 1, device))  # untimed: a process's first passes run slow
+        for size in warm_up or sizes[:1]:  # untimed: a process's first passes of an engine run slow
+            probe(ProbeBudget(size, PROBE_PASSES + 1, device))
         for _ in range(PROBE_ROUNDS):
             for size in sizes:
                 budget = ProbeBudget(size, PROBE_PASSES + 1, device)
                 probe(budget)
                 timed = budget.times[1:] or budget.times  # a tiny image may end after one pass
                 best[size] = min([best[size], *timed])
-                if best[size] > most_tokens(size) * best[sizes[0]]:
+                if best[size] > most_tokens(sizes[-1]) * best[sizes[0]]:
                     sizes = sizes[: sizes.index(size) + 1]
                     break
     except (RuntimeError, VisarError):  # torch.OutOfMemoryError is a RuntimeError
@@ -248,10 +252,12 @@ class WindowBudget:
     """Each pass's size: the one with the most expected committed tokens per second, re-chosen every
     CHOOSE_EVERY passes.
 
-    An image's expected tokens per pass at a size mixes what passes at that size committed (the
-    batch's mean) with what the survival counts predict (a prior worth PRIOR_STRENGTH passes): the
-    prediction carries what one window saw to the others (longer windows hold older drafts,
-    `expected_tokens`), the observed mean corrects it. The batch ends with its slowest image, so
+    An image's expected tokens per pass at a size is what the survival counts predict for it (the
+    prediction carries what one window saw to the others: longer windows hold older drafts,
+    `expected_tokens`), times how passes at that size have committed against what was predicted
+    for them (the batch's mean; a prior of 1 worth PRIOR_STRENGTH passes): a long window's drafts
+    far past the commit were drafted after tokens that were still drafts, which the ages alone do
+    not see. The batch ends with its slowest image, so
     the drafts it accepts are scaled by how far the slowest image's progress has kept up with the
     mean's (over a longer memory: one interval's slowest image is a noisy sample).
 
@@ -277,7 +283,9 @@ class WindowBudget:
         self.interval = torch.zeros(2, device=device)
         self.slowest = torch.zeros(2, device=device)  # the slowest image's count at the interval's start, now
         self.interval_passes = 0
-        self.observed = {size: [0.0, 0.0] for size in sizes}  # size -> decayed [mean tokens, passes]
+        # size -> decayed [an image's tokens in passes at that size, what was predicted for them]
+        self.observed = {size: [0.0, 0.0] for size in sizes}
+        self.predicted = 1.0  # tokens a pass at the current size was predicted to commit
         self.keeping_up = [0.0, 0.0]  # decayed drafts accepted a pass: [the slowest image's, the mean's]
         self.current, self.passes = 0, 0
 
@@ -297,7 +305,7 @@ class WindowBudget:
         for size, seen in self.observed.items():
             seen[0], seen[1] = seen[0] * OBSERVED_DECAY, seen[1] * OBSERVED_DECAY
             if size == self.current and image_passes:
-                seen[0], seen[1] = seen[0] + mean, seen[1] + passes
+                seen[0], seen[1] = seen[0] + mean, seen[1] + self.predicted * passes
         if image_passes:  # drafts beyond the one token a pass always commits
             self.keeping_up = [
                 self.keeping_up[0] * KEEPING_UP_DECAY + max(moved - passes, 0.0),
@@ -306,14 +314,20 @@ class WindowBudget:
         prior = batch_keeping_up(self.batch) * PRIOR_STRENGTH
         keeping_up = min(1.0, (self.keeping_up[0] + prior) / (self.keeping_up[1] + PRIOR_STRENGTH))
         rates = self.counts.rates(self.first_prior)
+        predictions = {size: expected_tokens(rates, self.drafts_of(size)) for size in self.sizes}
 
         def expected(size: int) -> float:
-            seen_tokens, seen_passes = self.observed[size]
-            predicted = expected_tokens(rates, self.drafts_of(size))
-            image = (seen_tokens + PRIOR_STRENGTH * predicted) / (seen_passes + PRIOR_STRENGTH)
+            # the prediction, corrected by how passes at this size have compared with its predictions
+            seen_tokens, seen_predicted = self.observed[size]
+            predicted = predictions[size]
+            image = (
+                predicted * (seen_tokens + PRIOR_STRENGTH * predicted) / (seen_predicted + PRIOR_STRENGTH * predicted)
+            )
             return 1 + (image - 1) * keeping_up
 
-        return best_size(self.sizes, self.costs, expected)
+        choice = best_size(self.sizes, self.costs, expected)
+        self.predicted = predictions[choice]
+        return choice
 
     def count(self, accepted: Tensor, available: Tensor, active: Tensor, age: Tensor, committed: Tensor) -> None:
         """This pass's outcome: accepted, available, active and age as SurvivalCounts.count; committed [B]:
@@ -337,13 +351,21 @@ def batch_keeping_up(batch: int) -> float:
     return batch**-LAGGARD_EXPONENT
 
 
-def prior_tokens(rates: Sequence[float], drafts: int, batch: int) -> float:
-    """Tokens a pass of a batch of `batch` commits before any counts: 1 + the drafts accepted (slot j
-    passed with rates[j] once reached), scaled by `batch_keeping_up`."""
-    accepted, survive = 0.0, 1.0
-    for rate in rates[:drafts]:
-        survive *= rate
-        accepted += survive
+def prior_rates() -> list[float]:
+    """Before any counts: the chance that a reached draft of each age passes (PRIOR_ACCEPT at age 0,
+    its failures shrinking by AGE_DECAY per pass carried)."""
+    return [1 - (1 - PRIOR_ACCEPT) * AGE_DECAY**age for age in range(MAX_AGE)]
+
+
+def prior_tokens(drafts: int, batch: int, branch: int = 1) -> float:
+    """Tokens a pass with `drafts` main-path draft slots commits before any counts, in a batch of
+    `batch`: the carried window's steady state at `prior_rates`, its accepted drafts scaled by
+    `batch_keeping_up`; a tree with `branch` candidates at its first draft position adds the
+    chance that an extra candidate passes where the first draft failed (PRIOR_EXTRA_ACCEPT each)."""
+    rates = prior_rates()
+    accepted = expected_tokens(rates, drafts) - 1
+    if branch > 1 and drafts > 0:
+        accepted += (1 - rates[0]) * (1 - (1 - PRIOR_EXTRA_ACCEPT) ** (branch - 1))
     return 1 + accepted * batch_keeping_up(batch)
 
 

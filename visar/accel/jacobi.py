@@ -34,7 +34,8 @@ Randomness: every image draws one fixed-size block of uniforms per iteration fro
 generator ([4, window]: accept tests, residual/bonus draws, SJD's fresh carry draws, draft
 draws), plus one 32-bit key when decoding starts; the Gumbel coupling's noise is keyed to
 (key, absolute position). What an image draws depends only on its own trajectory, so its tokens
-do not depend on the rest of its batch.
+do not depend on the rest of its batch, unless `budget="auto"` chooses each pass's window for the
+batch and device (`decode_with_budget`, `visar.accel.budget`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from ..errors import VisarError
 from ..models.base import RasterModel
 from ..progress import progress_bar
 from .acceptance import SPECULATIVE, AcceptanceRule, gumbel_coupling, keyed_uniforms, verify_slots
+from .ar import sample_tokens
 from .budget import (
     AUTO,
     CHAIN_SIZES,
@@ -488,23 +490,30 @@ def speculative_decode(
 
 
 def chain_costs(request: Request, make_proposer: Callable[[], Proposer]) -> PassCosts | None:
-    """Seconds per pass of this engine at each window of CHAIN_SIZES (clipped to the image), measured
-    once per model, device, dtype, batch size and guidance (`budget.measured_costs`)."""
+    """Seconds per pass of this engine at each window of CHAIN_SIZES (clipped to the image), and at
+    size 0 an AR step (`ar.sample_tokens`), measured in the same rounds (`budget.measured_costs`),
+    once per model, device, dtype, batch size and guidance: the one-slot window pays for the
+    engine's bookkeeping, which an AR step does not."""
     model = request.model
-    sizes = tuple(s for s in CHAIN_SIZES if s <= model.num_image_tokens)
+    sizes = (0, *(s for s in CHAIN_SIZES if s <= model.num_image_tokens))
     key = cost_key("chain", model, request.cond.shape[0], request.params.uses_cfg, (model.num_condition_tokens,))
 
     def probe(budget: ProbeBudget):
-        speculative_decode(scratch_request(request), make_proposer(), window=max(sizes), budget=budget)
+        if budget.fixed == 0:
+            sample_tokens(scratch_request(request), budget)
+        else:
+            speculative_decode(scratch_request(request), make_proposer(), window=max(sizes), budget=budget)
 
-    return measured_costs(model, key, sizes, probe, model.device)
+    return measured_costs(model, key, sizes, probe, model.device, lambda size: max(size, 1), warm_up=(0, 1))
 
 
 def chain_budget(request: Request, costs: PassCosts) -> WindowBudget:
-    """The auto budget of a chain window: window w has w - 1 draft slots."""
+    """The auto budget of a chain window: window w has w - 1 draft slots (size 0, an AR step, is
+    not the engine's to run)."""
     model = request.model
     counts = SurvivalCounts(MAX_AGE, model.device)
-    return WindowBudget(costs, costs.sizes, lambda size: size - 1, counts, tuple(model.grid_size))
+    windows = tuple(size for size in costs.sizes if size >= 1)
+    return WindowBudget(costs, windows, lambda size: size - 1, counts, tuple(model.grid_size))
 
 
 def decode_with_budget(
@@ -532,7 +541,9 @@ def decode_with_budget(
         tokens, stats = speculative_decode(request, make_proposer(), window=window, **spans)
         return tokens, {**stats, "budget": f"fixed window {window}: the pass costs could not be measured"}
     controller = chain_budget(request, costs)
-    tokens, stats = speculative_decode(request, make_proposer(), window=max(costs.sizes), budget=controller, **spans)
+    tokens, stats = speculative_decode(
+        request, make_proposer(), window=max(controller.sizes), budget=controller, **spans
+    )
     return tokens, {**stats, **controller.stats()}
 
 

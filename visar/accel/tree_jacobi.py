@@ -45,7 +45,8 @@ The two registered methods share this engine:
   seeds (docs/DEFAULTS.md).
 
 Randomness: every image draws one fixed-size block of uniforms per pass from its own generator,
-so its tokens do not depend on the rest of its batch.
+so its tokens do not depend on the rest of its batch (with a fixed budget; `budget="auto"` picks
+each pass's main path, or the one-branch chain, for the batch and device: `decode_tree_with_budget`).
 """
 
 from __future__ import annotations
@@ -64,8 +65,6 @@ from .budget import (
     AUTO,
     DRAFT_MARGIN,
     MAX_AGE,
-    PRIOR_ACCEPT,
-    PRIOR_EXTRA_ACCEPT,
     TREE_SIZES,
     PassCosts,
     ProbeBudget,
@@ -553,14 +552,6 @@ def tree_layouts(model: RasterModel, branch: int, depth: int) -> dict[int, Draft
     return layouts
 
 
-def tree_prior_rates(branch: int, depth: int, slots: int) -> list[float]:
-    """Before any counts: the chance of passing each draft slot of a tree (the first depth - 1
-    slots have `branch` candidates, the main path after them one)."""
-    one = PRIOR_ACCEPT
-    several = 1 - (1 - one) * (1 - PRIOR_EXTRA_ACCEPT) ** (branch - 1)
-    return [several if slot < depth - 1 else one for slot in range(slots)]
-
-
 @dataclass
 class DraftShape:
     """What the measured costs say before the first pass: the chain's and (where one could pay) the
@@ -572,29 +563,24 @@ class DraftShape:
     rate: float
 
 
-def prior_rate(costs: PassCosts, drafts_of: Callable[[int], int], rates_of: Callable[[int], list], batch: int) -> float:
-    """The most tokens per second any measured size promises at the prior acceptance."""
-    return max(prior_tokens(rates_of(s), drafts_of(s), batch) / costs(s) for s in costs.sizes)
-
-
 def choose_draft_shape(
     request: Request, layouts: dict[int, DraftTree], initialiser: Callable, neighbours: tuple[str, ...]
 ) -> DraftShape | None:
-    """Chain or tree, from the measured costs (None when the chain's cannot be measured). The trees
-    are measured only where one could pay: a tree pass costs at least a chain pass of as many rows,
-    so on a device where rows cost (a CPU) the chain's costs already rule trees out."""
+    """Chain or tree, from the measured costs and the prior acceptance (None when the chain's costs
+    cannot be measured). A tree must promise DRAFT_MARGIN more tokens per second than the best chain
+    window. The trees are measured only where one could pay: a tree pass costs at least a chain pass
+    of as many rows, so on a device where rows cost (a CPU) the chain's costs already rule trees out."""
     chain = chain_costs(request, lambda: JacobiProposer(initialiser, maximal_coupling_carry))
     if chain is None:
         return None
     batch = request.cond.shape[0]
-    chain_rate = prior_rate(chain, lambda s: s - 1, lambda s: [PRIOR_ACCEPT] * s, batch)
+    chain_rate = max(prior_tokens(s - 1, batch) / chain(s) for s in chain.sizes if s >= 1)
     if not layouts:
         return DraftShape(chain, None, False, chain_rate)
-    some = next(iter(layouts.values()))
+    branch = next(iter(layouts.values())).branch
 
     def tree_rate(costs: PassCosts) -> float:
-        drafts_of = lambda s: layouts[s].main_length - 1  # noqa: E731
-        return prior_rate(costs, drafts_of, lambda s: tree_prior_rates(some.branch, some.depth, drafts_of(s)), batch)
+        return max(prior_tokens(layouts[s].main_length - 1, batch, branch) / costs(s) for s in costs.sizes)
 
     at_chain_cost = PassCosts(tuple(sorted(layouts)), tuple(chain(s) for s in sorted(layouts)))
     if tree_rate(at_chain_cost) <= chain_rate * (1 + DRAFT_MARGIN):
@@ -627,13 +613,12 @@ def decode_tree_with_budget(
     if not shape.use_tree:
         controller = chain_budget(request, shape.chain)
         proposer = JacobiProposer(initialiser, maximal_coupling_carry)
-        tokens, stats = speculative_decode(request, proposer, window=max(shape.chain.sizes), budget=controller)
+        tokens, stats = speculative_decode(request, proposer, window=max(controller.sizes), budget=controller)
         return tokens, {**stats, **controller.stats(), "branch": 1, "depth": 1, "tree": "chain"}
     tree = shape.tree
-    rates = tree_prior_rates(layout.branch, layout.depth, 1)
     counts = SurvivalCounts(MAX_AGE, request.model.device)
     drafts_of = lambda size: layouts[size].main_length - 1  # noqa: E731
-    controller = WindowBudget(tree, tree.sizes, drafts_of, counts, tuple(request.model.grid_size), rates[0])
+    controller = WindowBudget(tree, tree.sizes, drafts_of, counts, tuple(request.model.grid_size))
     measured = {size: layouts[size] for size in tree.sizes}
     tokens, stats = tree_jacobi_decode(request, measured, initialiser, neighbours, controller)
     return tokens, {**stats, **controller.stats(), "tree": "tree"}

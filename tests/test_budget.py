@@ -33,10 +33,20 @@ def pinned(engine: str, size: int) -> float:
     return COSTS[engine][size] if engine in COSTS else 1.8 + 0.05 * size  # a tree's, of any size
 
 
+def drafting_pays(engine: str, size: int) -> float:
+    """`pinned`, with an AR step dear enough that `auto` drafts (then switches sizes as mc-sjd does)."""
+    return 3.0 if size == 0 else pinned(engine, size)
+
+
 def trees_pay(engine: str, size: int) -> float:
     """Costs under which a tree beats every chain (rows nearly free, as on a GPU), and its longer main
     path pays only while drafts pass."""
     return 1.0 if engine == "chain" else 0.1 * size
+
+
+def deep_trees_pay(engine: str, size: int) -> float:
+    """As `trees_pay`, for sjd-pac's deeper tree, whose two sizes differ by one main-path node."""
+    return 1.0 if engine == "chain" else 0.5 + 0.05 * size
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +82,8 @@ CASES = [  # (method, options, sampling, costs): the tree methods once as chains
     ("mc-sjd", dict(budget="auto", coupling="gumbel", init="random"), CFG_TOPK_TOPP, pinned),
     ("tree-mc-sjd", dict(budget="auto", branch=3, depth=2), CFG_TOPK_TOPP, pinned),
     ("tree-mc-sjd", dict(budget="auto", branch=5, depth=2), TOPP_TEMP, trees_pay),
-    ("sjd-pac", dict(budget="auto", branch=2, depth=3), CFG_TOPK, trees_pay),
-    ("auto", {}, CFG_TOPK, pinned),
+    ("sjd-pac", dict(budget="auto", branch=2, depth=3), CFG_TOPK, deep_trees_pay),
+    ("auto", {}, CFG_TOPK, drafting_pays),
 ]
 
 
@@ -155,8 +165,8 @@ def test_auto_samples_plainly_where_rows_cost_and_drafts_where_they_do_not(model
         pin_costs(model, lambda engine, size: flat[engine])  # a GPU: rows nearly free, trees pay
         _, stats = get_method("auto").fn(model, cond, TOPP_TEMP, make_generators(2, 0))
         assert stats["auto"] == "tree-mc-sjd" and stats["tree"] == "tree"
-        cpu = {"chain": 1.0, "tree": 2.0}
-        pin_costs(model, lambda engine, size: cpu[engine] + 0.1 * size)  # chains pay, trees' rows do not
+        cpu = {"chain": (1.0, 0.05), "tree": (2.0, 0.1)}  # chains pay, trees' rows do not
+        pin_costs(model, lambda engine, size: cpu[engine][0] + cpu[engine][1] * size)
         _, stats = get_method("auto").fn(model, cond, TOPP_TEMP, make_generators(2, 0))
         assert stats["auto"] == "mc-sjd" and stats["tree"] == "chain"
     finally:

@@ -48,8 +48,8 @@ PRIOR_STRENGTH = 8.0
 # A batch ends with its slowest image: before any counts, the drafts a batch of B accepts per pass
 # are taken as B ** -LAGGARD_EXPONENT of one image's (held-out seeds: 0.77-0.86 at B = 8).
 LAGGARD_EXPONENT = 0.1
-# How much more tokens per second (at the prior) a costlier choice must promise before a decode
-# commits to it: drafting over AR (`auto`), a draft tree over a chain (tree methods' auto budget).
+# How much more tokens per second (at the prior) a draft tree must promise than a chain before a
+# decode commits to it (`auto` asks more of drafting over AR: auto.AUTO_MARGIN).
 DRAFT_MARGIN = 0.1
 MAX_AGE = 8  # ages counted apart (older drafts share the last)
 # A draft carried one pass longer fails this much less often, where an age has no counts yet.

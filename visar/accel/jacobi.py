@@ -379,6 +379,9 @@ def verify_window(
     num_drafts = pass_window.max_drafts
     has_draft = torch.arange(num_drafts, device=draft_tokens.device) < pass_window.num_drafts[:, None]  # [B, G]
     uniforms = pass_window.uniforms
+    if num_drafts == 0:  # a pass of plain AR steps (what verify_slots draws there, without its bookkeeping)
+        tokens = sample_from_probs(target_probs, uniforms[:, RESIDUAL, :1])
+        return Verdict(tokens, target_probs, has_draft, torch.zeros_like(pass_window.num_drafts))
     verdict = verify_slots(
         rule, target_probs, draft_tokens, draft_probs, has_draft, uniforms[:, ACCEPT, :num_drafts],
         uniforms[:, RESIDUAL, : num_drafts + 1],
@@ -458,9 +461,12 @@ def speculative_decode(
                 # (the buffer has `window` spare columns, and what lies past `committed` is scratch).
                 slots = torch.arange(num_slots, device=device)
                 state.tokens.scatter_(1, state.committed[:, None] + slots, verdict.slot_tokens)
-                drafted = slots[: num_slots - 1].expand(batch, -1)
-                tested = verdict.has_draft & (drafted <= verdict.num_accepted[:, None])  # up to the first rejection
-                log.drafts(state.committed[:, None] + drafted, drafted, tested, drafted < verdict.num_accepted[:, None])
+                if num_slots > 1:
+                    drafted = slots[: num_slots - 1].expand(batch, -1)
+                    tested = verdict.has_draft & (drafted <= verdict.num_accepted[:, None])  # to the first rejection
+                    log.drafts(
+                        state.committed[:, None] + drafted, drafted, tested, drafted < verdict.num_accepted[:, None]
+                    )
                 log.commit(state.committed[:, None] + slots, slots < commit_count[:, None], scorer.forward_passes)
                 log.count_pass(window_len > 0)
                 if budget is not None:

@@ -214,19 +214,27 @@ class SurvivalCounts:
         self.passed.scatter_add_(0, bucket, passed.flatten().to(self.passed.dtype))
 
     def rates(self, first_prior: float = PRIOR_ACCEPT, strength: float = PRIOR_STRENGTH) -> list[float]:
-        """The chance that a reached draft of each age passes: each age's counts shrunk towards a prior
-        drawn from the age before it, whose chance of failing shrinks by AGE_DECAY per pass carried
-        (age 0 towards `first_prior`), so ages a short window never holds are extrapolated, not copied.
-        One read-back; the counts then decay by `decay`."""
-        counts = torch.stack([self.reached, self.passed]).tolist()
+        """The chance that a reached draft of each age passes (`age_rates`). One read-back; the counts
+        then decay by `decay`."""
+        reached, passed = torch.stack([self.reached, self.passed]).tolist()
+        self.forget()
+        return age_rates(reached, passed, first_prior, strength)
+
+    def forget(self) -> None:
         self.reached *= self.decay
         self.passed *= self.decay
-        rates, prior = [], first_prior
-        for reached, passed in zip(*counts, strict=True):
-            rate = (passed + strength * prior) / (reached + strength)
-            rates.append(rate)
-            prior = 1 - (1 - rate) * AGE_DECAY
-        return rates
+
+
+def age_rates(reached: list[float], passed: list[float], first_prior: float, strength: float) -> list[float]:
+    """Each age's rate: its counts shrunk towards a prior drawn from the age before it, whose chance of
+    failing shrinks by AGE_DECAY per pass carried (age 0 towards `first_prior`), so ages a short
+    window never holds are extrapolated, not copied."""
+    rates, prior = [], first_prior
+    for seen, went_past in zip(reached, passed, strict=True):
+        rate = (went_past + strength * prior) / (seen + strength)
+        rates.append(rate)
+        prior = 1 - (1 - rate) * AGE_DECAY
+    return rates
 
 
 def expected_tokens(rates: Sequence[float], drafts: int) -> float:
@@ -297,7 +305,11 @@ class WindowBudget:
         return self.current
 
     def choose(self) -> int:
-        tokens, image_passes, start, slowest = torch.cat([self.interval, self.slowest]).tolist()
+        # one read-back: the age counts, this interval's tokens and image-passes, the slowest image's counts
+        ages = len(self.counts.reached)
+        host = torch.cat([self.counts.reached, self.counts.passed, self.interval, self.slowest]).tolist()
+        reached, passed, (tokens, image_passes, start, slowest) = host[:ages], host[ages : 2 * ages], host[2 * ages :]
+        self.counts.forget()
         self.interval.zero_()
         moved, passes = slowest - start, self.interval_passes
         self.interval_passes = 0
@@ -313,7 +325,7 @@ class WindowBudget:
             ]
         prior = batch_keeping_up(self.batch) * PRIOR_STRENGTH
         keeping_up = min(1.0, (self.keeping_up[0] + prior) / (self.keeping_up[1] + PRIOR_STRENGTH))
-        rates = self.counts.rates(self.first_prior)
+        rates = age_rates(reached, passed, self.first_prior, PRIOR_STRENGTH)
         predictions = {size: expected_tokens(rates, self.drafts_of(size)) for size in self.sizes}
 
         def expected(size: int) -> float:

@@ -323,9 +323,7 @@ class Pipeline:
         """
         if output_type not in ("pil", "pt", "np", "tokens"):
             raise VisarError(f"output_type must be 'pil', 'pt', 'np' or 'tokens', got {output_type!r}")
-        method = method or reference_method(self.model)
-        if method == "auto" and model_kind(self.model) != "raster":  # no faster lossless method without a draft
-            method = reference_method(self.model)
+        method = self.resolve_method(method)
         decoding_method = get_method(method)
         decoding_method.check_options(method_options)
         decoding_method.check_model(self.model)
@@ -369,6 +367,13 @@ class Pipeline:
             images = self.to_output(self.decode(tokens), output_type)
             stats["decode_s"] = synchronized_clock(self.device) - start
         return GenerationOutput(images=images, tokens=tokens, stats=stats)
+
+    def resolve_method(self, method: str | None) -> str | None:
+        """The method `generate` runs for `method`: None, the model kind's reference; "auto" on a kind
+        other than raster, its reference too (no faster lossless method there without a draft)."""
+        if method is None or (method == "auto" and model_kind(self.model) != "raster"):
+            return reference_method(self.model)
+        return method
 
     def resolve_draft(self, draft) -> RasterModel:
         """A second model (a draft, or code's refiner) given as a registered name or folder, a Pipeline,

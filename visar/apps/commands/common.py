@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from ...accel import reference_method
 from ...errors import VisarError
 
 
@@ -78,10 +77,8 @@ def load_pipeline(args):
         revision=args.revision,
         text_encoder=args.text_encoder,
     )
-    if getattr(args, "method", "") is None:  # the sampling flags' --method, unset: the reference of the model's kind
-        args.method = reference_method(pipe.model)
-    elif getattr(args, "method", "") == "auto" and pipe.model.model_kind != "raster":  # the kind's reference
-        args.method = reference_method(pipe.model)
+    if hasattr(args, "method"):  # the sampling flags' --method: unset or "auto" resolved as generate does
+        args.method = pipe.resolve_method(args.method)
     return pipe.compile(**compile_kwargs(args)) if args.compile else pipe
 
 

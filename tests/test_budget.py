@@ -18,7 +18,7 @@ from laws import (
 )
 
 from visar.accel import budget, get_method, jacobi
-from visar.accel.budget import PassCosts, SurvivalCounts, WindowBudget, expected_tokens, pin_costs
+from visar.accel.budget import PassCosts, SurvivalCounts, WindowBudget, age_rates, expected_tokens, pin_costs
 from visar.accel.drafts import resolve_initialiser
 from visar.accel.registry import Request
 from visar.accel.sampling import SamplingParams, make_generators
@@ -215,19 +215,26 @@ def test_expected_tokens_grow_with_the_age_of_carried_drafts():
     assert long > expected_tokens(young_then_old, 3) and long > 2 - 0.2**15
 
 
+def read_rates(counts: SurvivalCounts) -> list[float]:
+    """What WindowBudget.choose does with the counts: read them, let them decay, shrink to rates."""
+    reached, passed = counts.reached.tolist(), counts.passed.tolist()
+    counts.forget()
+    return age_rates(reached, passed, 0.5, 1.0)
+
+
 def test_survival_counts_follow_each_age_and_relax_to_the_prior():
     counts = SurvivalCounts(3, "cpu")
     accepted = torch.tensor([2, 0])  # image 0 passed slots 0 and 1, failed 2; image 1 failed slot 0
     age = torch.tensor([[2, 1, 0], [2, 1, 0]])
     counts.count(accepted, torch.tensor([3, 3]), torch.tensor([True, True]), age)
     assert counts.reached.tolist() == [1, 1, 2] and counts.passed.tolist() == [0, 1, 1]
-    first = counts.rates(0.5, strength=1.0)
+    first = read_rates(counts)
     r0 = (0 + 0.5) / 2  # age 0: reached once, failed; shrunk towards the prior 0.5
     r1 = (1 + 1 - (1 - r0) * budget.AGE_DECAY) / 2  # towards age 0's rate, its failures shrunk by AGE_DECAY
     r2 = (1 + 1 - (1 - r1) * budget.AGE_DECAY) / 3
     assert first == pytest.approx([r0, r1, r2])
     for _ in range(60):  # nothing reached since: the estimates relax to the prior, extrapolated by age
-        rates = counts.rates(0.5, strength=1.0)
+        rates = read_rates(counts)
     decay = budget.AGE_DECAY
     assert rates == pytest.approx([0.5, 1 - 0.5 * decay, 1 - 0.5 * decay**2], abs=1e-3)
 

@@ -35,7 +35,7 @@ def generate(
 
 
 def sample_tokens(request: Request, probe: ProbeBudget | None = None) -> tuple[Tensor, dict]:
-    """The AR loop; `probe` (timing one step's cost, `ar_costs`) may stop it early."""
+    """The AR loop; `probe` (timing an AR step for `jacobi.chain_costs`) may stop it early."""
     model, generators = request.model, request.generators
     device = model.device
     batch = request.cond.shape[0]

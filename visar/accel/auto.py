@@ -19,27 +19,13 @@ from .ar import sample_tokens
 from .drafts import resolve_initialiser
 from .registry import Request, get_method, register_method
 from .sampling import SamplingParams
-from .tree_jacobi import choose_draft_shape, parse_neighbours, tree_layouts
+from .tree_jacobi import choose_draft_shape, decode_draft_shape, parse_neighbours, tree_layouts
 
 # Drafting must promise this much more than AR's tokens per second before `auto` drafts: the prior
 # acceptance is a guess until the decode has counts (the embedded default's first row accepts
 # almost nothing), and a probe's fastest passes price a long decode's passes about 10% low; where
 # drafting promises less, its gain is within the machine's noise and AR's is certain.
 AUTO_MARGIN = 0.4
-
-
-def drafting_pays(request: Request) -> tuple[bool, str]:
-    """Whether tree-mc-sjd under an auto budget is expected to beat AR here, and why (for the stats)."""
-    defaults = get_method("tree-mc-sjd").defaults
-    initialiser = resolve_initialiser(defaults["init"])
-    layouts = tree_layouts(request.model, defaults["branch"], defaults["depth"])
-    shape = choose_draft_shape(request, layouts, initialiser, parse_neighbours(defaults["neighbours"]))
-    if shape is None:
-        return False, "ar: the pass costs could not be measured"
-    # an AR step's cost (chain size 0) was measured in the same rounds as the windows: a machine's
-    # speed drifts, and ratios taken within one measurement hold
-    gain = shape.rate * shape.chain(0)
-    return gain > 1 + AUTO_MARGIN, f"expected {gain:.2f}x AR's tokens per second from drafting (prior acceptance)"
 
 
 @register_method(
@@ -62,12 +48,19 @@ def auto(
     chosen for the most tokens per second), whichever the pass costs measured on this device at
     this batch size favour (measured once per process; stats["auto"] says which ran and why)."""
     request = Request(model, cond, params, generators, cond_mask, progress)
-    drafting, why = drafting_pays(request)
-    if not drafting:
+    defaults = get_method("tree-mc-sjd").defaults
+    initialiser, neighbours = resolve_initialiser(defaults["init"]), parse_neighbours(defaults["neighbours"])
+    layouts = tree_layouts(model, defaults["branch"], defaults["depth"])
+    shape = choose_draft_shape(request, layouts, initialiser, neighbours)
+    if shape is None:
+        tokens, stats = sample_tokens(request)
+        return tokens, {**stats, "auto": "ar", "auto_reason": "ar: the pass costs could not be measured"}
+    # an AR step's cost (chain size 0) was measured in the same rounds as the windows: a machine's
+    # speed drifts, and ratios taken within one measurement hold
+    gain = shape.rate * shape.chain(0)
+    why = f"expected {gain:.2f}x AR's tokens per second from drafting (prior acceptance)"
+    if gain <= 1 + AUTO_MARGIN:
         tokens, stats = sample_tokens(request)
         return tokens, {**stats, "auto": "ar", "auto_reason": why}
-    tokens, stats = get_method("tree-mc-sjd").fn(
-        model, cond, params, generators, cond_mask=cond_mask, progress=progress, budget="auto"
-    )
-    ran = "mc-sjd" if stats.get("tree") == "chain" else "tree-mc-sjd"
-    return tokens, {**stats, "auto": ran, "auto_reason": why}
+    tokens, stats = decode_draft_shape(request, shape, layouts, initialiser, neighbours)
+    return tokens, {**stats, "auto": "tree-mc-sjd" if shape.use_tree else "mc-sjd", "auto_reason": why}

@@ -8,7 +8,7 @@ rows are not free. `budget="auto"` weighs the two with what this decode can see:
   few probe passes per size on the caller's conditions with throwaway generators, and cached for
   the process (`measured_costs`; `pin_costs` gives them instead);
 - `SurvivalCounts`: how often a reached draft passed its test, by the draft's age (the passes it
-  has been carried over), on the device, read back once every few passes;
+  has been carried over), on the device, read back once every few passes (`age_rates`);
 - `WindowBudget`: each pass's size, the one with the most expected committed tokens per second for
   the batch's slowest image.
 
@@ -100,9 +100,10 @@ _PINNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def pin_costs(model, seconds: Callable[[str, int], float] | None) -> None:
-    """Use seconds(engine, size) as `model`'s pass costs instead of measuring them ("ar", "chain" or
-    "tree"; None: measure again). For choices that must not depend on this machine's timing: a
-    benchmark that replays costs measured elsewhere, or a test that drives the budget."""
+    """Use seconds(engine, size) as `model`'s pass costs instead of measuring them (engine "chain",
+    whose size 0 is an AR step, or "tree"; None: measure again). For choices that must not depend
+    on this machine's timing: a benchmark that replays costs measured elsewhere, or a test that
+    drives the budget."""
     _COSTS.pop(model, None)
     if seconds is None:
         _PINNED.pop(model, None)
@@ -213,14 +214,8 @@ class SurvivalCounts:
         self.reached.scatter_add_(0, bucket, reached.flatten().to(self.reached.dtype))
         self.passed.scatter_add_(0, bucket, passed.flatten().to(self.passed.dtype))
 
-    def rates(self, first_prior: float = PRIOR_ACCEPT, strength: float = PRIOR_STRENGTH) -> list[float]:
-        """The chance that a reached draft of each age passes (`age_rates`). One read-back; the counts
-        then decay by `decay`."""
-        reached, passed = torch.stack([self.reached, self.passed]).tolist()
-        self.forget()
-        return age_rates(reached, passed, first_prior, strength)
-
     def forget(self) -> None:
+        """Decay the counts (after each read, `WindowBudget.choose`)."""
         self.reached *= self.decay
         self.passed *= self.decay
 
@@ -265,9 +260,9 @@ class WindowBudget:
     `expected_tokens`), times how passes at that size have committed against what was predicted
     for them (the batch's mean; a prior of 1 worth PRIOR_STRENGTH passes): a long window's drafts
     far past the commit were drafted after tokens that were still drafts, which the ages alone do
-    not see. The batch ends with its slowest image, so
-    the drafts it accepts are scaled by how far the slowest image's progress has kept up with the
-    mean's (over a longer memory: one interval's slowest image is a noisy sample).
+    not see. The batch ends with its slowest image, so the drafts it accepts are scaled by how far
+    the slowest image's progress has kept up with the mean's (over a longer memory: one interval's
+    slowest image is a noisy sample).
 
     sizes: what the engine can run; drafts_of(size): the main-path draft slots of a pass of that
     size (a chain window: size - 1; a tree: its main path less the root).

@@ -513,13 +513,15 @@ def chain_costs(request: Request, make_proposer: Callable[[], Proposer]) -> Pass
     return measured_costs(model, key, sizes, probe, model.device, lambda size: max(size, 1), warm_up=(0, 1))
 
 
-def chain_budget(request: Request, costs: PassCosts) -> WindowBudget:
-    """The auto budget of a chain window: window w has w - 1 draft slots (size 0, an AR step, is
-    not the engine's to run)."""
+def decode_chain_budget(request: Request, proposer: Proposer, costs: PassCosts, **spans) -> tuple[Tensor, dict]:
+    """`speculative_decode` with each pass's window chosen by an auto budget over `costs`: window w
+    has w - 1 draft slots (size 0, an AR step, is not the engine's to run)."""
     model = request.model
     counts = SurvivalCounts(MAX_AGE, model.device)
     windows = tuple(size for size in costs.sizes if size >= 1)
-    return WindowBudget(costs, windows, lambda size: size - 1, counts, tuple(model.grid_size))
+    controller = WindowBudget(costs, windows, lambda size: size - 1, counts, tuple(model.grid_size))
+    tokens, stats = speculative_decode(request, proposer, window=max(windows), budget=controller, **spans)
+    return tokens, {**stats, **controller.stats()}
 
 
 def decode_with_budget(
@@ -546,11 +548,7 @@ def decode_with_budget(
     if costs is None:
         tokens, stats = speculative_decode(request, make_proposer(), window=window, **spans)
         return tokens, {**stats, "budget": f"fixed window {window}: the pass costs could not be measured"}
-    controller = chain_budget(request, costs)
-    tokens, stats = speculative_decode(
-        request, make_proposer(), window=max(controller.sizes), budget=controller, **spans
-    )
-    return tokens, {**stats, **controller.stats()}
+    return decode_chain_budget(request, make_proposer(), costs, **spans)
 
 
 # -- the registered methods ----------------------------------------------------------------------------

@@ -83,11 +83,10 @@ from .jacobi import (
     DecodeState,
     JacobiProposer,
     Window,
-    chain_budget,
     chain_costs,
+    decode_chain_budget,
     maximal_coupling_carry,
     new_state,
-    speculative_decode,
 )
 from .registry import Request, register_method
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
@@ -505,7 +504,7 @@ def tree_jacobi_decode(
                 proposer.after_commit(state, window, main_probs, verdict.main_outputs, commit_count, main_probs)
                 fed = torch.where(active, state.committed + verdict.main_reached, fed)
                 state.committed = (state.committed + commit_count).clamp(max=num_tokens)
-                scorer.truncate_cache(passes[size].num_cond + fed)
+                scorer.truncate_cache(tree_pass.num_cond + fed)
                 if progress:
                     bar.update(int(state.committed.min()) - bar.n)
         finally:
@@ -595,10 +594,8 @@ def decode_tree_with_budget(
     request: Request, layout: DraftTree, initialiser: Callable, neighbours: tuple[str, ...], budget, method: str
 ) -> tuple[Tensor, dict]:
     """`tree_jacobi_decode` under a budget: None, the fixed tree; a number, the tree with that many
-    nodes; "auto": the tree's main path chosen per pass for the most tokens per second, or, when
-    the measured costs say no tree of this branch and depth pays for its extra rows on this device
-    and batch (by DRAFT_MARGIN), the tree's one-branch case, a coupled chain (mc-sjd's engine with
-    this method's init); the pass costs unmeasurable: the fixed tree, said in stats["budget"]."""
+    nodes; "auto": `decode_draft_shape` of the shape the measured costs choose; the pass costs
+    unmeasurable: the fixed tree, said in stats["budget"]."""
     budget = check_budget(budget, method)
     if budget != AUTO:
         if budget is not None:
@@ -610,11 +607,24 @@ def decode_tree_with_budget(
     if shape is None:
         tokens, stats = tree_jacobi_decode(request, layout, initialiser, neighbours)
         return tokens, {**stats, "budget": f"fixed tree of {layout.num_nodes}: the pass costs could not be measured"}
+    return decode_draft_shape(request, shape, layouts, initialiser, neighbours)
+
+
+def decode_draft_shape(
+    request: Request,
+    shape: DraftShape,
+    layouts: dict[int, DraftTree],
+    initialiser: Callable,
+    neighbours: tuple[str, ...],
+) -> tuple[Tensor, dict]:
+    """Decode as `shape` says, each pass's size chosen by an auto budget: the tree's main path for
+    the most tokens per second, or, when no tree of this branch and depth pays for its extra rows on
+    this device and batch (by DRAFT_MARGIN), the tree's one-branch case, a coupled chain (mc-sjd's
+    engine with this method's init)."""
     if not shape.use_tree:
-        controller = chain_budget(request, shape.chain)
         proposer = JacobiProposer(initialiser, maximal_coupling_carry)
-        tokens, stats = speculative_decode(request, proposer, window=max(controller.sizes), budget=controller)
-        return tokens, {**stats, **controller.stats(), "branch": 1, "depth": 1, "tree": "chain"}
+        tokens, stats = decode_chain_budget(request, proposer, shape.chain)
+        return tokens, {**stats, "branch": 1, "depth": 1, "tree": "chain"}
     tree = shape.tree
     counts = SurvivalCounts(MAX_AGE, request.model.device)
     drafts_of = lambda size: layouts[size].main_length - 1  # noqa: E731

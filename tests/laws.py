@@ -24,8 +24,8 @@ import visar
 from visar.accel import get_method
 from visar.accel.sampling import SamplingParams, logits_to_probs, make_generators, split_cfg
 from visar.families import FAMILIES
+from visar.loading import resolve_dtype, seeded_init
 from visar.models.llamagen import LlamaGen, LlamaGenConfig
-from visar.pipeline import resolve_dtype, seeded_init
 
 # The enumerated-law model: vocabulary 6, 2 x 2 tokens (tiny_llamagen's defaults), and its draws per test.
 VOCAB = 6

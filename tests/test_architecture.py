@@ -1,11 +1,12 @@
 """The design's dependency rules, read from every module's imports (relative and lazy ones included) with ast.
 
-apps -> pipeline -> accel, models, tokenizers; eval -> pipeline. A decoding method sees only the
-written interfaces (visar.models.base, visar.tokenizers.base), never a concrete model file, the
-loader, eval or apps; the pipeline knows no training data; training code imports no decoding
-method; models and tokenizers import nothing above them; and no module imports itself back
-through others. (Importing a subpackage and looking at sys.modules would not do: visar/__init__.py
-imports the pipeline, which imports nearly everything.) And the tests keep their shared helpers in
+apps -> loading -> pipeline -> accel, models, tokenizers; eval -> pipeline. A decoding method sees
+only the written interfaces (visar.models.base, visar.tokenizers.base), never a concrete model file,
+the loader, eval or apps; the pipeline knows no training data, nor how a model loads (families, the
+Hub, checkpoints: visar.loading); training code imports no decoding method; models and tokenizers
+import nothing above them; and no module imports itself back through others. (Importing a
+subpackage and looking at sys.modules would not do: visar/__init__.py imports the loader and the
+pipeline, which import nearly everything.) And the tests keep their shared helpers in
 helper modules (tests/laws.py, conftest.py, ...): no test module imports another.
 """
 
@@ -64,6 +65,7 @@ INTERFACES = {"visar.models.base", "visar.tokenizers.base", "visar.models.lag_ma
 # (who, what it must not import); a module matches a rule when it is the name or lies inside it.
 RULES = [
     ("visar.accel", "visar.pipeline"),
+    ("visar.accel", "visar.loading"),
     ("visar.accel", "visar.registry"),
     ("visar.accel", "visar.families"),
     ("visar.accel", "visar.checkpoints"),
@@ -75,12 +77,16 @@ RULES = [
     ("visar.pipeline", "visar.data"),
     ("visar.pipeline", "visar.eval"),
     ("visar.pipeline", "visar.apps"),
+    *[
+        ("visar.pipeline", loader)
+        for loader in ("visar.loading", "visar.families", "visar.registry", "visar.hub", "visar.checkpoints")
+    ],
     ("visar.apps.train", "visar.accel"),
     ("visar.apps.train", "visar.pipeline"),
     *[
         (low, high)
         for low in ("visar.models", "visar.tokenizers", "visar.families")
-        for high in ("visar.accel", "visar.eval", "visar.apps", "visar.pipeline", "visar.data")
+        for high in ("visar.accel", "visar.eval", "visar.apps", "visar.loading", "visar.pipeline", "visar.data")
     ],
     *[(low, high) for low in ("visar.models", "visar.tokenizers") for high in ("visar.registry", "visar.families")],
 ]
@@ -127,7 +133,7 @@ def test_the_import_reader_sees_relative_and_lazy_imports():
     assert "visar.accel.scoring" in GRAPH["visar.accel.jacobi"]  # from .scoring import ...
     assert "visar.models.base" in GRAPH["visar.accel.jacobi"]  # from ..models.base import ...
     assert "visar.accel.tree" in GRAPH["visar.accel.relaxed"]  # imported inside lantern_pp
-    assert "visar.registry" in GRAPH["visar.pipeline"]  # from . import registry
+    assert "visar.registry" in GRAPH["visar.loading"]  # from . import hub, registry
     assert {"visar.accel.jacobi", "visar.accel.zipar"} <= GRAPH["visar.accel"]  # from . import jacobi, ...
 
 
@@ -145,6 +151,8 @@ def test_no_import_cycles():
         ("visar.accel.jacobi", "visar.pipeline", "visar.accel.jacobi imports visar.pipeline"),
         ("visar.accel.zipar", "visar.models.llamagen", "rule: visar.accel must not import visar.models"),
         ("visar.pipeline", "visar.data.shapes", "visar.pipeline imports visar.data.shapes"),
+        ("visar.pipeline", "visar.families", "visar.pipeline imports visar.families"),
+        ("visar.accel.jacobi", "visar.loading", "visar.accel.jacobi imports visar.loading"),
         ("visar.apps.train", "visar.accel.zipar", "visar.apps.train imports visar.accel.zipar"),
         ("visar.models.llamagen", "visar.eval.bench", "visar.models.llamagen imports visar.eval.bench"),
     ],

@@ -16,9 +16,9 @@ from scipy.stats import ks_2samp
 import visar
 from visar.accel.cspd import TokenHead, speculate
 from visar.families import FAMILIES
+from visar.loading import seeded_init
 from visar.models.base import DiffusionSchedule, cosine_betas, diffusion_step
 from visar.models.mar import MAR, MARConfig
-from visar.pipeline import seeded_init
 
 STEPS, SAMPLES = 8, 4000
 

@@ -19,8 +19,8 @@ from visar.accel.masked import reveal_counts, sample_positions
 from visar.accel.maskgit import noise_temperatures
 from visar.errors import VisarError
 from visar.families import FAMILIES
+from visar.loading import seeded_init
 from visar.models.maskgit import MaskGIT, MaskGITConfig
-from visar.pipeline import seeded_init
 
 MASKED_METHODS = ["maskgit", "halton", "lpd-order", "lpd-confidence"]
 

@@ -14,8 +14,8 @@ from visar.accel.next_scale import ramped_guidance
 from visar.errors import CheckpointMismatchError, VisarError
 from visar.families import FAMILIES
 from visar.families import var as var_family
+from visar.loading import seeded_init
 from visar.models.var import VAR, VARConfig
-from visar.pipeline import seeded_init
 from visar.tokenizers.msvq import MSVQConfig, MultiScaleVQVAE, phi_index_per_scale
 
 # -- the official fixtures ----------------------------------------------------------------------------

@@ -8,7 +8,8 @@ out.images[0].save("0.png"); print(out.stats)
 
 from .accel import list_methods
 from .errors import VisarError
-from .pipeline import GenerationOutput, Pipeline, load
+from .loading import load
+from .pipeline import GenerationOutput, Pipeline
 from .registry import list_models
 
 __all__ = ["GenerationOutput", "Pipeline", "VisarError", "list_methods", "list_models", "load"]

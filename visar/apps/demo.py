@@ -61,7 +61,7 @@ class ModelCache:
         self.lock = threading.Lock()
 
     def get(self, name: str):
-        from ..pipeline import load
+        from ..loading import load
 
         name = resolve_name((name or "").strip() or DEFAULT_MODEL)
         if name not in embedded_models() and not self.allow_folders:

@@ -64,7 +64,7 @@ def add_model_args(parser: argparse.ArgumentParser):
 
 def load_pipeline(args):
     """The model of --model/--checkpoint/--vq-checkpoint on --device in --dtype, compiled with --compile."""
-    from ... import load
+    from ...loading import load
 
     model_args = dict(parse_option(text, "--model-arg") for text in args.model_arg) or None
     pipe = load(

@@ -152,7 +152,7 @@ def run_fid(args) -> int:
         batch_size=args.fidelity_batch_size,
     )
     if args.images is not None:
-        from ...pipeline import resolve_device
+        from ...loading import resolve_device
 
         metric_kwargs["device"] = resolve_device(args.device)
         record = evaluate_fid(args.out, images=args.images, ref=args.ref, metric_kwargs=metric_kwargs)

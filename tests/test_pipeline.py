@@ -6,7 +6,9 @@ import torch
 from PIL import Image
 
 import visar
+from visar.accel import METHODS
 from visar.errors import VisarError
+from visar.models.base import OUTPUT_MAPS
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +20,12 @@ def test_registry_and_methods():
     assert "default" in visar.list_models() and "visar-tiny-random" in visar.list_models()
     assert "llamagen-gpt-b-c2i-256" in visar.list_models()
     assert "ar" in visar.list_methods()
+
+
+def test_every_kind_a_method_decodes_has_its_output_maps():
+    """generate shapes a method's tokens and commit passes by the model's kind (OUTPUT_MAPS): a kind
+    missing there would fail only once a model of it generates."""
+    assert {method.model_kind for method in METHODS.values()} <= set(OUTPUT_MAPS)
 
 
 def test_generate_outputs(pipe):

@@ -21,7 +21,7 @@ from .accel import get_method, reference_method
 from .accel.sampling import MAX_SEED, SamplingParams, make_generators
 from .accel.timing import synchronized_clock
 from .errors import VisarError
-from .models.base import MaskedModel, NextScaleModel, RasterModel, model_kind
+from .models.base import MaskedModel, NextScaleModel, RasterModel, model_kind, output_maps
 from .tokenizers.base import TokenGridTokenizer
 
 
@@ -300,13 +300,7 @@ class Pipeline:
             )
         except torch.OutOfMemoryError as err:
             raise out_of_memory(err, batch, method, self.device) from err
-        kind = model_kind(self.model)
-        if kind == "continuous":  # float tokens [B, L, C] -> the latent the VAE decodes
-            tokens = self.model.unpatchify(tokens)
-        elif kind in ("raster", "masked"):  # next-scale methods return one [B, pn, pn] map per scale
-            tokens = tokens.reshape(batch, *self.model.grid_size)
-        if kind != "next-scale":
-            stats["commit_pass"] = stats["commit_pass"].reshape(batch, *self.model.grid_size)
+        tokens, stats["commit_pass"] = output_maps(self.model, tokens, stats["commit_pass"])
         lossless = decoding_method.is_lossless(method_options, self.model)
         stats = {**stats, "method": method, "lossless": lossless, "batch_size": batch}
         images = None

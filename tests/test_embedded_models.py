@@ -258,7 +258,7 @@ def test_mar_draft_is_under_a_quarter_and_drafts_for_the_target():
 @pytest.mark.slow
 def test_mar_target_follows_its_class():
     """The shipped MAR target draws the class's shape and colour well above chance (2.5%), though far
-    from issue 21's 60%: 22.4% on 500 images (docs/MODELS.md), 21.25% on these 80 (seeded: a pass
+    from the 60% aimed at: 22.4% on 500 images (docs/MODELS.md), 21.25% on these 80 (seeded: a pass
     or a failure repeats). A model that ignored its class, or a broken sampler, scores near 2.5%."""
     from visar.eval.shapes_eval import evaluate_shapes
 

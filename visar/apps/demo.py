@@ -329,25 +329,45 @@ def build_demo(
     first = cache.get(model)
     methods = method_choices(first)
     method = method if method in methods else methods[0]
-    classes = class_choices(first)
-    options = default_options(method, first.name)
-    defaults = first.defaults
+    handlers = page_handlers(gr, cache)
+    with gr.Blocks(title="visar demo", analytics_enabled=False) as demo:
+        gr.Markdown(
+            "## visar: plain AR against an accelerated decoding method\n"
+            "One click samples the same class or prompt with plain autoregressive decoding and with the chosen "
+            "method, on the same seed (each image from its own generator), and shows how the method decoded."
+        )
+        with gr.Row():
+            with gr.Column(scale=1, min_width=320):
+                controls = input_controls(gr, first, methods, method, allow_folders)
+            with gr.Column(scale=2):
+                views = output_views(gr)
+        connect_events(controls, views, handlers, concurrency)
+    demo.queue(max_size=max_queue)
+    return demo
 
-    def option_updates(method_name, model_name):
-        texts = default_options(method_name, model_name)
-        names = list(texts)
-        return [
-            gr.update(label=names[i], value=texts[names[i]], visible=True)
-            if i < len(names)
-            else gr.update(label=f"option {i + 1}", value="", visible=False)
-            for i in range(MAX_OPTIONS)
-        ]
 
-    def method_info(method_name) -> str:
-        method = METHODS.get(method_name)
-        if method is None:
-            return ""
-        return f"**{method.name}** ({method.lossless_label}): {method.description}"
+def method_info(method_name) -> str:
+    """The line under the method box: its name, whether it is lossless, what it is."""
+    method = METHODS.get(method_name)
+    if method is None:
+        return ""
+    return f"**{method.name}** ({method.lossless_label}): {method.description}"
+
+
+def option_updates(gr, method_name, model_name) -> list:
+    """The option boxes for a method: one per option, labelled and filled with its default; the rest hidden."""
+    texts = default_options(method_name, model_name)
+    names = list(texts)
+    return [
+        gr.update(label=names[i], value=texts[names[i]], visible=True)
+        if i < len(names)
+        else gr.update(label=f"option {i + 1}", value="", visible=False)
+        for i in range(MAX_OPTIONS)
+    ]
+
+
+def page_handlers(gr, cache: ModelCache) -> dict:
+    """What the page's events run: choosing a model, choosing a method, and generating."""
 
     def select_model(model_name, method_name):
         try:
@@ -368,13 +388,13 @@ def build_demo(
             gr.update(value=d["top_k"] or 0),
             gr.update(value=d["top_p"]),
             model_info(pipe),
-            *option_updates(method_name, model_name),
+            *option_updates(gr, method_name, model_name),
         ]
 
     def select_method(method_name, model_name):
         if method_name not in METHODS:
             return [""] + [gr.update()] * MAX_OPTIONS
-        return [method_info(method_name), *option_updates(method_name, model_name)]
+        return [method_info(method_name), *option_updates(gr, method_name, model_name)]
 
     def generate(model_name, class_value, prompt, method_name, seed, cfg, temperature, top_k, top_p, *texts):
         try:
@@ -400,97 +420,118 @@ def build_demo(
         [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names]
         + [inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress(track_tqdm=True))]
     )
+    return {"select_model": select_model, "select_method": select_method, "generate": generate_with_progress}
 
-    with gr.Blocks(title="visar demo", analytics_enabled=False) as demo:
-        gr.Markdown(
-            "## visar: plain AR against an accelerated decoding method\n"
-            "One click samples the same class or prompt with plain autoregressive decoding and with the chosen "
-            "method, on the same seed (each image from its own generator), and shows how the method decoded."
-        )
-        with gr.Row():
-            with gr.Column(scale=1, min_width=320):
-                model_box = gr.Dropdown(
-                    choices=model_choices(),
-                    value=first.name,
-                    allow_custom_value=allow_folders,
-                    label="model" + (" (or a model folder path)" if allow_folders else ""),
-                    elem_id="model",
-                )
-                info = gr.Markdown(model_info(first), elem_id="model-info")
-                class_box = gr.Dropdown(
-                    choices=classes,
-                    value=classes[0] if classes else None,
-                    allow_custom_value=True,
-                    label="class (a name or an id)",
-                    visible=first.is_class_conditional,
-                    elem_id="class",
-                )
-                prompt_box = gr.Textbox(label="prompt", visible=not first.is_class_conditional, elem_id="prompt")
-                method_box = gr.Dropdown(choices=methods, value=method, label="method", elem_id="method")
-                about = gr.Markdown(method_info(method))
-                with gr.Accordion("method options (empty: the method's default; JSON or text)", open=True):
-                    names = list(options)
-                    option_boxes = [
-                        gr.Textbox(
-                            label=names[i] if i < len(names) else f"option {i + 1}",
-                            value=options[names[i]] if i < len(names) else "",
-                            visible=i < len(names),
-                            max_lines=1,
-                        )
-                        for i in range(MAX_OPTIONS)
-                    ]
-                with gr.Row():
-                    seed_box = gr.Number(value=0, precision=0, label="seed", minimum=0)
-                    cfg_box = gr.Number(value=defaults["guidance_scale"], label="guidance scale (1 = off)", minimum=0)
-                with gr.Row():
-                    temperature_box = gr.Number(value=defaults["temperature"], label="temperature")
-                    top_k_box = gr.Number(value=defaults["top_k"] or 0, precision=0, label="top-k (0 = off)")
-                    top_p_box = gr.Number(value=defaults["top_p"], label="top-p")
-                button = gr.Button("Generate", variant="primary", elem_id="generate")
-            with gr.Column(scale=2):
-                with gr.Row():
-                    ar_image = gr.Image(label="plain AR", format="png", interactive=False, elem_id="ar-image")
-                    fast_image = gr.Image(
-                        label="the chosen method, same seed", format="png", interactive=False, elem_id="method-image"
-                    )
-                gr.Markdown(
-                    "A lossless method samples the model's own distribution, as plain AR does; it spends the random "
-                    "numbers differently, so on one seed the two images may still differ.",
-                    elem_id="note",
-                )
-                summary = gr.Markdown(elem_id="summary")
-                status = gr.Markdown(elem_id="status")
-                with gr.Row():
-                    heatmap = gr.Image(
-                        label="the method: forward pass that committed each token", format="png", interactive=False
-                    )
-                    per_pass = gr.BarPlot(
-                        x="forward pass",
-                        y="tokens committed",
-                        label="the method: tokens committed per forward pass",
-                        height=300,
-                    )
-                with gr.Accordion("all figures (JSON)", open=False):
-                    stats_box = gr.JSON()
 
-        model_box.change(
-            select_model,
-            [model_box, method_box],
-            [class_box, prompt_box, method_box, cfg_box, temperature_box, top_k_box, top_p_box, info, *option_boxes],
-            api_name="select_model",
+def input_controls(gr, first, methods: list[str], method: str, allow_folders: bool) -> dict:
+    """The left column: model, class or prompt, method and its options, seed and sampling settings, the
+    button; filled from the first model's defaults."""
+    classes = class_choices(first)
+    options = default_options(method, first.name)
+    defaults = first.defaults
+    model_box = gr.Dropdown(
+        choices=model_choices(),
+        value=first.name,
+        allow_custom_value=allow_folders,
+        label="model" + (" (or a model folder path)" if allow_folders else ""),
+        elem_id="model",
+    )
+    info = gr.Markdown(model_info(first), elem_id="model-info")
+    class_box = gr.Dropdown(
+        choices=classes,
+        value=classes[0] if classes else None,
+        allow_custom_value=True,
+        label="class (a name or an id)",
+        visible=first.is_class_conditional,
+        elem_id="class",
+    )
+    prompt_box = gr.Textbox(label="prompt", visible=not first.is_class_conditional, elem_id="prompt")
+    method_box = gr.Dropdown(choices=methods, value=method, label="method", elem_id="method")
+    about = gr.Markdown(method_info(method))
+    with gr.Accordion("method options (empty: the method's default; JSON or text)", open=True):
+        names = list(options)
+        option_boxes = [
+            gr.Textbox(
+                label=names[i] if i < len(names) else f"option {i + 1}",
+                value=options[names[i]] if i < len(names) else "",
+                visible=i < len(names),
+                max_lines=1,
+            )
+            for i in range(MAX_OPTIONS)
+        ]
+    with gr.Row():
+        seed_box = gr.Number(value=0, precision=0, label="seed", minimum=0)
+        cfg_box = gr.Number(value=defaults["guidance_scale"], label="guidance scale (1 = off)", minimum=0)
+    with gr.Row():
+        temperature_box = gr.Number(value=defaults["temperature"], label="temperature")
+        top_k_box = gr.Number(value=defaults["top_k"] or 0, precision=0, label="top-k (0 = off)")
+        top_p_box = gr.Number(value=defaults["top_p"], label="top-p")
+    button = gr.Button("Generate", variant="primary", elem_id="generate")
+    return {
+        "model": model_box,
+        "info": info,
+        "class": class_box,
+        "prompt": prompt_box,
+        "method": method_box,
+        "about": about,
+        "options": option_boxes,
+        "seed": seed_box,
+        "cfg": cfg_box,
+        "temperature": temperature_box,
+        "top_k": top_k_box,
+        "top_p": top_p_box,
+        "button": button,
+    }
+
+
+def output_views(gr) -> list:
+    """The right column: the two images, the figures, the heatmap and the tokens committed per pass;
+    returned in the order `generate` fills them."""
+    with gr.Row():
+        ar_image = gr.Image(label="plain AR", format="png", interactive=False, elem_id="ar-image")
+        fast_image = gr.Image(
+            label="the chosen method, same seed", format="png", interactive=False, elem_id="method-image"
         )
-        method_box.change(select_method, [method_box, model_box], [about, *option_boxes], api_name="select_method")
-        inputs = [model_box, class_box, prompt_box, method_box, seed_box, cfg_box, temperature_box, top_k_box]
-        button.click(
-            generate_with_progress,
-            [*inputs, top_p_box, *option_boxes],
-            [ar_image, fast_image, summary, heatmap, per_pass, stats_box, status],
-            api_name="generate",
-            concurrency_limit=concurrency,
-            concurrency_id="generate",
+    gr.Markdown(
+        "A lossless method samples the model's own distribution, as plain AR does; it spends the random "
+        "numbers differently, so on one seed the two images may still differ.",
+        elem_id="note",
+    )
+    summary = gr.Markdown(elem_id="summary")
+    status = gr.Markdown(elem_id="status")
+    with gr.Row():
+        heatmap = gr.Image(label="the method: forward pass that committed each token", format="png", interactive=False)
+        per_pass = gr.BarPlot(
+            x="forward pass",
+            y="tokens committed",
+            label="the method: tokens committed per forward pass",
+            height=300,
         )
-    demo.queue(max_size=max_queue)
-    return demo
+    with gr.Accordion("all figures (JSON)", open=False):
+        stats_box = gr.JSON()
+    return [ar_image, fast_image, summary, heatmap, per_pass, stats_box, status]
+
+
+def connect_events(controls: dict, views: list, handlers: dict, concurrency: int):
+    """Choosing a model refills the page from its defaults, choosing a method shows its options, and the
+    button generates (each with an API name, for gradio_client)."""
+    model, method, options = controls["model"], controls["method"], controls["options"]
+    sampling = [controls[name] for name in ("cfg", "temperature", "top_k", "top_p")]
+    model.change(
+        handlers["select_model"],
+        [model, method],
+        [controls["class"], controls["prompt"], method, *sampling, controls["info"], *options],
+        api_name="select_model",
+    )
+    method.change(handlers["select_method"], [method, model], [controls["about"], *options], api_name="select_method")
+    controls["button"].click(
+        handlers["generate"],
+        [model, controls["class"], controls["prompt"], method, controls["seed"], *sampling, *options],
+        views,
+        api_name="generate",
+        concurrency_limit=concurrency,
+        concurrency_id="generate",
+    )
 
 
 def model_info(pipe) -> str:

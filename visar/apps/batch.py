@@ -285,7 +285,21 @@ def run_batch(
         raise VisarError("--batch-size must be >= 1")
     out = Path(out)
     jobs, fixed = image_jobs(out, items, total, seed)
-    settings = {
+    settings = batch_settings(pipe, items, method, seed, identity)
+    prepare_output(out, jobs, settings, processes)
+    counts = generate_share(
+        pipe, out, jobs, fixed, method, batch_size, generate_kwargs, processes, progress and processes.rank == 0
+    )
+    processes.barrier()  # every process's images and records are written
+    all_counts = processes.gather(counts)
+    if processes.rank != 0:
+        return None
+    return write_records_and_stats(pipe, out, settings, total, all_counts, batch_size, processes.world)
+
+
+def batch_settings(pipe, items: list[Item], method: str, seed: int, identity: dict) -> dict:
+    """settings.json: everything that decides the pixels, which a resumed run must repeat."""
+    return {
         "command": "generate",
         "layout": "image g: item g mod P, seed SEED + g, file [folder/]{g:05d}.png",
         "model": pipe.name,
@@ -295,6 +309,12 @@ def run_batch(
         **identity,
         "items": [{"condition": item.condition, **({"folder": item.folder} if item.folder else {})} for item in items],
     }
+
+
+def prepare_output(out: Path, jobs: list[SampleJob], settings: dict, processes: Processes):
+    """Process 0 makes OUT and checks it may write there under these settings (no link out of it, no
+    other tool's folder, the settings of an earlier run) and clears killed runs' temporaries; the
+    others wait for it, then check the settings too."""
     try:
         if processes.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
@@ -308,6 +328,21 @@ def run_batch(
     except OSError as err:
         raise write_error(err, out) from err
 
+
+def generate_share(
+    pipe,
+    out: Path,
+    jobs: list[SampleJob],
+    fixed: list[dict],
+    method: str,
+    batch_size: int,
+    generate_kwargs: dict,
+    processes: Processes,
+    progress: bool,
+) -> dict:
+    """This process's share of the images (every world-th from its rank) that OUT lacks, each recorded
+    in the process's own partial records file once its PNG is written -> the counts, with wall_s."""
+    total = len(jobs)
     mine = jobs[processes.rank :: processes.world]
     done = read_records(out)
     by_path = {job.path: g for g, job in zip(range(processes.rank, total, processes.world), mine, strict=True)}
@@ -331,7 +366,7 @@ def run_batch(
                 mine,
                 method=method,
                 batch_size=batch_size,
-                progress=progress and processes.rank == 0,
+                progress=progress,
                 desc=f"{pipe.name} / {method}" + (f" (process 0 of {processes.world})" if processes.world > 1 else ""),
                 is_done=is_done,
                 on_image=on_image,
@@ -343,11 +378,14 @@ def run_batch(
         if partial.exists() and partial.stat().st_size == 0:
             partial.unlink()
     counts["wall_s"] = time.perf_counter() - start
+    return counts
 
-    processes.barrier()  # every process's images and records are written
-    all_counts = processes.gather(counts)
-    if processes.rank != 0:
-        return None
+
+def write_records_and_stats(
+    pipe, out: Path, settings: dict, total: int, counts: list[dict], batch_size: int, world: int
+) -> dict:
+    """images.jsonl, every image's record in image order (from every process's partial file, which then
+    go), and stats.json -> the stats. An image without a record fails the run: rerunning resumes it."""
     records = read_records(out)
     missing = [g for g in range(total) if g not in records]
     if missing:
@@ -358,7 +396,7 @@ def run_batch(
         write_atomic(out / RECORDS_FILE, lambda file: file.write(lines.encode()))
         for path in out.glob(PARTIAL_RECORDS):
             path.unlink(missing_ok=True)
-        stats = run_stats(pipe, settings, ordered, all_counts, batch_size, processes.world)
+        stats = run_stats(pipe, settings, ordered, counts, batch_size, world)
         write_json_atomic(out / STATS_FILE, stats)
     except OSError as err:
         raise write_error(err, out) from err

@@ -366,11 +366,6 @@ def compute_metrics(
     metric names say so (SHAPES_METRIC_NAMES).
     """
     tf = require("torch_fidelity", "eval")
-    from torch_fidelity.metric_fid import fid_features_to_statistics, fid_statistics_to_metric
-    from torch_fidelity.metric_isc import isc_features_to_metric
-    from torch_fidelity.metric_prc import prc_features_to_metric
-    from torch_fidelity.utils import create_feature_extractor, get_featuresdict_from_dataset
-
     if feature_extractor not in FEATURE_EXTRACTORS:
         raise VisarError(
             f"unknown --feature-extractor {feature_extractor!r}; use one of {', '.join(FEATURE_EXTRACTORS)}"
@@ -378,18 +373,7 @@ def compute_metrics(
     if len(samples) < 2:
         raise VisarError("FID needs at least 2 images")
     device = torch.device(device)
-    notes = []
-    if feature_extractor == SHAPES:
-        from . import shapes_features
-
-        shapes_features.register()
-        weights = None
-        notes.append(
-            f"{SHAPES} features (tokenizer {shapes_features.weights_id()}): NOT Inception; detector class score = "
-            "the IS formula over the shapes detector's 40 classes + none"
-        )
-    else:
-        weights = inception_weights(weights)
+    weights, notes = extractor_weights(feature_extractor, weights)
     reference = resolve_reference(ref)
     if prc and len(samples) < 5:
         raise VisarError("precision/recall (k = 3 neighbours) needs at least 5 images: raise --n or pass --no-prc")
@@ -410,30 +394,7 @@ def compute_metrics(
                 input1=samples, input2=reference["input"], fid=True, isc=isc, prc=prc, **kwargs
             )
         else:
-            layers = {"fid": "2048" if feature_extractor == INCEPTION else "vq_latent"}
-            if isc:
-                layers["isc"] = "logits_unbiased" if feature_extractor == INCEPTION else "detector_logits"
-            if prc and reference["images"] is None:
-                notes.append("no precision/recall: the reference .npz holds statistics only (no arr_0 images)")
-                prc = False
-            extractor = create_feature_extractor(feature_extractor, sorted(set(layers.values())), **kwargs)
-
-            def features(dataset):
-                return get_featuresdict_from_dataset(dataset, extractor, batch_size, kwargs["cuda"], True, verbose)
-
-            feats = features(samples)
-            stats = {k: v.astype(np.float64) for k, v in fid_features_to_statistics(feats[layers["fid"]]).items()}
-            if stats["mu"].shape != reference["stats"]["mu"].shape:
-                raise VisarError(
-                    f"reference statistics {ref} have {reference['stats']['mu'].shape[0]} dimensions, "
-                    f"{feature_extractor} gives {stats['mu'].shape[0]}: they come from another feature extractor"
-                )
-            metrics = fid_statistics_to_metric(stats, reference["stats"], verbose)
-            if isc:
-                metrics.update(isc_features_to_metric(feats[layers["isc"]], kwargs["isc_splits"]))
-            if prc:
-                ref_feats = features(ArrayDataset(reference["images"]))
-                metrics.update(prc_features_to_metric(feats[layers["fid"]], ref_feats[layers["fid"]], **kwargs))
+            metrics = metrics_against_statistics(samples, ref, reference, isc, prc, notes, kwargs)
     except VisarError:
         raise
     except ValueError as err:  # torch-fidelity's own input checks (vassert)
@@ -447,6 +408,61 @@ def compute_metrics(
         "isc_splits": kwargs["isc_splits"],
         "notes": notes,
     }
+
+
+def extractor_weights(feature_extractor: str, weights: str | None) -> tuple[str | None, list[str]]:
+    """The feature extractor's weights file (Inception's, found or fetched; the shapes extractor,
+    registered with torch-fidelity here, brings its own) and the notes the record carries about it."""
+    if feature_extractor != SHAPES:
+        return inception_weights(weights), []
+    from . import shapes_features
+
+    shapes_features.register()
+    note = (
+        f"{SHAPES} features (tokenizer {shapes_features.weights_id()}): NOT Inception; detector class score = "
+        "the IS formula over the shapes detector's 40 classes + none"
+    )
+    return None, [note]
+
+
+def metrics_against_statistics(
+    samples: Dataset, ref: str, reference: dict, isc: bool, prc: bool, notes: list[str], fidelity_kwargs: dict
+) -> dict:
+    """The metrics against a reference .npz of mu / sigma (ADM's, MAR's), from torch-fidelity's public
+    parts: the samples' features, their statistics against the reference's, IS from the same
+    features, and precision/recall where the .npz also holds its images (else a note says why not)."""
+    from torch_fidelity.metric_fid import fid_features_to_statistics, fid_statistics_to_metric
+    from torch_fidelity.metric_isc import isc_features_to_metric
+    from torch_fidelity.metric_prc import prc_features_to_metric
+    from torch_fidelity.utils import create_feature_extractor, get_featuresdict_from_dataset
+
+    kwargs = fidelity_kwargs
+    feature_extractor, verbose = kwargs["feature_extractor"], kwargs["verbose"]
+    layers = {"fid": "2048" if feature_extractor == INCEPTION else "vq_latent"}
+    if isc:
+        layers["isc"] = "logits_unbiased" if feature_extractor == INCEPTION else "detector_logits"
+    if prc and reference["images"] is None:
+        notes.append("no precision/recall: the reference .npz holds statistics only (no arr_0 images)")
+        prc = False
+    extractor = create_feature_extractor(feature_extractor, sorted(set(layers.values())), **kwargs)
+
+    def features(dataset):
+        return get_featuresdict_from_dataset(dataset, extractor, kwargs["batch_size"], kwargs["cuda"], True, verbose)
+
+    feats = features(samples)
+    stats = {k: v.astype(np.float64) for k, v in fid_features_to_statistics(feats[layers["fid"]]).items()}
+    if stats["mu"].shape != reference["stats"]["mu"].shape:
+        raise VisarError(
+            f"reference statistics {ref} have {reference['stats']['mu'].shape[0]} dimensions, "
+            f"{feature_extractor} gives {stats['mu'].shape[0]}: they come from another feature extractor"
+        )
+    metrics = fid_statistics_to_metric(stats, reference["stats"], verbose)
+    if isc:
+        metrics.update(isc_features_to_metric(feats[layers["isc"]], kwargs["isc_splits"]))
+    if prc:
+        ref_feats = features(ArrayDataset(reference["images"]))
+        metrics.update(prc_features_to_metric(feats[layers["fid"]], ref_feats[layers["fid"]], **kwargs))
+    return metrics
 
 
 def format_metrics(record: dict) -> str:

@@ -45,7 +45,7 @@ def test_every_embedded_folder_is_self_contained():
 def test_ship_writes_a_self_contained_folder(tmp_path):
     """`visar train ship` on an export (here an embedded folder, laid out as one) copies every file the
     config names into the new folder, and the tokenizer again into the recipe's tokenizer folder."""
-    from visar.apps.train import ship
+    from visar.train.raster import ship
 
     export = tmp_path / "export"
     shutil.copytree(embedded_models()["visar-tiny-c2i"], export)
@@ -91,7 +91,7 @@ def test_t2i_prompts_outside_the_vocabulary_warn_once_and_generate():
 @pytest.mark.parametrize("name", TRAINED)
 def test_shipped_config_records_the_current_recipe(name):
     """`visar train ar --recipe NAME` reproduces what ships: same recipe fields, model and defaults."""
-    from visar.apps.train import AR_RECIPES
+    from visar.train.raster import AR_RECIPES
 
     config = json.loads((embedded_models()[name] / "config.json").read_text())
     recipe = json.loads(json.dumps(AR_RECIPES[name]))  # tuples -> lists, as config.json stores them
@@ -118,7 +118,7 @@ def test_zipar_aware_model_predicts_better_from_zipar_contexts():
     next-token loss under those masks is lower than the causal model's, and the masks matter to it less."""
     import torch.nn.functional as F
 
-    from visar.apps.train import AR_RECIPES, class_render_options, images_to_tensor
+    from visar.train.raster import AR_RECIPES, class_render_options, images_to_tensor
     from visar.data.shapes import render_class
     from visar.models.lag_mask import lag_training_mask
 
@@ -150,7 +150,7 @@ def test_t2i_model_reads_its_caption():
     shows it)."""
     import torch.nn.functional as F
 
-    from visar.apps.train import images_to_tensor
+    from visar.train.raster import images_to_tensor
     from visar.data.shapes import CLASS_RENDER_EASY, render_caption_sample
 
     pipe = visar.load("visar-tiny-t2i", device="cpu")
@@ -213,7 +213,7 @@ VAR_PAIR = ["visar-tiny-var-c2i", "visar-tiny-var-c2i-refiner"]
 
 @pytest.mark.parametrize("name", [*VAR_PAIR, "visar-tiny-var-c2i-refiner-s6"])
 def test_var_pair_records_its_recipes_and_shares_the_multiscale_tokenizer(name):
-    from visar.apps.train_next_scale import MSVQ_RECIPES, NEXT_SCALE_RECIPES
+    from visar.train.next_scale import MSVQ_RECIPES, NEXT_SCALE_RECIPES
 
     check_recorded_recipes(name, "var", NEXT_SCALE_RECIPES[name], "visar-tiny-msvq", MSVQ_RECIPES, forward_passes=9)
 
@@ -240,7 +240,7 @@ MAR_PAIR = ["visar-tiny-mar-c2i", "visar-tiny-mar-c2i-draft"]
 
 @pytest.mark.parametrize("name", MAR_PAIR)
 def test_mar_pair_records_its_recipes_and_shares_the_kl_tokenizer(name):
-    from visar.apps.train_continuous import KL_RECIPES, MAR_RECIPES
+    from visar.train.continuous import KL_RECIPES, MAR_RECIPES
 
     check_recorded_recipes(name, "mar", MAR_RECIPES[name], "visar-tiny-kl", KL_RECIPES, forward_passes=16)
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import visar
-from visar.apps.train import ship
-from visar.apps.train_continuous import (
+from visar.train.raster import ship
+from visar.train.continuous import (
     MAR_RECIPES,
     diffusion_loss,
     mask_ratio,

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import visar
-from visar.apps.train import masked_inputs, ship, train_masked
+from visar.train.raster import masked_inputs, ship, train_masked
 from visar.errors import VisarError
 from visar.registry import WEIGHTS_DIR
 

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import visar
-from visar.apps.train import ship
-from visar.apps.train_next_scale import (
+from visar.train.raster import ship
+from visar.train.next_scale import (
     MSVQ_RECIPES,
     quantize_for_training,
     scored_cross_entropy,

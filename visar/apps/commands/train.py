@@ -1,5 +1,5 @@
 """`visar train tokenizer | ar | masked | next-scale | continuous | ship`: the command line of
-visar.apps.train, visar.apps.train_next_scale and visar.apps.train_continuous (the recipes live there)."""
+visar.train.raster, visar.train.next_scale and visar.train.continuous (the recipes live there)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,9 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from .. import train, train_continuous, train_next_scale
+    from ...train import continuous as train_continuous
+    from ...train import next_scale as train_next_scale
+    from ...train import raster as train
 
     if args.what == "ship":
         if not (args.export and args.name):

@@ -3,7 +3,7 @@
 The embedded next-scale pair: one multi-scale VQVAE (VAR's tokenizer, visar/tokenizers/msvq.py)
 and two VAR transformers of different depths trained on its tokens, a larger drafter and a smaller
 refiner for `code` (collaborative decoding). Checkpoints, resume, the weight average and the fp16
-export follow visar.apps.train; the exports name family "var", so `visar.load` and `visar train
+export follow visar.train.raster; the exports name family "var", so `visar.load` and `visar train
 ship` read them as they read the raster models.
 
 VAR's tokenizer training is not released upstream; the objective here is the one its quantizer
@@ -26,7 +26,7 @@ from ..data.shapes import CLASS_RENDER_EASY
 from ..errors import VisarError
 from ..models.var import VAR, VARConfig
 from ..tokenizers.msvq import MSVQConfig, MultiScaleVQVAE
-from .train import (
+from .raster import (
     build_token_dataset,
     export_ar,
     export_averaged,

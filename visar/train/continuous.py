@@ -2,7 +2,7 @@
 
 The embedded continuous-token pair: one KL-regularised VAE (MAR's tokenizer, visar/tokenizers/kl.py)
 and two MAR models of different sizes trained on its latents, a target and a draft for `cspd`.
-Checkpoints, resume, the weight average and the fp16 export follow visar.apps.train; the exports
+Checkpoints, resume, the weight average and the fp16 export follow visar.train.raster; the exports
 name family "mar", so `visar.load` and `visar train ship` read them as they read the other models.
 
 MAR's objective is upstream's (LTH14/mar `MAR.forward`, `DiffLoss`): a random order per image and
@@ -38,7 +38,7 @@ from ..errors import VisarError
 from ..models.base import DiffusionSchedule, diffusion_step
 from ..models.mar import MAR, MARConfig
 from ..tokenizers.kl import AutoencoderKL, KLConfig
-from .train import (
+from .raster import (
     build_token_dataset,
     export_ar,
     export_averaged,

@@ -118,9 +118,10 @@ def test_zipar_aware_model_predicts_better_from_zipar_contexts():
     next-token loss under those masks is lower than the causal model's, and the masks matter to it less."""
     import torch.nn.functional as F
 
-    from visar.train.raster import AR_RECIPES, class_render_options, images_to_tensor
-    from visar.data.shapes import render_class
+    from visar.data.shapes import class_render_options, render_class
     from visar.models.lag_mask import lag_training_mask
+    from visar.train.loop import images_to_tensor
+    from visar.train.raster import AR_RECIPES
 
     render = class_render_options(AR_RECIPES["visar-tiny-c2i"])
     labels = torch.arange(0, 40, 3)  # 14 classes, renders no recipe trains on
@@ -150,8 +151,8 @@ def test_t2i_model_reads_its_caption():
     shows it)."""
     import torch.nn.functional as F
 
-    from visar.train.raster import images_to_tensor
     from visar.data.shapes import CLASS_RENDER_EASY, render_caption_sample
+    from visar.train.loop import images_to_tensor
 
     pipe = visar.load("visar-tiny-t2i", device="cpu")
     model, encoder = pipe.model, pipe.text_encoder

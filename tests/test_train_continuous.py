@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import visar
-from visar.train.raster import ship
+from visar.errors import VisarError
+from visar.models.mar import MAR, MARConfig
 from visar.train.continuous import (
     MAR_RECIPES,
     diffusion_loss,
@@ -25,8 +26,7 @@ from visar.train.continuous import (
     train_kl,
     training_diffusion,
 )
-from visar.errors import VisarError
-from visar.models.mar import MAR, MARConfig
+from visar.train.raster import ship
 
 QUICK_KL = dict(batch_size=2, eval_images=4, checkpoint_every=1)
 QUICK_MAR = dict(batch_size=4, dataset_size=32, checkpoint_every=10, warmup=5)

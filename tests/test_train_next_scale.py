@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import visar
-from visar.train.raster import ship
+from visar.errors import VisarError
+from visar.tokenizers.msvq import MSVQConfig, MultiScaleVQVAE
 from visar.train.next_scale import (
     MSVQ_RECIPES,
     quantize_for_training,
@@ -25,8 +26,7 @@ from visar.train.next_scale import (
     train_msvq,
     train_next_scale,
 )
-from visar.errors import VisarError
-from visar.tokenizers.msvq import MSVQConfig, MultiScaleVQVAE
+from visar.train.raster import ship
 
 pytestmark = pytest.mark.slow  # every test here trains (or needs the module's trained tokenizer)
 

@@ -108,8 +108,8 @@ def run_one(
     import torch
 
     import visar
-    from visar.train.raster import train_ar
     from visar.eval.shapes_eval import evaluate_shapes
+    from visar.train.raster import train_ar
 
     torch.set_num_threads(1)
     folder = out / (f"data-{render_key(name)}" if dataset_only else name)

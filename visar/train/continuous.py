@@ -38,10 +38,10 @@ from ..errors import VisarError
 from ..models.base import DiffusionSchedule, diffusion_step
 from ..models.mar import MAR, MARConfig
 from ..tokenizers.kl import AutoencoderKL, KLConfig
-from .raster import (
+from .loop import (
     build_token_dataset,
-    export_ar,
     export_averaged,
+    export_generator,
     fit,
     fit_tokenizer,
     held_out_batches,
@@ -406,7 +406,9 @@ def train_continuous(
 
     params, ema = fit(recipe_name, recipe, out, {"model": model}, device, batch_loss)
     return export_averaged(
-        lambda **folder: export_ar(recipe_name, recipe, model, None, tokenizer, vq_config, out, family="mar", **folder),
+        lambda **folder: export_generator(
+            recipe_name, recipe, model, None, tokenizer, vq_config, out, family="mar", **folder
+        ),
         ema,
         params,
     )

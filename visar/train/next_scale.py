@@ -26,10 +26,10 @@ from ..data.shapes import CLASS_RENDER_EASY
 from ..errors import VisarError
 from ..models.var import VAR, VARConfig
 from ..tokenizers.msvq import MSVQConfig, MultiScaleVQVAE
-from .raster import (
+from .loop import (
     build_token_dataset,
-    export_ar,
     export_averaged,
+    export_generator,
     fit,
     fit_tokenizer,
     load_tokenizer_export,
@@ -271,7 +271,9 @@ def train_next_scale(
 
     params, ema = fit(recipe_name, recipe, out, {"model": model}, device, batch_loss)
     return export_averaged(
-        lambda **folder: export_ar(recipe_name, recipe, model, None, tokenizer, vq_config, out, family="var", **folder),
+        lambda **folder: export_generator(
+            recipe_name, recipe, model, None, tokenizer, vq_config, out, family="var", **folder
+        ),
         ema,
         params,
     )

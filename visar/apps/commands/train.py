@@ -1,5 +1,5 @@
 """`visar train tokenizer | ar | masked | next-scale | continuous | ship`: the command line of
-visar.train.raster, visar.train.next_scale and visar.train.continuous (the recipes live there)."""
+visar.train (raster, masked, next_scale, continuous: the recipes live there)."""
 
 from __future__ import annotations
 
@@ -62,38 +62,36 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from ...train import continuous as train_continuous
-    from ...train import next_scale as train_next_scale
-    from ...train import raster as train
+    from ...train import continuous, masked, next_scale, raster
 
     if args.what == "ship":
         if not (args.export and args.name):
             raise VisarError("visar train ship needs --export (an AR run's export/ folder) and --name")
-        target = train.ship(args.export, args.name, args.description or "")
+        target = raster.ship(args.export, args.name, args.description or "")
         print(f"shipped {args.name} to {target}")
         return 0
     if not args.out:
         raise VisarError(f"visar train {args.what} needs --out (the run folder)")
     if args.what == "tokenizer":
         recipe = args.recipe or "visar-tiny-vq"
-        train_fn = train.train_tokenizer
-        if recipe in train_next_scale.MSVQ_RECIPES:
-            train_fn = train_next_scale.train_msvq
-        elif recipe in train_continuous.KL_RECIPES:
-            train_fn = train_continuous.train_kl
+        train_fn = raster.train_tokenizer
+        if recipe in next_scale.MSVQ_RECIPES:
+            train_fn = next_scale.train_msvq
+        elif recipe in continuous.KL_RECIPES:
+            train_fn = continuous.train_kl
         export = train_fn(recipe, args.out, steps=args.steps)
     else:
         if not args.tokenizer:
             raise VisarError(
                 f"visar train {args.what} needs --tokenizer (a folder made by `visar train tokenizer`, its export/)"
             )
-        train_fn, default = (train.train_ar, "visar-tiny-c2i")
+        train_fn, default = (raster.train_ar, "visar-tiny-c2i")
         if args.what == "masked":
-            train_fn, default = (train.train_masked, "visar-tiny-maskgit-c2i")
+            train_fn, default = (masked.train_masked, "visar-tiny-maskgit-c2i")
         elif args.what == "next-scale":
-            train_fn, default = (train_next_scale.train_next_scale, "visar-tiny-var-c2i")
+            train_fn, default = (next_scale.train_next_scale, "visar-tiny-var-c2i")
         elif args.what == "continuous":
-            train_fn, default = (train_continuous.train_continuous, "visar-tiny-mar-c2i")
+            train_fn, default = (continuous.train_continuous, "visar-tiny-mar-c2i")
         export = train_fn(
             args.recipe or default,
             args.out,

@@ -6,7 +6,8 @@ from safetensors.torch import load_file
 
 import visar
 from visar.errors import VisarError
-from visar.train.raster import AR_RECIPES, train_ar, train_tokenizer
+from visar.train.raster import train_ar, train_tokenizer
+from visar.train.recipes import AR_RECIPES
 
 pytestmark = pytest.mark.slow  # every test here trains (or needs the module's trained tokenizer)
 

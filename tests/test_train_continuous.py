@@ -18,7 +18,6 @@ import visar
 from visar.errors import VisarError
 from visar.models.mar import MAR, MARConfig
 from visar.train.continuous import (
-    MAR_RECIPES,
     diffusion_loss,
     mask_ratio,
     masked_token_loss,
@@ -27,6 +26,7 @@ from visar.train.continuous import (
     training_diffusion,
 )
 from visar.train.raster import ship
+from visar.train.recipes import MAR_RECIPES
 
 QUICK_KL = dict(batch_size=2, eval_images=4, checkpoint_every=1)
 QUICK_MAR = dict(batch_size=4, dataset_size=32, checkpoint_every=10, warmup=5)

@@ -19,7 +19,6 @@ import visar
 from visar.errors import VisarError
 from visar.tokenizers.msvq import MSVQConfig, MultiScaleVQVAE
 from visar.train.next_scale import (
-    MSVQ_RECIPES,
     quantize_for_training,
     scored_cross_entropy,
     split_scales,
@@ -27,6 +26,7 @@ from visar.train.next_scale import (
     train_next_scale,
 )
 from visar.train.raster import ship
+from visar.train.recipes import MSVQ_RECIPES
 
 pytestmark = pytest.mark.slow  # every test here trains (or needs the module's trained tokenizer)
 

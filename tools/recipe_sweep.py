@@ -80,7 +80,7 @@ VARIANTS = {
 
 
 def resolved_overrides(name: str) -> dict:
-    from visar.train.raster import AR_RECIPES
+    from visar.train.recipes import AR_RECIPES
 
     overrides = dict(VARIANTS[name])
     if "model_args" in overrides:
@@ -89,7 +89,7 @@ def resolved_overrides(name: str) -> dict:
 
 
 def render_key(name: str) -> str:
-    from visar.train.raster import AR_RECIPES
+    from visar.train.recipes import AR_RECIPES
 
     render = VARIANTS[name].get("render", AR_RECIPES[BASE]["render"])
     return f"size{render['min_size']}-bg{render['background_amplitude'][0]:g}-{render['background_amplitude'][1]:g}"

@@ -33,7 +33,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.shapes import CLASS_RENDER_EASY
 from ..errors import VisarError
 from ..models.base import DiffusionSchedule, diffusion_step
 from ..models.mar import MAR, MARConfig
@@ -47,102 +46,8 @@ from .loop import (
     held_out_batches,
     load_tokenizer_export,
     prepare_out_dir,
-    resolve_recipe,
 )
-
-KL_RECIPES = {
-    # visar-tiny-vq's size class (ch 32, ch_mult 1-1-2, one res block; 64 px -> 16 x 16) with
-    # continuous latents of 4 channels and MAR's VAE layout (no encoder attention at these sizes).
-    "visar-tiny-kl": dict(
-        seed=0,
-        steps=3000,
-        batch_size=16,
-        crop=32,  # as visar-tiny-vq: 4x cheaper, and the conv net is size-agnostic
-        lr=1e-3,
-        warmup=100,
-        checkpoint_every=100,
-        eval_images=512,
-        kl_weight=1e-5,
-        vq_args=dict(
-            embed_dim=4,
-            ch_mult=(1, 1, 2),
-            ch=32,
-            resolution=64,
-            num_res_blocks=1,
-            attn_resolutions=(),
-            use_variational=True,
-        ),
-    ),
-}
-
-
-def mar_args(width: int, depth: int, heads: int, head_depth: int, head_width: int) -> dict:
-    """A MAR over the KL latents in 2 x 2 patches (8 x 8 tokens of 16 numbers, 8 px each)."""
-    return dict(
-        img_size=64,
-        vae_stride=4,
-        patch_size=2,
-        encoder_embed_dim=width,
-        encoder_depth=depth,
-        encoder_num_heads=heads,
-        decoder_embed_dim=width,
-        decoder_depth=depth,
-        decoder_num_heads=heads,
-        vae_embed_dim=4,
-        class_num=40,
-        buffer_size=4,
-        diffloss_d=head_depth,
-        diffloss_w=head_width,
-        num_sampling_steps="ddim25",  # 0, 40, ..., 960: see below
-        diffusion_batch_mul=4,
-        label_drop_prob=0.1,
-        mask_ratio_min=0.7,
-    )
-
-
-# The head samples with upstream's "ddim25" respacing (guided-diffusion's space_timesteps: stride
-# 40 from 0, so the first reverse step is t = 960), not "25" (even spacing, ending at t = 999). At
-# t = 999 the cosine schedule's sqrt(1 / abar) is 2.0e4, and the first reverse step scales the
-# head's eps error by about 1,300 (2.0e4 x sqrt(abar) of the next step): a head this small, far
-# less precise than upstream's, draws noise images from there, and shapes from t = 960
-# (sqrt(1 / abar) 17; the run: docs/MODELS.md). Sampling starts from N(0, I), which q(x_960)
-# is up to a signal of sqrt(abar) = 0.06.
-MAR_RECIPES = {
-    # The target: width 128, 2 + 2 blocks (the raster default's size class), a 3-block head of width
-    # 128. The head is kept small, as upstream's are next to their trunks: per image it runs
-    # 25 steps x 2 (guidance) on every token, so a wide head takes most of the sampling time
-    # (docs/MODELS.md), which no trunk-side method can touch.
-    "visar-tiny-mar-c2i": dict(
-        condition="class",
-        seed=8,
-        data_seed=1,
-        steps=18_000,
-        batch_size=16,
-        lr=2e-3,
-        warmup=100,
-        ema_decay=0.999,
-        checkpoint_every=100,
-        dataset_size=20_000,
-        render=CLASS_RENDER_EASY,
-        model_args=mar_args(width=128, depth=2, heads=4, head_depth=3, head_width=128),
-        defaults=dict(guidance_scale=3.0, temperature=1.0, top_k=None, top_p=1.0),
-    ),
-}
-# The draft for cspd: half the width, one block each side, a 2-block head of width 96 (under a
-# quarter of the target's parameters); same latents, classes and sampling defaults.
-MAR_RECIPES["visar-tiny-mar-c2i-draft"] = dict(
-    MAR_RECIPES["visar-tiny-mar-c2i"],
-    seed=9,
-    steps=4000,
-    model_args=mar_args(width=64, depth=1, heads=2, head_depth=2, head_width=96),
-    # cspd accepts a drafted token by how close the draft's reverse steps are to the target's: the
-    # draft learns the data and, with weight 1, the KL of its sampler steps to the target's
-    # (distillation). Plain MSE to the target's head outputs at uniform timesteps left the
-    # low-noise steps apart, and exact mode accepted nothing.
-    distill_from="visar-tiny-mar-c2i",
-    distill_weight=1.0,
-)
-
+from .recipes import KL_RECIPES, MAR_RECIPES, resolve_recipe
 
 # -- the KL tokenizer ----------------------------------------------------------------------------
 

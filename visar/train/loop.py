@@ -214,17 +214,6 @@ def flat_codes(codes, count: int) -> torch.Tensor:
     return codes.reshape(count, -1)
 
 
-def resolve_recipe(recipes: dict, name: str, overrides: dict) -> dict:
-    """The named recipe with overrides (quick trials and tests); None values are ignored."""
-    if name not in recipes:
-        raise VisarError(f"unknown recipe {name!r}; known: {sorted(recipes)}")
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    unknown = sorted(set(overrides) - set(recipes[name]))
-    if unknown:
-        raise VisarError(f"unknown recipe field(s) {unknown} for {name}")
-    return {**recipes[name], **overrides}
-
-
 def fit_tokenizer(recipe_name: str, recipe: dict, out, tokenizer, vq_args: dict, forward, evaluate=None) -> Path:
     """The tokenizers' training loop (visar-tiny-vq, visar-tiny-msvq, visar-tiny-kl): Adam (0.5, 0.9) at
     the recipe's schedule on training renders (random crops when the recipe has `crop`), gradient

@@ -14,7 +14,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.shapes import CLASS_RENDER_EASY
 from ..models.maskgit import MaskGIT, MaskGITConfig, init_maskgit, masking_ratio
 from .loop import (
     build_token_dataset,
@@ -23,42 +22,8 @@ from .loop import (
     fit,
     load_tokenizer_export,
     prepare_out_dir,
-    resolve_recipe,
 )
-
-# Masked (MaskGIT-style) generators: visar.models.maskgit, trained by `train_masked`.
-MASKED_RECIPES = {
-    # The default raster model's data, size class and budget, for a bidirectional transformer: the
-    # visar-tiny-c2i training set (data_seed 1, the easy class renders), 0.76 M parameters (0.78 M
-    # raster), batch 16, lr 3e-3 with the weight average. A step costs about what a raster step
-    # costs (257 positions, 3 layers of width 128; no causal mask), so it gets the raster budget of
-    # 6,400 steps.
-    "visar-tiny-maskgit-c2i": dict(
-        condition="class",
-        seed=4,
-        data_seed=1,
-        steps=6400,
-        batch_size=16,
-        lr=3e-3,
-        warmup=100,
-        ema_decay=0.999,
-        checkpoint_every=100,
-        dataset_size=20_000,
-        render=CLASS_RENDER_EASY,
-        model_args=dict(
-            dim=128,
-            n_layer=3,
-            n_head=4,
-            mlp_ratio=4.0,
-            vocab_size=512,
-            num_classes=40,
-            grid_size=16,
-            class_dropout_prob=0.1,
-            dropout_p=0.0,
-        ),
-        defaults=dict(guidance_scale=2.0, temperature=1.0, top_k=None, top_p=1.0),
-    ),
-}
+from .recipes import MASKED_RECIPES, resolve_recipe
 
 
 def masked_inputs(tokens: torch.Tensor, mask_id: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

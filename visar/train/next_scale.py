@@ -22,7 +22,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.shapes import CLASS_RENDER_EASY
 from ..errors import VisarError
 from ..models.var import VAR, VARConfig
 from ..tokenizers.msvq import MSVQConfig, MultiScaleVQVAE
@@ -34,102 +33,8 @@ from .loop import (
     fit_tokenizer,
     load_tokenizer_export,
     prepare_out_dir,
-    resolve_recipe,
 )
-
-# The scale schedule for 64 px images: 9 scales ending at the 16 x 16 map, 655 tokens per image.
-SHAPES_SCALES = (1, 2, 3, 4, 6, 8, 10, 13, 16)
-
-MSVQ_RECIPES = {
-    # visar-tiny-vq's size class (ch 32, ch_mult 1-1-2, one res block; 64 px -> 16 x 16) with VAR's
-    # quantizer: 512 codes of width 16 shared by the 9 scales, 4 Phi convs. Whole 64 px images
-    # (the scales are fixed fractions of the last map, so crops would need another schedule).
-    "visar-tiny-msvq": dict(
-        seed=0,
-        steps=3000,
-        batch_size=16,
-        lr=1e-3,
-        warmup=100,
-        checkpoint_every=100,
-        dead_code_every=100,
-        eval_images=512,
-        vq_args=dict(
-            vocab_size=512,
-            z_channels=16,
-            ch=32,
-            ch_mult=(1, 1, 2),
-            num_res_blocks=1,
-            beta=0.25,
-            quant_resi=0.5,
-            share_quant_resi=4,
-            v_patch_nums=SHAPES_SCALES,
-            using_sa=False,
-            using_mid_sa=True,
-        ),
-    ),
-}
-
-
-def var_args(depth: int, dim: int, heads: int) -> dict:
-    return dict(
-        vocab_size=512,
-        z_channels=16,
-        num_classes=40,
-        depth=depth,
-        embed_dim=dim,
-        num_heads=heads,
-        mlp_ratio=4.0,
-        attn_l2_norm=True,  # as every release
-        patch_nums=SHAPES_SCALES,
-    )
-
-
-NEXT_SCALE_RECIPES = {
-    # The drafter (CoDe's large model): the raster default's size class (width 128, 3 layers, batch
-    # 16, lr 3e-3 with the weight average). A step holds 655 positions against the raster's 256, so
-    # the hour holds fewer steps: 3,000.
-    "visar-tiny-var-c2i": dict(
-        condition="class",
-        seed=5,
-        data_seed=1,
-        steps=3000,
-        batch_size=16,
-        lr=3e-3,
-        warmup=100,
-        ema_decay=0.999,
-        checkpoint_every=100,
-        dataset_size=20_000,
-        class_dropout_prob=0.1,
-        render=CLASS_RENDER_EASY,
-        model_args=var_args(depth=3, dim=128, heads=4),
-        # VAR's convention: guidance 1 + cfg at the last scale (ramped); the raster default's cfg 2
-        # is guidance_scale 3 here. No top-k/top-p: the 512-code vocabulary is small. Temperature
-        # 0.7: better than 1.0 on held-out images (docs/MODELS.md, docs/VAR.md).
-        defaults=dict(guidance_scale=3.0, temperature=0.7, top_k=None, top_p=1.0),
-    ),
-}
-# The refiner (CoDe's small model): half the width, 2 layers (about a fifth of the drafter's
-# parameters), trained on the same tokens for the same 3,000 steps.
-NEXT_SCALE_RECIPES["visar-tiny-var-c2i-refiner"] = dict(
-    NEXT_SCALE_RECIPES["visar-tiny-var-c2i"],
-    seed=6,
-    model_args=var_args(depth=2, dim=64, heads=2),
-    # alone, the refiner samples at temperature 1; inside `code` the drafter's call sets it
-    defaults=dict(NEXT_SCALE_RECIPES["visar-tiny-var-c2i"]["defaults"], temperature=1.0),
-)
-# CoDe's specialised fine-tuning: the refiner, trained on every scale, fine-tuned on the scales it
-# decodes after the drafter's 6 (sizes 10, 13, 16: 525 of the 655 tokens); the loss still sees
-# every earlier scale as context. No weight average (it lagged on the 3,000-step runs).
-NEXT_SCALE_RECIPES["visar-tiny-var-c2i-refiner-s6"] = dict(
-    NEXT_SCALE_RECIPES["visar-tiny-var-c2i-refiner"],
-    seed=7,
-    init="visar-tiny-var-c2i-refiner",
-    loss_from_scale=6,
-    steps=3000,
-    lr=1e-3,
-    ema_decay=None,
-)
-
+from .recipes import MSVQ_RECIPES, NEXT_SCALE_RECIPES, resolve_recipe
 
 # -- the multi-scale VQVAE -----------------------------------------------------------------------
 

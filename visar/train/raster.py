@@ -17,7 +17,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.shapes import CLASS_RENDER_EASY
 from ..errors import VisarError
 from ..models.base import condition_validity
 from ..models.lag_mask import lag_training_mask
@@ -32,140 +31,8 @@ from .loop import (
     fit_tokenizer,
     load_tokenizer_export,
     prepare_out_dir,
-    resolve_recipe,
 )
-
-TOKENIZER_RECIPES = {
-    "visar-tiny-vq": dict(
-        seed=0,
-        steps=3000,
-        batch_size=16,
-        crop=32,  # train on random 32x32 crops: 4x cheaper, and the conv net is size-agnostic
-        lr=1e-3,
-        warmup=100,
-        checkpoint_every=100,
-        dead_code_every=100,
-        eval_images=512,
-        vq_args=dict(
-            codebook_size=512,
-            codebook_embed_dim=8,
-            encoder_ch_mult=[1, 1, 2],
-            decoder_ch_mult=[1, 1, 2],
-            z_channels=64,
-            ch=32,
-            num_res_blocks=1,
-            codebook_show_usage=False,
-        ),
-    ),
-}
-
-AR_RECIPES = {
-    # The default's recipe without zipar-aware training (plain causal); shipped as visar-tiny-c2i-causal.
-    "visar-tiny-c2i-causal": dict(
-        condition="class",
-        seed=1,
-        data_seed=1,
-        # Small batches, many steps: at this size the step count, not the batch, limits how soon
-        # the class is used; 3 layers beat 4 at the same CPU time, and 6,400 compiled steps fit
-        # the hour with the tokenizing (the sweep and timings: docs/MODELS.md, tools/recipe_sweep.py).
-        steps=6400,
-        batch_size=16,
-        lr=3e-3,
-        warmup=100,
-        ema_decay=0.999,  # the lr ends at 10% of its peak: the average smooths the last steps' noise
-        checkpoint_every=100,
-        dataset_size=20_000,
-        render=CLASS_RENDER_EASY,  # one 28-px object on a calm background (visar/data/shapes.py)
-        model_args=dict(
-            dim=128,
-            n_layer=3,
-            n_head=4,
-            multiple_of=64,
-            vocab_size=512,
-            num_classes=40,
-            block_size=256,
-            cls_token_num=1,
-            class_dropout_prob=0.1,
-            token_dropout_p=0.0,
-            resid_dropout_p=0.0,
-            ffn_dropout_p=0.0,
-        ),
-        # cfg 2: the best of the guidance sweep in docs/MODELS.md.
-        defaults=dict(guidance_scale=2.0, temperature=1.0, top_k=None, top_p=1.0),
-    ),
-    "visar-tiny-c2i-draft": dict(
-        condition="class",
-        seed=2,
-        data_seed=1,  # the target's training set (same render settings): the draft learns the same data
-        steps=5400,  # the schedule the target had when the draft was trained; a draft step costs under a third
-        batch_size=16,
-        lr=3e-3,
-        warmup=100,
-        checkpoint_every=100,
-        dataset_size=20_000,
-        render=CLASS_RENDER_EASY,
-        model_args=dict(
-            dim=64,
-            n_layer=2,  # 0.17 M parameters: under a quarter of the target's 0.78 M
-            n_head=2,
-            multiple_of=64,
-            vocab_size=512,
-            num_classes=40,
-            block_size=256,
-            cls_token_num=1,
-            class_dropout_prob=0.1,
-            token_dropout_p=0.0,
-            resid_dropout_p=0.0,
-            ffn_dropout_p=0.0,
-        ),
-        defaults=dict(guidance_scale=2.0, temperature=1.0, top_k=None, top_p=1.0),
-    ),
-    # What the c2i recipe taught, for captions (docs/MODELS.md): batch 16 at lr 3e-3 with the weight
-    # average, a compiled step, many steps, and the easy renders (a calm background; objects at the
-    # largest size their count allows: 28 px alone, 24 for two, 20 for three, 18 for four).
-    # It starts from the causal c2i model's transformer (`init`; the caption encoder and its
-    # projection start fresh): a model that already draws each shape in each colour only has to learn
-    # to read the caption (the pilot that compared it with a start from scratch: docs/MODELS.md).
-    "visar-tiny-t2i": dict(
-        condition="caption",
-        init="visar-tiny-c2i-causal",
-        seed=3,
-        data_seed=3,
-        steps=10_000,
-        batch_size=16,
-        lr=3e-3,
-        warmup=100,
-        ema_decay=0.999,
-        checkpoint_every=100,
-        dataset_size=30_000,
-        render=CLASS_RENDER_EASY,
-        model_args=dict(
-            dim=128,
-            n_layer=3,  # the init model's transformer
-            n_head=4,
-            multiple_of=64,
-            vocab_size=512,
-            block_size=256,
-            cls_token_num=16,
-            caption_dim=64,
-            model_type="t2i",
-            class_dropout_prob=0.1,
-            token_dropout_p=0.0,
-            resid_dropout_p=0.0,
-            ffn_dropout_p=0.0,
-        ),
-        text_encoder_args=dict(max_len=16, dim=64, n_layer=2, n_head=4),
-        # the best of the held-out guidance and temperature sweep (tools/t2i_settings.py,
-        # docs/t2i_settings.json, docs/MODELS.md)
-        defaults=dict(guidance_scale=1.5, temperature=1.0, top_k=None, top_p=1.0),
-    ),
-}
-
-# The default: the causal recipe with ZipAR-aware training (docs/MODELS.md). A quarter of the
-# sequences see only what zipar at lag 2 or 3 lets a position see, so next-set decoding asks the
-# model for conditionals it was trained on, at a price in plain AR quality; half the sequences
-# at lags 2-4 cost more (the comparison: docs/MODELS.md, "ZipAR-aware training").
-AR_RECIPES["visar-tiny-c2i"] = dict(AR_RECIPES["visar-tiny-c2i-causal"], zipar_lags=(2, 3), zipar_fraction=0.25)
+from .recipes import AR_RECIPES, TOKENIZER_RECIPES, resolve_recipe
 
 
 def train_tokenizer(recipe_name: str, out: str | os.PathLike, **overrides) -> Path:

@@ -62,7 +62,7 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from ...train import continuous, masked, next_scale, raster
+    from ...train import continuous, masked, next_scale, raster, recipes
 
     if args.what == "ship":
         if not (args.export and args.name):
@@ -75,9 +75,9 @@ def run(args) -> int:
     if args.what == "tokenizer":
         recipe = args.recipe or "visar-tiny-vq"
         train_fn = raster.train_tokenizer
-        if recipe in next_scale.MSVQ_RECIPES:
+        if recipe in recipes.MSVQ_RECIPES:
             train_fn = next_scale.train_msvq
-        elif recipe in continuous.KL_RECIPES:
+        elif recipe in recipes.KL_RECIPES:
             train_fn = continuous.train_kl
         export = train_fn(recipe, args.out, steps=args.steps)
     else:

@@ -46,7 +46,7 @@ def test_every_embedded_folder_is_self_contained():
 def test_ship_writes_a_self_contained_folder(tmp_path):
     """`visar train ship` on an export (here an embedded folder, laid out as one) copies every file the
     config names into the new folder, and the tokenizer again into the recipe's tokenizer folder."""
-    from visar.train.raster import ship
+    from visar.apps.commands.train import ship
 
     export = tmp_path / "export"
     shutil.copytree(embedded_models()["visar-tiny-c2i"], export)

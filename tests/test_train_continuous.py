@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import visar
+from visar.apps.commands.train import ship
 from visar.errors import VisarError
 from visar.models.mar import MAR, MARConfig
 from visar.train.continuous import (
@@ -25,7 +26,6 @@ from visar.train.continuous import (
     train_kl,
     training_diffusion,
 )
-from visar.train.raster import ship
 from visar.train.recipes import MAR_RECIPES
 
 QUICK_KL = dict(batch_size=2, eval_images=4, checkpoint_every=1)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import visar
+from visar.apps.commands.train import ship
 from visar.errors import VisarError
 from visar.tokenizers.msvq import MSVQConfig, MultiScaleVQVAE
 from visar.train.next_scale import (
@@ -25,7 +26,6 @@ from visar.train.next_scale import (
     train_msvq,
     train_next_scale,
 )
-from visar.train.raster import ship
 from visar.train.recipes import MSVQ_RECIPES
 
 pytestmark = pytest.mark.slow  # every test here trains (or needs the module's trained tokenizer)

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..checkpoints import load_strict
 from ..errors import VisarError
 from ..models.base import DiffusionSchedule, diffusion_step
 from ..models.mar import MAR, MARConfig
@@ -46,6 +47,7 @@ from .loop import (
     held_out_batches,
     load_tokenizer_export,
     prepare_out_dir,
+    shipped_model_weights,
 )
 from .recipes import KL_RECIPES, MAR_RECIPES, resolve_recipe
 
@@ -249,18 +251,18 @@ def masked_token_loss(
     return loss + weight * kl
 
 
-def registered_model(name: str, student: MARConfig, device) -> MAR:
-    """A registered MAR (name or folder) as a frozen teacher; its tokens must be the student's."""
-    from ..pipeline import load
-
-    teacher = load(name, device=device).model.float().eval().requires_grad_(False)
-    fits = isinstance(teacher, MAR) and (
+def distillation_teacher(name: str, student: MARConfig, device) -> MAR:
+    """A shipped MAR (name or folder) as a frozen teacher; its tokens must be the student's."""
+    config, weights = shipped_model_weights(name)
+    teacher = MAR(MARConfig.from_dict(config["model_args"])) if config.get("family") == "mar" else None
+    fits = teacher is not None and (
         (teacher.config.seq_side, teacher.config.token_dim, teacher.config.class_num)
         == (student.seq_side, student.token_dim, student.class_num)
     )
     if not fits:
         raise VisarError(f"distill_from {name!r} is not a MAR over the recipe's tokens and classes")
-    return teacher
+    load_strict(teacher, weights, source=f"distill_from {name}")
+    return teacher.to(device).eval().requires_grad_(False)
 
 
 def latent_encoder(vae: AutoencoderKL):
@@ -299,7 +301,7 @@ def train_continuous(
     constants = training_diffusion(device)
     teacher = None
     if recipe.get("distill_from"):
-        teacher = registered_model(recipe["distill_from"], model.config, device)
+        teacher = distillation_teacher(recipe["distill_from"], model.config, device)
     loss_of = torch.compile(masked_token_loss) if compile else masked_token_loss
 
     def batch_loss(gen: torch.Generator) -> torch.Tensor:

@@ -21,8 +21,10 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from ..checkpoints import read_state_dict
 from ..data.shapes import class_render_options
 from ..errors import VisarError
+from ..registry import embedded_models, read_config, weights_file
 from ..tokenizers.vq import VQConfig, VQModel
 
 # -- the run folder and the generators' loop ----------------------------------------------------
@@ -298,6 +300,20 @@ def restart_dead_codes(tokenizer, usage: torch.Tensor, pre_quant: torch.Tensor, 
 
 
 # -- token datasets and the generators' export ---------------------------------------------------
+
+
+def shipped_model_weights(name: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+    """config.json and the float32 model weights of an embedded model (by name) or a model folder (by
+    path): what a recipe's `init` or `distill_from` starts from. Read from the folder itself: training
+    code builds its own modules and does not go through the pipeline."""
+    folder = embedded_models().get(str(name), Path(name))
+    if not (folder / "config.json").is_file():
+        raise VisarError(
+            f"{str(name)!r} is neither an embedded model ({', '.join(embedded_models())}) nor a folder with config.json"
+        )
+    config = read_config(folder)
+    path = weights_file(folder, config.get("weights", {}), "model")
+    return config, {key: value.float() for key, value in read_state_dict(path).items()}
 
 
 def load_tokenizer_export(path: str | os.PathLike, build=None) -> tuple[torch.nn.Module, dict]:

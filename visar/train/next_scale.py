@@ -33,6 +33,7 @@ from .loop import (
     fit_tokenizer,
     load_tokenizer_export,
     prepare_out_dir,
+    shipped_model_weights,
 )
 from .recipes import MSVQ_RECIPES, NEXT_SCALE_RECIPES, resolve_recipe
 
@@ -117,13 +118,11 @@ def scored_cross_entropy(logits: torch.Tensor, tokens: torch.Tensor, first: int)
 
 
 def start_from(model: VAR, name: str):
-    """Load a registered model's weights (same architecture) into `model`, for a fine-tuning recipe."""
-    from ..pipeline import load
-
-    source = load(name, device="cpu").model
-    if source.config != model.config:
+    """Load a shipped VAR's weights (same architecture) into `model`, for a fine-tuning recipe."""
+    config, weights = shipped_model_weights(name)
+    if config.get("family") != "var" or VARConfig.from_dict(config["model_args"]) != model.config:
         raise VisarError(f"init model {name!r} has another architecture than the recipe's model_args")
-    model.load_state_dict(source.float().state_dict())
+    model.load_state_dict(weights)
 
 
 def train_next_scale(

@@ -8,9 +8,7 @@ model's transformer (`init`). The loops, checkpoints and exports are visar.train
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +29,7 @@ from .loop import (
     fit_tokenizer,
     load_tokenizer_export,
     prepare_out_dir,
+    shipped_model_weights,
 )
 from .recipes import AR_RECIPES, TOKENIZER_RECIPES, resolve_recipe
 
@@ -145,16 +144,8 @@ def train_ar(
 def start_backbone_from(model: LlamaGen, name: str):
     """Load a registered LlamaGen model's transformer into `model`, keeping `model`'s own condition
     embedding: a text-conditional recipe can start from a class-conditional model that already draws
-    the shapes (every weight but `cls_embedding.*` must match in name and shape). The weights are
-    read from the embedded model's folder (training code does not go through the pipeline)."""
-    from ..checkpoints import read_state_dict
-    from ..registry import embedded_models
-
-    folder = embedded_models().get(name)
-    if folder is None:
-        raise VisarError(f"init model {name!r} is not an embedded model; known: {sorted(embedded_models())}")
-    weights = json.loads((folder / "config.json").read_text())["weights"]["model"]
-    source = {k: v.float() for k, v in read_state_dict(folder / weights).items()}
+    the shapes (every weight but `cls_embedding.*` must match in name and shape)."""
+    _, source = shipped_model_weights(name)
     own = model.state_dict()
     backbone = {k for k in own if not k.startswith("cls_embedding.")}
     source_backbone = {k for k in source if not k.startswith("cls_embedding.")}
@@ -191,29 +182,3 @@ def init_llamagen(model: LlamaGen, std: float = 0.02):
         if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
             torch.nn.init.normal_(module.weight, std=std)
     torch.nn.init.zeros_(model.output.weight)
-
-
-def ship(export: str | os.PathLike, name: str, description: str, weights_dir: Path | None = None) -> Path:
-    """Copy an export (ar, masked, next-scale or continuous) into the package as embedded model `name`.
-
-    The folder is self-contained, as the export is: its tokenizer.safetensors travels with it, so that
-    the folder loads wherever it is copied or published (a Hub repository has no sibling folders).
-    The tokenizer also goes to `weights/<tokenizer recipe>/` with its tokenizer.json: the folder that
-    `visar train ... --tokenizer` and the shapes-world features read (git stores the copies once).
-    """
-    from ..registry import WEIGHTS_DIR, weights_file
-
-    export, weights_dir = Path(export), weights_dir or WEIGHTS_DIR
-    config = json.loads((export / "config.json").read_text())
-    tokenizer_name = config["tokenizer_recipe"]["name"]
-    tokenizer_dir = prepare_out_dir(weights_dir / tokenizer_name)
-    shutil.copyfile(weights_file(export, config["weights"], "tokenizer"), tokenizer_dir / "tokenizer.safetensors")
-    (tokenizer_dir / "tokenizer.json").write_text(
-        json.dumps({"vq_args": config["vq_args"], "recipe": config["tokenizer_recipe"]}, indent=1)
-    )
-    target = prepare_out_dir(weights_dir / name)
-    for key, file in config["weights"].items():
-        shutil.copyfile(weights_file(export, config["weights"], key), target / file)
-    config.update(name=name, description=description)
-    (target / "config.json").write_text(json.dumps(config, indent=1))
-    return target

@@ -1,9 +1,13 @@
-"""`visar train tokenizer | ar | masked | next-scale | continuous | ship`: the command line of
-visar.train (raster, masked, next_scale, continuous: the recipes live there)."""
+"""`visar train tokenizer | ar | masked | next-scale | continuous | ship`: the command line of visar.train
+(its recipes: visar/train/recipes.py), and `ship`, which copies an export into the package's weights."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
+from pathlib import Path
 
 from ...errors import VisarError
 
@@ -67,7 +71,7 @@ def run(args) -> int:
     if args.what == "ship":
         if not (args.export and args.name):
             raise VisarError("visar train ship needs --export (an AR run's export/ folder) and --name")
-        target = raster.ship(args.export, args.name, args.description or "")
+        target = ship(args.export, args.name, args.description or "")
         print(f"shipped {args.name} to {target}")
         return 0
     if not args.out:
@@ -102,3 +106,31 @@ def run(args) -> int:
         )
     print(f"exported to {export}")
     return 0
+
+
+def ship(export: str | os.PathLike, name: str, description: str, weights_dir: Path | None = None) -> Path:
+    """Copy an export (ar, masked, next-scale or continuous) into the package as embedded model `name`.
+
+    The folder is self-contained, as the export is: its tokenizer.safetensors travels with it, so that
+    the folder loads wherever it is copied or published (a Hub repository has no sibling folders).
+    The tokenizer also goes to `weights/<tokenizer recipe>/` with its tokenizer.json: the folder that
+    `visar train ... --tokenizer` and the shapes-world features read (git stores the copies once).
+    Copying into the package is an app's step, not training's: the trainers write their exports anywhere.
+    """
+    from ...registry import WEIGHTS_DIR, weights_file
+    from ...train.loop import prepare_out_dir
+
+    export, weights_dir = Path(export), weights_dir or WEIGHTS_DIR
+    config = json.loads((export / "config.json").read_text())
+    tokenizer_name = config["tokenizer_recipe"]["name"]
+    tokenizer_dir = prepare_out_dir(weights_dir / tokenizer_name)
+    shutil.copyfile(weights_file(export, config["weights"], "tokenizer"), tokenizer_dir / "tokenizer.safetensors")
+    (tokenizer_dir / "tokenizer.json").write_text(
+        json.dumps({"vq_args": config["vq_args"], "recipe": config["tokenizer_recipe"]}, indent=1)
+    )
+    target = prepare_out_dir(weights_dir / name)
+    for key, file in config["weights"].items():
+        shutil.copyfile(weights_file(export, config["weights"], key), target / file)
+    config.update(name=name, description=description)
+    (target / "config.json").write_text(json.dumps(config, indent=1))
+    return target

@@ -2,24 +2,13 @@
 
 The embedded continuous-token pair: one KL-regularised VAE (MAR's tokenizer, visar/tokenizers/kl.py)
 and two MAR models of different sizes trained on its latents, a target and a draft for `cspd`.
-Checkpoints, resume, the weight average and the fp16 export follow visar.train.raster; the exports
-name family "mar", so `visar.load` and `visar train ship` read them as they read the other models.
-
-MAR's objective is upstream's (LTH14/mar `MAR.forward`, `DiffLoss`): a random order per image and
-one mask ratio per batch from a normal centred at 1 (scale 0.25) truncated to [mask_ratio_min, 1];
-the masked tokens' conditions z from the encoder / decoder pass; the diffusion head trained on each
-masked token `diffusion_batch_mul` times at uniform timesteps of the 1000-step cosine schedule, with
-the improved-DDPM loss (MSE on eps plus the variational bound for the learned variance, its mean
-frozen); class dropout to `fake_latent` at `label_drop_prob`. Left out: the attention / projection
-dropouts (0.1 upstream; our blocks are inference blocks, and the runs are short).
-
-A draft recipe may name its target (`distill_from`): it then also learns the KL of its sampler's
-reverse steps to the target's (`transition_kl`), what cspd's acceptance test pays for.
-
-The VAE's objective is visar-tiny-vq's reconstruction loss (MSE + 0.5 L1) on a posterior sample,
-plus `kl_weight` times the KL to N(0, I) (per latent element); MAR's fixed 0.2325 latent scale is
-replaced by the one measured on held-out renders (1 / the std of the posterior means), recorded in
-the tokenizer's config as `scale_factor`.
+MAR's objective is upstream's (LTH14/mar `MAR.forward`, `DiffLoss`): a random order and a truncated
+normal mask ratio, the diffusion head trained with the improved-DDPM loss on the masked tokens. A
+draft recipe may name its target (`distill_from`) and also learn the KL of its sampler's reverse
+steps to the target's (`transition_kl`), what cspd's acceptance test pays for. The VAE adds a KL to
+N(0, I) to visar-tiny-vq's reconstruction loss and records the latent scale it measured. The loops,
+checkpoints and exports are visar.train.loop's; the exports name family "mar". In full:
+docs/TRAINING.md.
 """
 
 from __future__ import annotations

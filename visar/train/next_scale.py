@@ -2,15 +2,11 @@
 
 The embedded next-scale pair: one multi-scale VQVAE (VAR's tokenizer, visar/tokenizers/msvq.py)
 and two VAR transformers of different depths trained on its tokens, a larger drafter and a smaller
-refiner for `code` (collaborative decoding). Checkpoints, resume, the weight average and the fp16
-export follow visar.train.raster; the exports name family "var", so `visar.load` and `visar train
-ship` read them as they read the raster models.
-
-VAR's tokenizer training is not released upstream; the objective here is the one its quantizer
-implements (`VectorQuantizer2.forward`): residual quantisation over the scales of the detached
-encoder output, a codebook loss ||f_hat - sg(f)||^2 plus beta ||sg(f_hat) - f||^2, and the
-straight-through estimator into the decoder; the reconstruction loss is visar-tiny-vq's (MSE +
-0.5 L1), without the perceptual and GAN terms (no pretrained network offline, and minutes).
+refiner for `code` (collaborative decoding). The VQVAE's objective is the one VAR's quantizer
+implements (its training is not released upstream): residual quantisation with a codebook and a
+commitment loss and the straight-through estimator, plus visar-tiny-vq's reconstruction loss. The
+loops, checkpoints and exports are visar.train.loop's; the exports name family "var". In full:
+docs/TRAINING.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
 """The design's dependency rules, read from every module's imports (relative and lazy ones included) with ast.
 
-apps -> loading -> pipeline -> accel, models, tokenizers; eval -> pipeline. A decoding method sees
-only the written interfaces (visar.models.base, visar.tokenizers.base), never a concrete model file,
-the loader, eval or apps; the pipeline knows no training data, nor how a model loads (families, the
-Hub, checkpoints: visar.loading); training code imports no decoding method; models and tokenizers
-import nothing above them; and no module imports itself back through others. (Importing a
-subpackage and looking at sys.modules would not do: visar/__init__.py imports the loader and the
-pipeline, which import nearly everything.) And the tests keep their shared helpers in
-helper modules (tests/laws.py, conftest.py, ...): no test module imports another.
+apps -> loading -> pipeline -> accel, models, tokenizers; apps -> train -> models, tokenizers. A
+decoding method sees only the written interfaces (visar.models.base, visar.tokenizers.base), never a
+concrete model file, the loader, eval or apps; the pipeline knows no training data, nor how a model
+loads (families, the Hub, checkpoints: visar.loading); training code imports no decoding method,
+loader, eval or app, and nothing below it imports training; models and tokenizers import nothing
+above them; and no module imports itself back through others. The arrows block at the top of
+docs/ARCHITECTURE.md is read too, and must say what the imports do. (Importing a subpackage and
+looking at sys.modules would not do: visar/__init__.py imports the loader and the pipeline, which
+import nearly everything.) And the tests keep their shared helpers in helper modules (tests/laws.py,
+conftest.py, ...): no test module imports another.
 """
 
 import ast
@@ -81,8 +83,19 @@ RULES = [
         ("visar.pipeline", loader)
         for loader in ("visar.loading", "visar.families", "visar.registry", "visar.hub", "visar.checkpoints")
     ],
-    ("visar.apps.train", "visar.accel"),
-    ("visar.apps.train", "visar.pipeline"),
+    *[("visar.train", high) for high in ("visar.accel", "visar.pipeline", "visar.loading", "visar.eval", "visar.apps")],
+    *[
+        (low, "visar.train")
+        for low in (
+            "visar.models",
+            "visar.tokenizers",
+            "visar.families",
+            "visar.accel",
+            "visar.loading",
+            "visar.pipeline",
+            "visar.eval",
+        )
+    ],
     *[
         (low, high)
         for low in ("visar.models", "visar.tokenizers", "visar.families")
@@ -92,6 +105,11 @@ RULES = [
 ]
 
 
+def forbids(who: str, forbidden: str, name: str) -> bool:
+    """Does the rule (who, forbidden) forbid importing `name`?"""
+    return within(name, forbidden) and not (who == "visar.accel" and name in INTERFACES)
+
+
 def violations() -> list[str]:
     found = []
     for module, imported in GRAPH.items():
@@ -99,9 +117,76 @@ def violations() -> list[str]:
             if not within(module, who):
                 continue
             for name in imported:
-                if within(name, forbidden) and not (who == "visar.accel" and name in INTERFACES):
+                if forbids(who, forbidden, name):
                     found.append(f"{module} imports {name} (rule: {who} must not import {forbidden})")
     return found
+
+
+def read_arrows(text: str) -> dict[str, set[str]]:
+    """The arrows block (the first fenced block of docs/ARCHITECTURE.md): part -> what it may import.
+    `visar/apps  words  -> pipeline, models/base.py` gives visar.apps -> {visar.pipeline, visar.models.base}."""
+    arrows = {}
+    for line in text.split("```")[1].strip().splitlines():
+        name, _, targets = line.partition("->")
+        part = "visar." + name.split()[0].removeprefix("visar/")
+        targets = [t.strip().removesuffix(" only").removesuffix(".py") for t in targets.split(",") if t.strip()]
+        arrows[part] = {"visar." + t.replace("/", ".") for t in targets}
+    return arrows
+
+
+ARROWS = read_arrows((PACKAGE.parent / "docs" / "ARCHITECTURE.md").read_text())
+LEAVES = {"visar.errors", "visar.progress"}  # what every part may import
+TOP = {"visar", "visar.__main__"}  # the package's re-exports and `python -m visar`: no part of the design
+
+
+def part_of(module: str) -> str | None:
+    return next((part for part in ARROWS if within(module, part)), None)
+
+
+def imports_through_the_top(module: str) -> set[str]:
+    """`module`'s imports, `import visar` counted as what the package re-exports (visar/__init__.py)."""
+    return set().union(*(GRAPH["visar"] if name == "visar" else {name} for name in GRAPH[module]))
+
+
+def off_the_arrows() -> list[str]:
+    """Imports that follow no arrow of their part (nor stay inside it, nor go to a leaf)."""
+    found = []
+    for module in GRAPH:
+        part = part_of(module)
+        if part is None:
+            continue
+        for name in sorted(imports_through_the_top(module)):
+            if not (within(name, part) or name in LEAVES or any(within(name, target) for target in ARROWS[part])):
+                found.append(f"{module} imports {name}: docs/ARCHITECTURE.md has no arrow {part} -> {part_of(name)}")
+    return found
+
+
+def stale_arrows() -> list[str]:
+    """Arrows that no import follows: the block must not claim a dependency the code does not have."""
+    followed = {
+        (part_of(module), target)
+        for module in GRAPH
+        for name in imports_through_the_top(module)
+        for target in ARROWS.get(part_of(module), ())
+        if within(name, target)
+    }
+    return [
+        f"{part} -> {target}"
+        for part, targets in ARROWS.items()
+        for target in targets
+        if (part, target) not in followed
+    ]
+
+
+def arrows_against_rules() -> list[str]:
+    """Arrows that a rule forbids (a rule on the part, or on a module inside it)."""
+    return [
+        f"{part} -> {target} (rule: {who} must not import {forbidden})"
+        for part, targets in ARROWS.items()
+        for target in targets
+        for who, forbidden in RULES
+        if (within(part, who) or within(who, part)) and forbids(who, forbidden, target)
+    ]
 
 
 def cycles() -> list[list[str]]:
@@ -141,6 +226,38 @@ def test_dependency_rules():
     assert violations() == []
 
 
+def test_the_arrows_block_is_read():
+    assert ARROWS["visar.accel"] == {"visar.models.base", "visar.models.lag_mask", "visar.tokenizers.base"}
+    assert {"visar.loading", "visar.train", "visar.models.base"} <= ARROWS["visar.apps"]
+    assert ARROWS["visar.models"] == set() and "visar.hub" in ARROWS
+
+
+def test_every_module_lies_in_a_part_of_the_arrows_block():
+    assert [module for module in MODULES if part_of(module) is None and module not in TOP | LEAVES] == []
+
+
+def test_imports_follow_the_arrows_block():
+    assert off_the_arrows() == []
+
+
+def test_every_arrow_is_followed_by_an_import():
+    assert stale_arrows() == []
+
+
+def test_the_arrows_allow_nothing_the_rules_forbid():
+    assert arrows_against_rules() == []
+
+
+def test_each_arrows_check_catches_its_violation(monkeypatch):
+    """Negative controls: an import off the arrows, an arrow no import follows, an arrow a rule forbids."""
+    monkeypatch.setitem(GRAPH, "visar.train.loop", GRAPH["visar.train.loop"] | {"visar.families"})
+    assert any("visar.train.loop imports visar.families" in line for line in off_the_arrows())
+    monkeypatch.setitem(ARROWS, "visar.data", {"visar.hub"})
+    assert stale_arrows() == ["visar.data -> visar.hub"]
+    monkeypatch.setitem(ARROWS, "visar.train", ARROWS["visar.train"] | {"visar.pipeline"})
+    assert any(line.startswith("visar.train -> visar.pipeline") for line in arrows_against_rules())
+
+
 def test_no_import_cycles():
     assert cycles() == []
 
@@ -153,7 +270,9 @@ def test_no_import_cycles():
         ("visar.pipeline", "visar.data.shapes", "visar.pipeline imports visar.data.shapes"),
         ("visar.pipeline", "visar.families", "visar.pipeline imports visar.families"),
         ("visar.accel.jacobi", "visar.loading", "visar.accel.jacobi imports visar.loading"),
-        ("visar.apps.train", "visar.accel.zipar", "visar.apps.train imports visar.accel.zipar"),
+        ("visar.train.raster", "visar.accel.zipar", "visar.train.raster imports visar.accel.zipar"),
+        ("visar.train.continuous", "visar.pipeline", "rule: visar.train must not import visar.pipeline"),
+        ("visar.eval.fid", "visar.train.loop", "rule: visar.eval must not import visar.train"),
         ("visar.models.llamagen", "visar.eval.bench", "visar.models.llamagen imports visar.eval.bench"),
     ],
 )

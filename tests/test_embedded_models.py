@@ -8,6 +8,7 @@ import torch
 
 import visar
 from visar.registry import DEFAULT_MODEL, WEIGHTS_DIR, embedded_models
+from visar.train import recipes
 
 TRAINED = ["visar-tiny-c2i", "visar-tiny-c2i-causal", "visar-tiny-c2i-draft", "visar-tiny-t2i"]
 
@@ -45,7 +46,7 @@ def test_every_embedded_folder_is_self_contained():
 def test_ship_writes_a_self_contained_folder(tmp_path):
     """`visar train ship` on an export (here an embedded folder, laid out as one) copies every file the
     config names into the new folder, and the tokenizer again into the recipe's tokenizer folder."""
-    from visar.apps.train import ship
+    from visar.apps.commands.train import ship
 
     export = tmp_path / "export"
     shutil.copytree(embedded_models()["visar-tiny-c2i"], export)
@@ -88,16 +89,34 @@ def test_t2i_prompts_outside_the_vocabulary_warn_once_and_generate():
     assert out.tokens.shape == (2, 16, 16)
 
 
-@pytest.mark.parametrize("name", TRAINED)
-def test_shipped_config_records_the_current_recipe(name):
-    """`visar train ar --recipe NAME` reproduces what ships: same recipe fields, model and defaults."""
-    from visar.apps.train import AR_RECIPES
+RECIPES = {
+    name: recipe
+    for table in (
+        recipes.TOKENIZER_RECIPES,
+        recipes.MSVQ_RECIPES,
+        recipes.KL_RECIPES,
+        recipes.AR_RECIPES,
+        recipes.MASKED_RECIPES,
+        recipes.NEXT_SCALE_RECIPES,
+        recipes.MAR_RECIPES,
+    )
+    for name, recipe in table.items()
+}
 
-    config = json.loads((embedded_models()[name] / "config.json").read_text())
-    recipe = json.loads(json.dumps(AR_RECIPES[name]))  # tuples -> lists, as config.json stores them
-    assert config["model_args"] == recipe.pop("model_args")
-    assert config["defaults"] == recipe.pop("defaults")
-    assert {k: v for k, v in config["recipe"].items() if k != "name"} == recipe
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_recipe_is_what_its_shipped_model_records(name):
+    """`visar train ... --recipe NAME` reproduces what ships: the recipe (the base with the model's
+    overrides, visar/train/recipes.py) holds exactly the fields, model arguments and sampling defaults
+    that its shipped model (config.json) or tokenizer (tokenizer.json) recorded when it was trained."""
+    recipe = json.loads(json.dumps(RECIPES[name]))  # tuples -> lists, as the records store them
+    folder = WEIGHTS_DIR / name
+    if (folder / "config.json").is_file():
+        config = json.loads((folder / "config.json").read_text())
+        recorded = {**config["recipe"], "model_args": config["model_args"], "defaults": config["defaults"]}
+    else:
+        recorded = json.loads((folder / "tokenizer.json").read_text())["recipe"]
+    assert {k: v for k, v in recorded.items() if k != "name"} == recipe
 
 
 @pytest.mark.slow
@@ -118,9 +137,10 @@ def test_zipar_aware_model_predicts_better_from_zipar_contexts():
     next-token loss under those masks is lower than the causal model's, and the masks matter to it less."""
     import torch.nn.functional as F
 
-    from visar.apps.train import AR_RECIPES, class_render_options, images_to_tensor
-    from visar.data.shapes import render_class
+    from visar.data.shapes import class_render_options, render_class
     from visar.models.lag_mask import lag_training_mask
+    from visar.train.loop import images_to_tensor
+    from visar.train.recipes import AR_RECIPES
 
     render = class_render_options(AR_RECIPES["visar-tiny-c2i"])
     labels = torch.arange(0, 40, 3)  # 14 classes, renders no recipe trains on
@@ -150,8 +170,8 @@ def test_t2i_model_reads_its_caption():
     shows it)."""
     import torch.nn.functional as F
 
-    from visar.apps.train import images_to_tensor
     from visar.data.shapes import CLASS_RENDER_EASY, render_caption_sample
+    from visar.train.loop import images_to_tensor
 
     pipe = visar.load("visar-tiny-t2i", device="cpu")
     model, encoder = pipe.model, pipe.text_encoder
@@ -213,7 +233,7 @@ VAR_PAIR = ["visar-tiny-var-c2i", "visar-tiny-var-c2i-refiner"]
 
 @pytest.mark.parametrize("name", [*VAR_PAIR, "visar-tiny-var-c2i-refiner-s6"])
 def test_var_pair_records_its_recipes_and_shares_the_multiscale_tokenizer(name):
-    from visar.apps.train_next_scale import MSVQ_RECIPES, NEXT_SCALE_RECIPES
+    from visar.train.recipes import MSVQ_RECIPES, NEXT_SCALE_RECIPES
 
     check_recorded_recipes(name, "var", NEXT_SCALE_RECIPES[name], "visar-tiny-msvq", MSVQ_RECIPES, forward_passes=9)
 
@@ -240,7 +260,7 @@ MAR_PAIR = ["visar-tiny-mar-c2i", "visar-tiny-mar-c2i-draft"]
 
 @pytest.mark.parametrize("name", MAR_PAIR)
 def test_mar_pair_records_its_recipes_and_shares_the_kl_tokenizer(name):
-    from visar.apps.train_continuous import KL_RECIPES, MAR_RECIPES
+    from visar.train.recipes import KL_RECIPES, MAR_RECIPES
 
     check_recorded_recipes(name, "mar", MAR_RECIPES[name], "visar-tiny-kl", KL_RECIPES, forward_passes=16)
 

@@ -5,8 +5,9 @@ import torch
 from safetensors.torch import load_file
 
 import visar
-from visar.apps.train import AR_RECIPES, train_ar, train_tokenizer
 from visar.errors import VisarError
+from visar.train.raster import train_ar, train_tokenizer
+from visar.train.recipes import AR_RECIPES
 
 pytestmark = pytest.mark.slow  # every test here trains (or needs the module's trained tokenizer)
 
@@ -70,8 +71,8 @@ def test_t2i_export_generates_from_prompts(tmp_path, quick_tokenizer):
 def test_t2i_recipe_starts_from_the_class_model_transformer():
     """The t2i recipe's `init`: every weight of the c2i model's transformer is copied, the caption
     embedding stays fresh; a recipe whose transformer differs is refused, naming the weight."""
-    from visar.apps.train import start_backbone_from
     from visar.models.llamagen import LlamaGen, LlamaGenConfig
+    from visar.train.raster import start_backbone_from
 
     recipe = AR_RECIPES["visar-tiny-t2i"]
     torch.manual_seed(0)

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 import visar
-from visar.apps.train import ship
-from visar.apps.train_continuous import (
-    MAR_RECIPES,
+from visar.apps.commands.train import ship
+from visar.errors import VisarError
+from visar.models.mar import MAR, MARConfig
+from visar.train.continuous import (
     diffusion_loss,
     mask_ratio,
     masked_token_loss,
@@ -25,8 +26,7 @@ from visar.apps.train_continuous import (
     train_kl,
     training_diffusion,
 )
-from visar.errors import VisarError
-from visar.models.mar import MAR, MARConfig
+from visar.train.recipes import MAR_RECIPES
 
 QUICK_KL = dict(batch_size=2, eval_images=4, checkpoint_every=1)
 QUICK_MAR = dict(batch_size=4, dataset_size=32, checkpoint_every=10, warmup=5)

@@ -15,9 +15,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import visar
-from visar.apps.train import masked_inputs, ship, train_masked
+from visar.apps.commands.train import ship
 from visar.errors import VisarError
 from visar.registry import WEIGHTS_DIR
+from visar.train.masked import masked_inputs, train_masked
 
 TOKENIZER = WEIGHTS_DIR / "visar-tiny-vq"
 QUICK = dict(batch_size=8, dataset_size=64, checkpoint_every=10, warmup=5)

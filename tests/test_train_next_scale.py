@@ -16,17 +16,17 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import visar
-from visar.apps.train import ship
-from visar.apps.train_next_scale import (
-    MSVQ_RECIPES,
+from visar.apps.commands.train import ship
+from visar.errors import VisarError
+from visar.tokenizers.msvq import MSVQConfig, MultiScaleVQVAE
+from visar.train.next_scale import (
     quantize_for_training,
     scored_cross_entropy,
     split_scales,
     train_msvq,
     train_next_scale,
 )
-from visar.errors import VisarError
-from visar.tokenizers.msvq import MSVQConfig, MultiScaleVQVAE
+from visar.train.recipes import MSVQ_RECIPES
 
 pytestmark = pytest.mark.slow  # every test here trains (or needs the module's trained tokenizer)
 

@@ -190,7 +190,7 @@ def test_each_pass_feeds_and_shows_the_intended_sets(block_size, s, params):
 
 @pytest.mark.parametrize("block_size, s", [(36, 2), (64, 3), (36, 6)])
 def test_training_mask_is_what_each_predicting_input_sees(block_size, s):
-    """ZipAR-aware training (apps/train.py) must show a position what generation shows it."""
+    """ZipAR-aware training (visar/train/raster.py) must show a position what generation shows it."""
     model = tiny_llamagen(vocab=32, block_size=block_size, seed=3, std=0.3)
     height, width = model.grid_size
     num_cond = model.num_condition_tokens

@@ -1,7 +1,7 @@
 """Try variants of an AR recipe side by side on one GPU and score each with the shapes detector.
 
 This is how the c2i recipe's settings were chosen (docs/MODELS.md): each variant is the recipe
-with a few fields changed, trained by `visar.apps.train.train_ar` (same seeds, same batches),
+with a few fields changed, trained by `visar.train.raster.train_ar` (same seeds, same batches),
 then sampled with plain AR at several guidance scales and scored by `visar eval shapes`'s code.
 Variants at the same render settings share one tokenized dataset. A variant's compute on a CPU
 is what matters for the 60-minute recipe limit, so every variant states its multiple of the
@@ -80,7 +80,7 @@ VARIANTS = {
 
 
 def resolved_overrides(name: str) -> dict:
-    from visar.apps.train import AR_RECIPES
+    from visar.train.recipes import AR_RECIPES
 
     overrides = dict(VARIANTS[name])
     if "model_args" in overrides:
@@ -89,7 +89,7 @@ def resolved_overrides(name: str) -> dict:
 
 
 def render_key(name: str) -> str:
-    from visar.apps.train import AR_RECIPES
+    from visar.train.recipes import AR_RECIPES
 
     render = VARIANTS[name].get("render", AR_RECIPES[BASE]["render"])
     return f"size{render['min_size']}-bg{render['background_amplitude'][0]:g}-{render['background_amplitude'][1]:g}"
@@ -108,8 +108,8 @@ def run_one(
     import torch
 
     import visar
-    from visar.apps.train import train_ar
     from visar.eval.shapes_eval import evaluate_shapes
+    from visar.train.raster import train_ar
 
     torch.set_num_threads(1)
     folder = out / (f"data-{render_key(name)}" if dataset_only else name)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from . import hub, registry
+from . import hub, pipeline, registry
 from .checkpoints import load_strict, read_state_dict
 from .errors import VisarError
 from .families import Family, get_family, hf_family
@@ -291,3 +291,6 @@ def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None, model_args=No
         text_encoder=text_encoder,
         recipe=config.get("recipe"),
     )
+
+
+pipeline.DRAFT_LOADER = load  # drafts given by name (Pipeline.resolve_draft) load as visar.load does

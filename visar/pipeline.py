@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +111,9 @@ class EagerFallback:
 
 
 LOADED_DRAFTS: dict[tuple, Pipeline] = {}  # (name, device, dtype) -> loaded draft pipeline
+# Loads a draft given by name or folder: visar.load, set by visar.loading when it is imported (the
+# loader builds Pipelines, so the pipeline cannot import it back).
+DRAFT_LOADER: Callable[..., Pipeline] | None = None
 
 
 class Pipeline:
@@ -328,10 +332,9 @@ class Pipeline:
         if isinstance(draft, (str, os.PathLike)):
             key = (str(draft), str(self.device), self.dtype)
             if key not in LOADED_DRAFTS:
-                # The public visar.load: visar.loading builds Pipelines, so it cannot be imported by name here.
-                from . import load
-
-                LOADED_DRAFTS[key] = load(draft, device=self.device, dtype=self.dtype)
+                if DRAFT_LOADER is None:
+                    raise VisarError("a draft given by name loads through visar.load: import visar first")
+                LOADED_DRAFTS[key] = DRAFT_LOADER(draft, device=self.device, dtype=self.dtype)
             draft = LOADED_DRAFTS[key]
         if isinstance(draft, Pipeline):
             draft, draft_tokenizer = draft.model, draft.tokenizer
@@ -425,13 +428,3 @@ def check_seed(seed, batch: int):
         raise VisarError(f"seed must be a whole number, got {seed!r}")
     if not 0 <= seed <= MAX_SEED - (batch - 1):
         raise VisarError(f"seed must be between 0 and {MAX_SEED - (batch - 1)} for {batch} images, got {seed}")
-
-
-def __getattr__(name: str):
-    # `from visar.pipeline import load` in the training modules (moving to visar/train, where they
-    # take it from visar.loading); this goes with that move.
-    if name == "load":
-        from . import load
-
-        return load
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

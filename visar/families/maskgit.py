@@ -2,7 +2,7 @@
 
 A visar model folder (config.json with "family": "maskgit", model_args = `MaskGITConfig` fields,
 vq_args = the VQ tokenizer's) loads with `visar.load(FOLDER)`; the embedded masked model is
-trained by `visar train masked` (visar/apps/train.py) on the shapes world.
+trained by `visar train masked` (visar/train/masked.py) on the shapes world.
 """
 
 from __future__ import annotations

@@ -1,9 +1,13 @@
-"""`visar train tokenizer | ar | masked | next-scale | continuous | ship`: the command line of
-visar.apps.train, visar.apps.train_next_scale and visar.apps.train_continuous (the recipes live there)."""
+"""`visar train tokenizer | ar | masked | next-scale | continuous | ship`: the command line of visar.train
+(its recipes: visar/train/recipes.py), and `ship`, which copies an export into the package's weights."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
+from pathlib import Path
 
 from ...errors import VisarError
 
@@ -62,36 +66,36 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from .. import train, train_continuous, train_next_scale
+    from ...train import continuous, masked, next_scale, raster, recipes
 
     if args.what == "ship":
         if not (args.export and args.name):
             raise VisarError("visar train ship needs --export (an AR run's export/ folder) and --name")
-        target = train.ship(args.export, args.name, args.description or "")
+        target = ship(args.export, args.name, args.description or "")
         print(f"shipped {args.name} to {target}")
         return 0
     if not args.out:
         raise VisarError(f"visar train {args.what} needs --out (the run folder)")
     if args.what == "tokenizer":
         recipe = args.recipe or "visar-tiny-vq"
-        train_fn = train.train_tokenizer
-        if recipe in train_next_scale.MSVQ_RECIPES:
-            train_fn = train_next_scale.train_msvq
-        elif recipe in train_continuous.KL_RECIPES:
-            train_fn = train_continuous.train_kl
+        train_fn = raster.train_tokenizer
+        if recipe in recipes.MSVQ_RECIPES:
+            train_fn = next_scale.train_msvq
+        elif recipe in recipes.KL_RECIPES:
+            train_fn = continuous.train_kl
         export = train_fn(recipe, args.out, steps=args.steps)
     else:
         if not args.tokenizer:
             raise VisarError(
                 f"visar train {args.what} needs --tokenizer (a folder made by `visar train tokenizer`, its export/)"
             )
-        train_fn, default = (train.train_ar, "visar-tiny-c2i")
+        train_fn, default = (raster.train_ar, "visar-tiny-c2i")
         if args.what == "masked":
-            train_fn, default = (train.train_masked, "visar-tiny-maskgit-c2i")
+            train_fn, default = (masked.train_masked, "visar-tiny-maskgit-c2i")
         elif args.what == "next-scale":
-            train_fn, default = (train_next_scale.train_next_scale, "visar-tiny-var-c2i")
+            train_fn, default = (next_scale.train_next_scale, "visar-tiny-var-c2i")
         elif args.what == "continuous":
-            train_fn, default = (train_continuous.train_continuous, "visar-tiny-mar-c2i")
+            train_fn, default = (continuous.train_continuous, "visar-tiny-mar-c2i")
         export = train_fn(
             args.recipe or default,
             args.out,
@@ -102,3 +106,31 @@ def run(args) -> int:
         )
     print(f"exported to {export}")
     return 0
+
+
+def ship(export: str | os.PathLike, name: str, description: str, weights_dir: Path | None = None) -> Path:
+    """Copy an export (ar, masked, next-scale or continuous) into the package as embedded model `name`.
+
+    The folder is self-contained, as the export is: its tokenizer.safetensors travels with it, so that
+    the folder loads wherever it is copied or published (a Hub repository has no sibling folders).
+    The tokenizer also goes to `weights/<tokenizer recipe>/` with its tokenizer.json: the folder that
+    `visar train ... --tokenizer` and the shapes-world features read (git stores the copies once).
+    Copying into the package is an app's step, not training's: the trainers write their exports anywhere.
+    """
+    from ...registry import WEIGHTS_DIR, weights_file
+    from ...train.loop import prepare_out_dir
+
+    export, weights_dir = Path(export), weights_dir or WEIGHTS_DIR
+    config = json.loads((export / "config.json").read_text())
+    tokenizer_name = config["tokenizer_recipe"]["name"]
+    tokenizer_dir = prepare_out_dir(weights_dir / tokenizer_name)
+    shutil.copyfile(weights_file(export, config["weights"], "tokenizer"), tokenizer_dir / "tokenizer.safetensors")
+    (tokenizer_dir / "tokenizer.json").write_text(
+        json.dumps({"vq_args": config["vq_args"], "recipe": config["tokenizer_recipe"]}, indent=1)
+    )
+    target = prepare_out_dir(weights_dir / name)
+    for key, file in config["weights"].items():
+        shutil.copyfile(weights_file(export, config["weights"], key), target / file)
+    config.update(name=name, description=description)
+    (target / "config.json").write_text(json.dumps(config, indent=1))
+    return target

@@ -2,15 +2,11 @@
 
 The embedded next-scale pair: one multi-scale VQVAE (VAR's tokenizer, visar/tokenizers/msvq.py)
 and two VAR transformers of different depths trained on its tokens, a larger drafter and a smaller
-refiner for `code` (collaborative decoding). Checkpoints, resume, the weight average and the fp16
-export follow visar.apps.train; the exports name family "var", so `visar.load` and `visar train
-ship` read them as they read the raster models.
-
-VAR's tokenizer training is not released upstream; the objective here is the one its quantizer
-implements (`VectorQuantizer2.forward`): residual quantisation over the scales of the detached
-encoder output, a codebook loss ||f_hat - sg(f)||^2 plus beta ||sg(f_hat) - f||^2, and the
-straight-through estimator into the decoder; the reconstruction loss is visar-tiny-vq's (MSE +
-0.5 L1), without the perceptual and GAN terms (no pretrained network offline, and minutes).
+refiner for `code` (collaborative decoding). The VQVAE's objective is the one VAR's quantizer
+implements (its training is not released upstream): residual quantisation with a codebook and a
+commitment loss and the straight-through estimator, plus visar-tiny-vq's reconstruction loss. The
+loops, checkpoints and exports are visar.train.loop's; the exports name family "var". In full:
+docs/TRAINING.md.
 """
 
 from __future__ import annotations
@@ -22,114 +18,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.shapes import CLASS_RENDER_EASY
 from ..errors import VisarError
 from ..models.var import VAR, VARConfig
 from ..tokenizers.msvq import MSVQConfig, MultiScaleVQVAE
-from .train import (
+from .loop import (
     build_token_dataset,
-    export_ar,
     export_averaged,
+    export_generator,
     fit,
     fit_tokenizer,
     load_tokenizer_export,
     prepare_out_dir,
-    resolve_recipe,
+    shipped_model_weights,
 )
-
-# The scale schedule for 64 px images: 9 scales ending at the 16 x 16 map, 655 tokens per image.
-SHAPES_SCALES = (1, 2, 3, 4, 6, 8, 10, 13, 16)
-
-MSVQ_RECIPES = {
-    # visar-tiny-vq's size class (ch 32, ch_mult 1-1-2, one res block; 64 px -> 16 x 16) with VAR's
-    # quantizer: 512 codes of width 16 shared by the 9 scales, 4 Phi convs. Whole 64 px images
-    # (the scales are fixed fractions of the last map, so crops would need another schedule).
-    "visar-tiny-msvq": dict(
-        seed=0,
-        steps=3000,
-        batch_size=16,
-        lr=1e-3,
-        warmup=100,
-        checkpoint_every=100,
-        dead_code_every=100,
-        eval_images=512,
-        vq_args=dict(
-            vocab_size=512,
-            z_channels=16,
-            ch=32,
-            ch_mult=(1, 1, 2),
-            num_res_blocks=1,
-            beta=0.25,
-            quant_resi=0.5,
-            share_quant_resi=4,
-            v_patch_nums=SHAPES_SCALES,
-            using_sa=False,
-            using_mid_sa=True,
-        ),
-    ),
-}
-
-
-def var_args(depth: int, dim: int, heads: int) -> dict:
-    return dict(
-        vocab_size=512,
-        z_channels=16,
-        num_classes=40,
-        depth=depth,
-        embed_dim=dim,
-        num_heads=heads,
-        mlp_ratio=4.0,
-        attn_l2_norm=True,  # as every release
-        patch_nums=SHAPES_SCALES,
-    )
-
-
-NEXT_SCALE_RECIPES = {
-    # The drafter (CoDe's large model): the raster default's size class (width 128, 3 layers, batch
-    # 16, lr 3e-3 with the weight average). A step holds 655 positions against the raster's 256, so
-    # the hour holds fewer steps: 3,000.
-    "visar-tiny-var-c2i": dict(
-        condition="class",
-        seed=5,
-        data_seed=1,
-        steps=3000,
-        batch_size=16,
-        lr=3e-3,
-        warmup=100,
-        ema_decay=0.999,
-        checkpoint_every=100,
-        dataset_size=20_000,
-        class_dropout_prob=0.1,
-        render=CLASS_RENDER_EASY,
-        model_args=var_args(depth=3, dim=128, heads=4),
-        # VAR's convention: guidance 1 + cfg at the last scale (ramped); the raster default's cfg 2
-        # is guidance_scale 3 here. No top-k/top-p: the 512-code vocabulary is small. Temperature
-        # 0.7: better than 1.0 on held-out images (docs/MODELS.md, docs/VAR.md).
-        defaults=dict(guidance_scale=3.0, temperature=0.7, top_k=None, top_p=1.0),
-    ),
-}
-# The refiner (CoDe's small model): half the width, 2 layers (about a fifth of the drafter's
-# parameters), trained on the same tokens for the same 3,000 steps.
-NEXT_SCALE_RECIPES["visar-tiny-var-c2i-refiner"] = dict(
-    NEXT_SCALE_RECIPES["visar-tiny-var-c2i"],
-    seed=6,
-    model_args=var_args(depth=2, dim=64, heads=2),
-    # alone, the refiner samples at temperature 1; inside `code` the drafter's call sets it
-    defaults=dict(NEXT_SCALE_RECIPES["visar-tiny-var-c2i"]["defaults"], temperature=1.0),
-)
-# CoDe's specialised fine-tuning: the refiner, trained on every scale, fine-tuned on the scales it
-# decodes after the drafter's 6 (sizes 10, 13, 16: 525 of the 655 tokens); the loss still sees
-# every earlier scale as context. No weight average (it lagged on the 3,000-step runs).
-NEXT_SCALE_RECIPES["visar-tiny-var-c2i-refiner-s6"] = dict(
-    NEXT_SCALE_RECIPES["visar-tiny-var-c2i-refiner"],
-    seed=7,
-    init="visar-tiny-var-c2i-refiner",
-    loss_from_scale=6,
-    steps=3000,
-    lr=1e-3,
-    ema_decay=None,
-)
-
+from .recipes import MSVQ_RECIPES, NEXT_SCALE_RECIPES, resolve_recipe
 
 # -- the multi-scale VQVAE -----------------------------------------------------------------------
 
@@ -212,13 +114,11 @@ def scored_cross_entropy(logits: torch.Tensor, tokens: torch.Tensor, first: int)
 
 
 def start_from(model: VAR, name: str):
-    """Load a registered model's weights (same architecture) into `model`, for a fine-tuning recipe."""
-    from ..pipeline import load
-
-    source = load(name, device="cpu").model
-    if source.config != model.config:
+    """Load a shipped VAR's weights (same architecture) into `model`, for a fine-tuning recipe."""
+    config, weights = shipped_model_weights(name)
+    if config.get("family") != "var" or VARConfig.from_dict(config["model_args"]) != model.config:
         raise VisarError(f"init model {name!r} has another architecture than the recipe's model_args")
-    model.load_state_dict(source.float().state_dict())
+    model.load_state_dict(weights)
 
 
 def train_next_scale(
@@ -271,7 +171,9 @@ def train_next_scale(
 
     params, ema = fit(recipe_name, recipe, out, {"model": model}, device, batch_loss)
     return export_averaged(
-        lambda **folder: export_ar(recipe_name, recipe, model, None, tokenizer, vq_config, out, family="var", **folder),
+        lambda **folder: export_generator(
+            recipe_name, recipe, model, None, tokenizer, vq_config, out, family="var", **folder
+        ),
         ema,
         params,
     )

@@ -2,24 +2,13 @@
 
 The embedded continuous-token pair: one KL-regularised VAE (MAR's tokenizer, visar/tokenizers/kl.py)
 and two MAR models of different sizes trained on its latents, a target and a draft for `cspd`.
-Checkpoints, resume, the weight average and the fp16 export follow visar.apps.train; the exports
-name family "mar", so `visar.load` and `visar train ship` read them as they read the other models.
-
-MAR's objective is upstream's (LTH14/mar `MAR.forward`, `DiffLoss`): a random order per image and
-one mask ratio per batch from a normal centred at 1 (scale 0.25) truncated to [mask_ratio_min, 1];
-the masked tokens' conditions z from the encoder / decoder pass; the diffusion head trained on each
-masked token `diffusion_batch_mul` times at uniform timesteps of the 1000-step cosine schedule, with
-the improved-DDPM loss (MSE on eps plus the variational bound for the learned variance, its mean
-frozen); class dropout to `fake_latent` at `label_drop_prob`. Left out: the attention / projection
-dropouts (0.1 upstream; our blocks are inference blocks, and the runs are short).
-
-A draft recipe may name its target (`distill_from`): it then also learns the KL of its sampler's
-reverse steps to the target's (`transition_kl`), what cspd's acceptance test pays for.
-
-The VAE's objective is visar-tiny-vq's reconstruction loss (MSE + 0.5 L1) on a posterior sample,
-plus `kl_weight` times the KL to N(0, I) (per latent element); MAR's fixed 0.2325 latent scale is
-replaced by the one measured on held-out renders (1 / the std of the posterior means), recorded in
-the tokenizer's config as `scale_factor`.
+MAR's objective is upstream's (LTH14/mar `MAR.forward`, `DiffLoss`): a random order and a truncated
+normal mask ratio, the diffusion head trained with the improved-DDPM loss on the masked tokens. A
+draft recipe may name its target (`distill_from`) and also learn the KL of its sampler's reverse
+steps to the target's (`transition_kl`), what cspd's acceptance test pays for. The VAE adds a KL to
+N(0, I) to visar-tiny-vq's reconstruction loss and records the latent scale it measured. The loops,
+checkpoints and exports are visar.train.loop's; the exports name family "mar". In full:
+docs/TRAINING.md.
 """
 
 from __future__ import annotations
@@ -33,116 +22,23 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.shapes import CLASS_RENDER_EASY
+from ..checkpoints import load_strict
 from ..errors import VisarError
 from ..models.base import DiffusionSchedule, diffusion_step
 from ..models.mar import MAR, MARConfig
 from ..tokenizers.kl import AutoencoderKL, KLConfig
-from .train import (
+from .loop import (
     build_token_dataset,
-    export_ar,
     export_averaged,
+    export_generator,
     fit,
     fit_tokenizer,
     held_out_batches,
     load_tokenizer_export,
     prepare_out_dir,
-    resolve_recipe,
+    shipped_model_weights,
 )
-
-KL_RECIPES = {
-    # visar-tiny-vq's size class (ch 32, ch_mult 1-1-2, one res block; 64 px -> 16 x 16) with
-    # continuous latents of 4 channels and MAR's VAE layout (no encoder attention at these sizes).
-    "visar-tiny-kl": dict(
-        seed=0,
-        steps=3000,
-        batch_size=16,
-        crop=32,  # as visar-tiny-vq: 4x cheaper, and the conv net is size-agnostic
-        lr=1e-3,
-        warmup=100,
-        checkpoint_every=100,
-        eval_images=512,
-        kl_weight=1e-5,
-        vq_args=dict(
-            embed_dim=4,
-            ch_mult=(1, 1, 2),
-            ch=32,
-            resolution=64,
-            num_res_blocks=1,
-            attn_resolutions=(),
-            use_variational=True,
-        ),
-    ),
-}
-
-
-def mar_args(width: int, depth: int, heads: int, head_depth: int, head_width: int) -> dict:
-    """A MAR over the KL latents in 2 x 2 patches (8 x 8 tokens of 16 numbers, 8 px each)."""
-    return dict(
-        img_size=64,
-        vae_stride=4,
-        patch_size=2,
-        encoder_embed_dim=width,
-        encoder_depth=depth,
-        encoder_num_heads=heads,
-        decoder_embed_dim=width,
-        decoder_depth=depth,
-        decoder_num_heads=heads,
-        vae_embed_dim=4,
-        class_num=40,
-        buffer_size=4,
-        diffloss_d=head_depth,
-        diffloss_w=head_width,
-        num_sampling_steps="ddim25",  # 0, 40, ..., 960: see below
-        diffusion_batch_mul=4,
-        label_drop_prob=0.1,
-        mask_ratio_min=0.7,
-    )
-
-
-# The head samples with upstream's "ddim25" respacing (guided-diffusion's space_timesteps: stride
-# 40 from 0, so the first reverse step is t = 960), not "25" (even spacing, ending at t = 999). At
-# t = 999 the cosine schedule's sqrt(1 / abar) is 2.0e4, and the first reverse step scales the
-# head's eps error by about 1,300 (2.0e4 x sqrt(abar) of the next step): a head this small, far
-# less precise than upstream's, draws noise images from there, and shapes from t = 960
-# (sqrt(1 / abar) 17; the run: docs/MODELS.md). Sampling starts from N(0, I), which q(x_960)
-# is up to a signal of sqrt(abar) = 0.06.
-MAR_RECIPES = {
-    # The target: width 128, 2 + 2 blocks (the raster default's size class), a 3-block head of width
-    # 128. The head is kept small, as upstream's are next to their trunks: per image it runs
-    # 25 steps x 2 (guidance) on every token, so a wide head takes most of the sampling time
-    # (docs/MODELS.md), which no trunk-side method can touch.
-    "visar-tiny-mar-c2i": dict(
-        condition="class",
-        seed=8,
-        data_seed=1,
-        steps=18_000,
-        batch_size=16,
-        lr=2e-3,
-        warmup=100,
-        ema_decay=0.999,
-        checkpoint_every=100,
-        dataset_size=20_000,
-        render=CLASS_RENDER_EASY,
-        model_args=mar_args(width=128, depth=2, heads=4, head_depth=3, head_width=128),
-        defaults=dict(guidance_scale=3.0, temperature=1.0, top_k=None, top_p=1.0),
-    ),
-}
-# The draft for cspd: half the width, one block each side, a 2-block head of width 96 (under a
-# quarter of the target's parameters); same latents, classes and sampling defaults.
-MAR_RECIPES["visar-tiny-mar-c2i-draft"] = dict(
-    MAR_RECIPES["visar-tiny-mar-c2i"],
-    seed=9,
-    steps=4000,
-    model_args=mar_args(width=64, depth=1, heads=2, head_depth=2, head_width=96),
-    # cspd accepts a drafted token by how close the draft's reverse steps are to the target's: the
-    # draft learns the data and, with weight 1, the KL of its sampler steps to the target's
-    # (distillation). Plain MSE to the target's head outputs at uniform timesteps left the
-    # low-noise steps apart, and exact mode accepted nothing.
-    distill_from="visar-tiny-mar-c2i",
-    distill_weight=1.0,
-)
-
+from .recipes import KL_RECIPES, MAR_RECIPES, resolve_recipe
 
 # -- the KL tokenizer ----------------------------------------------------------------------------
 
@@ -344,18 +240,18 @@ def masked_token_loss(
     return loss + weight * kl
 
 
-def registered_model(name: str, student: MARConfig, device) -> MAR:
-    """A registered MAR (name or folder) as a frozen teacher; its tokens must be the student's."""
-    from ..pipeline import load
-
-    teacher = load(name, device=device).model.float().eval().requires_grad_(False)
-    fits = isinstance(teacher, MAR) and (
+def distillation_teacher(name: str, student: MARConfig, device) -> MAR:
+    """A shipped MAR (name or folder) as a frozen teacher; its tokens must be the student's."""
+    config, weights = shipped_model_weights(name)
+    teacher = MAR(MARConfig.from_dict(config["model_args"])) if config.get("family") == "mar" else None
+    fits = teacher is not None and (
         (teacher.config.seq_side, teacher.config.token_dim, teacher.config.class_num)
         == (student.seq_side, student.token_dim, student.class_num)
     )
     if not fits:
         raise VisarError(f"distill_from {name!r} is not a MAR over the recipe's tokens and classes")
-    return teacher
+    load_strict(teacher, weights, source=f"distill_from {name}")
+    return teacher.to(device).eval().requires_grad_(False)
 
 
 def latent_encoder(vae: AutoencoderKL):
@@ -394,7 +290,7 @@ def train_continuous(
     constants = training_diffusion(device)
     teacher = None
     if recipe.get("distill_from"):
-        teacher = registered_model(recipe["distill_from"], model.config, device)
+        teacher = distillation_teacher(recipe["distill_from"], model.config, device)
     loss_of = torch.compile(masked_token_loss) if compile else masked_token_loss
 
     def batch_loss(gen: torch.Generator) -> torch.Tensor:
@@ -406,7 +302,9 @@ def train_continuous(
 
     params, ema = fit(recipe_name, recipe, out, {"model": model}, device, batch_loss)
     return export_averaged(
-        lambda **folder: export_ar(recipe_name, recipe, model, None, tokenizer, vq_config, out, family="mar", **folder),
+        lambda **folder: export_generator(
+            recipe_name, recipe, model, None, tokenizer, vq_config, out, family="mar", **folder
+        ),
         ema,
         params,
     )

@@ -12,11 +12,12 @@ from . import maskgit, halton, lpd  # masked models
 
 # isort: on
 from . import budget, drafts
-from .registry import METHODS, Method, get_method, list_methods, reference_method, register_method
+from .registry import METHODS, Method, Request, get_method, list_methods, reference_method, register_method
 
 __all__ = [
     "METHODS",
     "Method",
+    "Request",
     "get_method",
     "list_methods",
     "reference_method",

@@ -560,13 +560,8 @@ def decode_with_budget(
     description="speculative Jacobi decoding (Teng et al. 2024), per-image commits, exact at any batch size",
 )
 def sjd(
-    model,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     window: int = 16,
     warmup: int = 0,
     tail: int = 0,
@@ -585,7 +580,7 @@ def sjd(
     check_spans(window, warmup, tail)
     initialiser = resolve_initialiser(init)
     return decode_with_budget(
-        Request(model, cond, params, generators, cond_mask, progress),
+        request,
         lambda: JacobiProposer(initialiser, independent_carry),
         budget,
         "sjd",
@@ -601,13 +596,8 @@ def sjd(
     description="coupled speculative Jacobi decoding (So et al. 2025): maximal or Gumbel coupling of drafts",
 )
 def mc_sjd(
-    model,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     window: int = 16,
     warmup: int = 0,
     tail: int = 0,
@@ -625,7 +615,7 @@ def mc_sjd(
     initialiser = resolve_initialiser(init)
     carry_updater(coupling, "mc-sjd")  # checked before any probe
     tokens, stats = decode_with_budget(
-        Request(model, cond, params, generators, cond_mask, progress),
+        request,
         lambda: JacobiProposer(initialiser, carry_updater(coupling, "mc-sjd")),
         budget,
         "mc-sjd",
@@ -678,13 +668,8 @@ def check_draft(model: RasterModel, draft, method: str = "spec") -> RasterModel:
     needs_draft=True,
 )
 def spec(
-    model: RasterModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     draft: RasterModel | None = None,
     window: int = 5,
     warmup: int = 0,
@@ -698,7 +683,5 @@ def spec(
     temperature / top-k / top-p).
     """
     check_spans(window, warmup, tail)
-    proposer = DraftModelProposer(check_draft(model, draft), cond, cond_mask, params)
-    return speculative_decode(
-        Request(model, cond, params, generators, cond_mask, progress), proposer, window=window, warmup=warmup, tail=tail
-    )
+    proposer = DraftModelProposer(check_draft(request.model, draft), request.cond, request.cond_mask, request.params)
+    return speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail)

@@ -26,11 +26,9 @@ import torch
 from torch import Tensor
 
 from ..errors import VisarError
-from ..models.base import MaskedModel
 from .masked import check_steps, keep_highest, reveal_counts, unmask
 from .maskgit import confidence, noise_temperatures
-from .registry import register_method
-from .sampling import SamplingParams
+from .registry import Request, register_method
 
 
 def check_thresholds(proximity_threshold, repulsion_threshold):
@@ -120,41 +118,26 @@ def order_priority(orders: list[list[int]], device) -> Tensor:
     model_kind="masked",
 )
 def lpd_order_method(
-    model: MaskedModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     steps: int = 12,
     proximity_threshold: float = 1.0,
     repulsion_threshold: int = 2,
     mask_schedule: str = "cosine",
 ) -> tuple[Tensor, dict]:
     """Unmasking in an LPD order drawn per image -> (tokens [B, N], stats)."""
+    model = request.model
     check_thresholds(proximity_threshold, repulsion_threshold)
     check_steps(steps, model)
     grid = Grid(*model.grid_size)
     counts = reveal_counts(steps, model.num_image_tokens, mask_schedule)
-    orders = [lpd_order(grid, counts, g, proximity_threshold, repulsion_threshold) for g in generators]
+    orders = [lpd_order(grid, counts, g, proximity_threshold, repulsion_threshold) for g in request.generators]
     priority = order_priority(orders, model.device)
 
     def select(step, masked, probs, sampled, known):
         return keep_highest(priority, masked)
 
-    return unmask(
-        model,
-        cond,
-        params,
-        generators,
-        select,
-        steps=steps,
-        mask_schedule=mask_schedule,
-        cond_mask=cond_mask,
-        progress=progress,
-        name="lpd-order",
-    )
+    return unmask(request, select, steps=steps, mask_schedule=mask_schedule, name="lpd-order")
 
 
 @torch.no_grad()
@@ -166,13 +149,8 @@ def lpd_order_method(
     model_kind="masked",
 )
 def lpd_confidence(
-    model: MaskedModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     steps: int = 12,
     choice_temperature: float | list = (2.0, 0.0),
     proximity_threshold: float = 1.0,
@@ -180,13 +158,14 @@ def lpd_confidence(
     mask_schedule: str = "cosine",
 ) -> tuple[Tensor, dict]:
     """Confidence ranked within LPD's locality rule, per step -> (tokens [B, N], stats)."""
+    model = request.model
     check_thresholds(proximity_threshold, repulsion_threshold)
     check_steps(steps, model)
     taus = noise_temperatures(choice_temperature, steps).to(model.device)
     grid = Grid(*model.grid_size)
 
     def select(step, masked, probs, sampled, known):
-        scores = confidence(probs, sampled, known, taus[step], generators).cpu()
+        scores = confidence(probs, sampled, known, taus[step], request.generators).cpu()
         known_cpu, keep = known.cpu(), known.cpu().clone()
         for b in range(len(scores)):
             size = int((~known_cpu[b]).sum()) - int(masked[b])
@@ -199,15 +178,4 @@ def lpd_confidence(
             keep[b, group] = True
         return keep.to(known.device)
 
-    return unmask(
-        model,
-        cond,
-        params,
-        generators,
-        select,
-        steps=steps,
-        mask_schedule=mask_schedule,
-        cond_mask=cond_mask,
-        progress=progress,
-        name="lpd-confidence",
-    )
+    return unmask(request, select, steps=steps, mask_schedule=mask_schedule, name="lpd-confidence")

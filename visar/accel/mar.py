@@ -24,7 +24,7 @@ from torch import Tensor
 from ..errors import VisarError
 from ..models.base import BlockReuse, diffusion_step
 from .checks import check_choice, check_number
-from .registry import register_method
+from .registry import Request, register_method
 from .stats import DecodeLog
 
 
@@ -276,13 +276,8 @@ def draw_orders(generators, num_tokens: int, device) -> Tensor:
     model_kind="continuous",
 )
 def mar(
-    model,
-    cond,
-    params,
-    generators,
+    request: Request,
     *,
-    cond_mask=None,
-    progress=False,
     num_iter: int | None = None,
     num_diffusion_steps: int | None = None,
     cfg_schedule: str = "linear",
@@ -290,6 +285,7 @@ def mar(
     """Plain MAR sampling (the reference for continuous-token models). num_iter: the mask schedule's
     steps (default a quarter of the tokens: upstream's 64 for 256); num_diffusion_steps: the head's
     (default the model's num_sampling_steps)."""
+    model, cond, params, generators = request.model, request.cond, request.params, request.generators
     check_params(params)
     num_iter = check_loop(model, num_iter, num_diffusion_steps, cfg_schedule)
     batch, num_tokens = cond.shape[0], model.num_image_tokens

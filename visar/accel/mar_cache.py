@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .checks import check_number
 from .mar import PositionNoise, check_loop, check_params, draw_orders, sample_tokens
-from .registry import register_method
+from .registry import Request, register_method
 from .stats import DecodeLog
 
 
@@ -70,13 +70,8 @@ def is_exact(options: dict, model) -> bool:
     exact_example={"token_threshold": 0.0, "null_interval": 1},
 )
 def mar_cache(
-    model,
-    cond,
-    params,
-    generators,
+    request: Request,
     *,
-    cond_mask=None,
-    progress=False,
     num_iter: int | None = None,
     num_diffusion_steps: int | None = None,
     cfg_schedule: str = "linear",
@@ -84,6 +79,7 @@ def mar_cache(
     null_interval: int = 2,
 ):
     """MAR with reuse of decoder-block features and of the null condition across steps."""
+    model, cond, params, generators = request.model, request.cond, request.params, request.generators
     check_params(params)
     num_iter = check_loop(model, num_iter, num_diffusion_steps, cfg_schedule)
     check_number("token_threshold", token_threshold, 0)

@@ -87,7 +87,6 @@ from .jacobi import (
     speculative_decode,
 )
 from .registry import Request, register_method
-from .sampling import SamplingParams
 
 LANTERN_FORMS: dict[str, Callable] = {"bounded": lantern_relax_bounded, "paper": lantern_relax_per_draft}
 TABLE_MIN_WIDTH = 256  # neighbours stored per code, so that other k reuse the same file
@@ -106,8 +105,8 @@ def codebook_of(tokenizer, vocab_size: int, method: str) -> Tensor:
     codebook that does not match the model's vocabulary."""
     if tokenizer is None:
         raise VisarError(
-            f"method {method!r} compares tokens by their code vectors: pass tokenizer= (the model's VQ "
-            "tokenizer; Pipeline.generate passes its own)"
+            f"method {method!r} compares tokens by their code vectors: make the Request with tokenizer= (the "
+            "model's VQ tokenizer, or its codebook [V, C]; Pipeline.generate passes its own)"
         )
     if isinstance(tokenizer, Tensor):
         book = tokenizer
@@ -204,12 +203,13 @@ def gsd_rule(model, tokenizer, group_size, prob_gap, max_distance, method: str =
     return AcceptanceRule(lossless(False)(accept), speculative_residual)
 
 
-def jacobi_or_draft_proposer(model, cond, cond_mask, params, draft, init, coupling=None):
+def jacobi_or_draft_proposer(request: Request, draft, init, coupling=None):
     if draft is None:
         return JacobiProposer(resolve_initialiser(init), carry_updater(coupling or "none", "lantern", CARRIES))
     if coupling is not None:
         raise VisarError("coupling applies to Jacobi drafts (carried over between passes); a draft model drafts afresh")
-    return DraftModelProposer(check_draft(model, draft, "lantern"), cond, cond_mask, params)
+    draft_model = check_draft(request.model, draft, "lantern")
+    return DraftModelProposer(draft_model, request.cond, request.cond_mask, request.params)
 
 
 # -- the registered methods -----------------------------------------------------------------------------
@@ -230,14 +230,8 @@ def gsd_is_exact(options: dict, model) -> bool:
     exact_example={"group_size": 1},
 )
 def gsd(
-    model,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
-    tokenizer=None,
     group_size: int = 14,
     prob_gap: float = 0.15,
     max_distance: float = 0.05,
@@ -252,14 +246,14 @@ def gsd(
     group_size: the draft and its neighbours by target probability considered (14 as upstream;
     1 = SJD); prob_gap: a neighbour y stays when |p(y) - p(x)| <= prob_gap; max_distance: and
     when the squared distance of the code vectors ||e(y) - e(x)||^2 <= max_distance (unit-norm
-    codes: 0..4). Rejections draw from norm((p - q)+). Other options as `sjd`. tokenizer: the
-    model's VQ tokenizer (or its codebook [V, C]); Pipeline.generate passes it.
+    codes: 0..4). Rejections draw from norm((p - q)+). Other options as `sjd`. request.tokenizer:
+    the model's VQ tokenizer (or its codebook [V, C]); Pipeline.generate passes it.
     """
     check_spans(window, warmup, tail)
-    rule = gsd_rule(model, tokenizer, group_size, prob_gap, max_distance)
+    rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance)
     proposer = JacobiProposer(resolve_initialiser(init), independent_carry)
     tokens, stats = speculative_decode(
-        Request(model, cond, params, generators, cond_mask, progress),
+        request,
         proposer,
         window=window,
         warmup=warmup,
@@ -284,14 +278,8 @@ def lantern_is_exact(options: dict, model) -> bool:
     exact_example={"delta": 0.0},
 )
 def lantern(
-    model,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
-    tokenizer=None,
     delta: float = 0.1,
     k: int = 64,
     form: str = "bounded",
@@ -313,21 +301,22 @@ def lantern(
     model as in `spec` (window 5 by default). coupling (Jacobi drafts only): how drafts carry
     over between passes, "none" (SJD's fresh draws from p, the default) or MC-SJD's "maximal" /
     "gumbel"; a maximally coupled carry keeps each slot's verified token, whose law is p~, and
-    records p~ as its q, so the bound holds with it too. tokenizer: the model's VQ tokenizer (or
-    its codebook [V, C]); Pipeline.generate passes it. Other options as `sjd`.
+    records p~ as its q, so the bound holds with it too. request.tokenizer: the model's VQ
+    tokenizer (or its codebook [V, C]); Pipeline.generate passes it. Other options as `sjd`.
     """
+    model = request.model
     window = (16 if draft is None else 5) if window is None else window
     check_spans(window, warmup, tail)
     check_number("delta", delta, 0, maximum=1)  # mass moved per position
     check_number("k", k, 1, integer=True)
     if not isinstance(form, str) or form not in LANTERN_FORMS:
         raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")
-    book = codebook_of(tokenizer, model.vocab_size, "lantern")
+    book = codebook_of(request.tokenizer, model.vocab_size, "lantern")
     table = neighbour_table(book, min(k, model.vocab_size - 1)).to(model.device)
     relax = lossless(False)(partial(LANTERN_FORMS[form], neighbours=table, delta=float(delta)))
-    proposer = jacobi_or_draft_proposer(model, cond, cond_mask, params, draft, init, coupling)
+    proposer = jacobi_or_draft_proposer(request, draft, init, coupling)
     tokens, stats = speculative_decode(
-        Request(model, cond, params, generators, cond_mask, progress),
+        request,
         proposer,
         window=window,
         warmup=warmup,
@@ -354,14 +343,8 @@ def lantern_pp_is_exact(options: dict, model) -> bool:
     needs_draft=True,
 )
 def lantern_pp(
-    model,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
-    tokenizer=None,
     draft=None,
     tree="naive_extend_57",
     lambda_cap: float = 5.0,
@@ -378,11 +361,12 @@ def lantern_pp(
     most delta of mass moved per test (None: no additive cap); k: codebook neighbours per code;
     form: "bounded" (default) or "paper", as in `lantern`. Each sibling test moves at most
     min(delta, (lambda_cap - 1) p(x)) of mass, so a position's law moves by at most that much per
-    child tried (a node has up to 5 children in the default tree). tokenizer: the model's VQ
-    tokenizer (or its codebook [V, C]); Pipeline.generate passes it.
+    child tried (a node has up to 5 children in the default tree). request.tokenizer: the model's
+    VQ tokenizer (or its codebook [V, C]); Pipeline.generate passes it.
     """
     from .tree import resolve_tree, tree_decode  # the tree engine is only needed here
 
+    model = request.model
     static_tree = resolve_tree(tree)
     check_number("lambda_cap", lambda_cap, 1)
     check_number("delta", delta, 0, maximum=1, allow_none=True)
@@ -390,12 +374,11 @@ def lantern_pp(
     if not isinstance(form, str) or form not in LANTERN_FORMS:
         raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")
     draft_model = check_draft(model, draft, "lantern++")  # the tree is drafted by a draft model
-    book = codebook_of(tokenizer, model.vocab_size, "lantern++")
+    book = codebook_of(request.tokenizer, model.vocab_size, "lantern++")
     table = neighbour_table(book, min(k, model.vocab_size - 1)).to(model.device)
     budget = 1.0 if delta is None else float(delta)  # all mass is <= 1: no additive cap
     relax = lossless(lambda_cap == 1 or budget == 0)(
         partial(LANTERN_FORMS[form], neighbours=table, delta=budget, lambda_cap=float(lambda_cap))
     )
-    request = Request(model, cond, params, generators, cond_mask, progress)
     tokens, stats = tree_decode(request, draft_model, static_tree, relax)
     return tokens, {**stats, "lambda_cap": lambda_cap, "delta": delta, "k": table.shape[1], "form": form}

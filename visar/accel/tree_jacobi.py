@@ -89,7 +89,7 @@ from .jacobi import (
     new_state,
 )
 from .registry import Request, register_method
-from .sampling import SamplingParams, draw_uniforms, sample_from_probs
+from .sampling import draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
 from .stats import DecodeLog
 from .tree import CacheSlots, StaticTree
@@ -641,13 +641,8 @@ def decode_draft_shape(
     "slot verified; candidates drawn from the law they are verified under, exact at any batch size",
 )
 def sjd_pac(
-    model: RasterModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     window: int = 16,
     branch: int = 3,
     depth: int = 3,
@@ -663,8 +658,7 @@ def sjd_pac(
     chooses each pass's main path (nodes 16 .. 64) for the most tokens per second on this device
     and batch, or the one-branch chain when no tree pays for its rows here; a number is the window.
     """
-    layout = check_tree(model, window, branch, depth)
-    request = Request(model, cond, params, generators, cond_mask, progress)
+    layout = check_tree(request.model, window, branch, depth)
     return decode_tree_with_budget(request, layout, resolve_initialiser(init), (), budget, "sjd-pac")
 
 
@@ -675,13 +669,8 @@ def sjd_pac(
     "carry-over and 2-D drafts for new slots, exact at any batch size",
 )
 def tree_mc_sjd(
-    model: RasterModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     window: int = 64,
     branch: int = 6,
     depth: int = 2,
@@ -700,9 +689,8 @@ def tree_mc_sjd(
     main path (nodes 8 .. 64) for the most tokens per second on this device and batch, or the
     one-branch chain (mc-sjd's engine) when no tree pays for its rows here; a number is the window.
     """
-    layout = check_tree(model, window, branch, depth)
+    layout = check_tree(request.model, window, branch, depth)
     names = parse_neighbours(neighbours)
-    request = Request(model, cond, params, generators, cond_mask, progress)
     return decode_tree_with_budget(request, layout, resolve_initialiser(init), names, budget, "tree-mc-sjd")
 
 

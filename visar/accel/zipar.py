@@ -111,7 +111,7 @@ from .jacobi import (
 )
 from .registry import Request, register_method
 from .relaxed import gsd_rule
-from .sampling import SamplingParams, draw_uniforms, sample_from_probs, to_device
+from .sampling import draw_uniforms, sample_from_probs, to_device
 from .scoring import GuidedScorer
 from .stats import DecodeLog
 from .tree_jacobi import clip_branch, neighbour_candidates, parse_neighbours, residual_ladder, without_replacement
@@ -853,13 +853,8 @@ def covers_rows(options: dict, model) -> bool:
     exact_example={"s": 1024},
 )
 def zipar(
-    model,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     s: int = 8,
 ) -> tuple[Tensor, dict]:
     """ZipAR next-set decoding (He et al. 2025): row r + 1 starts once row r has s tokens, and every
@@ -868,7 +863,7 @@ def zipar(
 
     s: the window, an integer >= 1 (the released code's default is 8).
     """
-    return decode_fronts(Request(model, cond, params, generators, cond_mask, progress), s=s)
+    return decode_fronts(request, s=s)
 
 
 @register_method(
@@ -880,13 +875,8 @@ def zipar(
     exact_example={"s": 1024},
 )
 def zipar_sjd(
-    model,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     s: int = 8,
     window: int = 16,
     init: str | Callable = "random",
@@ -903,10 +893,10 @@ def zipar_sjd(
     and the combination needs as many passes as zipar).
     Lossy for s < W as zipar is; lossless for s >= W.
     """
-    token_grid(model, "zipar-sjd")
+    token_grid(request.model, "zipar-sjd")
     initialiser = resolve_initialiser(init)
     return decode_fronts(
-        Request(model, cond, params, generators, cond_mask, progress),
+        request,
         s=s,
         window=window,
         initialiser=initialiser,
@@ -925,13 +915,8 @@ def zipar_sjd(
     exact_example={"s": 1024},
 )
 def zipar_mc_sjd(
-    model,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     s: int = 8,
     window: int = 16,
     coupling: str = "maximal",
@@ -943,11 +928,11 @@ def zipar_mc_sjd(
     coupling: "maximal" or "gumbel" (noise keyed to image and absolute position); other options
     as zipar-sjd.
     """
-    token_grid(model, "zipar-mc-sjd")
+    token_grid(request.model, "zipar-mc-sjd")
     initialiser = resolve_initialiser(init)
     updater = carry_updater(coupling, "zipar-mc-sjd")
     tokens, stats = decode_fronts(
-        Request(model, cond, params, generators, cond_mask, progress),
+        request,
         s=s,
         window=window,
         initialiser=initialiser,
@@ -967,13 +952,8 @@ def zipar_mc_sjd(
     exact_example={"s": 1024},
 )
 def zipar_tree(
-    model,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     s: int = 2,
     window: int = 8,
     branch: int = 10,
@@ -993,6 +973,7 @@ def zipar_tree(
     lossless for s >= W). Defaults, init "above" included, chosen on held-out seeds for passes and
     detector accuracy (docs/SPEED.md).
     """
+    model = request.model
     height = token_grid(model, "zipar-tree")[0]
     check_lag(s)
     check_spans(window, 0, 0)
@@ -1004,9 +985,10 @@ def zipar_tree(
         )
     names = parse_neighbours(neighbours)
     drafts_trees = depth == 2 and branch > 1 and window > 1
-    trees = FrontTrees(branch, names, len(generators), height, model.device) if drafts_trees else None
+    batch = len(request.generators)
+    trees = FrontTrees(branch, names, batch, height, model.device) if drafts_trees else None
     tokens, stats = decode_fronts(
-        Request(model, cond, params, generators, cond_mask, progress),
+        request,
         s=s,
         window=window,
         initialiser=resolve_initialiser(init),
@@ -1015,7 +997,7 @@ def zipar_tree(
         cross_row=check_flag("cross_row", cross_row),
         trees=trees,
     )
-    taken = [0] * len(generators) if trees is None else trees.side_taken.tolist()
+    taken = [0] * batch if trees is None else trees.side_taken.tolist()
     return tokens, {**stats, "branch": branch, "depth": depth, "side_taken_per_image": taken}
 
 
@@ -1033,14 +1015,8 @@ def covers_rows_in_groups_of_one(options: dict, model) -> bool:
     exact_example={"s": 1024, "group_size": 1},
 )
 def zipar_gsd(
-    model,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
-    tokenizer=None,
     s: int = 8,
     group_size: int = 14,
     prob_gap: float = 0.15,
@@ -1050,16 +1026,16 @@ def zipar_gsd(
     cross_row: bool = True,
 ) -> tuple[Tensor, dict]:
     """ZipAR whose row fronts each run a GSD window: SJD drafts, verified with GSD's grouped test
-    (relaxed.py; lossy even for s >= W). group_size, prob_gap, max_distance as `gsd`; tokenizer:
-    the model's VQ tokenizer (or its codebook [V, C]), passed by Pipeline.generate; other options
-    as zipar-sjd.
+    (relaxed.py; lossy even for s >= W). group_size, prob_gap, max_distance as `gsd`;
+    request.tokenizer: the model's VQ tokenizer (or its codebook [V, C]), passed by
+    Pipeline.generate; other options as zipar-sjd.
     """
-    token_grid(model, "zipar-gsd")
+    token_grid(request.model, "zipar-gsd")
     check_lag(s)
-    rule = gsd_rule(model, tokenizer, group_size, prob_gap, max_distance, "zipar-gsd")
+    rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance, "zipar-gsd")
     initialiser = resolve_initialiser(init)
     tokens, stats = decode_fronts(
-        Request(model, cond, params, generators, cond_mask, progress),
+        request,
         s=s,
         window=window,
         initialiser=initialiser,
@@ -1077,21 +1053,14 @@ def zipar_gsd(
     description="exact wavefront decoding for models that declare local dependence (model.dependency_reach)",
     requires=("dependency_reach",),
 )
-def wavefront(
-    model,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
-    *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
-) -> tuple[Tensor, dict]:
+def wavefront(request: Request) -> tuple[Tensor, dict]:
     """Exact wavefront decoding of a model whose dependence is known local.
 
     The model must declare `dependency_reach = R` (an int >= 0; the module docstring states the
     local attention pattern it promises). Tokens (r, c) with equal c + (R + 1) r come out of one
     pass, W + (R + 1)(H - 1) passes in all, and the tokens are plain AR's (same per-position draws).
     """
+    model = request.model
     token_grid(model, "wavefront")
     reach = getattr(model, "dependency_reach", None)
     if isinstance(reach, bool) or not isinstance(reach, int) or reach < 0:
@@ -1100,6 +1069,5 @@ def wavefront(
             f"model.dependency_reach = R (columns to the right in the rows above, an integer >= 0); "
             f"{type(model).__name__} declares {reach!r}: use zipar for a model with global attention"
         )
-    request = Request(model, cond, params, generators, cond_mask, progress)
     tokens, stats = decode_fronts(request, s=reach + 1, method="wavefront")
     return tokens, {**stats, "dependency_reach": reach}

@@ -843,14 +843,16 @@ def covers_rows(options: dict, model) -> bool:
     return options["s"] >= token_grid(model, "zipar")[1]
 
 
+# What zipar and its Jacobi and tree fronts register about their exactness (zipar-gsd adds its group size).
+EXACT_WHEN_ROWS_COVERED = dict(exact_when=covers_rows, exact_when_text="s >= the grid width", exact_example={"s": 1024})
+
+
 @register_method(
     "zipar",
     lossless=False,
     description="ZipAR next-set decoding (He et al. 2025): row r+1 starts once row r has s tokens, every row "
     "front advances in one pass, W + (H-1)s passes (unfinished rows above are not seen)",
-    exact_when=covers_rows,
-    exact_when_text="s >= the grid width",
-    exact_example={"s": 1024},
+    **EXACT_WHEN_ROWS_COVERED,
 )
 def zipar(
     request: Request,
@@ -870,9 +872,7 @@ def zipar(
     "zipar-sjd",
     lossless=False,
     description="zipar whose row fronts each run a speculative Jacobi window",
-    exact_when=covers_rows,
-    exact_when_text="s >= the grid width",
-    exact_example={"s": 1024},
+    **EXACT_WHEN_ROWS_COVERED,
 )
 def zipar_sjd(
     request: Request,
@@ -910,9 +910,7 @@ def zipar_sjd(
     "zipar-mc-sjd",
     lossless=False,
     description="zipar whose row fronts each run a coupled speculative Jacobi window",
-    exact_when=covers_rows,
-    exact_when_text="s >= the grid width",
-    exact_example={"s": 1024},
+    **EXACT_WHEN_ROWS_COVERED,
 )
 def zipar_mc_sjd(
     request: Request,
@@ -947,9 +945,7 @@ def zipar_mc_sjd(
     "zipar-tree",
     lossless=False,
     description="zipar whose row fronts each run a coupled Jacobi window with tree-mc-sjd's draft tree at its head",
-    exact_when=covers_rows,
-    exact_when_text="s >= the grid width",
-    exact_example={"s": 1024},
+    **EXACT_WHEN_ROWS_COVERED,
 )
 def zipar_tree(
     request: Request,

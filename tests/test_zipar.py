@@ -100,14 +100,14 @@ def test_tree_fronts_equal_plain_ar_greedy_when_the_window_covers_a_row(monkeypa
     reference, _ = ar.generate(Request(model, cond, GREEDY, make_generators(4, 7)))
     tokens, stats = zipar.zipar_tree(Request(model, cond, GREEDY, make_generators(4, 7)), s=8, window=6, branch=4)
     assert torch.equal(tokens, reference) and min(stats["side_taken_per_image"]) > 0
-    extend = zipar.FrontTrees.extend
+    extend = zipar.tree_fronts.FrontTrees.extend
 
     def no_refeed(self, *args):
         commits = extend(self, *args)
         self.refeed = torch.full_like(self.refeed, -1)
         return commits
 
-    monkeypatch.setattr(zipar.FrontTrees, "extend", no_refeed)
+    monkeypatch.setattr(zipar.tree_fronts.FrontTrees, "extend", no_refeed)
     tokens, _ = zipar.zipar_tree(Request(model, cond, GREEDY, make_generators(4, 7)), s=8, window=6, branch=4)
     assert not torch.equal(tokens, reference)
 
@@ -218,15 +218,15 @@ def test_plan_of_jacobi_fronts():
     fed), row 1 waiting for row 0 (full window), row 2 lag-clipped, row 3 starting with a stand-in."""
     count = torch.tensor([[6, 3, 2, 0]])
     fed = torch.tensor([[5, 2, 2, 0]])
-    plan = zipar.plan_pass(count, fed, (4, 6), s=2, window=3)
+    plan = zipar.plan.plan_pass(count, fed, (4, 6), s=2, window=3)
     assert plan.window_len.tolist() == [[0, 3, 0, 1]]
     # row 2 may predict (2, c) only once row 1 has c + 2 tokens: (2, 2) needs 4, row 1 has 3
     assert plan.feed_only.tolist() == [[True, False, False, False]]  # row 2's newest token already has its KV
     assert plan.input_index.tolist() == [[5, 8, 9, 10, 17]]
     assert plan.predicts.tolist() == [[False, True, True, True, True]]
     assert plan.has_draft.tolist() == [[False, True, True, False, False]]
-    generated = zipar.generated_mask(count, 6)
-    visible = zipar.visibility(plan, generated)[0]
+    generated = zipar.plan.generated_mask(count, 6)
+    visible = zipar.plan.visibility(plan, generated)[0]
     rows = [visible[m].nonzero().flatten().tolist() for m in range(5)]
     assert rows[0] == [0, 1, 2, 3, 4, 5]
     assert rows[1] == [0, 1, 2, 3, 4, 5, 6, 7, 8]
@@ -235,7 +235,7 @@ def test_plan_of_jacobi_fronts():
     # row 3's start sits at (2, 5) with a stand-in: it sees row 2's generated tokens, not row 1's drafts
     assert rows[4] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 17]
     tokens = torch.arange(24)[None] + 100
-    fed_tokens = zipar.pass_inputs(plan, tokens, count, generated, 6, torch.tensor([[0, 7, 8, 0, 0]]))
+    fed_tokens = zipar.plan.pass_inputs(plan, tokens, count, generated, 6, torch.tensor([[0, 7, 8, 0, 0]]))
     assert fed_tokens.tolist() == [[105, 108, 7, 8, 113]]  # the stand-in is row 2's newest token, 13
 
 
@@ -243,9 +243,9 @@ def test_jacobi_fronts_keep_the_lag_and_their_drafts_private(monkeypatch):
     model = tiny_llamagen(vocab=32, block_size=64, seed=3, std=0.3)
     width, num_cond, s = 8, model.num_condition_tokens, 3
     counts = []
-    plan_pass = zipar.plan_pass
+    plan_pass = zipar.plan.plan_pass
     monkeypatch.setattr(
-        zipar, "plan_pass", lambda count, *a, **k: counts.append(count.clone()) or plan_pass(count, *a, **k)
+        zipar.engine, "plan_pass", lambda count, *a, **k: counts.append(count.clone()) or plan_pass(count, *a, **k)
     )
     cond = torch.tensor([0, 1, 2])
     with Recorder(model) as rec:
@@ -256,7 +256,7 @@ def test_jacobi_fronts_keep_the_lag_and_their_drafts_private(monkeypatch):
     checked = 0
     for count, (fed, input_pos, mask) in zip(counts[1:], rec.calls, strict=False):
         for b in range(3):
-            generated = zipar.generated_mask(count, width)[b]
+            generated = zipar.plan.generated_mask(count, width)[b]
             for m, pos in enumerate(input_pos[b].tolist()):
                 k = pos - num_cond
                 if k == 63:
@@ -278,13 +278,13 @@ def test_plan_and_commits_of_cross_row_fronts():
     predict (1, 1) from generated tokens alone), row 2 not started."""
     count = torch.tensor([[3, 1, 0, 0]])
     fed = torch.tensor([[2, 0, 0, 0]])
-    plain = zipar.plan_pass(count, fed, (4, 6), s=2, window=4)
+    plain = zipar.plan.plan_pass(count, fed, (4, 6), s=2, window=4)
     assert plain.window_len.tolist() == [[3, 1, 0, 0]]
-    plan = zipar.plan_pass(count, fed, (4, 6), s=2, window=4, cross_row=True)
+    plan = zipar.plan.plan_pass(count, fed, (4, 6), s=2, window=4, cross_row=True)
     # row 0 feeds 2 drafts (columns 3, 4): row 1 may predict up to column 4 + 1 - 2 = 3
     assert plan.window_len.tolist() == [[3, 3, 0, 0]] and plan.above_drafts.tolist() == [[0, 2, 0, 0]]
     assert plan.input_index.tolist() == [[2, 3, 4, 6, 7, 8]]
-    visible = zipar.visibility(plan, zipar.generated_mask(count, 6), s=2)[0]
+    visible = zipar.plan.visibility(plan, zipar.plan.generated_mask(count, 6), s=2)[0]
     rows = [visible[m].nonzero().flatten().tolist() for m in range(6)]
     assert rows[3] == [0, 1, 2, 6]  # predicts (1, 1): needs row 0 up to column 2, generated
     assert rows[4] == [0, 1, 2, 3, 6, 7]  # predicts (1, 2): also row 0's draft at column 3
@@ -292,12 +292,12 @@ def test_plan_and_commits_of_cross_row_fronts():
     # row 0 accepts its first draft only: it commits columns 3 (draft) and 4 (residual); the
     # row-0 columns known as fed are 0..3, so row 1 keeps (1, 1) and (1, 2), not (1, 3)
     accept = torch.tensor([[True, False, False, True, True, False]])
-    valid, commits, good = zipar.valid_commits(plan, accept, count, 6, 2)
+    valid, commits, good = zipar.plan.valid_commits(plan, accept, count, 6, 2)
     assert valid.tolist() == [[True, True, True, True, True, False]]
     assert good.tolist() == [[1, 2, 0, 0]]
     assert commits.tolist() == [[2, 2, 0, 0]]  # row 1: two accepted drafts, no extra token after an invalid slot
     # without leaning fronts the plain rule: leading accepts + 1
-    valid, commits, _ = zipar.valid_commits(plain, torch.tensor([[True, False, False, False]]), count, 6, 2)
+    valid, commits, _ = zipar.plan.valid_commits(plain, torch.tensor([[True, False, False, False]]), count, 6, 2)
     assert commits.tolist() == [[2, 1, 0, 0]] and valid.all()
 
 
@@ -308,9 +308,9 @@ def test_cross_row_fronts_commit_only_tokens_whose_context_held(monkeypatch):
     model = tiny_llamagen(vocab=16, block_size=64, seed=5, std=0.6)
     width, num_cond = 8, model.num_condition_tokens
     counts = []
-    plan_pass = zipar.plan_pass
+    plan_pass = zipar.plan.plan_pass
     monkeypatch.setattr(
-        zipar, "plan_pass", lambda count, *a, **k: counts.append(count.clone()) or plan_pass(count, *a, **k)
+        zipar.engine, "plan_pass", lambda count, *a, **k: counts.append(count.clone()) or plan_pass(count, *a, **k)
     )
     cond = torch.zeros(4, dtype=torch.long)
     leaned = 0
@@ -333,7 +333,7 @@ def test_cross_row_fronts_commit_only_tokens_whose_context_held(monkeypatch):
                         leaned += int(before[b, row - 1]) < min(col + s, width)
         for count, (_, input_pos, mask) in zip(counts[1:], rec.calls, strict=False):
             for b in range(4):
-                generated = zipar.generated_mask(count, width)[b]
+                generated = zipar.plan.generated_mask(count, width)[b]
                 for m, pos in enumerate(input_pos[b].tolist()):
                     k = pos - num_cond
                     row, col = divmod(k + 1, width)
@@ -384,7 +384,7 @@ def test_carried_laws_are_kept_for_live_drafts_only(monkeypatch, coupling):
     fronts x (window - 1)) and for one pass's slots, not for all N image tokens: at a real
     vocabulary [B, N, V] of each is 540 MB (B=32, N=256, V=16,384)."""
     held = {"laws": 0, "noise": 0}
-    pack, carry = zipar.CarriedDrafts.pack, jacobi.GumbelCarry.__call__
+    pack, carry = zipar.engine.CarriedDrafts.pack, jacobi.GumbelCarry.__call__
 
     def counted_pack(self, stored, laws):
         pack(self, stored, laws)
@@ -395,7 +395,7 @@ def test_carried_laws_are_kept_for_live_drafts_only(monkeypatch, coupling):
         held["noise"] = max(held["noise"], self.noise.shape[1])
         return out
 
-    monkeypatch.setattr(zipar.CarriedDrafts, "pack", counted_pack)
+    monkeypatch.setattr(zipar.engine.CarriedDrafts, "pack", counted_pack)
     monkeypatch.setattr(jacobi.GumbelCarry, "__call__", counted_carry)
     model = tiny_llamagen(vocab=16, block_size=64, seed=5, std=0.6)  # 8 x 8 tokens
     window = 4

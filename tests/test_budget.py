@@ -17,7 +17,7 @@ from laws import (
     tiny_llamagen,
 )
 
-from visar.accel import budget, get_method, jacobi
+from visar.accel import budget, get_method, jacobi, proposers
 from visar.accel.budget import PassCosts, SurvivalCounts, WindowBudget, age_rates, expected_tokens, pin_costs
 from visar.accel.drafts import resolve_initialiser
 from visar.accel.registry import Request
@@ -123,7 +123,7 @@ def test_a_budget_that_peeks_at_the_next_uniforms_is_detected(model):
     for i in range(n):
         generators = make_generators(1, 4000 + i)
         request = Request(model, torch.tensor([label]), params, generators)
-        proposer = jacobi.JacobiProposer(resolve_initialiser("random"), jacobi.independent_carry)
+        proposer = proposers.JacobiProposer(resolve_initialiser("random"), proposers.independent_carry)
         out, _ = jacobi.speculative_decode(request, proposer, window=4, budget=PeekingBudget(generators, 4))
         tokens.append(out)
     pvalue, tv, tolerance = compare_laws(sequence_index(torch.cat(tokens), VOCAB), exact_law(model, label, params))

@@ -30,7 +30,7 @@ from laws import (
 )
 
 import visar
-from visar.accel import METHODS, ar, drafts, get_method, jacobi
+from visar.accel import METHODS, ar, drafts, get_method, jacobi, proposers
 from visar.accel.acceptance import AcceptanceRule, lossless, speculative_accept
 from visar.accel.registry import Request
 from visar.accel.sampling import SamplingParams, make_generators
@@ -139,7 +139,7 @@ def test_wrong_residual_is_detected(model):
         return target_probs
 
     params, label = TOPP_TEMP, 1
-    proposer = jacobi.JacobiProposer(drafts.random_init, jacobi.independent_carry)
+    proposer = proposers.JacobiProposer(drafts.random_init, proposers.independent_carry)
     rule = AcceptanceRule(speculative_accept, from_target)
     cond = torch.full((law_samples(SAMPLES),), label, device=model.device)
     request = Request(model, cond, params, make_generators(len(cond), 4000))

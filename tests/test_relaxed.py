@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from laws import CFG_TOPK, SAMPLES, VOCAB, all_sequences, perturbed, sequence_index, tiny_llamagen, unit_codebook
 
 import visar
-from visar.accel import METHODS, drafts, get_method, jacobi, relaxed
+from visar.accel import METHODS, drafts, get_method, jacobi, proposers, relaxed
 from visar.accel.acceptance import (
     AcceptanceRule,
     grouped_accept,
@@ -186,7 +186,7 @@ def per_step_tv(tokens: torch.Tensor, conditionals: np.ndarray, min_count: int =
     return cells
 
 
-class OneHotDrafts(jacobi.JacobiProposer):
+class OneHotDrafts(proposers.JacobiProposer):
     """Jacobi drafts verified as deterministic ones (q one-hot at the draft, as EAGLE-2's top-k):
     exact for any draft chosen before the pass's uniforms, and the case the paper's rule is made for."""
 
@@ -195,12 +195,12 @@ class OneHotDrafts(jacobi.JacobiProposer):
         return tokens, F.one_hot(tokens, state.vocab_size).float()
 
 
-class CoupledDrafts(jacobi.JacobiProposer):
+class CoupledDrafts(proposers.JacobiProposer):
     """MC-SJD's carry (the slot's verified-or-resampled token kept as the next draft), whatever
     updater is asked for: its recorded law must be p~, not p, for the bound to hold."""
 
     def __init__(self, initialiser, _updater):
-        super().__init__(initialiser, jacobi.maximal_coupling_carry)
+        super().__init__(initialiser, proposers.maximal_coupling_carry)
 
 
 DELTA, K = 0.15, 2
@@ -213,7 +213,7 @@ def lantern_runs(model):
     cond = torch.full((SAMPLES,), 1)
     runs = {}
     for name, relax, proposer, neighbours in [
-        ("bounded", lantern_relax_bounded, jacobi.JacobiProposer, table[:, :K]),
+        ("bounded", lantern_relax_bounded, proposers.JacobiProposer, table[:, :K]),
         ("bounded coupled", lantern_relax_bounded, CoupledDrafts, table[:, :K]),
         ("bounded one-hot", lantern_relax_bounded, OneHotDrafts, table[:, :K]),
         ("paper one-hot", lantern_relax_per_draft, OneHotDrafts, table[:, :K]),
@@ -226,7 +226,7 @@ def lantern_runs(model):
         )
         runs[name] = jacobi.speculative_decode(
             Request(model, cond, CFG_TOPK, make_generators(SAMPLES, 7)),
-            proposer(drafts.random_init, jacobi.independent_carry),
+            proposer(drafts.random_init, proposers.independent_carry),
             window=4,
             rule=rule,
         )

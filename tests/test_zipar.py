@@ -19,7 +19,7 @@ from laws import exact_law, tiny_llamagen
 from scipy.stats import chisquare
 
 import visar
-from visar.accel import METHODS, Request, ar, drafts, get_method, jacobi, tree_jacobi, zipar
+from visar.accel import METHODS, Request, ar, drafts, get_method, jacobi, proposers, tree_jacobi, zipar
 from visar.accel.sampling import SamplingParams, make_generators
 from visar.apps.cli import main
 from visar.errors import VisarError
@@ -384,7 +384,7 @@ def test_carried_laws_are_kept_for_live_drafts_only(monkeypatch, coupling):
     fronts x (window - 1)) and for one pass's slots, not for all N image tokens: at a real
     vocabulary [B, N, V] of each is 540 MB (B=32, N=256, V=16,384)."""
     held = {"laws": 0, "noise": 0}
-    pack, carry = zipar.engine.CarriedDrafts.pack, jacobi.GumbelCarry.__call__
+    pack, carry = zipar.engine.CarriedDrafts.pack, proposers.GumbelCarry.__call__
 
     def counted_pack(self, stored, laws):
         pack(self, stored, laws)
@@ -396,7 +396,7 @@ def test_carried_laws_are_kept_for_live_drafts_only(monkeypatch, coupling):
         return out
 
     monkeypatch.setattr(zipar.engine.CarriedDrafts, "pack", counted_pack)
-    monkeypatch.setattr(jacobi.GumbelCarry, "__call__", counted_carry)
+    monkeypatch.setattr(proposers.GumbelCarry, "__call__", counted_carry)
     model = tiny_llamagen(vocab=16, block_size=64, seed=5, std=0.6)  # 8 x 8 tokens
     window = 4
     _, stats = zipar.zipar_mc_sjd(
@@ -535,7 +535,7 @@ def test_tree_fronts_without_the_residual_ladder_are_detected(model4, monkeypatc
 
 def test_initialisers_copy_their_neighbours():
     """On a 3x3 grid, vocabulary 5: what each initialiser drafts and the q it reports."""
-    state = jacobi.DecodeState(
+    state = drafts.DecodeState(
         torch.zeros(3, 12, dtype=torch.long), torch.tensor([4, 1, 4]), torch.zeros(3), 9, 5, (3, 3), 3
     )
     canvas = torch.full((3, 12), -1)

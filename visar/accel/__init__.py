@@ -11,7 +11,7 @@ from . import next_scale  # next-scale models
 from . import maskgit, halton, lpd  # masked models
 
 # isort: on
-from . import budget, drafts
+from . import budget, drafts, proposers
 from .registry import METHODS, Method, Request, get_method, list_methods, reference_method, register_method
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "mar_cache",
     "maskgit",
     "next_scale",
+    "proposers",
     "relaxed",
     "tree_jacobi",
     "zipar",

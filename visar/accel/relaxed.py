@@ -76,16 +76,8 @@ from .acceptance import (
 )
 from .checks import check_number
 from .drafts import resolve_initialiser
-from .jacobi import (
-    CARRIES,
-    DraftModelProposer,
-    JacobiProposer,
-    carry_updater,
-    check_draft,
-    check_spans,
-    independent_carry,
-    speculative_decode,
-)
+from .jacobi import check_draft, check_spans, speculative_decode
+from .proposers import CARRIES, DraftModelProposer, JacobiProposer, carry_updater, independent_carry
 from .registry import Request, register_method
 
 LANTERN_FORMS: dict[str, Callable] = {"bounded": lantern_relax_bounded, "paper": lantern_relax_per_draft}

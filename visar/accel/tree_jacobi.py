@@ -77,17 +77,9 @@ from .budget import (
     scratch_request,
 )
 from .checks import check_number
-from .drafts import resolve_initialiser
-from .jacobi import (
-    DRAFT,
-    DecodeState,
-    JacobiProposer,
-    Window,
-    chain_costs,
-    decode_chain_budget,
-    maximal_coupling_carry,
-    new_state,
-)
+from .drafts import DecodeState, resolve_initialiser
+from .jacobi import chain_costs, decode_chain_budget, new_state
+from .proposers import DRAFT, JacobiProposer, Window, maximal_coupling_carry
 from .registry import Request, register_method
 from .sampling import draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer

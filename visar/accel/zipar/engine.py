@@ -17,18 +17,9 @@ from ...models.base import RasterModel
 from ...models.lag_mask import check_lag
 from ...progress import progress_bar
 from ..acceptance import SPECULATIVE, AcceptanceRule
-from ..drafts import FillRequest, random_init
-from ..jacobi import (
-    CARRY,
-    DRAFT,
-    NUM_PURPOSES,
-    RESIDUAL,
-    CarryRequest,
-    DecodeState,
-    check_spans,
-    image_keys,
-    independent_carry,
-)
+from ..drafts import DecodeState, FillRequest, random_init
+from ..jacobi import check_spans, image_keys
+from ..proposers import CARRY, DRAFT, NUM_PURPOSES, RESIDUAL, CarryRequest, independent_carry
 from ..registry import Request
 from ..sampling import draw_uniforms, to_device
 from ..scoring import GuidedScorer

@@ -11,7 +11,8 @@ from torch import Tensor
 from ...errors import VisarError
 from ...models.lag_mask import check_lag
 from ..drafts import resolve_initialiser
-from ..jacobi import carry_updater, check_spans, independent_carry, maximal_coupling_carry
+from ..jacobi import check_spans
+from ..proposers import carry_updater, independent_carry, maximal_coupling_carry
 from ..registry import Request, register_method
 from ..relaxed import gsd_rule
 from ..tree_jacobi import clip_branch, parse_neighbours

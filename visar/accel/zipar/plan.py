@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ...errors import VisarError
 from ..acceptance import AcceptanceRule, verify_slots
-from ..jacobi import ACCEPT, RESIDUAL
+from ..proposers import ACCEPT, RESIDUAL
 from ..sampling import sample_from_probs
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..acceptance import AcceptanceRule
-from ..jacobi import RESIDUAL
+from ..proposers import RESIDUAL
 from ..sampling import draw_uniforms, sample_from_probs, to_device
 from ..scoring import GuidedScorer
 from ..tree_jacobi import neighbour_candidates, residual_ladder, without_replacement

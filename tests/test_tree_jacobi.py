@@ -21,7 +21,7 @@ from laws import (
     tiny_llamagen,
 )
 
-from visar.accel import METHODS, Request, ar, get_method, tree_jacobi
+from visar.accel import METHODS, Request, ar, draft_trees, get_method
 from visar.accel.sampling import SamplingParams, make_generators
 from visar.accel.stats import COMMON_STATS
 from visar.errors import VisarError
@@ -63,7 +63,7 @@ def test_joint_law_is_exact(model, name, options, params):
 @pytest.mark.slow
 def test_dropping_the_residual_after_a_rejected_candidate_is_detected(model, monkeypatch):
     """Negative control: each candidate tested against p rather than the residual its earlier siblings left."""
-    monkeypatch.setattr(tree_jacobi, "ladder_residual", lambda target, draft: target)
+    monkeypatch.setattr(draft_trees, "ladder_residual", lambda target, draft: target)
     tokens, _ = draw("tree-mc-sjd", model, 1, TOPP_TEMP, SAMPLES, 4100, window=6, branch=3, depth=2, init="random")
     pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(model, 1, TOPP_TEMP))
     print(f"no residual: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
@@ -95,7 +95,7 @@ def test_greedy_equals_plain_ar_and_batches_do_not_matter(model16, name):
 
 
 def test_tree_layout():
-    layout = tree_jacobi.DraftTree.build(16, 3, 3)  # SJD-PAC's: 13 tree nodes, the main path goes on to 16 nodes
+    layout = draft_trees.DraftTree.build(16, 3, 3)  # SJD-PAC's: 13 tree nodes, the main path goes on to 16 nodes
     assert layout.num_nodes == 16 and layout.main_length == 6 and layout.num_side == 10
     assert layout.tree.depth[layout.main].tolist() == list(range(6))
     # a side node sees the main path only above its branch point
@@ -161,5 +161,5 @@ def test_registered_and_long_windows_are_clipped(model16):
 def test_neighbour_candidates_never_wrap_round_a_row():
     canvas = torch.arange(16)[None]  # a 4 x 4 grid whose tokens are their indices
     index = torch.tensor([[0, 3, 4, 7, 9]])
-    found = tree_jacobi.neighbour_candidates(canvas, index, 4, tree_jacobi.NEIGHBOURS)
+    found = draft_trees.neighbour_candidates(canvas, index, 4, draft_trees.NEIGHBOURS)
     assert found[0].tolist() == [[-1, -1, -1, -1], [2, -1, -1, -1], [-1, 0, -1, 1], [6, 3, 2, -1], [8, 5, 4, 6]]

@@ -11,7 +11,7 @@ from . import next_scale  # next-scale models
 from . import maskgit, halton, lpd  # masked models
 
 # isort: on
-from . import budget, drafts, proposers
+from . import budget, draft_trees, drafts, proposers
 from .registry import METHODS, Method, Request, get_method, list_methods, reference_method, register_method
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "auto",
     "budget",
     "cspd",
+    "draft_trees",
     "drafts",
     "halton",
     "jacobi",

@@ -26,16 +26,10 @@ import torch
 from torch import Tensor
 
 from ..errors import VisarError
+from ..models.base import MaskedModel
 from .masked import check_steps, keep_highest, reveal_counts, unmask
 from .maskgit import confidence, noise_temperatures
 from .registry import Request, register_method
-
-
-def check_thresholds(proximity_threshold, repulsion_threshold):
-    if not isinstance(proximity_threshold, (int, float)) or proximity_threshold < 0:
-        raise VisarError(f"proximity_threshold must be a number >= 0, got {proximity_threshold!r}")
-    if isinstance(repulsion_threshold, bool) or not isinstance(repulsion_threshold, int) or repulsion_threshold < 0:
-        raise VisarError(f"repulsion_threshold must be an integer >= 0 (grid cells), got {repulsion_threshold!r}")
 
 
 class Grid:
@@ -77,6 +71,16 @@ class Grid:
             chosen.append(pick)
             pool.remove(pick)
         return chosen
+
+
+def checked_grid(model: MaskedModel, steps, proximity_threshold, repulsion_threshold) -> Grid:
+    """The model's LPD grid, after one clear error for an option of either LPD method out of range."""
+    if not isinstance(proximity_threshold, (int, float)) or proximity_threshold < 0:
+        raise VisarError(f"proximity_threshold must be a number >= 0, got {proximity_threshold!r}")
+    if isinstance(repulsion_threshold, bool) or not isinstance(repulsion_threshold, int) or repulsion_threshold < 0:
+        raise VisarError(f"repulsion_threshold must be an integer >= 0 (grid cells), got {repulsion_threshold!r}")
+    check_steps(steps, model)
+    return Grid(*model.grid_size)
 
 
 def lpd_order(grid: Grid, counts: list[int], generator: torch.Generator, proximity: float, repulsion: int) -> list[int]:
@@ -127,9 +131,7 @@ def lpd_order_method(
 ) -> tuple[Tensor, dict]:
     """Unmasking in an LPD order drawn per image -> (tokens [B, N], stats)."""
     model = request.model
-    check_thresholds(proximity_threshold, repulsion_threshold)
-    check_steps(steps, model)
-    grid = Grid(*model.grid_size)
+    grid = checked_grid(model, steps, proximity_threshold, repulsion_threshold)
     counts = reveal_counts(steps, model.num_image_tokens, mask_schedule)
     orders = [lpd_order(grid, counts, g, proximity_threshold, repulsion_threshold) for g in request.generators]
     priority = order_priority(orders, model.device)
@@ -158,11 +160,8 @@ def lpd_confidence(
     mask_schedule: str = "cosine",
 ) -> tuple[Tensor, dict]:
     """Confidence ranked within LPD's locality rule, per step -> (tokens [B, N], stats)."""
-    model = request.model
-    check_thresholds(proximity_threshold, repulsion_threshold)
-    check_steps(steps, model)
-    taus = noise_temperatures(choice_temperature, steps).to(model.device)
-    grid = Grid(*model.grid_size)
+    grid = checked_grid(request.model, steps, proximity_threshold, repulsion_threshold)
+    taus = noise_temperatures(choice_temperature, steps).to(request.model.device)
 
     def select(step, masked, probs, sampled, known):
         scores = confidence(probs, sampled, known, taus[step], request.generators).cpu()

@@ -244,14 +244,7 @@ def gsd(
     check_spans(window, warmup, tail)
     rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance)
     proposer = JacobiProposer(resolve_initialiser(init), independent_carry)
-    tokens, stats = speculative_decode(
-        request,
-        proposer,
-        window=window,
-        warmup=warmup,
-        tail=tail,
-        rule=rule,
-    )
+    tokens, stats = speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail, rule=rule)
     return tokens, {**stats, "group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
 
 
@@ -307,14 +300,8 @@ def lantern(
     table = neighbour_table(book, min(k, model.vocab_size - 1)).to(model.device)
     relax = lossless(False)(partial(LANTERN_FORMS[form], neighbours=table, delta=float(delta)))
     proposer = jacobi_or_draft_proposer(request, draft, init, coupling)
-    tokens, stats = speculative_decode(
-        request,
-        proposer,
-        window=window,
-        warmup=warmup,
-        tail=tail,
-        rule=AcceptanceRule(speculative_accept, speculative_residual, relax),
-    )
+    rule = AcceptanceRule(speculative_accept, speculative_residual, relax)
+    tokens, stats = speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail, rule=rule)
     used = (coupling or "none") if draft is None else "draft model"
     return tokens, {**stats, "delta": delta, "k": table.shape[1], "form": form, "coupling": used}
 

@@ -7,48 +7,14 @@ Papers and the upstream code the rules were checked against:
 - LANTERN: Jang, Park et al., "LANTERN: Accelerating Visual Autoregressive Models with Relaxed
   Speculative Decoding", ICLR 2025 (arXiv 2410.03355); jadohu/LANTERN,
   `entrypoints/generate_codebook.py` (neighbour lists) and `models/ea_model_llamagen.py`
-  (`--lantern_k`, `--lantern_delta`).
+  (`--lantern_k`, `--lantern_delta`); LANTERN++ (arXiv 2502.06352, upstream `--static_tree`).
 
-Image tokens are redundant: several codes draw almost the same patch, so the exact test rejects
-drafts that would have looked the same. Both methods keep the speculative Jacobi engine
-(jacobi.py: drafts, one target pass, ragged commits, KV truncation, carry-over) and change only
-the verification, through an `AcceptanceRule` (the rules themselves live in acceptance.py):
-- gsd: accept x with min(1, p(G)/q(G)) over a dynamic group G of visually equivalent tokens,
-  reject to the token-level residual norm((p - q)+). Lossy, no bound.
-- lantern: verify against a relaxed target that moves mass of the draft's nearest codebook
-  neighbours onto it, at most delta in total, so that every position's output law is within
-  TV delta of p; reject to the residual of that same target.
-- lantern++ (Jang, Park et al., ICLR-W SCOPE 2025, arXiv 2502.06352; upstream `--static_tree`):
-  the same test with LANTERN++'s multiplicative cap (a draft's probability at most lambda_cap
-  times its own) on a static draft tree from a draft model, verified in one pass (tree.py).
-
-Deliberate differences from the upstream code:
-- GSD measures visual equivalence with the tokenizer's code vectors (what decoding looks up),
-  not the LLM input embeddings, and sorts p once per pass (upstream: once per slot, with a
-  10k x 10k distance matrix rebuilt per call and a silent fallback to SJD's rule).
-- LANTERN's official rejection path zeroes all k + 1 neighbours of a rejected draft, so the
-  output law moves by p(B_{k+1}(x)), not by at most delta. Here the residual comes from the
-  relaxed target. Beyond that, the paper's per-draft target p~_x keeps the bound only for
-  deterministic drafts (EAGLE-2's top-k, q one-hot); every draft here is sampled (Jacobi
-  carry-overs, draft-model samples), and then the paper's rule can move the law by much more
-  than delta (with uniform random drafts it accepts nearly anything, even tokens top-k removed).
-  The default `form="bounded"` verifies every draft against one relaxed target that moves, as
-  LANTERN does, mass of a token's nearest codes onto it, but only onto tokens q over-drafts and
-  from tokens p has in excess, at most delta in all (`lantern_relax_bounded`): the output law is
-  that target, within TV delta of p for any q, and it is LANTERN's move (nearest first, the last
-  neighbour in part) when the draft is deterministic. `form="paper"` keeps the paper's
-  per-draft target, for comparison. No rule that keeps TV <= delta can raise a slot's
-  acceptance by more than delta, so with the bound kept the gain over sjd is modest.
-
-Draft initialisers. gsd and lantern draft new slots with uniform random tokens by default, as
-their papers do, while the lossless sjd and mc-sjd copy the token above: a lossless method's
-init changes only how many passes it takes, so its default was chosen for the fewest; a lossy
-method's init also changes what it outputs, so its default stays the one its quality was
-measured with ("above" is an option; docs/DETAILS.md has both).
-
-Neighbour tables (each code's nearest codes by squared distance of the code vectors) are
-computed once per codebook and cached on disk under $VISAR_CACHE (default ~/.cache/visar),
-keyed by a hash of the codebook.
+Image tokens are redundant: several codes draw almost the same patch. gsd and lantern keep the
+speculative Jacobi engine (jacobi.py) and change only the verification, through an
+`AcceptanceRule` (the rules live in acceptance.py); lantern++ verifies a static draft tree from
+a draft model (tree.py). Neighbour tables (each code's nearest codes) are cached on disk under
+$VISAR_CACHE. docs/RASTER.md ("Relaxed acceptance") has each rule, the deliberate differences
+from the upstream code (LANTERN's bound kept for sampled drafts) and the default initialisers.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import torch
 from scipy.stats import chisquare
 
 import visar
-from visar.accel import get_method
+from visar.accel import Request, get_method
 from visar.accel.sampling import SamplingParams, logits_to_probs, make_generators, split_cfg
 from visar.families import FAMILIES
 from visar.loading import resolve_dtype, seeded_init
@@ -232,7 +232,7 @@ def compare_laws(index: np.ndarray, law: np.ndarray, seed: int = 0) -> tuple[flo
 def draw(method, model, label, params, n, seed=0, **options):
     """n images of class `label` from a registered method, image i seeded with seed + i."""
     cond = torch.full((n,), label, device=model.device)
-    return get_method(method).fn(model, cond, params, make_generators(n, seed), **options)
+    return get_method(method).fn(Request(model, cond, params, make_generators(n, seed)), **options)
 
 
 @torch.no_grad()
@@ -257,7 +257,7 @@ def sample_each_prompt_s_law(model, ids, mask, method, options, params, vocab: i
     enumerated law (chi-square and TV). -> (tokens, stats, which prompt each image had)."""
     which = torch.arange(samples) % 2
     tokens, stats = get_method(method).fn(
-        model, ids[which], params, make_generators(samples, 100), cond_mask=mask[which], **options
+        Request(model, ids[which], params, make_generators(samples, 100), cond_mask=mask[which]), **options
     )
     for prompt in (0, 1):
         law = prompt_law(model, ids[prompt], mask[prompt], params)

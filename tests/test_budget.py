@@ -17,7 +17,7 @@ from laws import (
     tiny_llamagen,
 )
 
-from visar.accel import budget, get_method, jacobi
+from visar.accel import budget, get_method, jacobi, proposers
 from visar.accel.budget import PassCosts, SurvivalCounts, WindowBudget, age_rates, expected_tokens, pin_costs
 from visar.accel.drafts import resolve_initialiser
 from visar.accel.registry import Request
@@ -69,7 +69,7 @@ def draw_in_batches(name, model, label, params, n, batch, seed, **options):
     tokens, chosen = [], {}
     for first in range(0, n, batch):
         cond = torch.full((batch,), label)
-        out, stats = get_method(name).fn(model, cond, params, make_generators(batch, seed + first), **options)
+        out, stats = get_method(name).fn(Request(model, cond, params, make_generators(batch, seed + first)), **options)
         tokens.append(out)
         for size, passes in stats.get("sizes_chosen", {}).items():
             chosen[size] = chosen.get(size, 0) + passes
@@ -123,7 +123,7 @@ def test_a_budget_that_peeks_at_the_next_uniforms_is_detected(model):
     for i in range(n):
         generators = make_generators(1, 4000 + i)
         request = Request(model, torch.tensor([label]), params, generators)
-        proposer = jacobi.JacobiProposer(resolve_initialiser("random"), jacobi.independent_carry)
+        proposer = proposers.JacobiProposer(resolve_initialiser("random"), proposers.independent_carry)
         out, _ = jacobi.speculative_decode(request, proposer, window=4, budget=PeekingBudget(generators, 4))
         tokens.append(out)
     pvalue, tv, tolerance = compare_laws(sequence_index(torch.cat(tokens), VOCAB), exact_law(model, label, params))
@@ -134,11 +134,11 @@ def test_a_budget_that_peeks_at_the_next_uniforms_is_detected(model):
 def test_auto_tokens_are_reproducible_and_equal_greedy_ar(model, choosing_every_pass):
     """Lossless under greedy sampling means AR's tokens; the same seed twice, the same tokens."""
     cond, greedy = torch.tensor([0, 1, 2]), SamplingParams(top_k=1)
-    ar_tokens, _ = get_method("ar").fn(model, cond, greedy, make_generators(3, 0))
+    ar_tokens, _ = get_method("ar").fn(Request(model, cond, greedy, make_generators(3, 0)))
     for name in ("sjd", "mc-sjd", "tree-mc-sjd", "sjd-pac", "auto"):
-        tokens, stats = get_method(name).fn(model, cond, greedy, make_generators(3, 0), **budget_option(name))
+        tokens, stats = get_method(name).fn(Request(model, cond, greedy, make_generators(3, 0)), **budget_option(name))
         assert torch.equal(tokens, ar_tokens), name
-        again, _ = get_method(name).fn(model, cond, greedy, make_generators(3, 0), **budget_option(name))
+        again, _ = get_method(name).fn(Request(model, cond, greedy, make_generators(3, 0)), **budget_option(name))
         assert torch.equal(again, tokens), name
 
 
@@ -147,7 +147,9 @@ def budget_option(name: str) -> dict:
 
 
 def test_stats_say_which_sizes_ran_and_what_they_cost(model, choosing_every_pass):
-    _, stats = get_method("mc-sjd").fn(model, torch.tensor([0, 1]), TOPP_TEMP, make_generators(2, 0), budget="auto")
+    _, stats = get_method("mc-sjd").fn(
+        Request(model, torch.tensor([0, 1]), TOPP_TEMP, make_generators(2, 0)), budget="auto"
+    )
     assert stats["budget"] == "auto"
     assert sum(stats["sizes_chosen"].values()) == stats["forward_passes"]
     assert set(stats["sizes_chosen"]) <= {1, 2, 4}
@@ -159,15 +161,15 @@ def test_auto_samples_plainly_where_rows_cost_and_drafts_where_they_do_not(model
     try:
         expensive = {"chain": 1.2, "tree": 1.2}
         pin_costs(model, lambda engine, size: expensive[engine] * max(size, 1))
-        _, stats = get_method("auto").fn(model, cond, TOPP_TEMP, make_generators(2, 0))
+        _, stats = get_method("auto").fn(Request(model, cond, TOPP_TEMP, make_generators(2, 0)))
         assert stats["auto"] == "ar" and stats["forward_passes"] == model.num_image_tokens
         flat = {"chain": 1.0, "tree": 1.05}
         pin_costs(model, lambda engine, size: flat[engine])  # a GPU: rows nearly free, trees pay
-        _, stats = get_method("auto").fn(model, cond, TOPP_TEMP, make_generators(2, 0))
+        _, stats = get_method("auto").fn(Request(model, cond, TOPP_TEMP, make_generators(2, 0)))
         assert stats["auto"] == "tree-mc-sjd" and stats["tree"] == "tree"
         cpu = {"chain": (1.0, 0.05), "tree": (2.0, 0.1)}  # chains pay, trees' rows do not
         pin_costs(model, lambda engine, size: cpu[engine][0] + cpu[engine][1] * size)
-        _, stats = get_method("auto").fn(model, cond, TOPP_TEMP, make_generators(2, 0))
+        _, stats = get_method("auto").fn(Request(model, cond, TOPP_TEMP, make_generators(2, 0)))
         assert stats["auto"] == "mc-sjd" and stats["tree"] == "chain"
     finally:
         pin_costs(model, None)
@@ -183,12 +185,12 @@ def test_costs_are_measured_once_and_a_failed_measurement_falls_back(model, monk
 
     monkeypatch.setattr(jacobi, "speculative_decode", counting)
     fresh = tiny_llamagen(seed=11)
-    get_method("sjd").fn(fresh, cond, TOPP_TEMP, make_generators(1, 0), budget="auto")
+    get_method("sjd").fn(Request(fresh, cond, TOPP_TEMP, make_generators(1, 0)), budget="auto")
     probes = sum(isinstance(b, budget.ProbeBudget) for b in calls)
     # one untimed, then windows 1, 2, 4 on a 4-token image each round (fewer where the costs prune them)
     assert 1 + budget.PROBE_ROUNDS <= probes <= 1 + budget.PROBE_ROUNDS * 3
     calls.clear()
-    _, stats = get_method("sjd").fn(fresh, cond, TOPP_TEMP, make_generators(1, 0), budget="auto")
+    _, stats = get_method("sjd").fn(Request(fresh, cond, TOPP_TEMP, make_generators(1, 0)), budget="auto")
     assert not any(isinstance(b, budget.ProbeBudget) for b in calls) and stats["budget"] == "auto"
 
     def failing(*args, **kwargs):
@@ -198,9 +200,11 @@ def test_costs_are_measured_once_and_a_failed_measurement_falls_back(model, monk
 
     monkeypatch.setattr(jacobi, "speculative_decode", failing)
     other = tiny_llamagen(seed=12)
-    tokens, stats = get_method("sjd").fn(other, cond, TOPP_TEMP, make_generators(1, 0), budget="auto", window=3)
+    tokens, stats = get_method("sjd").fn(
+        Request(other, cond, TOPP_TEMP, make_generators(1, 0)), budget="auto", window=3
+    )
     assert stats["budget"] == "fixed window 3: the pass costs could not be measured"
-    fixed, _ = get_method("sjd").fn(other, cond, TOPP_TEMP, make_generators(1, 0), window=3)
+    fixed, _ = get_method("sjd").fn(Request(other, cond, TOPP_TEMP, make_generators(1, 0)), window=3)
     assert torch.equal(tokens, fixed)
 
 
@@ -258,13 +262,13 @@ def test_the_budget_follows_the_slowest_image(model):
 @pytest.mark.parametrize("value", ["fast", 0, -2, 1.5, True, [4]])
 def test_bad_budget_is_one_sentence(model, name, value):
     with pytest.raises(VisarError, match=f"budget for {name} must be 'auto', a whole number of rows per pass"):
-        get_method(name).fn(model, torch.tensor([0]), SamplingParams(), make_generators(1, 0), budget=value)
+        get_method(name).fn(Request(model, torch.tensor([0]), SamplingParams(), make_generators(1, 0)), budget=value)
 
 
 def test_a_number_is_the_window(model):
     cond, gens = torch.tensor([0, 1]), lambda: make_generators(2, 5)
-    numbered, stats = get_method("mc-sjd").fn(model, cond, TOPP_TEMP, gens(), budget=2)
-    windowed, _ = get_method("mc-sjd").fn(model, cond, TOPP_TEMP, gens(), window=2)
+    numbered, stats = get_method("mc-sjd").fn(Request(model, cond, TOPP_TEMP, gens()), budget=2)
+    windowed, _ = get_method("mc-sjd").fn(Request(model, cond, TOPP_TEMP, gens()), window=2)
     assert (
         torch.equal(numbered, windowed)
         and stats["budget"] == 2

@@ -12,7 +12,7 @@ import torch
 import torch._dynamo as dynamo
 from laws import tiny_llamagen
 
-from visar.accel import get_method
+from visar.accel import Request, get_method
 from visar.accel.sampling import SamplingParams, make_generators
 
 
@@ -35,7 +35,7 @@ def explained_calls(model, method: str, **options) -> dict:
     model.forward = forward
     try:
         params = SamplingParams(guidance_scale=2.0, top_k=8)
-        get_method(method).fn(model, torch.tensor([0, 2]), params, make_generators(2, 0), **options)
+        get_method(method).fn(Request(model, torch.tensor([0, 2]), params, make_generators(2, 0)), **options)
     finally:
         del model.forward
     dynamo.reset()

@@ -26,7 +26,7 @@ from laws import (
     unit_codebook,
 )
 
-from visar.accel import METHODS, reference_method
+from visar.accel import METHODS, Request, reference_method
 from visar.accel.sampling import SamplingParams, make_generators
 from visar.accel.stats import COMMON_STATS
 from visar.errors import VisarError
@@ -229,9 +229,12 @@ def law_options(method, model, **overrides) -> dict:
     options = {k: v for k, v in SMALL.items() if k in method.options}
     if method.needs_draft:
         options[method.draft_option] = perturbed(model, seed=1, scale=0.3)
-    if method.takes_tokenizer:
-        options["tokenizer"] = unit_codebook(VOCAB, 3, 0)
     return {**options, **overrides}
+
+
+def law_request(model, cond) -> Request:
+    """Images of `cond`, with a unit-norm codebook as the tokenizer for the methods that compare code vectors."""
+    return Request(model, cond, PARAMS, make_generators(len(cond), 9), tokenizer=unit_codebook(VOCAB, 3, 0))
 
 
 @pytest.fixture(scope="module")
@@ -246,7 +249,7 @@ def test_exact_settings_sample_the_exact_law(law_model, method_name):
     assert method.is_lossless(method.exact_example, law_model)
     options = law_options(method, law_model, **method.exact_example)
     label, cond = 1, torch.full((law_samples(SAMPLES),), 1, device=law_model.device)
-    tokens, _ = method.fn(law_model, cond, PARAMS, make_generators(len(cond), 9), **options)
+    tokens, _ = method.fn(law_request(law_model, cond), **options)
     pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(law_model, label, PARAMS))
     print(f"{method_name} {method.exact_example}: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
     assert pvalue > 1e-3 and tv < tolerance
@@ -258,6 +261,6 @@ def test_the_law_test_catches_a_lossy_setting(law_model):
     method = METHODS["lantern"]
     options = law_options(method, law_model, delta=0.5, k=4)
     cond = torch.full((law_samples(SAMPLES),), 1, device=law_model.device)
-    tokens, _ = method.fn(law_model, cond, PARAMS, make_generators(len(cond), 9), **options)
+    tokens, _ = method.fn(law_request(law_model, cond), **options)
     pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(law_model, 1, PARAMS))
     assert pvalue < 1e-3 and tv > tolerance

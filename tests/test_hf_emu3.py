@@ -29,7 +29,7 @@ transformers = pytest.importorskip("transformers")
 from laws import prompt_law, random_emu3, sample_each_prompt_s_law, save_emu3_folder, tiny_llamagen  # noqa: E402
 
 import visar  # noqa: E402
-from visar.accel import get_method  # noqa: E402
+from visar.accel import Request, get_method  # noqa: E402
 from visar.accel.sampling import SamplingParams, make_generators  # noqa: E402
 from visar.errors import VisarError  # noqa: E402
 from visar.families import hf_emu3  # noqa: E402
@@ -350,6 +350,6 @@ def test_prompt_ids_without_a_mask_still_pad_the_negative_prompt(pipe):
     ids, _ = pipe.text_encoder.encode(PROMPTS[1:])
     params, run = SamplingParams(guidance_scale=3.0, top_k=1), get_method("ar").fn
     everything_valid = torch.ones_like(ids, dtype=torch.bool)
-    with_mask, _ = run(pipe.model, ids, params, make_generators(1, 0), cond_mask=everything_valid)
-    without, _ = run(pipe.model, ids, params, make_generators(1, 0))
+    with_mask, _ = run(Request(pipe.model, ids, params, make_generators(1, 0), cond_mask=everything_valid))
+    without, _ = run(Request(pipe.model, ids, params, make_generators(1, 0)))
     assert torch.equal(with_mask, without)

@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 from laws import prompt_law, random_janus, sample_each_prompt_s_law, save_janus_folder, tiny_llamagen  # noqa: E402
 
 import visar  # noqa: E402
-from visar.accel import get_method  # noqa: E402
+from visar.accel import Request, get_method  # noqa: E402
 from visar.accel.sampling import SamplingParams, make_generators  # noqa: E402
 from visar.errors import VisarError  # noqa: E402
 
@@ -129,11 +129,13 @@ def test_joint_law_with_left_padded_prompts(law_pipe, method, options, params):
     # batch 1: an image decoded alone (its own prompt, its own seed) has its tokens from the big batch
     for index in (0, 1, 7):
         alone, _ = get_method(method).fn(
-            model,
-            ids[which[index : index + 1]],
-            params,
-            make_generators(1, 100 + index),
-            cond_mask=mask[which[index : index + 1]],
+            Request(
+                model,
+                ids[which[index : index + 1]],
+                params,
+                make_generators(1, 100 + index),
+                cond_mask=mask[which[index : index + 1]],
+            ),
             **options,
         )
         assert torch.equal(alone[0], tokens[index])

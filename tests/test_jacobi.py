@@ -30,7 +30,7 @@ from laws import (
 )
 
 import visar
-from visar.accel import METHODS, ar, drafts, get_method, jacobi
+from visar.accel import METHODS, ar, drafts, get_method, jacobi, proposers
 from visar.accel.acceptance import AcceptanceRule, lossless, speculative_accept
 from visar.accel.registry import Request
 from visar.accel.sampling import SamplingParams, make_generators
@@ -85,7 +85,7 @@ def test_joint_law_is_exact(model, draft, name, options, window, params):
         torch.Generator().manual_seed(77),
         torch.Generator().manual_seed(seed + 2),
     ]
-    small, small_stats = get_method(name).fn(model, cond, params, gens, **options)
+    small, small_stats = get_method(name).fn(Request(model, cond, params, gens), **options)
     assert torch.equal(small[[0, 2]], tokens[[0, 2]])
     assert [small_stats["forward_passes_per_image"][i] for i in (0, 2)] == [
         stats["forward_passes_per_image"][i] for i in (0, 2)
@@ -139,7 +139,7 @@ def test_wrong_residual_is_detected(model):
         return target_probs
 
     params, label = TOPP_TEMP, 1
-    proposer = jacobi.JacobiProposer(drafts.random_init, jacobi.independent_carry)
+    proposer = proposers.JacobiProposer(drafts.random_init, proposers.independent_carry)
     rule = AcceptanceRule(speculative_accept, from_target)
     cond = torch.full((law_samples(SAMPLES),), label, device=model.device)
     request = Request(model, cond, params, make_generators(len(cond), 4000))
@@ -159,11 +159,11 @@ def model16():
 @pytest.mark.parametrize("window", [3, 16])
 def test_greedy_equals_plain_ar(model16, params, window):
     cond = torch.tensor([0, 2, 1])
-    reference, _ = ar.generate(model16, cond, params, make_generators(3, 0))
+    reference, _ = ar.generate(Request(model16, cond, params, make_generators(3, 0)))
     draft = perturbed(model16, seed=5, scale=0.1)
     for name, options in LOSSLESS:
         options = dict(options, window=window, **({"draft": draft} if name == "spec" else {}))
-        tokens, _ = get_method(name).fn(model16, cond, params, make_generators(3, 9), **options)
+        tokens, _ = get_method(name).fn(Request(model16, cond, params, make_generators(3, 9)), **options)
         assert torch.equal(tokens, reference), (name, options)
 
 
@@ -173,11 +173,13 @@ def test_greedy_equals_plain_ar_text_conditional():
     captions = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
     mask = torch.tensor([[False, True, True], [True, True, True]])
     params = SamplingParams(top_k=1, guidance_scale=2.0)
-    reference, _ = ar.generate(model, captions, params, make_generators(2, 0), cond_mask=mask)
+    reference, _ = ar.generate(Request(model, captions, params, make_generators(2, 0), cond_mask=mask))
     draft = perturbed(model, seed=5, scale=0.1)
     for name, options in LOSSLESS:
         options = dict(options, window=4, **({"draft": draft} if name == "spec" else {}))
-        tokens, _ = get_method(name).fn(model, captions, params, make_generators(2, 1), cond_mask=mask, **options)
+        tokens, _ = get_method(name).fn(
+            Request(model, captions, params, make_generators(2, 1), cond_mask=mask), **options
+        )
         assert torch.equal(tokens, reference), (name, options)
 
 
@@ -186,7 +188,9 @@ def test_identical_draft_is_always_accepted(model16):
     has every draft accepted, so each pass commits a full window."""
     window, cond = 5, torch.tensor([0, 1])
     tokens, stats = jacobi.spec(
-        model16, cond, SamplingParams(top_k=1), make_generators(2, 0), draft=copy.deepcopy(model16), window=window
+        Request(model16, cond, SamplingParams(top_k=1), make_generators(2, 0)),
+        draft=copy.deepcopy(model16),
+        window=window,
     )
     passes = math.ceil(model16.num_image_tokens / window)
     assert stats["forward_passes_per_image"] == [passes, passes]
@@ -213,7 +217,7 @@ def test_cached_window_logits_equal_fresh_forward(model16, name, options, params
     cond = torch.tensor([0, 2, 1])
     model16.forward = recording_forward
     try:
-        tokens, stats = get_method(name).fn(model16, cond, params, make_generators(3, 1), window=6, **options)
+        tokens, stats = get_method(name).fn(Request(model16, cond, params, make_generators(3, 1)), window=6, **options)
     finally:
         del model16.forward
     assert len(calls) == stats["forward_passes"] - 1 and len(calls) > 3
@@ -238,7 +242,7 @@ def test_cached_window_logits_equal_fresh_forward(model16, name, options, params
 
 def test_stats_and_window_clipping(model16):
     cond = torch.tensor([0, 1])
-    tokens, stats = jacobi.mc_sjd(model16, cond, SamplingParams(), make_generators(2, 0), window=100)
+    tokens, stats = jacobi.mc_sjd(Request(model16, cond, SamplingParams(), make_generators(2, 0)), window=100)
     assert tokens.shape == (2, 16)
     assert set(COMMON_STATS) <= set(stats) and stats["window"] == 16
     per_image = stats["forward_passes_per_image"]
@@ -253,9 +257,9 @@ def test_stats_and_window_clipping(model16):
     assert stats["acceptance_rate"] == stats["accepted_tokens"] / stats["draft_tokens"]
     assert stats["tokens_per_forward"] == pytest.approx(np.mean([16 / p for p in per_image]))
     # plain-AR spans: window 1 everywhere is exactly AR, one token per pass
-    _, ar_stats = jacobi.sjd(model16, cond, SamplingParams(), make_generators(2, 0), warmup=16)
+    _, ar_stats = jacobi.sjd(Request(model16, cond, SamplingParams(), make_generators(2, 0)), warmup=16)
     assert ar_stats["forward_passes"] == 16 and ar_stats["tokens_per_forward"] == 1.0
-    _, tail_stats = jacobi.sjd(model16, cond, SamplingParams(), make_generators(2, 0), window=4, tail=16)
+    _, tail_stats = jacobi.sjd(Request(model16, cond, SamplingParams(), make_generators(2, 0)), window=4, tail=16)
     assert tail_stats["forward_passes"] == 16
 
 
@@ -264,9 +268,9 @@ def test_coupling_needs_fewer_passes_than_sjd(model16):
     model and seed: sjd 2.02, maximal 2.33, gumbel 2.13 tokens per pass)."""
     cond = torch.zeros(64, dtype=torch.long)
     params = SamplingParams()
-    sjd_rate = jacobi.sjd(model16, cond, params, make_generators(64, 0), window=8)[1]["tokens_per_forward"]
+    sjd_rate = jacobi.sjd(Request(model16, cond, params, make_generators(64, 0)), window=8)[1]["tokens_per_forward"]
     for coupling in ("maximal", "gumbel"):
-        _, stats = jacobi.mc_sjd(model16, cond, params, make_generators(64, 0), window=8, coupling=coupling)
+        _, stats = jacobi.mc_sjd(Request(model16, cond, params, make_generators(64, 0)), window=8, coupling=coupling)
         print(f"tokens per forward: sjd {sjd_rate:.3f}, mc-sjd {coupling} {stats['tokens_per_forward']:.3f}")
         assert stats["tokens_per_forward"] > sjd_rate + 0.05
 
@@ -292,25 +296,25 @@ def test_methods_are_registered_with_their_options():
 )
 def test_bad_options(model16, options, message):
     with pytest.raises(VisarError, match=message):
-        jacobi.sjd(model16, torch.tensor([0]), SamplingParams(), make_generators(1, 0), **options)
+        jacobi.sjd(Request(model16, torch.tensor([0]), SamplingParams(), make_generators(1, 0)), **options)
 
 
 def test_bad_coupling_and_draft(model16):
-    args = (model16, torch.tensor([0]), SamplingParams(), make_generators(1, 0))
+    request = Request(model16, torch.tensor([0]), SamplingParams(), make_generators(1, 0))
     with pytest.raises(VisarError, match="unknown coupling"):
-        jacobi.mc_sjd(*args, coupling="independent")
+        jacobi.mc_sjd(request, coupling="independent")
     with pytest.raises(VisarError, match="needs a draft model"):
-        jacobi.spec(*args)
+        jacobi.spec(request)
     with pytest.raises(VisarError, match="vocabulary"):
-        jacobi.spec(*args, draft=tiny_llamagen(vocab=48, block_size=16))
+        jacobi.spec(request, draft=tiny_llamagen(vocab=48, block_size=16))
     with pytest.raises(VisarError, match="separate model instance"):
-        jacobi.spec(*args, draft=model16)
+        jacobi.spec(request, draft=model16)
     with pytest.raises(VisarError, match="grid"):
-        jacobi.spec(*args, draft=tiny_llamagen(vocab=32, block_size=4))
+        jacobi.spec(request, draft=tiny_llamagen(vocab=32, block_size=4))
     with pytest.raises(VisarError, match="must be a raster model"):  # names are resolved by the pipeline
-        jacobi.spec(*args, draft="visar-tiny-random")
+        jacobi.spec(request, draft="visar-tiny-random")
     with pytest.raises(VisarError, match="condition"):
-        jacobi.spec(*args, draft=tiny_llamagen(vocab=32, block_size=16, num_classes=5))
+        jacobi.spec(request, draft=tiny_llamagen(vocab=32, block_size=16, num_classes=5))
 
 
 def test_draft_with_another_tokenizer_is_rejected():

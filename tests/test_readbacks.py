@@ -7,7 +7,7 @@ from conftest import TEST_DEVICE
 from laws import tiny_llamagen
 
 import visar
-from visar.accel import budget, get_method
+from visar.accel import Request, budget, get_method
 from visar.accel.sampling import SamplingParams, make_generators
 from visar.eval.readbacks import ReadBackCounter, count_read_backs
 
@@ -76,7 +76,7 @@ def test_raster_engines_read_back_a_fixed_few_times_per_pass(model, name, option
     cond = torch.tensor([0, 1, 2], device=model.device)
     budget.pin_costs(model, lambda engine, size: 1.0 + 0.01 * size)  # rows nearly free: trees and long windows
     with ReadBackCounter() as counter:
-        _, stats = get_method(name).fn(model, cond, params, make_generators(3, 4), **options)
+        _, stats = get_method(name).fn(Request(model, cond, params, make_generators(3, 4)), **options)
     budget.pin_costs(model, None)
     passes = stats["forward_passes"]
     assert counter.total <= per_pass * passes + per_decode, (dict(counter.by_kind), passes)

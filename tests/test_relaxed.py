@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from laws import CFG_TOPK, SAMPLES, VOCAB, all_sequences, perturbed, sequence_index, tiny_llamagen, unit_codebook
 
 import visar
-from visar.accel import METHODS, drafts, get_method, jacobi, relaxed
+from visar.accel import METHODS, drafts, get_method, jacobi, proposers, relaxed
 from visar.accel.acceptance import (
     AcceptanceRule,
     grouped_accept,
@@ -186,7 +186,7 @@ def per_step_tv(tokens: torch.Tensor, conditionals: np.ndarray, min_count: int =
     return cells
 
 
-class OneHotDrafts(jacobi.JacobiProposer):
+class OneHotDrafts(proposers.JacobiProposer):
     """Jacobi drafts verified as deterministic ones (q one-hot at the draft, as EAGLE-2's top-k):
     exact for any draft chosen before the pass's uniforms, and the case the paper's rule is made for."""
 
@@ -195,12 +195,12 @@ class OneHotDrafts(jacobi.JacobiProposer):
         return tokens, F.one_hot(tokens, state.vocab_size).float()
 
 
-class CoupledDrafts(jacobi.JacobiProposer):
+class CoupledDrafts(proposers.JacobiProposer):
     """MC-SJD's carry (the slot's verified-or-resampled token kept as the next draft), whatever
     updater is asked for: its recorded law must be p~, not p, for the bound to hold."""
 
     def __init__(self, initialiser, _updater):
-        super().__init__(initialiser, jacobi.maximal_coupling_carry)
+        super().__init__(initialiser, proposers.maximal_coupling_carry)
 
 
 DELTA, K = 0.15, 2
@@ -213,7 +213,7 @@ def lantern_runs(model):
     cond = torch.full((SAMPLES,), 1)
     runs = {}
     for name, relax, proposer, neighbours in [
-        ("bounded", lantern_relax_bounded, jacobi.JacobiProposer, table[:, :K]),
+        ("bounded", lantern_relax_bounded, proposers.JacobiProposer, table[:, :K]),
         ("bounded coupled", lantern_relax_bounded, CoupledDrafts, table[:, :K]),
         ("bounded one-hot", lantern_relax_bounded, OneHotDrafts, table[:, :K]),
         ("paper one-hot", lantern_relax_per_draft, OneHotDrafts, table[:, :K]),
@@ -226,7 +226,7 @@ def lantern_runs(model):
         )
         runs[name] = jacobi.speculative_decode(
             Request(model, cond, CFG_TOPK, make_generators(SAMPLES, 7)),
-            proposer(drafts.random_init, jacobi.independent_carry),
+            proposer(drafts.random_init, proposers.independent_carry),
             window=4,
             rule=rule,
         )
@@ -274,7 +274,7 @@ def test_no_relaxation_gives_the_tokens_of_sjd(model16, params):
     """delta = 0 and G = {draft} (group_size 1, or a group emptied by zero thresholds) are SJD, token for token."""
     cond, book = torch.tensor([0, 2, 1, 1]), unit_codebook(32, 4, 1)
     # (the same draft initialiser on both sides: gsd and lantern default to init="random", sjd to "above")
-    reference, ref_stats = jacobi.sjd(model16, cond, params, make_generators(4, 5), window=6, init="random")
+    reference, ref_stats = jacobi.sjd(Request(model16, cond, params, make_generators(4, 5)), window=6, init="random")
     for name, options in [
         ("gsd", dict(group_size=1)),
         ("gsd", dict(group_size=14, prob_gap=0.0, max_distance=0.0)),
@@ -282,31 +282,36 @@ def test_no_relaxation_gives_the_tokens_of_sjd(model16, params):
         ("lantern", dict(delta=0.0, k=8, form="paper", coupling="none")),
     ]:
         tokens, stats = get_method(name).fn(
-            model16, cond, params, make_generators(4, 5), tokenizer=book, window=6, **options
+            Request(model16, cond, params, make_generators(4, 5), tokenizer=book), window=6, **options
         )
         assert torch.equal(tokens, reference), (name, options)
         assert stats["forward_passes_per_image"] == ref_stats["forward_passes_per_image"]
     # with MC-SJD's coupled carry, lantern at delta 0 is mc-sjd
     for coupling in ("maximal", "gumbel"):
         reference, _ = jacobi.mc_sjd(
-            model16, cond, params, make_generators(4, 5), window=6, coupling=coupling, init="random"
+            Request(model16, cond, params, make_generators(4, 5)), window=6, coupling=coupling, init="random"
         )
         tokens, _ = relaxed.lantern(
-            model16, cond, params, make_generators(4, 5), tokenizer=book, window=6, delta=0.0, coupling=coupling
+            Request(model16, cond, params, make_generators(4, 5), tokenizer=book),
+            window=6,
+            delta=0.0,
+            coupling=coupling,
         )
         assert torch.equal(tokens, reference), coupling
     # with a draft model: lantern at delta 0 is spec
     draft = perturbed(model16, seed=5, scale=0.1)
-    reference, _ = jacobi.spec(model16, cond, params, make_generators(4, 5), draft=draft, window=4)
+    reference, _ = jacobi.spec(Request(model16, cond, params, make_generators(4, 5)), draft=draft, window=4)
     tokens, _ = relaxed.lantern(
-        model16, cond, params, make_generators(4, 5), tokenizer=book, delta=0.0, draft=draft, window=4
+        Request(model16, cond, params, make_generators(4, 5), tokenizer=book), delta=0.0, draft=draft, window=4
     )
     assert torch.equal(tokens, reference)
 
 
 def test_relaxed_methods_take_no_more_passes_than_sjd(model16):
     cond, params, book = torch.zeros(64, dtype=torch.long), SamplingParams(), unit_codebook(32, 4, 1)
-    sjd_passes = sum(jacobi.sjd(model16, cond, params, make_generators(64, 0), window=8)[1]["forward_passes_per_image"])
+    sjd_passes = sum(
+        jacobi.sjd(Request(model16, cond, params, make_generators(64, 0)), window=8)[1]["forward_passes_per_image"]
+    )
     for name, options in [
         ("gsd", dict(max_distance=1.0)),
         ("lantern", dict(delta=0.1, k=8, coupling="none")),
@@ -315,7 +320,9 @@ def test_relaxed_methods_take_no_more_passes_than_sjd(model16):
         ("lantern++", dict(draft=perturbed(model16, seed=5, scale=0.1), lambda_cap=5.0, k=8)),
     ]:
         options = {"window": 8, **options} if name != "lantern++" else options
-        _, stats = get_method(name).fn(model16, cond, params, make_generators(64, 0), tokenizer=book, **options)
+        _, stats = get_method(name).fn(
+            Request(model16, cond, params, make_generators(64, 0), tokenizer=book), **options
+        )
         passes = sum(stats["forward_passes_per_image"])
         shown = {key: value for key, value in options.items() if key != "draft"}
         print(f"{name} {shown}: {passes} passes for 64 images (sjd {sjd_passes})")
@@ -377,7 +384,6 @@ def test_methods_are_registered_lossy_with_their_options():
     assert METHODS["gsd"].options == ["group_size", "prob_gap", "max_distance", "window", "warmup", "tail", "init"]
     assert METHODS["lantern"].options == ["delta", "k", "form", "draft", "coupling", "window", "warmup", "tail", "init"]
     assert METHODS["lantern++"].options == ["draft", "tree", "lambda_cap", "delta", "k", "form"]
-    assert all(METHODS[m].takes_tokenizer for m in ("gsd", "lantern", "lantern++"))
 
 
 def test_pipeline_passes_its_tokenizer():
@@ -419,7 +425,7 @@ class ContinuousTokenizer(torch.nn.Module):
         ("gsd", dict(prob_gap=-1), "prob_gap must be a number >= 0"),
         ("gsd", dict(tokenizer=ContinuousTokenizer()), "needs a VQ tokenizer with a codebook"),
         ("lantern", dict(tokenizer=ContinuousTokenizer()), "needs a VQ tokenizer with a codebook"),
-        ("lantern", dict(tokenizer=None), "pass tokenizer="),
+        ("lantern", dict(tokenizer=None), "make the Request with tokenizer="),
         ("gsd", dict(tokenizer=unit_codebook(48, 4, 0)), "does not fit the model's 32-token vocabulary"),
         ("lantern++", dict(), "needs a draft model"),
         ("lantern++", dict(lambda_cap=0.5), "lambda_cap must be a number >= 1"),
@@ -433,6 +439,8 @@ class ContinuousTokenizer(torch.nn.Module):
     ],
 )
 def test_bad_input(model16, name, options, message):
-    options = {"tokenizer": unit_codebook(32, 4, 0), **options}
+    options = dict(options)
+    tokenizer = options.pop("tokenizer", unit_codebook(32, 4, 0))
+    request = Request(model16, torch.tensor([0]), SamplingParams(), make_generators(1, 0), tokenizer=tokenizer)
     with pytest.raises(VisarError, match=message):
-        get_method(name).fn(model16, torch.tensor([0]), SamplingParams(), make_generators(1, 0), **options)
+        get_method(name).fn(request, **options)

@@ -21,7 +21,7 @@ from laws import (
     unit_codebook,
 )
 
-from visar.accel import ar, relaxed
+from visar.accel import Request, ar, relaxed
 from visar.accel.sampling import SamplingParams, make_generators
 from visar.accel.tree import resolve_tree
 from visar.errors import VisarError
@@ -48,8 +48,10 @@ def test_tree_without_relaxation_is_exact(model):
     over scratch slots, the accepted path re-fed next pass: the joint law is plain AR's."""
     draft, book = perturbed(model, seed=1, scale=0.3), unit_codebook(VOCAB, 3, 0)
     cond, label = torch.full((SAMPLES,), 1), 1
-    options = dict(tokenizer=book, draft=draft, tree=SMALL_TREE, lambda_cap=1.0)
-    tokens, stats = relaxed.lantern_pp(model, cond, CFG_TOPK, make_generators(SAMPLES, 3), **options)
+    options = dict(draft=draft, tree=SMALL_TREE, lambda_cap=1.0)
+    tokens, stats = relaxed.lantern_pp(
+        Request(model, cond, CFG_TOPK, make_generators(SAMPLES, 3), tokenizer=book), **options
+    )
     pvalue, tv_all, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(model, label, CFG_TOPK))
     print(
         f"lantern++ lambda 1: p={pvalue:.3g} tv={tv_all:.4f} tol={tolerance:.4f} tpf={stats['tokens_per_forward']:.3f}"
@@ -57,7 +59,7 @@ def test_tree_without_relaxation_is_exact(model):
     assert pvalue > 1e-3 and tv_all < tolerance
     assert stats["accepted_tokens"] > 0.3 * (stats["forward_passes"] - 1)  # the tree was used
     # batch composition does not matter
-    alone, _ = relaxed.lantern_pp(model, cond[:1], CFG_TOPK, make_generators(1, 4), **options)
+    alone, _ = relaxed.lantern_pp(Request(model, cond[:1], CFG_TOPK, make_generators(1, 4), tokenizer=book), **options)
     assert torch.equal(alone[0], tokens[1])
 
 
@@ -65,11 +67,14 @@ def test_tree_without_relaxation_is_exact(model):
 def test_tree_greedy_equals_plain_ar(model16, params):
     """Greedy: every tree and cap gives AR's tokens (the cap (lambda - 1) p(x) is 0 off the argmax)."""
     cond, book = torch.tensor([0, 2, 1]), unit_codebook(32, 4, 1)
-    reference, _ = ar.generate(model16, cond, params, make_generators(3, 0))
+    reference, _ = ar.generate(Request(model16, cond, params, make_generators(3, 0)))
     draft = perturbed(model16, seed=5, scale=0.1)
     for tree, cap in [("naive_extend_57", 1.0), ("naive_extend_57", 5.0), ("chain5", 1.0), (SMALL_TREE, 1.0)]:
         tokens, _ = relaxed.lantern_pp(
-            model16, cond, params, make_generators(3, 9), tokenizer=book, draft=draft, tree=tree, lambda_cap=cap
+            Request(model16, cond, params, make_generators(3, 9), tokenizer=book),
+            draft=draft,
+            tree=tree,
+            lambda_cap=cap,
         )
         assert torch.equal(tokens, reference), (tree, cap)
 
@@ -77,7 +82,8 @@ def test_tree_greedy_equals_plain_ar(model16, params):
 def test_tree_with_an_identical_draft_commits_its_full_depth(model16):
     cond, book = torch.tensor([0, 1]), unit_codebook(32, 4, 1)
     _, stats = relaxed.lantern_pp(
-        model16, cond, SamplingParams(top_k=1), make_generators(2, 0), tokenizer=book, draft=copy.deepcopy(model16)
+        Request(model16, cond, SamplingParams(top_k=1), make_generators(2, 0), tokenizer=book),
+        draft=copy.deepcopy(model16),
     )
     # a plain AR step for token 0, then 5 accepted + 1 per pass: 1 + ceil(15 / 6) passes
     assert stats["forward_passes_per_image"] == [4, 4]

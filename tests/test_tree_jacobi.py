@@ -21,7 +21,7 @@ from laws import (
     tiny_llamagen,
 )
 
-from visar.accel import METHODS, ar, get_method, tree_jacobi
+from visar.accel import METHODS, Request, ar, draft_trees, get_method
 from visar.accel.sampling import SamplingParams, make_generators
 from visar.accel.stats import COMMON_STATS
 from visar.errors import VisarError
@@ -53,7 +53,7 @@ def test_joint_law_is_exact(model, name, options, params):
     # image i's tokens do not depend on its batch: images 0 and 2 again, beside another class and seed
     cond = torch.tensor([label, 2, label])
     gens = [torch.Generator().manual_seed(s) for s in (seed, 77, seed + 2)]
-    small, small_stats = get_method(name).fn(model, cond, params, gens, **options)
+    small, small_stats = get_method(name).fn(Request(model, cond, params, gens), **options)
     assert torch.equal(small[[0, 2]], tokens[[0, 2]])
     assert [small_stats["forward_passes_per_image"][i] for i in (0, 2)] == [
         stats["forward_passes_per_image"][i] for i in (0, 2)
@@ -63,7 +63,7 @@ def test_joint_law_is_exact(model, name, options, params):
 @pytest.mark.slow
 def test_dropping_the_residual_after_a_rejected_candidate_is_detected(model, monkeypatch):
     """Negative control: each candidate tested against p rather than the residual its earlier siblings left."""
-    monkeypatch.setattr(tree_jacobi, "ladder_residual", lambda target, draft: target)
+    monkeypatch.setattr(draft_trees, "ladder_residual", lambda target, draft: target)
     tokens, _ = draw("tree-mc-sjd", model, 1, TOPP_TEMP, SAMPLES, 4100, window=6, branch=3, depth=2, init="random")
     pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(model, 1, TOPP_TEMP))
     print(f"no residual: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
@@ -79,21 +79,23 @@ def model16():
 def test_greedy_equals_plain_ar_and_batches_do_not_matter(model16, name):
     greedy = SamplingParams(top_k=1, guidance_scale=1.5)
     cond = torch.tensor([0, 1, 2])
-    reference, _ = ar.generate(model16, cond, greedy, make_generators(3, 0))
-    tokens, stats = get_method(name).fn(model16, cond, greedy, make_generators(3, 0), window=8, branch=2, depth=2)
+    reference, _ = ar.generate(Request(model16, cond, greedy, make_generators(3, 0)))
+    tokens, stats = get_method(name).fn(
+        Request(model16, cond, greedy, make_generators(3, 0)), window=8, branch=2, depth=2
+    )
     assert torch.equal(tokens, reference)
     assert set(COMMON_STATS) <= set(stats) and stats["rows_per_pass"] == 8
     assert sum(stats["forward_passes_per_image"]) < 3 * 16  # fixed points found: fewer passes than tokens
     # sampled: image 1 alone gives what it gave in the batch of 3
     params = SamplingParams(guidance_scale=2.0, temperature=1.1)
-    batch, batch_stats = get_method(name).fn(model16, cond, params, make_generators(3, 5))
-    alone, alone_stats = get_method(name).fn(model16, cond[1:2], params, [make_generators(3, 5)[1]])
+    batch, batch_stats = get_method(name).fn(Request(model16, cond, params, make_generators(3, 5)))
+    alone, alone_stats = get_method(name).fn(Request(model16, cond[1:2], params, [make_generators(3, 5)[1]]))
     assert torch.equal(alone[0], batch[1])
     assert alone_stats["forward_passes_per_image"][0] == batch_stats["forward_passes_per_image"][1]
 
 
 def test_tree_layout():
-    layout = tree_jacobi.DraftTree.build(16, 3, 3)  # SJD-PAC's: 13 tree nodes, the main path goes on to 16 nodes
+    layout = draft_trees.DraftTree.build(16, 3, 3)  # SJD-PAC's: 13 tree nodes, the main path goes on to 16 nodes
     assert layout.num_nodes == 16 and layout.main_length == 6 and layout.num_side == 10
     assert layout.tree.depth[layout.main].tolist() == list(range(6))
     # a side node sees the main path only above its branch point
@@ -119,7 +121,9 @@ def test_bad_tree_options(model16, options, message):
     calls = []
     model16.register_forward_hook(lambda *a: calls.append(1))
     with pytest.raises(VisarError, match=message):
-        get_method("tree-mc-sjd").fn(model16, torch.tensor([0]), SamplingParams(), make_generators(1, 0), **options)
+        get_method("tree-mc-sjd").fn(
+            Request(model16, torch.tensor([0]), SamplingParams(), make_generators(1, 0)), **options
+        )
     assert not calls  # refused before any model call
     model16._forward_hooks.clear()
 
@@ -130,7 +134,7 @@ def test_branch_is_clipped_to_the_vocabulary_by_one_rule(method):
     methods (tree_jacobi.clip_branch), where tree-mc-sjd used to refuse it."""
     model = tiny_llamagen(vocab=4, block_size=16, seed=3, std=0.3)
     assert get_method(method).defaults["branch"] > 4
-    tokens, stats = get_method(method).fn(model, torch.tensor([0]), SamplingParams(), make_generators(1, 0))
+    tokens, stats = get_method(method).fn(Request(model, torch.tensor([0]), SamplingParams(), make_generators(1, 0)))
     assert tokens.shape == (1, 16) and int(tokens.max()) < 4
     if method == "tree-mc-sjd":
         assert stats["branch"] == 4
@@ -140,16 +144,16 @@ def test_a_chain_without_side_nodes_equals_plain_ar_greedy(model16):
     """branch 1: the tree is its main path alone (M nodes, no side node), which the path buffer must fit."""
     greedy = SamplingParams(top_k=1)
     cond = torch.tensor([0, 1])
-    reference, _ = ar.generate(model16, cond, greedy, make_generators(2, 0))
+    reference, _ = ar.generate(Request(model16, cond, greedy, make_generators(2, 0)))
     for name in ("sjd-pac", "tree-mc-sjd"):
-        tokens, stats = get_method(name).fn(model16, cond, greedy, make_generators(2, 0), window=8, branch=1)
+        tokens, stats = get_method(name).fn(Request(model16, cond, greedy, make_generators(2, 0)), window=8, branch=1)
         assert torch.equal(tokens, reference) and stats["rows_per_pass"] == 8
 
 
 def test_registered_and_long_windows_are_clipped(model16):
     assert METHODS["sjd-pac"].lossless and METHODS["tree-mc-sjd"].lossless
     tokens, stats = get_method("tree-mc-sjd").fn(
-        model16, torch.tensor([0]), SamplingParams(), make_generators(1, 0), window=200, branch=2, depth=2
+        Request(model16, torch.tensor([0]), SamplingParams(), make_generators(1, 0)), window=200, branch=2, depth=2
     )
     assert tokens.shape == (1, 16) and stats["rows_per_pass"] == 2 + 16  # root + side + 16 main drafts
 
@@ -157,5 +161,5 @@ def test_registered_and_long_windows_are_clipped(model16):
 def test_neighbour_candidates_never_wrap_round_a_row():
     canvas = torch.arange(16)[None]  # a 4 x 4 grid whose tokens are their indices
     index = torch.tensor([[0, 3, 4, 7, 9]])
-    found = tree_jacobi.neighbour_candidates(canvas, index, 4, tree_jacobi.NEIGHBOURS)
+    found = draft_trees.neighbour_candidates(canvas, index, 4, draft_trees.NEIGHBOURS)
     assert found[0].tolist() == [[-1, -1, -1, -1], [2, -1, -1, -1], [-1, 0, -1, 1], [6, 3, 2, -1], [8, 5, 4, 6]]

@@ -19,7 +19,7 @@ from laws import exact_law, tiny_llamagen
 from scipy.stats import chisquare
 
 import visar
-from visar.accel import METHODS, ar, drafts, get_method, jacobi, tree_jacobi, zipar
+from visar.accel import METHODS, Request, ar, draft_trees, drafts, get_method, jacobi, proposers, zipar
 from visar.accel.sampling import SamplingParams, make_generators
 from visar.apps.cli import main
 from visar.errors import VisarError
@@ -50,7 +50,7 @@ def test_pass_count_is_the_formula(block_size, windows):
     model = tiny_llamagen(vocab=32, block_size=block_size, std=0.1)
     height, width = model.grid_size
     for s in windows:
-        tokens, stats = zipar.zipar(model, torch.tensor([0, 2]), SamplingParams(), make_generators(2, 0), s=s)
+        tokens, stats = zipar.zipar(Request(model, torch.tensor([0, 2]), SamplingParams(), make_generators(2, 0)), s=s)
         expected = width + (height - 1) * min(s, width)
         assert stats["forward_passes"] == expected and stats["forward_passes_per_image"] == [expected] * 2
         assert stats["tokens_per_forward"] == pytest.approx(block_size / expected)
@@ -64,13 +64,13 @@ def test_pass_count_is_the_formula(block_size, windows):
 def test_equals_plain_ar_when_the_window_covers_a_row(params):
     model = tiny_llamagen(vocab=32, block_size=36, seed=1, std=0.3)
     cond = torch.tensor([0, 2, 1, 1])
-    reference, ar_stats = ar.generate(model, cond, params, make_generators(4, 7))
+    reference, ar_stats = ar.generate(Request(model, cond, params, make_generators(4, 7)))
     for s in (6, 11):
-        tokens, stats = zipar.zipar(model, cond, params, make_generators(4, 7), s=s)
+        tokens, stats = zipar.zipar(Request(model, cond, params, make_generators(4, 7)), s=s)
         assert torch.equal(tokens, reference)
         assert stats["forward_passes"] == ar_stats["forward_passes"] == 36
     # a window below the row length changes the tokens (the test can fail)
-    tokens, _ = zipar.zipar(model, cond, params, make_generators(4, 7), s=3)
+    tokens, _ = zipar.zipar(Request(model, cond, params, make_generators(4, 7)), s=3)
     assert not torch.equal(tokens, reference)
 
 
@@ -80,18 +80,14 @@ def test_equals_plain_ar_text_conditional():
     captions = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
     mask = torch.tensor([[False, True, True], [True, True, True]])
     for params in (GREEDY, SAMPLED):
-        reference, _ = ar.generate(model, captions, params, make_generators(2, 3), cond_mask=mask)
-        tokens, _ = zipar.zipar(model, captions, params, make_generators(2, 3), cond_mask=mask, s=4)
+        reference, _ = ar.generate(Request(model, captions, params, make_generators(2, 3), cond_mask=mask))
+        tokens, _ = zipar.zipar(Request(model, captions, params, make_generators(2, 3), cond_mask=mask), s=4)
         assert torch.equal(tokens, reference)
         if params is GREEDY:  # Jacobi fronts, and GSD with groups of one (its test is then the exact one)
             book = torch.randn(model.vocab_size, 4)
-            for name, options in [
-                ("zipar-sjd", {}),
-                ("zipar-mc-sjd", {}),
-                ("zipar-gsd", dict(tokenizer=book, group_size=1)),
-            ]:
-                gens = make_generators(2, 3)
-                tokens, _ = get_method(name).fn(model, captions, params, gens, cond_mask=mask, s=4, **options)
+            for name, options in [("zipar-sjd", {}), ("zipar-mc-sjd", {}), ("zipar-gsd", dict(group_size=1))]:
+                request = Request(model, captions, params, make_generators(2, 3), cond_mask=mask, tokenizer=book)
+                tokens, _ = get_method(name).fn(request, s=4, **options)
                 assert torch.equal(tokens, reference), name
 
 
@@ -101,18 +97,18 @@ def test_tree_fronts_equal_plain_ar_greedy_when_the_window_covers_a_row(monkeypa
     taken candidate's slot keeps candidate 0's KV, and the tokens change (the test can fail)."""
     model = tiny_llamagen(vocab=16, block_size=64, seed=5, std=0.6)  # neighbours often equal: sides get taken
     cond = torch.tensor([0, 1, 2, 0])
-    reference, _ = ar.generate(model, cond, GREEDY, make_generators(4, 7))
-    tokens, stats = zipar.zipar_tree(model, cond, GREEDY, make_generators(4, 7), s=8, window=6, branch=4)
+    reference, _ = ar.generate(Request(model, cond, GREEDY, make_generators(4, 7)))
+    tokens, stats = zipar.zipar_tree(Request(model, cond, GREEDY, make_generators(4, 7)), s=8, window=6, branch=4)
     assert torch.equal(tokens, reference) and min(stats["side_taken_per_image"]) > 0
-    extend = zipar.FrontTrees.extend
+    extend = zipar.tree_fronts.FrontTrees.extend
 
     def no_refeed(self, *args):
         commits = extend(self, *args)
         self.refeed = torch.full_like(self.refeed, -1)
         return commits
 
-    monkeypatch.setattr(zipar.FrontTrees, "extend", no_refeed)
-    tokens, _ = zipar.zipar_tree(model, cond, GREEDY, make_generators(4, 7), s=8, window=6, branch=4)
+    monkeypatch.setattr(zipar.tree_fronts.FrontTrees, "extend", no_refeed)
+    tokens, _ = zipar.zipar_tree(Request(model, cond, GREEDY, make_generators(4, 7)), s=8, window=6, branch=4)
     assert not torch.equal(tokens, reference)
 
 
@@ -120,11 +116,13 @@ def test_tree_fronts_of_one_candidate_are_zipar_mc_sjd():
     """branch 1 or depth 1: no tree, the tokens and passes of zipar-mc-sjd (maximal coupling)."""
     model = tiny_llamagen(block_size=36, seed=6)
     cond = torch.tensor([0, 2, 1])
-    reference, ref_stats = zipar.zipar_mc_sjd(model, cond, SAMPLED, make_generators(3, 4), s=2, window=4, init="above")
+    reference, ref_stats = zipar.zipar_mc_sjd(
+        Request(model, cond, SAMPLED, make_generators(3, 4)), s=2, window=4, init="above"
+    )
     for options in (dict(branch=1), dict(depth=1)):
-        tokens, stats = zipar.zipar_tree(model, cond, SAMPLED, make_generators(3, 4), s=2, window=4, **options)
+        tokens, stats = zipar.zipar_tree(Request(model, cond, SAMPLED, make_generators(3, 4)), s=2, window=4, **options)
         assert torch.equal(tokens, reference) and stats["forward_passes"] == ref_stats["forward_passes"]
-    tokens, _ = zipar.zipar_tree(model, cond, SAMPLED, make_generators(3, 4), s=2, window=4, branch=3)
+    tokens, _ = zipar.zipar_tree(Request(model, cond, SAMPLED, make_generators(3, 4)), s=2, window=4, branch=3)
     assert not torch.equal(tokens, reference)
 
 
@@ -156,7 +154,7 @@ def test_each_pass_feeds_and_shows_the_intended_sets(block_size, s, params):
     num_tokens, num_cond = block_size, model.num_condition_tokens
     cond = torch.tensor([1, 0])
     with Recorder(model) as rec:
-        tokens, stats = zipar.zipar(model, cond, params, make_generators(2, 1), s=s)
+        tokens, stats = zipar.zipar(Request(model, cond, params, make_generators(2, 1)), s=s)
     produced = [schedule_pass(i, width, s) for i in range(num_tokens)]
     assert len(rec.calls) == stats["forward_passes"] - 1
     last_fed = {}
@@ -198,7 +196,7 @@ def test_training_mask_is_what_each_predicting_input_sees(block_size, s):
     length = num_cond + block_size - 1
     assert train_mask.shape == (length, length)
     with Recorder(model) as rec:
-        zipar.zipar(model, torch.tensor([0, 2]), SAMPLED, make_generators(2, 1), s=s)
+        zipar.zipar(Request(model, torch.tensor([0, 2]), SAMPLED, make_generators(2, 1)), s=s)
     produced = [schedule_pass(i, width, s) for i in range(block_size)]
     checked = 0
     for step, (_, input_pos, mask) in enumerate(rec.calls, start=2):
@@ -220,15 +218,15 @@ def test_plan_of_jacobi_fronts():
     fed), row 1 waiting for row 0 (full window), row 2 lag-clipped, row 3 starting with a stand-in."""
     count = torch.tensor([[6, 3, 2, 0]])
     fed = torch.tensor([[5, 2, 2, 0]])
-    plan = zipar.plan_pass(count, fed, (4, 6), s=2, window=3)
+    plan = zipar.plan.plan_pass(count, fed, (4, 6), s=2, window=3)
     assert plan.window_len.tolist() == [[0, 3, 0, 1]]
     # row 2 may predict (2, c) only once row 1 has c + 2 tokens: (2, 2) needs 4, row 1 has 3
     assert plan.feed_only.tolist() == [[True, False, False, False]]  # row 2's newest token already has its KV
     assert plan.input_index.tolist() == [[5, 8, 9, 10, 17]]
     assert plan.predicts.tolist() == [[False, True, True, True, True]]
     assert plan.has_draft.tolist() == [[False, True, True, False, False]]
-    generated = zipar.generated_mask(count, 6)
-    visible = zipar.visibility(plan, generated)[0]
+    generated = zipar.plan.generated_mask(count, 6)
+    visible = zipar.plan.visibility(plan, generated)[0]
     rows = [visible[m].nonzero().flatten().tolist() for m in range(5)]
     assert rows[0] == [0, 1, 2, 3, 4, 5]
     assert rows[1] == [0, 1, 2, 3, 4, 5, 6, 7, 8]
@@ -237,7 +235,7 @@ def test_plan_of_jacobi_fronts():
     # row 3's start sits at (2, 5) with a stand-in: it sees row 2's generated tokens, not row 1's drafts
     assert rows[4] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 17]
     tokens = torch.arange(24)[None] + 100
-    fed_tokens = zipar.pass_inputs(plan, tokens, count, generated, 6, torch.tensor([[0, 7, 8, 0, 0]]))
+    fed_tokens = zipar.plan.pass_inputs(plan, tokens, count, generated, 6, torch.tensor([[0, 7, 8, 0, 0]]))
     assert fed_tokens.tolist() == [[105, 108, 7, 8, 113]]  # the stand-in is row 2's newest token, 13
 
 
@@ -245,20 +243,20 @@ def test_jacobi_fronts_keep_the_lag_and_their_drafts_private(monkeypatch):
     model = tiny_llamagen(vocab=32, block_size=64, seed=3, std=0.3)
     width, num_cond, s = 8, model.num_condition_tokens, 3
     counts = []
-    plan_pass = zipar.plan_pass
+    plan_pass = zipar.plan.plan_pass
     monkeypatch.setattr(
-        zipar, "plan_pass", lambda count, *a, **k: counts.append(count.clone()) or plan_pass(count, *a, **k)
+        zipar.engine, "plan_pass", lambda count, *a, **k: counts.append(count.clone()) or plan_pass(count, *a, **k)
     )
     cond = torch.tensor([0, 1, 2])
     with Recorder(model) as rec:
         tokens, stats = zipar.zipar_mc_sjd(
-            model, cond, SamplingParams(), make_generators(3, 0), s=s, window=4, cross_row=False
+            Request(model, cond, SamplingParams(), make_generators(3, 0)), s=s, window=4, cross_row=False
         )
     assert stats["acceptance_rate"] > 0 and max(stats["forward_passes_per_image"]) < width + 7 * s
     checked = 0
     for count, (fed, input_pos, mask) in zip(counts[1:], rec.calls, strict=False):
         for b in range(3):
-            generated = zipar.generated_mask(count, width)[b]
+            generated = zipar.plan.generated_mask(count, width)[b]
             for m, pos in enumerate(input_pos[b].tolist()):
                 k = pos - num_cond
                 if k == 63:
@@ -280,13 +278,13 @@ def test_plan_and_commits_of_cross_row_fronts():
     predict (1, 1) from generated tokens alone), row 2 not started."""
     count = torch.tensor([[3, 1, 0, 0]])
     fed = torch.tensor([[2, 0, 0, 0]])
-    plain = zipar.plan_pass(count, fed, (4, 6), s=2, window=4)
+    plain = zipar.plan.plan_pass(count, fed, (4, 6), s=2, window=4)
     assert plain.window_len.tolist() == [[3, 1, 0, 0]]
-    plan = zipar.plan_pass(count, fed, (4, 6), s=2, window=4, cross_row=True)
+    plan = zipar.plan.plan_pass(count, fed, (4, 6), s=2, window=4, cross_row=True)
     # row 0 feeds 2 drafts (columns 3, 4): row 1 may predict up to column 4 + 1 - 2 = 3
     assert plan.window_len.tolist() == [[3, 3, 0, 0]] and plan.above_drafts.tolist() == [[0, 2, 0, 0]]
     assert plan.input_index.tolist() == [[2, 3, 4, 6, 7, 8]]
-    visible = zipar.visibility(plan, zipar.generated_mask(count, 6), s=2)[0]
+    visible = zipar.plan.visibility(plan, zipar.plan.generated_mask(count, 6), s=2)[0]
     rows = [visible[m].nonzero().flatten().tolist() for m in range(6)]
     assert rows[3] == [0, 1, 2, 6]  # predicts (1, 1): needs row 0 up to column 2, generated
     assert rows[4] == [0, 1, 2, 3, 6, 7]  # predicts (1, 2): also row 0's draft at column 3
@@ -294,12 +292,12 @@ def test_plan_and_commits_of_cross_row_fronts():
     # row 0 accepts its first draft only: it commits columns 3 (draft) and 4 (residual); the
     # row-0 columns known as fed are 0..3, so row 1 keeps (1, 1) and (1, 2), not (1, 3)
     accept = torch.tensor([[True, False, False, True, True, False]])
-    valid, commits, good = zipar.valid_commits(plan, accept, count, 6, 2)
+    valid, commits, good = zipar.plan.valid_commits(plan, accept, count, 6, 2)
     assert valid.tolist() == [[True, True, True, True, True, False]]
     assert good.tolist() == [[1, 2, 0, 0]]
     assert commits.tolist() == [[2, 2, 0, 0]]  # row 1: two accepted drafts, no extra token after an invalid slot
     # without leaning fronts the plain rule: leading accepts + 1
-    valid, commits, _ = zipar.valid_commits(plain, torch.tensor([[True, False, False, False]]), count, 6, 2)
+    valid, commits, _ = zipar.plan.valid_commits(plain, torch.tensor([[True, False, False, False]]), count, 6, 2)
     assert commits.tolist() == [[2, 1, 0, 0]] and valid.all()
 
 
@@ -310,9 +308,9 @@ def test_cross_row_fronts_commit_only_tokens_whose_context_held(monkeypatch):
     model = tiny_llamagen(vocab=16, block_size=64, seed=5, std=0.6)
     width, num_cond = 8, model.num_condition_tokens
     counts = []
-    plan_pass = zipar.plan_pass
+    plan_pass = zipar.plan.plan_pass
     monkeypatch.setattr(
-        zipar, "plan_pass", lambda count, *a, **k: counts.append(count.clone()) or plan_pass(count, *a, **k)
+        zipar.engine, "plan_pass", lambda count, *a, **k: counts.append(count.clone()) or plan_pass(count, *a, **k)
     )
     cond = torch.zeros(4, dtype=torch.long)
     leaned = 0
@@ -320,7 +318,10 @@ def test_cross_row_fronts_commit_only_tokens_whose_context_held(monkeypatch):
         counts.clear()
         with Recorder(model) as rec:
             tokens, stats = get_method(name).fn(
-                model, cond, SamplingParams(temperature=0.3), make_generators(4, 0), s=s, window=6, init="above"
+                Request(model, cond, SamplingParams(temperature=0.3), make_generators(4, 0)),
+                s=s,
+                window=6,
+                init="above",
             )
         assert stats["cross_row"] and sum(stats.get("side_taken_per_image", [1])) > 0
         counts.append(torch.full_like(counts[0], width))
@@ -332,7 +333,7 @@ def test_cross_row_fronts_commit_only_tokens_whose_context_held(monkeypatch):
                         leaned += int(before[b, row - 1]) < min(col + s, width)
         for count, (_, input_pos, mask) in zip(counts[1:], rec.calls, strict=False):
             for b in range(4):
-                generated = zipar.generated_mask(count, width)[b]
+                generated = zipar.plan.generated_mask(count, width)[b]
                 for m, pos in enumerate(input_pos[b].tolist()):
                     k = pos - num_cond
                     row, col = divmod(k + 1, width)
@@ -364,7 +365,11 @@ def test_jacobi_fronts_never_need_more_passes_than_zipar():
             for init in ("above", "random"):
                 for cross_row in (True, False):
                     _, stats = get_method(name).fn(
-                        model, cond, params, make_generators(16, 0), s=s, window=8, init=init, cross_row=cross_row
+                        Request(model, cond, params, make_generators(16, 0)),
+                        s=s,
+                        window=8,
+                        init=init,
+                        cross_row=cross_row,
                     )
                     per_image = stats["forward_passes_per_image"]
                     assert max(per_image) <= bound, (name, init, cross_row, per_image)
@@ -379,7 +384,7 @@ def test_carried_laws_are_kept_for_live_drafts_only(monkeypatch, coupling):
     fronts x (window - 1)) and for one pass's slots, not for all N image tokens: at a real
     vocabulary [B, N, V] of each is 540 MB (B=32, N=256, V=16,384)."""
     held = {"laws": 0, "noise": 0}
-    pack, carry = zipar.CarriedDrafts.pack, jacobi.GumbelCarry.__call__
+    pack, carry = zipar.engine.CarriedDrafts.pack, proposers.GumbelCarry.__call__
 
     def counted_pack(self, stored, laws):
         pack(self, stored, laws)
@@ -390,12 +395,12 @@ def test_carried_laws_are_kept_for_live_drafts_only(monkeypatch, coupling):
         held["noise"] = max(held["noise"], self.noise.shape[1])
         return out
 
-    monkeypatch.setattr(zipar.CarriedDrafts, "pack", counted_pack)
-    monkeypatch.setattr(jacobi.GumbelCarry, "__call__", counted_carry)
+    monkeypatch.setattr(zipar.engine.CarriedDrafts, "pack", counted_pack)
+    monkeypatch.setattr(proposers.GumbelCarry, "__call__", counted_carry)
     model = tiny_llamagen(vocab=16, block_size=64, seed=5, std=0.6)  # 8 x 8 tokens
     window = 4
     _, stats = zipar.zipar_mc_sjd(
-        model, torch.zeros(6, dtype=torch.long), SamplingParams(), make_generators(6, 0), s=2, window=window,
+        Request(model, torch.zeros(6, dtype=torch.long), SamplingParams(), make_generators(6, 0)), s=2, window=window,
         coupling=coupling,
     )  # fmt: skip
     assert 0 < held["laws"] <= stats["max_fronts"] * (window - 1) < 64
@@ -408,15 +413,15 @@ def test_jacobi_fronts_do_not_depend_on_the_batch():
     params = SAMPLED
     cond = torch.tensor([0, 2, 1])
     gens = make_generators(3, 10)
-    tokens, stats = zipar.zipar_sjd(model, cond, params, gens, s=2, window=4, init="above-left")
+    tokens, stats = zipar.zipar_sjd(Request(model, cond, params, gens), s=2, window=4, init="above-left")
     alone, alone_stats = zipar.zipar_sjd(
-        model, cond[1:2], params, [torch.Generator().manual_seed(11)], s=2, window=4, init="above-left"
+        Request(model, cond[1:2], params, [torch.Generator().manual_seed(11)]), s=2, window=4, init="above-left"
     )
     assert torch.equal(alone[0], tokens[1])
     assert alone_stats["forward_passes_per_image"][0] == stats["forward_passes_per_image"][1]
-    tokens, stats = zipar.zipar_tree(model, cond, params, make_generators(3, 10), s=2, window=4, branch=4)
+    tokens, stats = zipar.zipar_tree(Request(model, cond, params, make_generators(3, 10)), s=2, window=4, branch=4)
     alone, alone_stats = zipar.zipar_tree(
-        model, cond[1:2], params, [torch.Generator().manual_seed(11)], s=2, window=4, branch=4
+        Request(model, cond[1:2], params, [torch.Generator().manual_seed(11)]), s=2, window=4, branch=4
     )
     assert torch.equal(alone[0], tokens[1]) and stats["side_taken_per_image"][1] > 0
     assert alone_stats["forward_passes_per_image"][0] == stats["forward_passes_per_image"][1]
@@ -469,7 +474,7 @@ def test_joint_law_is_exact(model4, name, options, params):
     """The 2-D initialisers in the Jacobi engine, and Jacobi row fronts with s >= W, sample the model's law."""
     label = 1
     cond = torch.full((SAMPLES,), label)
-    tokens, stats = get_method(name).fn(model4, cond, params, make_generators(SAMPLES, 3000), **options)
+    tokens, stats = get_method(name).fn(Request(model4, cond, params, make_generators(SAMPLES, 3000)), **options)
     ok, summary = law_matches(tokens, exact_law(model4, label, params), model4.vocab_size)
     print(name, options, summary, stats["tokens_per_forward"])
     assert ok, summary
@@ -488,7 +493,9 @@ def test_a_copy_reported_with_the_wrong_q_is_detected(model4):
 
     params, label = SamplingParams(guidance_scale=2.0, top_k=4), 1
     cond = torch.full((SAMPLES,), label)
-    tokens, _ = jacobi.sjd(model4, cond, params, make_generators(SAMPLES, 3000), window=2, init=above_claimed_uniform)
+    tokens, _ = jacobi.sjd(
+        Request(model4, cond, params, make_generators(SAMPLES, 3000)), window=2, init=above_claimed_uniform
+    )
     ok, summary = law_matches(tokens, exact_law(model4, label, params), model4.vocab_size)
     print("wrong q:", summary)
     assert not ok, summary
@@ -506,7 +513,7 @@ def test_tree_fronts_sample_the_exact_law(model4, options, params):
     """Tree fronts with s >= W: draws from the carried draft's law, or the neighbours first, verified
     by recursive rejection, sample the model's joint law; side candidates were taken in many images."""
     label, cond = 1, torch.full((SAMPLES,), 1)
-    tokens, stats = zipar.zipar_tree(model4, cond, params, make_generators(SAMPLES, 3100), **options)
+    tokens, stats = zipar.zipar_tree(Request(model4, cond, params, make_generators(SAMPLES, 3100)), **options)
     ok, summary = law_matches(tokens, exact_law(model4, label, params), model4.vocab_size)
     print("zipar-tree", options, summary, "side taken", np.mean(stats["side_taken_per_image"]))
     assert ok, summary
@@ -518,9 +525,9 @@ def test_tree_fronts_sample_the_exact_law(model4, options, params):
 def test_tree_fronts_without_the_residual_ladder_are_detected(model4, monkeypatch, options, params):
     """Negative control: each candidate tested against p instead of the residual its earlier
     candidates left (and the last draw from p) biases the law, and the same test sees it."""
-    monkeypatch.setattr(tree_jacobi, "ladder_residual", lambda target, draft: target)
+    monkeypatch.setattr(draft_trees, "ladder_residual", lambda target, draft: target)
     label, cond = 1, torch.full((SAMPLES,), 1)
-    tokens, _ = zipar.zipar_tree(model4, cond, params, make_generators(SAMPLES, 3100), **options)
+    tokens, _ = zipar.zipar_tree(Request(model4, cond, params, make_generators(SAMPLES, 3100)), **options)
     ok, summary = law_matches(tokens, exact_law(model4, label, params), model4.vocab_size)
     print("zipar-tree without the ladder", options, summary)
     assert not ok, summary
@@ -528,7 +535,7 @@ def test_tree_fronts_without_the_residual_ladder_are_detected(model4, monkeypatc
 
 def test_initialisers_copy_their_neighbours():
     """On a 3x3 grid, vocabulary 5: what each initialiser drafts and the q it reports."""
-    state = jacobi.DecodeState(
+    state = drafts.DecodeState(
         torch.zeros(3, 12, dtype=torch.long), torch.tensor([4, 1, 4]), torch.zeros(3), 9, 5, (3, 3), 3
     )
     canvas = torch.full((3, 12), -1)
@@ -635,12 +642,12 @@ def test_local_model_is_local(local_model):
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED])
 def test_wavefront_equals_raster_on_a_local_model(local_model, params):
     cond = torch.tensor([0, 1, 2, 1, 0, 2])
-    reference, _ = ar.generate(local_model, cond, params, make_generators(6, 2))
-    tokens, stats = zipar.wavefront(local_model, cond, params, make_generators(6, 2))
+    reference, _ = ar.generate(Request(local_model, cond, params, make_generators(6, 2)))
+    tokens, stats = zipar.wavefront(Request(local_model, cond, params, make_generators(6, 2)))
     assert torch.equal(tokens, reference)
     assert stats["forward_passes"] == 6 + 2 * 5 and stats["dependency_reach"] == 1  # (W-1) + (R+1)(H-1) + 1
     if params is SAMPLED:  # a lag too short for the model's reach hides (r-1, c+1): the tokens change
-        tokens, _ = zipar.zipar(local_model, cond, params, make_generators(6, 2), s=1)
+        tokens, _ = zipar.zipar(Request(local_model, cond, params, make_generators(6, 2)), s=1)
         assert not torch.equal(tokens, reference)
 
 
@@ -661,7 +668,7 @@ def test_methods_are_registered_with_their_options():
         "init",
         "cross_row",
     ]
-    assert METHODS["zipar-gsd"].takes_tokenizer and not METHODS["zipar-gsd"].lossless
+    assert not METHODS["zipar-gsd"].lossless
     assert METHODS["zipar-tree"].options == ["s", "window", "branch", "depth", "init", "neighbours", "cross_row"]
     assert not METHODS["zipar-tree"].lossless
     assert METHODS["wavefront"].options == [] and METHODS["wavefront"].lossless
@@ -690,7 +697,7 @@ class NoGrid(torch.nn.Module):
 @pytest.mark.parametrize("name", ["zipar", "zipar-sjd", "zipar-mc-sjd", "zipar-tree", "zipar-gsd", "wavefront"])
 def test_a_model_without_a_grid_is_refused(name):
     with pytest.raises(VisarError, match="2-D token grid"):
-        get_method(name).fn(NoGrid(), torch.tensor([0]), SamplingParams(), make_generators(1, 0))
+        get_method(name).fn(Request(NoGrid(), torch.tensor([0]), SamplingParams(), make_generators(1, 0)))
 
 
 @pytest.mark.parametrize(
@@ -712,14 +719,17 @@ def test_a_model_without_a_grid_is_refused(name):
         ("zipar-tree", dict(window=None), "window must be an integer >= 1"),
         ("zipar-gsd", dict(s=0), "s \\(the ZipAR window"),
         ("zipar-gsd", dict(group_size=0, tokenizer=torch.randn(32, 4)), "group_size must be"),
-        ("zipar-gsd", {}, "pass tokenizer="),
+        ("zipar-gsd", {}, "make the Request with tokenizer="),
         ("wavefront", {}, "known local"),
     ],
 )
 def test_bad_options(name, options, message):
     model = tiny_llamagen(vocab=32, block_size=16, std=0.3)
+    options = dict(options)
+    tokenizer = options.pop("tokenizer", None)
+    request = Request(model, torch.tensor([0]), SamplingParams(), make_generators(1, 0), tokenizer=tokenizer)
     with pytest.raises(VisarError, match=message):
-        get_method(name).fn(model, torch.tensor([0]), SamplingParams(), make_generators(1, 0), **options)
+        get_method(name).fn(request, **options)
 
 
 def test_vectorised_above_fill_equals_the_slot_loop():

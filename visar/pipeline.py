@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from .accel import get_method, reference_method
+from .accel import Request, get_method, reference_method
 from .accel.sampling import MAX_SEED, SamplingParams, make_generators
 from .accel.timing import synchronized_clock
 from .errors import VisarError
@@ -296,12 +296,9 @@ class Pipeline:
         second_model = decoding_method.draft_option  # "draft", or code's "refiner"
         if method_options.get(second_model) is not None:
             method_options[second_model] = self.resolve_draft(method_options[second_model])
-        if decoding_method.takes_tokenizer:  # methods that compare tokens by their code vectors (gsd, lantern)
-            method_options["tokenizer"] = self.tokenizer
+        request = Request(self.model, cond, params, generators, cond_mask, progress, tokenizer=self.tokenizer)
         try:
-            tokens, stats = decoding_method.fn(
-                self.model, cond, params, generators, cond_mask=cond_mask, progress=progress, **method_options
-            )
+            tokens, stats = decoding_method.fn(request, **method_options)
         except torch.OutOfMemoryError as err:
             raise out_of_memory(err, batch, method, self.device) from err
         tokens, stats["commit_pass"] = output_maps(self.model, tokens, stats["commit_pass"])

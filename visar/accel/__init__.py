@@ -11,12 +11,13 @@ from . import next_scale  # next-scale models
 from . import maskgit, halton, lpd  # masked models
 
 # isort: on
-from . import budget, drafts
-from .registry import METHODS, Method, get_method, list_methods, reference_method, register_method
+from . import budget, draft_trees, drafts, proposers
+from .registry import METHODS, Method, Request, get_method, list_methods, reference_method, register_method
 
 __all__ = [
     "METHODS",
     "Method",
+    "Request",
     "get_method",
     "list_methods",
     "reference_method",
@@ -25,6 +26,7 @@ __all__ = [
     "auto",
     "budget",
     "cspd",
+    "draft_trees",
     "drafts",
     "halton",
     "jacobi",
@@ -33,6 +35,7 @@ __all__ = [
     "mar_cache",
     "maskgit",
     "next_scale",
+    "proposers",
     "relaxed",
     "tree_jacobi",
     "zipar",

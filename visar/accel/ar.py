@@ -10,28 +10,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..models.base import RasterModel
 from ..progress import progress_bar
 from .budget import ProbeBudget
 from .registry import Request, register_method
-from .sampling import SamplingParams, draw_uniforms, sample_from_probs
+from .sampling import draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
 from .stats import DecodeLog
 
 
 @torch.no_grad()
 @register_method("ar", lossless=True, description="plain next-token sampling (the reference)")
-def generate(
-    model: RasterModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
-    *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
-) -> tuple[Tensor, dict]:
+def generate(request: Request) -> tuple[Tensor, dict]:
     """Sample image tokens [B, N] in raster order; returns (tokens, stats)."""
-    return sample_tokens(Request(model, cond, params, generators, cond_mask, progress))
+    return sample_tokens(request)
 
 
 def sample_tokens(request: Request, probe: ProbeBudget | None = None) -> tuple[Tensor, dict]:

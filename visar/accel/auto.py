@@ -11,14 +11,11 @@ samples plainly. Every branch samples the model's exact law.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from ..models.base import RasterModel
 from .ar import sample_tokens
 from .drafts import resolve_initialiser
 from .registry import Request, get_method, register_method
-from .sampling import SamplingParams
 from .tree_jacobi import choose_draft_shape, decode_draft_shape, parse_neighbours, tree_layouts
 
 # Drafting must promise this much more than AR's tokens per second before `auto` drafts: the prior
@@ -35,22 +32,13 @@ AUTO_MARGIN = 0.4
     "with each pass's size matched to the measured pass costs",
     batch_invariant=False,
 )
-def auto(
-    model: RasterModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
-    *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
-) -> tuple[Tensor, dict]:
+def auto(request: Request) -> tuple[Tensor, dict]:
     """Plain AR, or tree-mc-sjd with budget="auto" (a draft tree or mc-sjd's chain, each pass's size
     chosen for the most tokens per second), whichever the pass costs measured on this device at
     this batch size favour (measured once per process; stats["auto"] says which ran and why)."""
-    request = Request(model, cond, params, generators, cond_mask, progress)
     defaults = get_method("tree-mc-sjd").defaults
     initialiser, neighbours = resolve_initialiser(defaults["init"]), parse_neighbours(defaults["neighbours"])
-    layouts = tree_layouts(model, defaults["branch"], defaults["depth"])
+    layouts = tree_layouts(request.model, defaults["branch"], defaults["depth"])
     shape = choose_draft_shape(request, layouts, initialiser, neighbours)
     if shape is None:
         tokens, stats = sample_tokens(request)

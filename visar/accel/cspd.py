@@ -58,7 +58,7 @@ from .mar import (
     predicted_positions,
     sample_step,
 )
-from .registry import register_method
+from .registry import Request, register_method
 from .sampling import MAX_TEMPERATURE, MIN_TEMPERATURE
 from .stats import DecodeLog
 
@@ -507,13 +507,8 @@ def check_options(model, draft, num_draft, prefill, mode, inner_temperature, max
     exact_example={"mode": "exact"},
 )
 def cspd(
-    model,
-    cond,
-    params,
-    generators,
+    request: Request,
     *,
-    cond_mask=None,
-    progress=False,
     draft=None,
     num_iter: int | None = None,
     num_diffusion_steps: int | None = None,
@@ -525,6 +520,7 @@ def cspd(
     max_tries: int | None = None,
 ):
     """CSpD: `draft` (a MAR) drafts num_draft steps, the target verifies them in one batched pass."""
+    model, cond, params, generators = request.model, request.cond, request.params, request.generators
     check_params(params)
     num_iter = check_loop(model, num_iter, num_diffusion_steps, cfg_schedule)
     max_tries = check_options(model, draft, num_draft, prefill, mode, inner_temperature, max_tries)

@@ -17,10 +17,8 @@ import functools
 import torch
 from torch import Tensor
 
-from ..models.base import MaskedModel
 from .masked import keep_highest, unmask
-from .registry import register_method
-from .sampling import SamplingParams
+from .registry import Request, register_method
 
 
 def radical_inverse(index: int, base: int) -> float:
@@ -56,34 +54,19 @@ def halton_order(height: int, width: int) -> tuple[int, ...]:
     model_kind="masked",
 )
 def halton(
-    model: MaskedModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     steps: int = 12,
     mask_schedule: str = "arccos",
 ) -> tuple[Tensor, dict]:
     """Unmasking in the Halton order in `steps` passes -> (tokens [B, N], stats)."""
+    model = request.model
     order = torch.tensor(halton_order(*model.grid_size), device=model.device)
     rank = torch.empty_like(order)
     rank[order] = torch.arange(len(order), device=model.device)
-    priority = -rank.float().expand(cond.shape[0], -1)  # earlier in the order = revealed sooner
+    priority = -rank.float().expand(request.cond.shape[0], -1)  # earlier in the order = revealed sooner
 
     def select(step, masked, probs, sampled, known):
         return keep_highest(priority, masked)
 
-    return unmask(
-        model,
-        cond,
-        params,
-        generators,
-        select,
-        steps=steps,
-        mask_schedule=mask_schedule,
-        cond_mask=cond_mask,
-        progress=progress,
-        name="halton",
-    )
+    return unmask(request, select, steps=steps, mask_schedule=mask_schedule, name="halton")

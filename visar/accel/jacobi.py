@@ -10,39 +10,18 @@ Papers and the upstream code the rules were checked against:
 - Speculative sampling with a draft model: Leviathan et al. 2023, Chen et al. 2023; gpt-fast
   `generate.py::speculative_decode`.
 
-One iteration, for every image b of the batch at once:
-1. propose a window of L_b slots: the last committed token, then L_b - 1 draft tokens, each with
-   the distribution q it was drawn from;
-2. one forward pass of the target over the window (a [cond ; uncond] batch under CFG), giving
-   the target p at every slot through `logits_to_probs`, the function plain AR samples from;
-3. verify left to right with an acceptance rule (acceptance.py); commit the accepted drafts plus
-   one token more: the residual draw at the first rejection, or a bonus draw from p: 1..L_b tokens;
-4. truncate image b's KV cache back to its own committed length;
-5. carry the slots after the commit over as the next drafts, with q = the p that produced them.
-
-Deliberate differences from the upstream code, each needed for exactness at every batch size:
-- commits are per image (ragged): upstream SJD advances the whole batch by the shortest
-  acceptance and re-verifies the rest against a stale q; here nobody waits and no accepted token
-  is verified twice;
-- a carried slot's q is always the p that produced its token (SCD's Lumina/Janus paths keep the
-  old q on coupled slots, which is biased);
-- rejections draw from norm((p - q)+), never from p (the Lumina-mGPT 2.0 bug) nor re-warped;
-- random initial drafts are uniform tokens verified against that uniform q (upstream: one-hot q,
-  also exact, but accepted with probability p(x) instead of min(1, V p(x))).
-
-Randomness: every image draws one fixed-size block of uniforms per iteration from its own
-generator ([4, window]: accept tests, residual/bonus draws, SJD's fresh carry draws, draft
-draws), plus one 32-bit key when decoding starts; the Gumbel coupling's noise is keyed to
-(key, absolute position). What an image draws depends only on its own trajectory, so its tokens
-do not depend on the rest of its batch, unless `budget="auto"` chooses each pass's window for the
-batch and device (`decode_with_budget`, `visar.accel.budget`).
+One pass per image: propose a window of drafts (proposers.py), score it in one target pass,
+verify left to right (acceptance.py), commit 1..L tokens per image (ragged), truncate its KV
+cache, carry the rest over. docs/RASTER.md has the iteration step by step, the deliberate
+differences from the upstream code (each needed for exactness at every batch size) and the
+randomness, which makes an image's tokens independent of its batch unless `budget="auto"`
+chooses each pass's window for the batch and device (`decode_with_budget`, `visar.accel.budget`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +30,7 @@ from torch import Tensor
 from ..errors import VisarError
 from ..models.base import RasterModel
 from ..progress import progress_bar
-from .acceptance import SPECULATIVE, AcceptanceRule, gumbel_coupling, keyed_uniforms, verify_slots
+from .acceptance import SPECULATIVE, AcceptanceRule, verify_slots
 from .ar import sample_tokens
 from .budget import (
     AUTO,
@@ -67,254 +46,22 @@ from .budget import (
     scratch_request,
 )
 from .checks import check_number
-from .drafts import DecodeState, FillRequest, resolve_initialiser
+from .drafts import DecodeState, resolve_initialiser
+from .proposers import (
+    ACCEPT,
+    NUM_PURPOSES,
+    RESIDUAL,
+    DraftModelProposer,
+    JacobiProposer,
+    Proposer,
+    Window,
+    carry_updater,
+    independent_carry,
+)
 from .registry import Request, register_method
-from .sampling import SamplingParams, draw_uniforms, sample_from_probs, to_device
+from .sampling import draw_uniforms, sample_from_probs, to_device
 from .scoring import GuidedScorer
 from .stats import DecodeLog
-
-# Rows of the per-iteration uniform block [B, 4, window] each image draws from its generator.
-ACCEPT, RESIDUAL, CARRY, DRAFT = range(4)
-NUM_PURPOSES = 4
-GUMBEL_NOISE = 1  # purpose id of the position-keyed Gumbel noise
-
-
-@dataclass
-class Window:
-    """The shape of one iteration and the randomness each image drew for it."""
-
-    window_len: Tensor  # [B] slots scored for each image: 1 (a plain AR step) .. window, 0 when done
-    num_drafts: Tensor  # [B] window_len - 1 (0 for done images)
-    uniforms: Tensor  # [B, 4, window]: rows ACCEPT, RESIDUAL, CARRY, DRAFT
-    max_drafts: int  # G, the draft slots of the pass (padding past an image's own num_drafts)
-
-
-class Proposer(Protocol):
-    """Where drafts come from. `forward_passes` counts the proposer's own model calls."""
-
-    forward_passes: int
-
-    def start(self, state: DecodeState) -> None: ...
-
-    def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
-        """-> draft_tokens [B, G], draft_probs [B, G, V] for image indices committed + j, G = max_drafts."""
-        ...
-
-    def after_commit(
-        self, state: DecodeState, window: Window, target_probs: Tensor, slot_tokens: Tensor, commit_count: Tensor
-    ) -> None:
-        """Called with the pass's p [B, L, V], the output token of every slot [B, L] and the commits [B],
-        before `state.committed` moves on."""
-        ...
-
-    def close(self) -> None: ...
-
-
-# -- carry-over updaters: the next drafts from this pass's p and slot outputs -------------------------
-
-
-@dataclass
-class CarryRequest:
-    state: DecodeState
-    target_probs: Tensor  # [B, L, V] this pass's p at every slot
-    slot_tokens: Tensor  # [B, L] the verified-or-resampled token of every slot (maximal coupling of (q, p))
-    slot_laws: Tensor  # [B, L, V] the law each slot token follows: p, or LANTERN's p~ at a verified draft
-    slot_index: Tensor  # [B, L] absolute image-token index each slot predicts
-    uniforms: Tensor  # [B, L] this iteration's carry uniforms of each image
-
-
-# An updater returns the next drafts [B, L] and the law each was drawn from [B, L, V]: the next
-# pass verifies a draft against the q recorded for it, so that q must be its true law.
-
-
-def independent_carry(request: CarryRequest) -> tuple[Tensor, Tensor]:
-    """SJD: a fresh draw from p at every slot, independent of the old draft."""
-    return sample_from_probs(request.target_probs, request.uniforms), request.target_probs
-
-
-def maximal_coupling_carry(request: CarryRequest) -> tuple[Tensor, Tensor]:
-    """MC-SJD (pi_MC): the speculative test at every slot, no break; P(keep old draft) = 1 - TV(p, q).
-    Under a relaxed rule (LANTERN) the slot token follows p~, and p~ is recorded as its law."""
-    return request.slot_tokens, request.slot_laws
-
-
-class GumbelCarry:
-    """MC-SJD (pi_GS): Gumbel-max with noise keyed to (image key, absolute position).
-
-    The rows of one pass [B, L, V] are kept for the next, whose slots mostly sit at the same
-    positions: a row is hashed once while its position stays in a window, and the noise held is
-    one pass's, whatever span of positions the engine's window covers (zipar's fronts spread a
-    pass over the whole grid, where a ring indexed by position would need a row per position).
-    """
-
-    def __init__(self):
-        self.noise: Tensor | None = None  # [B, L', V] the rows of the last pass
-        self.row_position: Tensor | None = None  # [B, L'] the position of each row
-
-    def __call__(self, request: CarryRequest) -> Tensor:
-        vocab = request.target_probs.shape[-1]
-        positions = request.slot_index  # [B, L]
-        if self.noise is None:
-            noise = keyed_uniforms(request.state.keys, positions, GUMBEL_NOISE, vocab)
-        else:
-            match = positions[:, :, None] == self.row_position[:, None, :]  # [B, L, L']
-            noise = self.noise.gather(1, match.long().argmax(-1)[..., None].expand(-1, -1, vocab))
-            fresh = ~match.any(-1)  # rows new to the window: hashed for every slot, kept where fresh (no sync)
-            rows = keyed_uniforms(request.state.keys, positions, GUMBEL_NOISE, vocab)
-            noise = torch.where(fresh[..., None], rows, noise)
-        self.noise, self.row_position = noise, positions
-        return gumbel_coupling(request.target_probs, noise), request.target_probs
-
-
-COUPLINGS = {"maximal": maximal_coupling_carry, "gumbel": GumbelCarry}
-CARRIES = {"none": independent_carry, **COUPLINGS}  # what a relaxed method may carry over with
-
-
-def carry_updater(coupling: str, method: str, choices: dict = COUPLINGS) -> Callable:
-    """The carry-over updater named by a method's `coupling` option (a fresh one per decode: the
-    Gumbel carry keeps its noise rows)."""
-    if not isinstance(coupling, str) or coupling not in choices:
-        raise VisarError(f"unknown coupling {coupling!r} for {method}; use one of {', '.join(choices)}")
-    updater = choices[coupling]
-    return updater() if isinstance(updater, type) else updater
-
-
-class JacobiProposer:
-    """Drafts from the previous pass (carried over by `updater`), new slots from `initialiser`."""
-
-    def __init__(self, initialiser: Callable, updater: Callable):
-        self.initialiser, self.updater = initialiser, updater
-        self.forward_passes = 0
-
-    def start(self, state: DecodeState):
-        batch, vocab, device = state.tokens.shape[0], state.vocab_size, state.tokens.device
-        self.window = state.window
-        self.carry_tokens = torch.zeros(batch, self.window, dtype=torch.long, device=device)
-        self.carry_probs = torch.zeros(batch, self.window, vocab, device=device)
-        self.carry_count = torch.zeros(batch, dtype=torch.long, device=device)
-        # passes each carried draft has been through (its age; a new slot's draft is 0), for the budget
-        self.carry_age = torch.zeros(batch, self.window, dtype=torch.long, device=device)
-        self.draft_age = self.carry_age[:, :0]  # [B, G] of the last proposal
-
-    def canvas(self, state: DecodeState) -> Tensor:
-        slots = torch.arange(state.tokens.shape[1], device=state.tokens.device)
-        canvas = torch.where(slots < state.committed[:, None], state.tokens, -1)
-        index = state.committed[:, None] + torch.arange(self.window, device=slots.device)  # < N + window
-        carried = torch.arange(self.window, device=slots.device) < self.carry_count[:, None]
-        return canvas.scatter(1, index, torch.where(carried, self.carry_tokens, canvas.gather(1, index)))
-
-    def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
-        num_slots = window.max_drafts
-        slots = torch.arange(num_slots, device=state.tokens.device)
-        from_carry = slots < self.carry_count[:, None]  # [B, G]
-        draft_tokens = self.carry_tokens[:, :num_slots]
-        draft_probs = self.carry_probs[:, :num_slots]
-        self.draft_age = torch.where(from_carry, self.carry_age[:, :num_slots], 0)
-        if num_slots == 0:  # a pass of plain AR steps: no draft slots
-            return draft_tokens, draft_probs
-        needs_fill = (slots < window.num_drafts[:, None]) & ~from_carry
-        # Filled unconditionally (asking whether any slot needs it would wait for the device); where
-        # none does, every slot keeps its carried draft, as if the initialiser had not run.
-        keep = from_carry | ~needs_fill.any()
-        request = FillRequest(
-            state,
-            state.committed[:, None] + slots,
-            window.uniforms[:, DRAFT, :num_slots],
-            self.canvas(state),
-        )
-        fill_tokens, fill_probs = self.initialiser(request)
-        draft_tokens = torch.where(keep, draft_tokens, fill_tokens)
-        draft_probs = torch.where(keep[..., None], draft_probs, fill_probs.to(draft_probs.dtype))
-        return draft_tokens, draft_probs
-
-    def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws):
-        length = target_probs.shape[1]
-        slot_index = state.committed[:, None] + torch.arange(length, device=target_probs.device)
-        uniforms = window.uniforms[:, CARRY, :length]
-        carry, law = self.updater(CarryRequest(state, target_probs, slot_tokens, slot_laws, slot_index, uniforms))
-        # Slots commit_count .. window_len - 1 become drafts for the indices right after the new commit.
-        shift = (commit_count[:, None] + torch.arange(length, device=carry.device)).clamp(max=length - 1)
-        self.carry_tokens[:, :length] = carry.gather(1, shift)
-        vocab = target_probs.shape[-1]
-        self.carry_probs[:, :length] = law.gather(1, shift[..., None].expand(-1, -1, vocab))
-        self.carry_count = (window.window_len - commit_count).clamp(min=0)
-        slot_age = F.pad(self.draft_age, (0, length - self.draft_age.shape[1])) + 1  # the bonus slot: a new draw
-        self.carry_age[:, :length] = slot_age.gather(1, shift)
-
-    def close(self):
-        pass
-
-
-class DraftModelProposer:
-    """Classic speculative sampling: a smaller model of the same family drafts autoregressively.
-
-    The draft keeps its own ragged KV cache; after each pass it is truncated to the tokens it saw
-    that were committed, and the next proposal first feeds it what it has not seen.
-    """
-
-    def __init__(self, draft: RasterModel, cond: Tensor, cond_mask: Tensor | None, params: SamplingParams):
-        self.scorer = GuidedScorer(draft, cond, cond_mask, params)
-        self.num_cond = draft.num_condition_tokens
-
-    @property
-    def forward_passes(self) -> int:
-        return self.scorer.forward_passes
-
-    def start(self, state: DecodeState):
-        self.max_pos = self.num_cond + state.num_tokens - 1
-        self.scorer.open_cache(self.max_pos + 1)
-        self.draft_len: Tensor | None = None  # [B] valid cache length; None before the prefill
-        self.pending: Tensor | None = None  # [B, V] the prefill's law of image token 0
-
-    def catch_up(self, state: DecodeState) -> Tensor:
-        """Feed the draft what it has not seen (positions draft_len .. T + committed - 1).
-
-        -> q of the next token [B, V]."""
-        device = state.tokens.device
-        catch_up = self.num_cond + state.committed - self.draft_len  # [B] >= 0
-        if not bool((catch_up > 0).any()):
-            return self.pending
-        steps = int(catch_up.max())
-        positions = self.draft_len[:, None] + torch.arange(steps, device=device)  # [B, C]
-        feed = state.tokens.gather(1, (positions - self.num_cond).clamp(0, state.tokens.shape[1] - 1))
-        logits = self.scorer.logits(feed, positions.clamp(max=self.max_pos))
-        last = logits[torch.arange(len(catch_up), device=device), (catch_up - 1).clamp(min=0)]  # [B, V]
-        return torch.where((catch_up > 0)[:, None], self.scorer.target_probs(last), self.pending)
-
-    def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
-        batch, device = state.tokens.shape[0], state.tokens.device
-        num_drafts = window.max_drafts
-        if num_drafts == 0:
-            return state.tokens[:, :0], torch.zeros(batch, 0, state.vocab_size, device=device)
-        if self.draft_len is None:  # prefill the condition once
-            self.pending = self.scorer.prefill()
-            self.draft_len = torch.full((batch,), self.num_cond, dtype=torch.long, device=device)
-        self.base = state.committed.clone()
-        draft_q = self.catch_up(state)
-        draft_tokens, draft_probs = [], []
-        for k in range(num_drafts):
-            token = sample_from_probs(draft_q, window.uniforms[:, DRAFT, k])
-            draft_tokens.append(token)
-            draft_probs.append(draft_q)
-            if k + 1 < num_drafts:
-                position = (self.num_cond + state.committed + k).clamp(max=self.max_pos)
-                draft_q = self.scorer.target_probs(self.scorer.logits(token[:, None], position[:, None])[:, -1])
-        return torch.stack(draft_tokens, 1), torch.stack(draft_probs, 1)
-
-    def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws):
-        num_drafts = window.max_drafts
-        if num_drafts == 0 or self.draft_len is None:
-            return
-        # Fed this pass: everything up to the last committed token, then drafts 0 .. num_drafts - 2.
-        # The fed drafts that were accepted stay valid.
-        accepted = (commit_count - 1).clamp(min=0, max=num_drafts - 1)
-        valid = self.num_cond + self.base + accepted
-        self.draft_len = torch.where(commit_count > 0, valid, self.draft_len)
-        self.scorer.truncate_cache(self.draft_len)
-
-    def close(self):
-        self.scorer.close_cache()
-
 
 # -- the engine ----------------------------------------------------------------------------------------
 
@@ -560,13 +307,8 @@ def decode_with_budget(
     description="speculative Jacobi decoding (Teng et al. 2024), per-image commits, exact at any batch size",
 )
 def sjd(
-    model,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     window: int = 16,
     warmup: int = 0,
     tail: int = 0,
@@ -585,7 +327,7 @@ def sjd(
     check_spans(window, warmup, tail)
     initialiser = resolve_initialiser(init)
     return decode_with_budget(
-        Request(model, cond, params, generators, cond_mask, progress),
+        request,
         lambda: JacobiProposer(initialiser, independent_carry),
         budget,
         "sjd",
@@ -601,13 +343,8 @@ def sjd(
     description="coupled speculative Jacobi decoding (So et al. 2025): maximal or Gumbel coupling of drafts",
 )
 def mc_sjd(
-    model,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     window: int = 16,
     warmup: int = 0,
     tail: int = 0,
@@ -625,7 +362,7 @@ def mc_sjd(
     initialiser = resolve_initialiser(init)
     carry_updater(coupling, "mc-sjd")  # checked before any probe
     tokens, stats = decode_with_budget(
-        Request(model, cond, params, generators, cond_mask, progress),
+        request,
         lambda: JacobiProposer(initialiser, carry_updater(coupling, "mc-sjd")),
         budget,
         "mc-sjd",
@@ -678,13 +415,8 @@ def check_draft(model: RasterModel, draft, method: str = "spec") -> RasterModel:
     needs_draft=True,
 )
 def spec(
-    model: RasterModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     draft: RasterModel | None = None,
     window: int = 5,
     warmup: int = 0,
@@ -698,7 +430,5 @@ def spec(
     temperature / top-k / top-p).
     """
     check_spans(window, warmup, tail)
-    proposer = DraftModelProposer(check_draft(model, draft), cond, cond_mask, params)
-    return speculative_decode(
-        Request(model, cond, params, generators, cond_mask, progress), proposer, window=window, warmup=warmup, tail=tail
-    )
+    proposer = DraftModelProposer(check_draft(request.model, draft), request.cond, request.cond_mask, request.params)
+    return speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail)

@@ -29,15 +29,7 @@ from ..errors import VisarError
 from ..models.base import MaskedModel
 from .masked import check_steps, keep_highest, reveal_counts, unmask
 from .maskgit import confidence, noise_temperatures
-from .registry import register_method
-from .sampling import SamplingParams
-
-
-def check_thresholds(proximity_threshold, repulsion_threshold):
-    if not isinstance(proximity_threshold, (int, float)) or proximity_threshold < 0:
-        raise VisarError(f"proximity_threshold must be a number >= 0, got {proximity_threshold!r}")
-    if isinstance(repulsion_threshold, bool) or not isinstance(repulsion_threshold, int) or repulsion_threshold < 0:
-        raise VisarError(f"repulsion_threshold must be an integer >= 0 (grid cells), got {repulsion_threshold!r}")
+from .registry import Request, register_method
 
 
 class Grid:
@@ -81,6 +73,16 @@ class Grid:
         return chosen
 
 
+def checked_grid(model: MaskedModel, steps, proximity_threshold, repulsion_threshold) -> Grid:
+    """The model's LPD grid, after one clear error for an option of either LPD method out of range."""
+    if not isinstance(proximity_threshold, (int, float)) or proximity_threshold < 0:
+        raise VisarError(f"proximity_threshold must be a number >= 0, got {proximity_threshold!r}")
+    if isinstance(repulsion_threshold, bool) or not isinstance(repulsion_threshold, int) or repulsion_threshold < 0:
+        raise VisarError(f"repulsion_threshold must be an integer >= 0 (grid cells), got {repulsion_threshold!r}")
+    check_steps(steps, model)
+    return Grid(*model.grid_size)
+
+
 def lpd_order(grid: Grid, counts: list[int], generator: torch.Generator, proximity: float, repulsion: int) -> list[int]:
     """One image's order: the cells of each step's group, group after group (a permutation of 0 .. N-1)."""
     num_cells = len(grid.coords)
@@ -120,41 +122,24 @@ def order_priority(orders: list[list[int]], device) -> Tensor:
     model_kind="masked",
 )
 def lpd_order_method(
-    model: MaskedModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     steps: int = 12,
     proximity_threshold: float = 1.0,
     repulsion_threshold: int = 2,
     mask_schedule: str = "cosine",
 ) -> tuple[Tensor, dict]:
     """Unmasking in an LPD order drawn per image -> (tokens [B, N], stats)."""
-    check_thresholds(proximity_threshold, repulsion_threshold)
-    check_steps(steps, model)
-    grid = Grid(*model.grid_size)
+    model = request.model
+    grid = checked_grid(model, steps, proximity_threshold, repulsion_threshold)
     counts = reveal_counts(steps, model.num_image_tokens, mask_schedule)
-    orders = [lpd_order(grid, counts, g, proximity_threshold, repulsion_threshold) for g in generators]
+    orders = [lpd_order(grid, counts, g, proximity_threshold, repulsion_threshold) for g in request.generators]
     priority = order_priority(orders, model.device)
 
     def select(step, masked, probs, sampled, known):
         return keep_highest(priority, masked)
 
-    return unmask(
-        model,
-        cond,
-        params,
-        generators,
-        select,
-        steps=steps,
-        mask_schedule=mask_schedule,
-        cond_mask=cond_mask,
-        progress=progress,
-        name="lpd-order",
-    )
+    return unmask(request, select, steps=steps, mask_schedule=mask_schedule, name="lpd-order")
 
 
 @torch.no_grad()
@@ -166,13 +151,8 @@ def lpd_order_method(
     model_kind="masked",
 )
 def lpd_confidence(
-    model: MaskedModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     steps: int = 12,
     choice_temperature: float | list = (2.0, 0.0),
     proximity_threshold: float = 1.0,
@@ -180,13 +160,11 @@ def lpd_confidence(
     mask_schedule: str = "cosine",
 ) -> tuple[Tensor, dict]:
     """Confidence ranked within LPD's locality rule, per step -> (tokens [B, N], stats)."""
-    check_thresholds(proximity_threshold, repulsion_threshold)
-    check_steps(steps, model)
-    taus = noise_temperatures(choice_temperature, steps).to(model.device)
-    grid = Grid(*model.grid_size)
+    grid = checked_grid(request.model, steps, proximity_threshold, repulsion_threshold)
+    taus = noise_temperatures(choice_temperature, steps).to(request.model.device)
 
     def select(step, masked, probs, sampled, known):
-        scores = confidence(probs, sampled, known, taus[step], generators).cpu()
+        scores = confidence(probs, sampled, known, taus[step], request.generators).cpu()
         known_cpu, keep = known.cpu(), known.cpu().clone()
         for b in range(len(scores)):
             size = int((~known_cpu[b]).sum()) - int(masked[b])
@@ -199,15 +177,4 @@ def lpd_confidence(
             keep[b, group] = True
         return keep.to(known.device)
 
-    return unmask(
-        model,
-        cond,
-        params,
-        generators,
-        select,
-        steps=steps,
-        mask_schedule=mask_schedule,
-        cond_mask=cond_mask,
-        progress=progress,
-        name="lpd-confidence",
-    )
+    return unmask(request, select, steps=steps, mask_schedule=mask_schedule, name="lpd-confidence")

@@ -24,7 +24,7 @@ from torch import Tensor
 from ..errors import VisarError
 from ..models.base import BlockReuse, diffusion_step
 from .checks import check_choice, check_number
-from .registry import register_method
+from .registry import Request, register_method
 from .stats import DecodeLog
 
 
@@ -268,30 +268,18 @@ def draw_orders(generators, num_tokens: int, device) -> Tensor:
     return torch.stack([torch.randperm(num_tokens, generator=g, device=g.device) for g in generators]).to(device)
 
 
-@torch.no_grad()
-@register_method(
-    "mar",
-    lossless=True,
-    description="plain MAR sampling (Li et al. 2024): random order, cosine mask schedule, diffusion head",
-    model_kind="continuous",
-)
-def mar(
-    model,
-    cond,
-    params,
-    generators,
+def decode_mar(
+    request: Request,
     *,
-    cond_mask=None,
-    progress=False,
-    num_iter: int | None = None,
-    num_diffusion_steps: int | None = None,
-    cfg_schedule: str = "linear",
-):
-    """Plain MAR sampling (the reference for continuous-token models). num_iter: the mask schedule's
-    steps (default a quarter of the tokens: upstream's 64 for 256); num_diffusion_steps: the head's
-    (default the model's num_sampling_steps)."""
-    check_params(params)
-    num_iter = check_loop(model, num_iter, num_diffusion_steps, cfg_schedule)
+    num_iter: int,
+    num_diffusion_steps: int | None,
+    cfg_schedule: str,
+    reuse: BlockReuse | None = None,
+    null_interval: int = 1,
+) -> tuple[Tensor, dict]:
+    """MAR's loop over the request's images, each drawing its order and then all its noise from its
+    own generator -> (tokens [B, L, C], stats). reuse / null_interval: as `sample_tokens`."""
+    model, cond, params, generators = request.model, request.cond, request.params, request.generators
     batch, num_tokens = cond.shape[0], model.num_image_tokens
     steps = model.diffusion_schedule(num_diffusion_steps).num_steps
     orders = draw_orders(generators, num_tokens, model.device)
@@ -307,6 +295,30 @@ def mar(
         orders=orders,
         noise=noise,
         num_diffusion_steps=num_diffusion_steps,
+        reuse=reuse,
+        null_interval=null_interval,
         log=log,
     )
     return tokens, {**log.stats(num_iter), "num_iter": num_iter, "num_diffusion_steps": steps}
+
+
+@torch.no_grad()
+@register_method(
+    "mar",
+    lossless=True,
+    description="plain MAR sampling (Li et al. 2024): random order, cosine mask schedule, diffusion head",
+    model_kind="continuous",
+)
+def mar(
+    request: Request,
+    *,
+    num_iter: int | None = None,
+    num_diffusion_steps: int | None = None,
+    cfg_schedule: str = "linear",
+):
+    """Plain MAR sampling (the reference for continuous-token models). num_iter: the mask schedule's
+    steps (default a quarter of the tokens: upstream's 64 for 256); num_diffusion_steps: the head's
+    (default the model's num_sampling_steps)."""
+    check_params(request.params)
+    num_iter = check_loop(request.model, num_iter, num_diffusion_steps, cfg_schedule)
+    return decode_mar(request, num_iter=num_iter, num_diffusion_steps=num_diffusion_steps, cfg_schedule=cfg_schedule)

@@ -16,9 +16,8 @@ import torch
 from torch import Tensor
 
 from .checks import check_number
-from .mar import PositionNoise, check_loop, check_params, draw_orders, sample_tokens
-from .registry import register_method
-from .stats import DecodeLog
+from .mar import check_loop, check_params, decode_mar
+from .registry import Request, register_method
 
 
 class TokenReuse:
@@ -70,13 +69,8 @@ def is_exact(options: dict, model) -> bool:
     exact_example={"token_threshold": 0.0, "null_interval": 1},
 )
 def mar_cache(
-    model,
-    cond,
-    params,
-    generators,
+    request: Request,
     *,
-    cond_mask=None,
-    progress=False,
     num_iter: int | None = None,
     num_diffusion_steps: int | None = None,
     cfg_schedule: str = "linear",
@@ -84,29 +78,18 @@ def mar_cache(
     null_interval: int = 2,
 ):
     """MAR with reuse of decoder-block features and of the null condition across steps."""
-    check_params(params)
-    num_iter = check_loop(model, num_iter, num_diffusion_steps, cfg_schedule)
+    check_params(request.params)
+    num_iter = check_loop(request.model, num_iter, num_diffusion_steps, cfg_schedule)
     check_number("token_threshold", token_threshold, 0)
     check_number("null_interval", null_interval, 1, integer=True)
-    batch, num_tokens = cond.shape[0], model.num_image_tokens
-    steps = model.diffusion_schedule(num_diffusion_steps).num_steps
-    orders = draw_orders(generators, num_tokens, model.device)
-    noise = PositionNoise(generators, num_tokens, steps, model.token_dim, model.device)
-    log = DecodeLog(batch, model.grid_size, 0, model.device)
     reuse = TokenReuse(token_threshold) if token_threshold > 0 else None
-    tokens = sample_tokens(
-        model,
-        cond,
+    tokens, stats = decode_mar(
+        request,
         num_iter=num_iter,
-        cfg=params.guidance_scale,
-        cfg_schedule=cfg_schedule,
-        temperature=params.temperature,
-        orders=orders,
-        noise=noise,
         num_diffusion_steps=num_diffusion_steps,
+        cfg_schedule=cfg_schedule,
         reuse=reuse,
         null_interval=null_interval,
-        log=log,
     )
     reused = reuse.reused / reuse.seen if reuse is not None and reuse.seen else 0.0
-    return tokens, {**log.stats(num_iter), "num_iter": num_iter, "reused_token_fraction": reused}
+    return tokens, {**stats, "reused_token_fraction": reused}

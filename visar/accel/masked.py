@@ -31,7 +31,7 @@ from torch import Tensor
 from ..errors import VisarError
 from ..models.base import MaskedModel
 from ..progress import progress_bar
-from .sampling import SamplingParams
+from .registry import Request
 from .scoring import MaskedScorer
 from .stats import DecodeLog
 
@@ -108,31 +108,20 @@ def keep_highest(priority: Tensor, masked: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def unmask(
-    model: MaskedModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
-    select: SelectFn,
-    *,
-    steps: int,
-    mask_schedule: str,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
-    name: str = "masked",
-) -> tuple[Tensor, dict]:
+def unmask(request: Request, select: SelectFn, *, steps: int, mask_schedule: str, name: str) -> tuple[Tensor, dict]:
     """The loop, with `select` choosing which sampled tokens stay at each step -> (tokens [B, N], stats)."""
+    model, cond, generators = request.model, request.cond, request.generators
     check_steps(steps, model)
     mask_ratio(0, steps, mask_schedule)  # one clear error for an unknown schedule, before any pass
     device, batch, num_tokens = model.device, cond.shape[0], model.num_image_tokens
     if len(generators) != batch:
         raise VisarError(f"got {len(generators)} generators for {batch} images: pass one per image")
-    scorer = MaskedScorer(model, cond, cond_mask, params)
+    scorer = MaskedScorer(model, cond, request.cond_mask, request.params)
     log = DecodeLog(batch, model.grid_size, 0, device)
     tokens = torch.full((batch, num_tokens), model.mask_token_id, dtype=torch.long, device=device)
     known = torch.zeros(batch, num_tokens, dtype=torch.bool, device=device)
     index = torch.arange(num_tokens, device=device).expand(batch, -1)
-    for step in progress_bar(range(steps), enabled=progress, desc=name):
+    for step in progress_bar(range(steps), enabled=request.progress, desc=name):
         probs = scorer.target_probs(tokens)  # [B, N, V]
         sampled = torch.where(known, tokens, sample_positions(probs, generators))
         left = masked_after(step, steps, num_tokens, (~known).sum(1), mask_schedule)

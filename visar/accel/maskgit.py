@@ -21,11 +21,9 @@ import torch
 from torch import Tensor
 
 from ..errors import VisarError
-from ..models.base import MaskedModel
 from .checks import check_number
 from .masked import check_steps, gumbel_noise, keep_highest, unmask
-from .registry import register_method
-from .sampling import SamplingParams
+from .registry import Request, register_method
 
 MAX_CHOICE_TEMPERATURE = 1e4  # the Gumbel noise's scale on log-probabilities; beyond it only noise orders
 
@@ -63,33 +61,17 @@ def confidence(probs: Tensor, sampled: Tensor, known: Tensor, tau: Tensor, gener
     model_kind="masked",
 )
 def maskgit(
-    model: MaskedModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
     steps: int = 12,
     choice_temperature: float | list = (2.0, 0.0),
     mask_schedule: str = "cosine",
 ) -> tuple[Tensor, dict]:
     """Confidence-based unmasking in `steps` passes -> (tokens [B, N], stats)."""
-    check_steps(steps, model)
-    taus = noise_temperatures(choice_temperature, steps).to(model.device)
+    check_steps(steps, request.model)
+    taus = noise_temperatures(choice_temperature, steps).to(request.model.device)
 
     def select(step, masked, probs, sampled, known):
-        return keep_highest(confidence(probs, sampled, known, taus[step], generators), masked)
+        return keep_highest(confidence(probs, sampled, known, taus[step], request.generators), masked)
 
-    return unmask(
-        model,
-        cond,
-        params,
-        generators,
-        select,
-        steps=steps,
-        mask_schedule=mask_schedule,
-        cond_mask=cond_mask,
-        progress=progress,
-        name="maskgit",
-    )
+    return unmask(request, select, steps=steps, mask_schedule=mask_schedule, name="maskgit")

@@ -35,7 +35,7 @@ from ..errors import VisarError
 from ..models.base import NextScaleModel, model_kind
 from ..progress import progress_bar
 from ..tokenizers.base import MultiScaleTokenizer
-from .registry import register_method
+from .registry import Request, register_method
 from .sampling import SamplingParams, cfg_mix, draw_uniforms, logits_to_probs, sample_from_probs
 from .timing import synchronized_clock
 
@@ -181,23 +181,17 @@ def scale_stats(
     description="plain next-scale sampling (the reference for VAR models): one pass per scale, KV cache",
     model_kind="next-scale",
 )
-def var(
-    model: NextScaleModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
-    *,
-    tokenizer: MultiScaleTokenizer | None = None,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
-) -> tuple[list[Tensor], dict]:
+def var(request: Request) -> tuple[list[Tensor], dict]:
     """Sample every scale in order, one pass each; returns ([B, pn, pn] per scale, stats)."""
+    model, cond, tokenizer = request.model, request.cond, request.tokenizer
     check_pair(model, tokenizer)
     start = synchronized_clock(model.device)
-    scorer = ScaleScorer(model, cond, params)
+    scorer = ScaleScorer(model, cond, request.params)
     state = ScaleState(tokenizer.empty_latent(cond.shape[0], model.device))
     with scorer.cache():
-        sample_scales(scorer, tokenizer, generators, state, range(len(model.scale_sizes)), progress=progress)
+        sample_scales(
+            scorer, tokenizer, request.generators, state, range(len(model.scale_sizes)), progress=request.progress
+        )
     return state.tokens, scale_stats(start, model, cond.shape[0], scorer)
 
 
@@ -250,19 +244,13 @@ def code_is_exact(options: dict, model) -> bool:
     draft_option="refiner",
 )
 def code(
-    model: NextScaleModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
     refiner: NextScaleModel | None = None,
     draft_scales: int | None = None,
     keep_fraction: float = 1.0,
     prune_scales: int | list[int] = 2,
     refiner_temperature: float | None = None,
-    tokenizer: MultiScaleTokenizer | None = None,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
 ) -> tuple[list[Tensor], dict]:
     """CoDe: this model (the drafter) decodes scales 0 .. N - 1, `refiner` the rest.
 
@@ -272,6 +260,8 @@ def code(
     the refiner's prefill, is never pruned. stats: forward_passes counts both models' passes (one
     per scale), draft_forward_passes the refiner's. refiner_temperature: the refiner's sampling
     temperature (None: the call's), as CoDe samples its two models with their own settings."""
+    model, cond, params, tokenizer = request.model, request.cond, request.params, request.tokenizer
+    generators, progress = request.generators, request.progress
     num_drafted = check_refiner(model, refiner, draft_scales)
     check_pair(model, tokenizer)
     check_keep_fraction(keep_fraction)
@@ -344,35 +334,30 @@ def prune_is_exact(options: dict, model) -> bool:
     exact_example={"keep_fraction": 1.0},
 )
 def var_prune(
-    model: NextScaleModel,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
     keep_fraction: float = 0.5,
     prune_scales: int | list[int] = 2,
-    tokenizer: MultiScaleTokenizer | None = None,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
 ) -> tuple[list[Tensor], dict]:
     """VAR sampling where, at the `prune_scales` (default the 2 largest), only `keep_fraction` of each
     scale's inputs go through the layers: those whose layer input changed most against the previous
     scale's (upsampled); the others take the previous scale's layer updates. keep_fraction 1 is `var`."""
+    model, cond, tokenizer = request.model, request.cond, request.tokenizer
     check_pair(model, tokenizer)
     check_keep_fraction(keep_fraction)
     chosen = pruned_scales(prune_scales, len(model.scale_sizes))
     start = synchronized_clock(model.device)
-    scorer = ScaleScorer(model, cond, params)
+    scorer = ScaleScorer(model, cond, request.params)
     state = ScaleState(tokenizer.empty_latent(cond.shape[0], model.device))
     with scorer.cache(pruning=bool(chosen) and keep_fraction < 1):
         sample_scales(
             scorer,
             tokenizer,
-            generators,
+            request.generators,
             state,
             range(len(model.scale_sizes)),
             keep_fraction=lambda k: keep_fraction if k in chosen else 1.0,
-            progress=progress,
+            progress=request.progress,
         )
     stats = scale_stats(start, model, cond.shape[0], scorer)
     stats.update(keep_fraction=keep_fraction, pruned_scales=sorted(chosen))

@@ -1,12 +1,13 @@
 """The registry of decoding methods: each method registers itself beside its code with `@register_method`.
 
-A method is a function `fn(model, cond, params, generators, *, cond_mask=None, progress=False,
-**options) -> (tokens, stats)`: `model` implements the interface of the kind the method decodes
-(`visar.models.base`, e.g. `RasterModel`), tokens are [B, N] for raster models and a list of
-[B, pn, pn] token maps (one per scale) for next-scale models, and stats hold
-`stats.COMMON_STATS`. Its keyword options are what `Pipeline.generate` and the CLI accept for it.
-Anything the method must not resolve itself (a draft given by name, the tokenizer) is resolved by
-the pipeline before the call.
+A method is a function `fn(request, *, option=default, ...) -> (tokens, stats)`. `request` holds
+what the caller gives every method: the model (implementing the interface of the kind the method
+decodes, `visar.models.base`, e.g. `RasterModel`), the condition, the sampling settings, one
+generator per image, and the caption mask, progress flag and tokenizer where there are any. The
+method's keyword-only parameters are its options: what `Pipeline.generate` and the CLI accept for
+it. Tokens are [B, N] for raster models and a list of [B, pn, pn] token maps (one per scale) for
+next-scale models, and stats hold `stats.COMMON_STATS`. Anything the method must not resolve
+itself (a draft given by name) is resolved by the pipeline before the call.
 
 Lossless is a property of the options: a method registered lossy may name the settings at which
 it is exact (`exact_when`, e.g. gsd with group_size=1 is sjd); `Method.is_lossless(options, model)`
@@ -26,15 +27,11 @@ from ..errors import VisarError
 from ..models.base import model_kind
 from .sampling import SamplingParams
 
-# Arguments every method takes from the caller, not from the user; `tokenizer` is handed over by
-# Pipeline.generate to methods that compare tokens by their code vectors.
-CALLER_ARGUMENTS = {"model", "cond", "params", "generators", "cond_mask", "progress", "tokenizer"}
-
 
 @dataclass(frozen=True)
 class Request:
-    """What every method is called with besides its own options (CALLER_ARGUMENTS but the tokenizer),
-    handed on to an engine as one object."""
+    """What every method is called with besides its own options: the caller's part of a call, not
+    the user's, handed on to an engine as one object."""
 
     model: object
     cond: Tensor
@@ -42,6 +39,9 @@ class Request:
     generators: list[torch.Generator]
     cond_mask: Tensor | None = None
     progress: bool = False
+    # The pipeline's tokenizer, which some methods need: next-scale methods build each scale's input
+    # with it, gsd and lantern compare tokens by its code vectors (a codebook [V, C] may stand in).
+    tokenizer: object | None = None
 
 
 @dataclass(frozen=True)
@@ -67,16 +67,13 @@ class Method:
 
     @property
     def options(self) -> list[str]:
-        return [p for p in inspect.signature(self.fn).parameters if p not in CALLER_ARGUMENTS]
+        """The method's keyword-only parameters (everything after the request)."""
+        return list(self.defaults)
 
     @property
     def defaults(self) -> dict:
-        parameters = inspect.signature(self.fn).parameters
-        return {name: parameters[name].default for name in self.options}
-
-    @property
-    def takes_tokenizer(self) -> bool:
-        return "tokenizer" in inspect.signature(self.fn).parameters
+        parameters = inspect.signature(self.fn).parameters.values()
+        return {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
     @property
     def lossless_label(self) -> str:

@@ -7,48 +7,14 @@ Papers and the upstream code the rules were checked against:
 - LANTERN: Jang, Park et al., "LANTERN: Accelerating Visual Autoregressive Models with Relaxed
   Speculative Decoding", ICLR 2025 (arXiv 2410.03355); jadohu/LANTERN,
   `entrypoints/generate_codebook.py` (neighbour lists) and `models/ea_model_llamagen.py`
-  (`--lantern_k`, `--lantern_delta`).
+  (`--lantern_k`, `--lantern_delta`); LANTERN++ (arXiv 2502.06352, upstream `--static_tree`).
 
-Image tokens are redundant: several codes draw almost the same patch, so the exact test rejects
-drafts that would have looked the same. Both methods keep the speculative Jacobi engine
-(jacobi.py: drafts, one target pass, ragged commits, KV truncation, carry-over) and change only
-the verification, through an `AcceptanceRule` (the rules themselves live in acceptance.py):
-- gsd: accept x with min(1, p(G)/q(G)) over a dynamic group G of visually equivalent tokens,
-  reject to the token-level residual norm((p - q)+). Lossy, no bound.
-- lantern: verify against a relaxed target that moves mass of the draft's nearest codebook
-  neighbours onto it, at most delta in total, so that every position's output law is within
-  TV delta of p; reject to the residual of that same target.
-- lantern++ (Jang, Park et al., ICLR-W SCOPE 2025, arXiv 2502.06352; upstream `--static_tree`):
-  the same test with LANTERN++'s multiplicative cap (a draft's probability at most lambda_cap
-  times its own) on a static draft tree from a draft model, verified in one pass (tree.py).
-
-Deliberate differences from the upstream code:
-- GSD measures visual equivalence with the tokenizer's code vectors (what decoding looks up),
-  not the LLM input embeddings, and sorts p once per pass (upstream: once per slot, with a
-  10k x 10k distance matrix rebuilt per call and a silent fallback to SJD's rule).
-- LANTERN's official rejection path zeroes all k + 1 neighbours of a rejected draft, so the
-  output law moves by p(B_{k+1}(x)), not by at most delta. Here the residual comes from the
-  relaxed target. Beyond that, the paper's per-draft target p~_x keeps the bound only for
-  deterministic drafts (EAGLE-2's top-k, q one-hot); every draft here is sampled (Jacobi
-  carry-overs, draft-model samples), and then the paper's rule can move the law by much more
-  than delta (with uniform random drafts it accepts nearly anything, even tokens top-k removed).
-  The default `form="bounded"` verifies every draft against one relaxed target that moves, as
-  LANTERN does, mass of a token's nearest codes onto it, but only onto tokens q over-drafts and
-  from tokens p has in excess, at most delta in all (`lantern_relax_bounded`): the output law is
-  that target, within TV delta of p for any q, and it is LANTERN's move (nearest first, the last
-  neighbour in part) when the draft is deterministic. `form="paper"` keeps the paper's
-  per-draft target, for comparison. No rule that keeps TV <= delta can raise a slot's
-  acceptance by more than delta, so with the bound kept the gain over sjd is modest.
-
-Draft initialisers. gsd and lantern draft new slots with uniform random tokens by default, as
-their papers do, while the lossless sjd and mc-sjd copy the token above: a lossless method's
-init changes only how many passes it takes, so its default was chosen for the fewest; a lossy
-method's init also changes what it outputs, so its default stays the one its quality was
-measured with ("above" is an option; docs/DETAILS.md has both).
-
-Neighbour tables (each code's nearest codes by squared distance of the code vectors) are
-computed once per codebook and cached on disk under $VISAR_CACHE (default ~/.cache/visar),
-keyed by a hash of the codebook.
+Image tokens are redundant: several codes draw almost the same patch. gsd and lantern keep the
+speculative Jacobi engine (jacobi.py) and change only the verification, through an
+`AcceptanceRule` (the rules live in acceptance.py); lantern++ verifies a static draft tree from
+a draft model (tree.py). Neighbour tables (each code's nearest codes) are cached on disk under
+$VISAR_CACHE. docs/RASTER.md ("Relaxed acceptance") has each rule, the deliberate differences
+from the upstream code (LANTERN's bound kept for sampled drafts) and the default initialisers.
 """
 
 from __future__ import annotations
@@ -76,18 +42,9 @@ from .acceptance import (
 )
 from .checks import check_number
 from .drafts import resolve_initialiser
-from .jacobi import (
-    CARRIES,
-    DraftModelProposer,
-    JacobiProposer,
-    carry_updater,
-    check_draft,
-    check_spans,
-    independent_carry,
-    speculative_decode,
-)
+from .jacobi import check_draft, check_spans, speculative_decode
+from .proposers import CARRIES, DraftModelProposer, JacobiProposer, carry_updater, independent_carry
 from .registry import Request, register_method
-from .sampling import SamplingParams
 
 LANTERN_FORMS: dict[str, Callable] = {"bounded": lantern_relax_bounded, "paper": lantern_relax_per_draft}
 TABLE_MIN_WIDTH = 256  # neighbours stored per code, so that other k reuse the same file
@@ -106,8 +63,8 @@ def codebook_of(tokenizer, vocab_size: int, method: str) -> Tensor:
     codebook that does not match the model's vocabulary."""
     if tokenizer is None:
         raise VisarError(
-            f"method {method!r} compares tokens by their code vectors: pass tokenizer= (the model's VQ "
-            "tokenizer; Pipeline.generate passes its own)"
+            f"method {method!r} compares tokens by their code vectors: make the Request with tokenizer= (the "
+            "model's VQ tokenizer, or its codebook [V, C]; Pipeline.generate passes its own)"
         )
     if isinstance(tokenizer, Tensor):
         book = tokenizer
@@ -204,12 +161,13 @@ def gsd_rule(model, tokenizer, group_size, prob_gap, max_distance, method: str =
     return AcceptanceRule(lossless(False)(accept), speculative_residual)
 
 
-def jacobi_or_draft_proposer(model, cond, cond_mask, params, draft, init, coupling=None):
+def jacobi_or_draft_proposer(request: Request, draft, init, coupling=None):
     if draft is None:
         return JacobiProposer(resolve_initialiser(init), carry_updater(coupling or "none", "lantern", CARRIES))
     if coupling is not None:
         raise VisarError("coupling applies to Jacobi drafts (carried over between passes); a draft model drafts afresh")
-    return DraftModelProposer(check_draft(model, draft, "lantern"), cond, cond_mask, params)
+    draft_model = check_draft(request.model, draft, "lantern")
+    return DraftModelProposer(draft_model, request.cond, request.cond_mask, request.params)
 
 
 # -- the registered methods -----------------------------------------------------------------------------
@@ -230,14 +188,8 @@ def gsd_is_exact(options: dict, model) -> bool:
     exact_example={"group_size": 1},
 )
 def gsd(
-    model,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
-    tokenizer=None,
     group_size: int = 14,
     prob_gap: float = 0.15,
     max_distance: float = 0.05,
@@ -252,20 +204,13 @@ def gsd(
     group_size: the draft and its neighbours by target probability considered (14 as upstream;
     1 = SJD); prob_gap: a neighbour y stays when |p(y) - p(x)| <= prob_gap; max_distance: and
     when the squared distance of the code vectors ||e(y) - e(x)||^2 <= max_distance (unit-norm
-    codes: 0..4). Rejections draw from norm((p - q)+). Other options as `sjd`. tokenizer: the
-    model's VQ tokenizer (or its codebook [V, C]); Pipeline.generate passes it.
+    codes: 0..4). Rejections draw from norm((p - q)+). Other options as `sjd`. request.tokenizer:
+    the model's VQ tokenizer (or its codebook [V, C]); Pipeline.generate passes it.
     """
     check_spans(window, warmup, tail)
-    rule = gsd_rule(model, tokenizer, group_size, prob_gap, max_distance)
+    rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance)
     proposer = JacobiProposer(resolve_initialiser(init), independent_carry)
-    tokens, stats = speculative_decode(
-        Request(model, cond, params, generators, cond_mask, progress),
-        proposer,
-        window=window,
-        warmup=warmup,
-        tail=tail,
-        rule=rule,
-    )
+    tokens, stats = speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail, rule=rule)
     return tokens, {**stats, "group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
 
 
@@ -284,14 +229,8 @@ def lantern_is_exact(options: dict, model) -> bool:
     exact_example={"delta": 0.0},
 )
 def lantern(
-    model,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
-    tokenizer=None,
     delta: float = 0.1,
     k: int = 64,
     form: str = "bounded",
@@ -313,27 +252,22 @@ def lantern(
     model as in `spec` (window 5 by default). coupling (Jacobi drafts only): how drafts carry
     over between passes, "none" (SJD's fresh draws from p, the default) or MC-SJD's "maximal" /
     "gumbel"; a maximally coupled carry keeps each slot's verified token, whose law is p~, and
-    records p~ as its q, so the bound holds with it too. tokenizer: the model's VQ tokenizer (or
-    its codebook [V, C]); Pipeline.generate passes it. Other options as `sjd`.
+    records p~ as its q, so the bound holds with it too. request.tokenizer: the model's VQ
+    tokenizer (or its codebook [V, C]); Pipeline.generate passes it. Other options as `sjd`.
     """
+    model = request.model
     window = (16 if draft is None else 5) if window is None else window
     check_spans(window, warmup, tail)
     check_number("delta", delta, 0, maximum=1)  # mass moved per position
     check_number("k", k, 1, integer=True)
     if not isinstance(form, str) or form not in LANTERN_FORMS:
         raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")
-    book = codebook_of(tokenizer, model.vocab_size, "lantern")
+    book = codebook_of(request.tokenizer, model.vocab_size, "lantern")
     table = neighbour_table(book, min(k, model.vocab_size - 1)).to(model.device)
     relax = lossless(False)(partial(LANTERN_FORMS[form], neighbours=table, delta=float(delta)))
-    proposer = jacobi_or_draft_proposer(model, cond, cond_mask, params, draft, init, coupling)
-    tokens, stats = speculative_decode(
-        Request(model, cond, params, generators, cond_mask, progress),
-        proposer,
-        window=window,
-        warmup=warmup,
-        tail=tail,
-        rule=AcceptanceRule(speculative_accept, speculative_residual, relax),
-    )
+    proposer = jacobi_or_draft_proposer(request, draft, init, coupling)
+    rule = AcceptanceRule(speculative_accept, speculative_residual, relax)
+    tokens, stats = speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail, rule=rule)
     used = (coupling or "none") if draft is None else "draft model"
     return tokens, {**stats, "delta": delta, "k": table.shape[1], "form": form, "coupling": used}
 
@@ -354,14 +288,8 @@ def lantern_pp_is_exact(options: dict, model) -> bool:
     needs_draft=True,
 )
 def lantern_pp(
-    model,
-    cond: Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator],
+    request: Request,
     *,
-    cond_mask: Tensor | None = None,
-    progress: bool = False,
-    tokenizer=None,
     draft=None,
     tree="naive_extend_57",
     lambda_cap: float = 5.0,
@@ -378,11 +306,12 @@ def lantern_pp(
     most delta of mass moved per test (None: no additive cap); k: codebook neighbours per code;
     form: "bounded" (default) or "paper", as in `lantern`. Each sibling test moves at most
     min(delta, (lambda_cap - 1) p(x)) of mass, so a position's law moves by at most that much per
-    child tried (a node has up to 5 children in the default tree). tokenizer: the model's VQ
-    tokenizer (or its codebook [V, C]); Pipeline.generate passes it.
+    child tried (a node has up to 5 children in the default tree). request.tokenizer: the model's
+    VQ tokenizer (or its codebook [V, C]); Pipeline.generate passes it.
     """
     from .tree import resolve_tree, tree_decode  # the tree engine is only needed here
 
+    model = request.model
     static_tree = resolve_tree(tree)
     check_number("lambda_cap", lambda_cap, 1)
     check_number("delta", delta, 0, maximum=1, allow_none=True)
@@ -390,12 +319,11 @@ def lantern_pp(
     if not isinstance(form, str) or form not in LANTERN_FORMS:
         raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")
     draft_model = check_draft(model, draft, "lantern++")  # the tree is drafted by a draft model
-    book = codebook_of(tokenizer, model.vocab_size, "lantern++")
+    book = codebook_of(request.tokenizer, model.vocab_size, "lantern++")
     table = neighbour_table(book, min(k, model.vocab_size - 1)).to(model.device)
     budget = 1.0 if delta is None else float(delta)  # all mass is <= 1: no additive cap
     relax = lossless(lambda_cap == 1 or budget == 0)(
         partial(LANTERN_FORMS[form], neighbours=table, delta=budget, lambda_cap=float(lambda_cap))
     )
-    request = Request(model, cond, params, generators, cond_mask, progress)
     tokens, stats = tree_decode(request, draft_model, static_tree, relax)
     return tokens, {**stats, "lambda_cap": lambda_cap, "delta": delta, "k": table.shape[1], "form": form}

@@ -2,32 +2,14 @@
 
 Papers and upstream code:
 - EAGLE-1 static trees and their recursive rejection sampling (Li et al. 2024; SpecInfer, Miao
-  et al. 2024): the children of a node are drawn from the draft distribution without
-  replacement and tried in order; after rejecting a child the target becomes norm((p - q_i)+),
-  with q_i the conditional law that child was drawn from. Lossless.
+  et al. 2024). Lossless.
 - LANTERN++ (Jang, Park et al., ICLR-W SCOPE 2025, arXiv 2502.06352; jadohu/LANTERN,
   `models/ea_model_llamagen.py::evaluate_posterior_v1`, `--static_tree`), whose default tree
   `naive_extend_57` (57 nodes, depth 5, from `models/drafters/choices.py`) is the default here.
 
-One iteration, every image of the batch at once:
-1. draft: the draft model catches up on the tokens committed since its last call (its last
-   output is q at the root), then one draft pass per tree depth scores the nodes that have
-   children; each node's children are drawn without replacement from its q;
-2. target: one forward over [committed tokens not yet in the cache ; the tree], with tree
-   attention (a node sees the committed prefix and its own ancestors);
-3. verify from the root down: at each node, try its children in order with the (optionally
-   relaxed, see `relax`) speculative test; follow the first accepted one; when all are
-   rejected, or at a leaf, draw one more token from the current residual (or p): the pass
-   commits the accepted path plus that token.
-
-KV cache design. A slot of visar's cache is an absolute position, and the tree's nodes at one
-depth share a position, so they cannot be written where they belong. Each tree node is
-written instead to a scratch slot past the image (`cache_pos`, the model's slot override; its
-RoPE still uses the true position), and the mask states who sees whom. The accepted path is
-not copied into place: the next pass feeds those tokens again at their true slots, before its
-new tree, as a chain. Cost: at most `depth` extra input tokens per pass (no extra forward, no
-cache surgery), and T + 1 scratch slots per cache row (T nodes + one slot that left padding
-writes to). The draft model's cache works the same way.
+Tree nodes are written to scratch cache slots past the image (`CacheSlots`; RoPE keeps their true
+positions) and the accepted path is fed again at its true slots next pass. docs/RASTER.md
+("Static draft trees") has the iteration and the KV cache design.
 """
 
 from __future__ import annotations

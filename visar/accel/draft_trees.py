@@ -1,0 +1,369 @@
+"""The draft tree at the head of a Jacobi window (sjd-pac, tree-mc-sjd; zipar-tree's fronts use its candidates).
+
+`DraftTree`: the layout, a K-ary tree over the first D - 1 draft positions whose rank-0 branch
+goes on as a chain (the main path). `draft_tree`: every node's token and the law it was drawn
+from (candidate 0 from the proposer, then known neighbours and draws without replacement).
+`TreePass`: the inputs, cache slots and mask of one target pass over the tree. `verify_tree`:
+every node at once by recursive rejection over the `residual_ladder`. docs/RASTER.md ("Draft
+trees") has the iteration and why each candidate is drawn from the law it is verified under.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+from torch import Tensor
+
+from ..errors import VisarError
+from .acceptance import speculative_residual
+from .checks import check_number
+from .drafts import DecodeState
+from .proposers import DRAFT, JacobiProposer, Window
+from .sampling import draw_uniforms, sample_from_probs
+from .scoring import GuidedScorer
+from .tree import CacheSlots, StaticTree
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A K-ary tree over the first `depth` - 1 draft positions, whose rank-0 branch goes on as a chain
+    (the main path) to `window` nodes in all.
+
+    Node 0 is the root (the newest committed token), nodes are sorted by depth (StaticTree's
+    order), so the main path (all ranks 0) is node `main[d]` at depth d.
+    """
+
+    tree: StaticTree
+    branch: int  # K, candidates at each branching position
+    depth: int  # D: positions 1 .. D - 1 branch
+    rank: Tensor  # [T] the node's rank among its siblings (0 for the root)
+    main: Tensor  # [M] node id of the main path at depth 0 .. M - 1
+    on_main: Tensor  # [T] bool
+    side_slot: Tensor  # [T] scratch index of a side node (-1 on the main path)
+    main_depth: Tensor  # [T] depth of the deepest main-path node among the node and its ancestors
+    candidate: Tensor  # [T] index (d - 1) * K + rank of the node's candidate (0 for the root)
+    earlier: Tensor  # [T, T] float: column j is a sibling of row i of a lower rank
+    main_child: Tensor  # [M] the rank-0 child of each main-path node (the last node: itself)
+
+    def to(self, device) -> DraftTree:
+        """The same tree with every index on `device` (moved once per decode, not per pass)."""
+        moved = {
+            f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)
+        }
+        tree = StaticTree(**{f.name: _to(getattr(self.tree, f.name), device) for f in fields(self.tree)})
+        return replace(self, tree=tree, **moved)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tree.num_nodes + 1
+
+    @property
+    def main_length(self) -> int:
+        return len(self.main)
+
+    @property
+    def num_side(self) -> int:
+        return self.num_nodes - self.main_length
+
+    @classmethod
+    def build(cls, window: int, branch: int, depth: int) -> DraftTree:
+        for name, value, minimum in (("window", window, 2), ("branch", branch, 1), ("depth", depth, 1)):
+            check_number(name, value, minimum, integer=True)
+        paths = [p for d in range(1, depth) for p in _rank_paths(branch, d)]
+        tree_nodes = len(paths) + 1  # depths 0 .. D - 1, the root included
+        if tree_nodes > window:
+            raise VisarError(
+                f"a tree of branch {branch} and depth {depth} has {tree_nodes} nodes, more than the window of "
+                f"{window} slots: raise window or lower branch / depth"
+            )
+        paths += [(0,) * d for d in range(depth, window - tree_nodes + depth)]
+        tree = StaticTree.from_paths(paths)
+        rank = torch.tensor([0] + [p[-1] for p in tree.paths])
+        main_nodes = [True] + [max(p) == 0 for p in tree.paths]
+        on_main = torch.tensor(main_nodes)
+        main = torch.tensor([i for i, is_main in enumerate(main_nodes) if is_main])
+        side_slot = torch.where(on_main, -1, (~on_main).long().cumsum(0) - 1)
+        # the deepest ancestor-or-self on the main path: the true cache slots a node may see
+        main_depth = torch.tensor([0] + [next((i for i, r in enumerate(p) if r), len(p)) for p in tree.paths])
+        main_depth = torch.minimum(main_depth, tree.depth)
+        candidate = torch.tensor([0] + [(len(p) - 1) * branch + p[-1] for p in tree.paths])
+        parent = tree.parent.clamp(min=0)
+        siblings = (parent[:, None] == parent[None]) & (tree.depth[:, None] > 0) & (tree.depth[None] > 0)
+        earlier = siblings & (rank[None] < rank[:, None])
+        main_child = torch.cat([main[1:], main[-1:]])
+        return cls(
+            tree, branch, depth, rank, main, on_main, side_slot, main_depth, candidate, earlier.float(), main_child
+        )
+
+
+def _to(value, device):
+    return value.to(device) if isinstance(value, Tensor) else value
+
+
+def _rank_paths(branch: int, depth: int) -> list[tuple[int, ...]]:
+    if depth == 0:
+        return [()]
+    return [p + (r,) for p in _rank_paths(branch, depth - 1) for r in range(branch)]
+
+
+NEIGHBOURS = ("left", "above", "above-left", "above-right")
+
+
+def neighbour_candidates(canvas: Tensor, index: Tensor, width: int, names: tuple[str, ...]) -> Tensor:
+    """The known neighbours of each position, in the order named ("left", "above"): [B, P, len(names)], -1 unknown.
+
+    canvas [B, C] committed tokens and carried drafts, -1 elsewhere; index [B, P] image-token indices.
+    """
+    last = canvas.shape[1] - 1
+    column = index % width
+    offsets = {
+        "left": (1, column > 0),
+        "above": (width, index >= width),
+        "above-left": (width + 1, (index >= width) & (column > 0)),
+        "above-right": (width - 1, (index >= width) & (column < width - 1)),
+    }
+    found = []
+    for name in names:
+        offset, ok = offsets[name]
+        token = canvas.gather(1, (index - offset).clamp(0, last))
+        found.append(torch.where(ok, token, -1))
+    return torch.stack(found, -1)
+
+
+def without_replacement(
+    base: Tensor, first: Tensor, branch: int, uniforms: Tensor, fixed: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Candidates 1 .. K - 1 of each position, drawn without replacement from the law of candidate 0.
+
+    base [B, P, V] candidate 0's law, first [B, P] its token, uniforms [B, P, K - 1]; fixed
+    [B, P, J] (optional): known neighbour tokens (-1 unknown), which come first, each as a one-hot
+    law, while one is not a candidate yet. Otherwise candidate k is drawn from norm(base with
+    candidates 0 .. k - 1 removed); where that has no mass left (a one-hot copy, or a law with
+    fewer than K tokens), uniformly from the unused tokens. Either way the law is fixed by what
+    the verifier's uniforms are independent of, as recursive rejection needs.
+    -> tokens [B, P, K], laws [B, P, K, V]: each candidate's law given those before it.
+    """
+    used = torch.zeros_like(base, dtype=torch.bool).scatter_(-1, first[..., None], True)
+    tokens, laws = [first], [base]
+    for k in range(1, branch):
+        remaining = torch.where(used, 0.0, base)
+        mass = remaining.sum(-1, keepdim=True)
+        unused = (~used).to(base.dtype)
+        spread = remaining / mass.clamp(min=torch.finfo(mass.dtype).tiny)
+        law = torch.where(mass > 0, spread, unused / unused.sum(-1, keepdim=True).clamp(min=1))
+        token = sample_from_probs(law, uniforms[..., k - 1])
+        if fixed is not None:  # the first known neighbour not tried yet, with a one-hot law
+            fresh = (fixed >= 0) & ~used.gather(-1, fixed.clamp(min=0))  # [B, P, J]
+            pick = fixed.gather(-1, fresh.long().argmax(-1, keepdim=True))[..., 0]
+            has = fresh.any(-1)
+            token = torch.where(has, pick, token)
+            law = torch.where(
+                has[..., None], torch.zeros_like(law).scatter_(-1, pick.clamp(min=0)[..., None], 1.0), law
+            )
+        used.scatter_(-1, token[..., None], True)
+        tokens.append(token)
+        laws.append(law)
+    return torch.stack(tokens, 2), torch.stack(laws, 2)
+
+
+# The residual after a rejected candidate; tests replace it to show that the law test catches its absence.
+ladder_residual = speculative_residual
+
+
+def residual_ladder(probs: Tensor, candidate_q: Tensor, exists: Tensor | None = None) -> Tensor:
+    """The law each candidate of a position is tested against: R_0 = p, R_k = norm((R_{k-1} - q_{k-1})+),
+    q_{k-1} the law candidate k - 1 was drawn from; R_C is what is drawn after the last rejection.
+
+    probs [..., V]; candidate_q [..., C, V]; exists [..., C] (optional, broadcast): where candidate k
+    does not exist, R_{k+1} = R_k. -> [..., C + 1, V].
+    """
+    ladder = [probs]
+    for k in range(candidate_q.shape[-2]):
+        rung = ladder_residual(ladder[-1], candidate_q[..., k, :])
+        ladder.append(rung if exists is None else torch.where(exists[..., k, None], rung, ladder[-1]))
+    return torch.stack(ladder, -2)
+
+
+@dataclass
+class TreeVerdict:
+    accepted: Tensor  # [B] accepted depth a: the pass commits a + 1 tokens
+    path: Tensor  # [B, M + 1] column d: the token at depth d of the reached path, column a + 1 the final draw
+    main_reached: Tensor  # [B] main-path nodes reached (depth >= 1): their cache slots stay valid
+    tried: Tensor  # [B, T] the node's test decided something (its parent reached, no earlier sibling accepted)
+    accept: Tensor  # [B, T] the node's own test passed
+    main_outputs: Tensor  # [B, M] the main path's slot outputs (distributed as p of each main node)
+
+
+def verify_tree(
+    layout: DraftTree, probs: Tensor, node_tokens: Tensor, node_q: Tensor, valid: Tensor, uniforms: Tensor
+) -> TreeVerdict:
+    """Verify every node of every image at once (no loop over depth).
+
+    probs [B, T, V] the target at every node; node_q [B, T, V] the law each node's token was
+    drawn from (given its earlier siblings); valid [B, T] nodes inside the image; uniforms
+    [B, T + M + 1]: the nodes' tests, the main path's residual draws, the final draw.
+    """
+    tree = layout.tree  # indices already on the device (DraftTree.to)
+    num_nodes, main_len = layout.num_nodes, layout.main_length
+    children, parent, depth = tree.children, tree.parent.clamp(min=0), tree.depth
+    child_q = node_q[:, children.clamp(min=0)]  # [B, T, C, V]
+    ladder = residual_ladder(probs, child_q, (children >= 0)[None])  # [B, T, C + 1, V]
+    # Each node's test against its parent's rung for its rank.
+    rung = ladder[:, parent, layout.rank]  # [B, T, V]
+    x = node_tokens[..., None]
+    accept = (uniforms[:, :num_nodes] * node_q.gather(-1, x)[..., 0] < rung.gather(-1, x)[..., 0]) & valid
+    # A test decides only when no earlier sibling passed; the first that passes is taken.
+    blocked = (accept.float() @ layout.earlier.T) > 0
+    taken = (accept & ~blocked) | (depth == 0)
+    # Reached: the node and every ancestor taken (one node per depth at most).
+    reached = ((~taken).float() @ tree.ancestors.float().T) == 0
+    accepted = (reached * depth).amax(-1)
+    end = (reached * (depth + 1)).argmax(-1)  # the deepest reached node
+    # The final token: the end node's last rung (all its children rejected), or p at a leaf.
+    num_children = (children >= 0).sum(-1)
+    final_law = ladder.gather(1, end[:, None, None, None].expand(-1, 1, *ladder.shape[2:]))[:, 0]  # [B, C + 1, V]
+    final_law = final_law.gather(1, num_children[end][:, None, None].expand(-1, 1, ladder.shape[-1]))[:, 0]
+    final = sample_from_probs(final_law, uniforms[:, -1])
+    path = torch.where(reached, depth, main_len).clamp(max=main_len)
+    # M + 1 columns whatever the tree's size (a chain, K = 1, has only M nodes); unreached nodes write to column M
+    path = node_tokens.new_zeros(node_tokens.shape[0], main_len + 1).scatter_(
+        1, path, torch.where(reached, node_tokens, 0)
+    )
+    path.scatter_(1, (accepted + 1)[:, None], final[:, None])
+    main_reached = (reached & layout.on_main).sum(-1) - 1
+    tried = reached[:, parent] & ~blocked & valid & (depth > 0)
+    # Main-path slot outputs: the rank-0 child's draft if it passed, else a draw from R_1 (p at the last node).
+    has_child = layout.main_child != layout.main
+    draw_law = ladder[:, layout.main, has_child.long()]  # [B, M, V]
+    drawn = sample_from_probs(draw_law, uniforms[:, num_nodes : num_nodes + main_len])
+    kept = accept[:, layout.main_child] & has_child
+    main_outputs = torch.where(kept, node_tokens[:, layout.main_child], drawn)
+    return TreeVerdict(accepted, path, main_reached, tried, accept, main_outputs)
+
+
+class TreePass(CacheSlots):
+    """Inputs, cache slots and masks of one pass over [tokens fed again ; the tree].
+
+    Cache layout: [condition ; image tokens ; one scratch slot per side node ; 1 trash slot]. The
+    main path is written at its true slots (kept when reached: no copy, no re-feed); a side node
+    at its scratch slot, with its true position for RoPE; left padding writes to the trash slot.
+    """
+
+    def __init__(self, scorer: GuidedScorer, layout: DraftTree):
+        super().__init__(scorer.model, layout.num_side)
+        self.scorer, self.layout = scorer, layout
+        device = self.device
+        side = ~layout.on_main
+        side_visible = torch.zeros(layout.num_nodes, self.size, dtype=torch.bool)
+        side_visible[:, self.scratch + layout.side_slot[side]] = layout.tree.ancestors[:, side]
+        self.side_visible = side_visible[1:].to(device)  # [T - 1, S] for nodes 1 ..
+        self.depth = layout.tree.depth[1:].to(device)
+        self.main_depth = layout.main_depth[1:].to(device)
+        self.on_main = layout.on_main[1:].to(device)
+        self.side_slot = (self.scratch + layout.side_slot[1:]).to(device)
+
+    def nodes(self, committed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Nodes 1 .. T - 1 of every image -> (input_pos, cache_pos, mask), each [B, T - 1(, S)]."""
+        root = self.num_cond + committed - 1  # [B] the root's position (the last condition slot at first)
+        position = root[:, None] + self.depth[None]
+        cache_pos = torch.where(
+            self.on_main, torch.where(position <= self.max_pos, position, self.trash), self.side_slot
+        )
+        seen = root[:, None] + self.main_depth[None]  # [B, T - 1] the last true slot each node sees
+        true_slots = (self.slots < self.scratch)[None, None]
+        mask = (true_slots & (self.slots[None, None] <= seen[..., None])) | self.side_visible[None]
+        return position.clamp(max=self.max_pos), cache_pos, mask
+
+    def probs(self, tokens: Tensor, fed: Tensor, committed: Tensor, node_tokens: Tensor, first: bool) -> Tensor:
+        """One target pass -> p at every node [B, T, V] (node 0: the root's, the law of index `committed`)."""
+        input_pos, cache_pos, mask = self.nodes(committed)
+        batch = committed.shape[0]
+        if first:  # the condition is the chain; its last position is the root
+            cond_pos = torch.arange(self.num_cond, device=self.device)[None].expand(batch, -1)
+            cond_mask = (self.slots[None, None] <= cond_pos[..., None]) & (self.slots < self.scratch)[None, None]
+            logits = self.scorer.logits(
+                node_tokens[:, 1:],
+                torch.cat([cond_pos, input_pos], 1),
+                mask=torch.cat([cond_mask, mask], 1),
+                cache_pos=torch.cat([cond_pos, cache_pos], 1),
+                with_condition=True,
+            )
+            width = self.num_cond
+        else:
+            # a fixed width (a path off the main branch leaves the tree by depth D - 1): no read-back, one shape
+            feed, feed_pos, feed_slots, feed_mask = self.chain(tokens, fed, committed, self.layout.depth)
+            logits = self.scorer.logits(
+                torch.cat([feed, node_tokens[:, 1:]], 1),
+                torch.cat([feed_pos, input_pos], 1),
+                mask=torch.cat([feed_mask, mask], 1),
+                cache_pos=torch.cat([feed_slots, cache_pos], 1),
+            )
+            width = feed.shape[1]
+        return self.scorer.target_probs(logits[:, width - 1 :])
+
+
+def draft_tree(
+    proposer: JacobiProposer,
+    state: DecodeState,
+    window: Window,
+    layout: DraftTree,
+    neighbours: tuple[str, ...],
+    uniforms: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """Every node's token and the law it was drawn from: [B, T], [B, T, V] (node 0: the root).
+
+    Candidate 0 of each position comes from the proposer (a carried draft or a new slot's); the
+    first D - 1 positions get K - 1 more (`without_replacement`, known neighbours first). A node
+    takes the candidate of its depth and rank (SJD-PAC's tree: the same candidates under every
+    parent). uniforms [B, (D - 1)(K - 1)].
+    """
+    branch, num_branching = layout.branch, layout.depth - 1
+    batch, device = state.committed.shape[0], state.committed.device
+    first_tokens, first_q = proposer.propose(state, window)  # [B, M - 1], [B, M - 1, V]
+    candidates = first_tokens[..., None].expand(-1, -1, branch).clone()  # [B, M - 1, K]
+    laws = first_q[:, :, None].expand(-1, -1, branch, -1).clone()
+    if branch > 1 and num_branching > 0:
+        fixed = None
+        if neighbours:
+            position = state.committed[:, None] + torch.arange(num_branching, device=device)
+            fixed = neighbour_candidates(proposer.canvas(state), position, state.grid_size[1], neighbours)
+        extra_tokens, extra_laws = without_replacement(
+            first_q[:, :num_branching],
+            first_tokens[:, :num_branching],
+            branch,
+            uniforms.view(batch, num_branching, branch - 1),
+            fixed,
+        )
+        candidates[:, :num_branching], laws[:, :num_branching] = extra_tokens, extra_laws
+    node_index = torch.where(layout.tree.depth > 0, layout.candidate + 1, 0)  # column 0: the root's
+    root = state.tokens.gather(1, (state.committed - 1).clamp(min=0)[:, None])
+    node_tokens = torch.cat([root, candidates.flatten(1)], 1)[:, node_index]
+    node_q = torch.cat([first_q[:, :1], laws.flatten(1, 2)], 1)[:, node_index]  # the root's law is unused
+    return node_tokens, node_q
+
+
+def tree_randomness(
+    generators: list[torch.Generator], layout: DraftTree, active: Tensor
+) -> tuple[Window, Tensor, Tensor]:
+    """This pass's uniforms, one fixed-size block per image: the main drafts' (in the proposer's
+    Window), the extra candidates' [B, (D - 1)(K - 1)] and the node tests' and draws' [B, T + M + 1]."""
+    main_len, device = layout.main_length, active.device
+    num_extra = (layout.depth - 1) * (layout.branch - 1)
+    uniforms = draw_uniforms(generators, (main_len - 1) + num_extra + layout.num_nodes + main_len + 1).to(device)
+    draft_u, extra_u, test_u = uniforms.split(
+        [main_len - 1, num_extra, uniforms.shape[1] - main_len + 1 - num_extra], 1
+    )
+    window_u = torch.zeros(active.shape[0], 4, main_len, device=device)
+    window_u[:, DRAFT, : main_len - 1] = draft_u
+    length = torch.where(active, main_len, 0)
+    return Window(length, (length - 1).clamp(min=0), window_u, main_len - 1), extra_u, test_u
+
+
+def commit_path(state: DecodeState, layout: DraftTree, verdict: TreeVerdict, commit_count: Tensor) -> Tensor:
+    """Write the reached path and the token after it past each image's commit; -> the image index
+    of every path column [B, M] (column d holds index committed - 1 + d)."""
+    columns = torch.arange(1, layout.main_length + 1, device=commit_count.device)
+    index = state.committed[:, None] - 1 + columns
+    state.tokens.scatter_(1, index.clamp(min=0), verdict.path[:, 1:])
+    return index

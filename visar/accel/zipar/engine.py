@@ -1,0 +1,306 @@
+"""`decode_fronts`: every row front of every image, pass after pass (plan, draft, score and
+verify, commit, carry over); window 1 is plain zipar, a longer window Jacobi fronts, and with
+`FrontTrees` each front also drafts a tree at its head. The carried drafts (`CarriedDrafts`)
+keep each draft's law only while it is live. docs/RASTER.md (ZipAR section) has the rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from ...models.base import RasterModel
+from ...models.lag_mask import check_lag
+from ...progress import progress_bar
+from ..acceptance import SPECULATIVE, AcceptanceRule
+from ..drafts import DecodeState, FillRequest, random_init
+from ..jacobi import check_spans, image_keys
+from ..proposers import CARRY, DRAFT, NUM_PURPOSES, RESIDUAL, CarryRequest, independent_carry
+from ..registry import Request
+from ..sampling import draw_uniforms, to_device
+from ..scoring import GuidedScorer
+from ..stats import DecodeLog
+from .plan import (
+    PassPlan,
+    fed_after_pass,
+    front_outputs,
+    generated_mask,
+    pass_inputs,
+    plan_pass,
+    token_grid,
+    valid_commits,
+    visibility,
+)
+from .tree_fronts import FrontTrees, tree_pass
+
+
+class CarriedDrafts:
+    """Drafts left by earlier passes, by image-token index, each with the q it was drawn from.
+
+    Tokens and flags are kept by index ([B, N + 1]; column N is scratch, for writes that must go
+    nowhere). The laws q are kept only for the live drafts, packed: probs [B, K, V] with
+    `entry` [B, N + 1] pointing into it, K the most live drafts of any image. A draft is live
+    until its index is generated; it sits in a front's window past the front's commit, so K is
+    at most (fronts) x (window - 1), never N: 32 x 256 x 16,384 float32 laws would be 540 MB.
+    """
+
+    def __init__(self, batch: int, num_tokens: int, vocab: int, device):
+        self.num_tokens = num_tokens
+        self.tokens = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
+        self.valid = torch.zeros(batch, num_tokens + 1, dtype=torch.bool, device=device)
+        self.entry = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
+        self.probs = torch.zeros(batch, 0, vocab, device=device)  # [B, K, V]
+
+    def laws(self, index: Tensor) -> Tensor:
+        """index [B, M] -> the carried q at each [B, M, V] (arbitrary where no draft is carried)."""
+        batch, vocab = self.probs.shape[0], self.probs.shape[-1]
+        if self.probs.shape[1] == 0:
+            return self.probs.new_zeros(batch, index.shape[1], vocab)
+        return self.probs.gather(1, self.entry.gather(1, index)[..., None].expand(-1, -1, vocab))
+
+    def propose(
+        self, plan: PassPlan, state: DecodeState, target: Tensor, generated: Tensor, initialiser, uniforms: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Drafts for every slot that has one: carried if a pass left one, else the initialiser's.
+
+        -> draft_tokens [B, M], draft_probs [B, M, V] (entries of slots without a draft are ignored).
+        """
+        carried = plan.has_draft & self.valid.gather(1, target)
+        draft_tokens = self.tokens.gather(1, target)
+        draft_probs = self.laws(target)
+        needs_fill = plan.has_draft & ~carried
+        if bool(needs_fill.any()):
+            request = FillRequest(state, torch.where(needs_fill, target, -1), uniforms, self.canvas(state, generated))
+            fill_tokens, fill_probs = initialiser(request)
+            draft_tokens = torch.where(needs_fill, fill_tokens, draft_tokens)
+            draft_probs = torch.where(needs_fill[..., None], fill_probs.to(draft_probs.dtype), draft_probs)
+        return draft_tokens, draft_probs
+
+    def canvas(self, state: DecodeState, generated: Tensor) -> Tensor:
+        """What a 2-D draft may copy from: generated tokens and carried drafts, -1 elsewhere [B, N + 1]."""
+        canvas = torch.where(self.valid, self.tokens, -1)
+        canvas[:, : self.num_tokens] = torch.where(generated, state.tokens[:, : self.num_tokens], canvas[:, :-1])
+        return canvas
+
+    def carry_over(self, updater, plan: PassPlan, state, target_probs, slot_tokens, lane_commits, uniforms, generated):
+        """Store the updater's next drafts at the indices past each front's commit; generated [B, N]:
+        the tokens generated once this pass has committed (their drafts are forgotten).
+
+        Slots that leaned on the row above's drafts carry nothing (the initialiser refills them from
+        the rows above, which they follow more closely than a draw from a guessed context)."""
+        target = plan.input_index + 1
+        index = target.clamp(max=self.num_tokens - 1)
+        # no relaxed rule on fronts: every slot token follows p
+        next_drafts, laws = updater(CarryRequest(state, target_probs, slot_tokens, target_probs, index, uniforms))
+        after = plan.predicts & ~plan.leans & (plan.slot >= lane_commits)
+        stored = torch.where(after, target, self.num_tokens)  # [B, M] (N: nowhere)
+        self.tokens.scatter_(1, stored, next_drafts)
+        self.valid.scatter_(1, stored, torch.ones_like(plan.leans))
+        self.valid.scatter_(1, torch.where(plan.leans, target, self.num_tokens), torch.zeros_like(plan.leans))
+        self.valid[:, : self.num_tokens] &= ~generated
+        self.valid[:, self.num_tokens] = False
+        self.pack(stored, laws)
+
+    def pack(self, stored: Tensor, laws: Tensor):
+        """Rebuild probs with the live drafts only: the laws stored this pass ([B, M] indices,
+        laws [B, M, V]) and the earlier ones still live."""
+        batch, vocab = laws.shape[0], laws.shape[-1]
+        device = laws.device
+        live = self.valid[:, : self.num_tokens]
+        size = int(live.sum(1).max())  # K (a host sync)
+        index = live.long().argsort(dim=1, descending=True, stable=True)[:, :size]  # [B, K] live indices first
+        source = torch.full_like(self.tokens, -1)
+        source.scatter_(1, stored, torch.arange(stored.shape[1], device=device).expand(batch, -1))
+        new_slot = source.gather(1, index)  # [B, K]: the input of this pass that stored it, -1 for older
+        packed = laws.gather(1, new_slot.clamp(min=0)[..., None].expand(-1, -1, vocab))
+        older = (new_slot < 0) & live.gather(1, index)
+        if bool(older.any()):
+            b, k = older.nonzero(as_tuple=True)
+            packed[b, k] = self.probs[b, self.entry[b, index[b, k]]]
+        self.entry.scatter_(1, index, torch.arange(size, device=device).expand(batch, -1))
+        self.probs = packed
+
+
+def pass_uniforms(generators: list[torch.Generator], plan: PassPlan, height: int, window: int) -> Tensor:
+    """Jacobi fronts: each image's block [4, H, window] for this pass, read at (purpose, row, slot) of
+    every input -> [B, 4, M]."""
+    device = plan.row.device
+    block = to_device(draw_uniforms(generators, NUM_PURPOSES * height * window), device).view(
+        len(generators), NUM_PURPOSES, -1
+    )
+    lane = (plan.row * window + plan.slot.clamp(max=window - 1))[:, None].expand(-1, NUM_PURPOSES, -1)
+    return block.gather(2, lane)
+
+
+def score_fronts(
+    scorer: GuidedScorer, plan: PassPlan, tokens: Tensor, count: Tensor, generated: Tensor, s: int, drafts, first: bool
+) -> Tensor:
+    """One pass over every front's inputs -> target probs [B, M, V] (the first pass: the condition
+    prefill, which predicts token 0: [B, 1, V])."""
+    if first:
+        return scorer.prefill()[:, None]
+    width = generated.shape[1] // count.shape[1]
+    feed = pass_inputs(plan, tokens, count, generated, width, drafts)
+    visible = visibility(plan, generated, s)  # [B, M, N]
+    num_cond = scorer.model.num_condition_tokens
+    condition = torch.ones(*visible.shape[:2], num_cond, dtype=torch.bool, device=visible.device)
+    mask = torch.cat([condition, visible], -1)
+    return scorer.target_probs(scorer.logits(feed, num_cond + plan.input_index, mask=mask))
+
+
+@dataclass
+class Fronts:
+    """What a decode of row fronts carries from pass to pass."""
+
+    tokens: Tensor  # [B, N + 1] generated tokens by image index (column N: scratch, for writes that go nowhere)
+    count: Tensor  # [B, H] generated tokens of each row
+    fed: Tensor  # [B, H] of those, how many have their KV cached
+    state: DecodeState  # what initialisers and updaters read
+    carried: CarriedDrafts | None  # Jacobi fronts: the drafts of earlier passes
+    position_uniforms: Tensor | None  # plain fronts: ar.py's draws [B, N], token i uses uniform i
+
+    @classmethod
+    def start(cls, model: RasterModel, generators: list[torch.Generator], speculative: bool) -> Fronts:
+        height, width = model.grid_size
+        batch, num_tokens, vocab, device = len(generators), model.num_image_tokens, model.vocab_size, model.device
+        carried = position_uniforms = None
+        if speculative:
+            keys = image_keys(generators, device)
+            carried = CarriedDrafts(batch, num_tokens, vocab, device)
+        else:
+            keys = torch.zeros(batch, dtype=torch.long, device=device)
+            position_uniforms = to_device(draw_uniforms(generators, num_tokens), device)
+        tokens = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
+        count = torch.zeros(batch, height, dtype=torch.long, device=device)
+        # window = N in the state because one pass spans up to the whole grid
+        state = DecodeState(tokens, count.sum(1), keys, num_tokens, vocab, (height, width), num_tokens)
+        return cls(tokens, count, torch.zeros_like(count), state, carried, position_uniforms)
+
+
+class PassDraft(NamedTuple):
+    """This pass's drafts and randomness (`pass_drafts`)."""
+
+    tokens: Tensor | None  # [B, M] every slot's draft (None: plain fronts, or no slot has one)
+    probs: Tensor | None  # [B, M, V] the law each was drawn from
+    uniforms: Tensor | None  # [B, 4, M] Jacobi fronts' block (None for plain fronts)
+    tree_uniforms: Tensor | None  # [B, H, 2K] the trees' block (None without trees)
+    draws: Tensor  # [B, M] each slot's draw: ar.py's uniform of its index (plain fronts), else the residual's
+
+
+def pass_drafts(fronts: Fronts, generators, plan: PassPlan, generated: Tensor, initialiser, window: int, trees):
+    """This pass's randomness and drafts -> PassDraft."""
+    if fronts.carried is None:
+        target = (plan.input_index + 1).clamp(max=fronts.state.num_tokens - 1)  # N: scratch
+        return PassDraft(None, None, None, None, fronts.position_uniforms.gather(1, target))
+    height = fronts.count.shape[1]
+    uniforms = pass_uniforms(generators, plan, height, window)
+    tree_u = None if trees is None else trees.uniforms(generators, height, plan.row.device)
+    if not bool(plan.has_draft.any()):
+        return PassDraft(None, None, uniforms, tree_u, uniforms[:, RESIDUAL])
+    target = plan.input_index + 1
+    draft_tokens, draft_probs = fronts.carried.propose(
+        plan, fronts.state, target, generated, initialiser, uniforms[:, DRAFT]
+    )
+    return PassDraft(draft_tokens, draft_probs, uniforms, tree_u, uniforms[:, RESIDUAL])
+
+
+def score_and_verify(
+    fronts: Fronts, scorer: GuidedScorer, plan: PassPlan, generated: Tensor, s: int, rule, trees, first: bool, draft
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One pass -> target probs [B, M, V], slot tokens [B, M], accept [B, M]; draft: `pass_drafts`' PassDraft."""
+    if trees is None or first:
+        target_probs = score_fronts(scorer, plan, fronts.tokens, fronts.count, generated, s, draft.tokens, first)
+        outputs = front_outputs(rule, plan, target_probs, draft.tokens, draft.probs, draft.uniforms, draft.draws)
+        return target_probs, *outputs
+    context = (fronts.tokens, fronts.count, generated, s)
+    return tree_pass(trees, rule, scorer, plan, fronts.carried, fronts.state, context, draft)
+
+
+def commit_fronts(
+    fronts: Fronts, plan: PassPlan, accept: Tensor, slot_tokens: Tensor, log: DecodeLog, forward_pass: int, rules
+) -> tuple[Tensor, Tensor]:
+    """Write each front's commit (its leading accepted drafts and one token more) into the tokens
+    and the log -> commits [B, H], and each input's front's commits [B, M]. rules: (s, whether the
+    plan has cross-row drafts, the fronts' trees or None)."""
+    s, cross_row, trees = rules
+    count, num_tokens = fronts.count, fronts.state.num_tokens
+    width = num_tokens // count.shape[1]
+    valid, commits, good = valid_commits(plan, accept, count, width, s, cross_row)
+    if trees is not None:  # a taken side candidate commits its side node's draw too
+        commits = trees.extend(plan, valid, commits, count, width)
+    lane_commits, lane_good = commits.gather(1, plan.row), good.gather(1, plan.row)
+    target = plan.input_index + 1
+    keep = plan.predicts & (plan.slot < lane_commits)
+    fronts.tokens.scatter_(1, torch.where(keep, target, num_tokens), slot_tokens)
+    log.commit(target, keep, forward_pass)
+    tested = plan.has_draft & valid & (plan.slot <= lane_good)
+    log.drafts(target, plan.slot, tested, plan.has_draft & (plan.slot < lane_good))
+    log.count_pass(count[:, -1] < width)
+    return commits, lane_commits
+
+
+@torch.no_grad()
+def decode_fronts(
+    request: Request,
+    *,
+    s: int,
+    window: int = 1,
+    initialiser: Callable = random_init,
+    updater: Callable = independent_carry,
+    rule: AcceptanceRule = SPECULATIVE,
+    method: str = "zipar",
+    cross_row: bool = False,
+    trees: FrontTrees | None = None,
+) -> tuple[Tensor, dict]:
+    """Decode all row fronts of every image together; window 1 = plain zipar. -> (tokens [B, N], stats).
+
+    One pass: plan, draft, score and verify, commit, carry over. cross_row (Jacobi fronts only): a
+    front may also predict past its plain reach from the drafts the row above feeds in the same pass
+    (kept only if those drafts are accepted); trees (Jacobi fronts only): each front also drafts K
+    candidates for its first draft (`tree_pass`)."""
+    model, generators, progress = request.model, request.generators, request.progress
+    height, width = token_grid(model, method)
+    check_lag(s)
+    check_spans(window, 0, 0)
+    window, speculative = min(window, width), window > 1
+    fronts = Fronts.start(model, generators, speculative)
+    scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
+    log = DecodeLog(len(generators), (height, width), window, model.device)
+    max_fronts = torch.zeros((), dtype=torch.long, device=model.device)
+    bar = progress_bar(total=model.num_image_tokens, enabled=progress, desc=method)
+    scratch = 0 if trees is None else trees.scratch(height)
+    with scorer.cache(model.num_condition_tokens + model.num_image_tokens + scratch):
+        while True:
+            first, count = scorer.forward_passes == 0, fronts.count
+            plan = plan_pass(count, fronts.fed, (height, width), s, 1 if first else window, cross_row and not first)
+            if plan.row.shape[1] == 0:
+                break
+            max_fronts = torch.maximum(max_fronts, (plan.window_len > 0).sum(1).max())
+            generated = generated_mask(count, width)
+            fronts.state.committed = count.sum(1)
+            draft = pass_drafts(fronts, generators, plan, generated, initialiser, window, trees)
+            target_probs, slot_tokens, accept = score_and_verify(
+                fronts, scorer, plan, generated, s, rule, trees, first, draft
+            )
+            rules = (s, cross_row and not first, trees)
+            commits, lane_commits = commit_fronts(fronts, plan, accept, slot_tokens, log, scorer.forward_passes, rules)
+            if speculative:  # the slots after a front's commit become drafts for the same indices
+                after_pass = generated_mask(count + commits, width)
+                carry_u = draft.uniforms[:, CARRY]
+                fronts.carried.carry_over(
+                    updater, plan, fronts.state, target_probs, slot_tokens, lane_commits, carry_u, after_pass
+                )
+            fronts.fed = fed_after_pass(plan, fronts.fed, count, commits, width)
+            fronts.count = count + commits
+            if progress:
+                bar.update(int(fronts.count.sum(1).min()) - bar.n)
+    bar.close()
+    stats = log.stats(scorer.forward_passes)
+    stats.update(s=s, max_fronts=int(max_fronts))
+    if speculative:
+        stats.update(window=window, cross_row=cross_row)
+    return fronts.tokens[:, : model.num_image_tokens], stats

@@ -1,0 +1,245 @@
+"""One pass of zipar's row fronts, as functions of each row's counts: which inputs the pass feeds
+(`plan_pass`), what each may see (`visibility`) and is fed (`pass_inputs`), every predicting
+slot's output (`front_outputs`), which commits hold (`valid_commits`) and which tokens have their
+KV cached after it (`fed_after_pass`). The rules are in docs/RASTER.md (ZipAR section).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ...errors import VisarError
+from ..acceptance import AcceptanceRule, verify_slots
+from ..proposers import ACCEPT, RESIDUAL
+from ..sampling import sample_from_probs
+
+
+def token_grid(model, method: str) -> tuple[int, int]:
+    """(H, W) of the model's image-token grid; one VisarError if it has none."""
+    grid = getattr(model, "grid_size", None)
+    try:
+        height, width = (int(g) for g in grid)
+        ok = height >= 1 and width >= 1 and height * width == model.num_image_tokens
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise VisarError(
+            f"{method} decodes the rows of a 2-D token grid, but {type(model).__name__} has none "
+            f"(grid_size={grid!r}): it needs grid_size = (rows, columns) covering its image tokens"
+        )
+    return height, width
+
+
+@dataclass
+class PassPlan:
+    """The inputs of one pass for every image b, packed front by front (rows in order), M = the
+    most inputs of any image (the rest of a row of the batch is padding)."""
+
+    row: Tensor  # [B, M] the grid row of the front each input belongs to
+    slot: Tensor  # [B, M] its place in the front's window: 0 = the front's last token (or a row start's input)
+    input_index: Tensor  # [B, M] image-token index of the position it sits at (N - 1 for padding)
+    predicts: Tensor  # [B, M] bool: its logits predict input_index + 1 (False: fed for its KV only, or padding)
+    has_draft: Tensor  # [B, M] bool: the next input is a draft for input_index + 1
+    draft_start: Tensor  # [B, M] first draft index of its front (N when it has none)
+    real: Tensor  # [B, M] bool, False for padding
+    window_len: Tensor  # [B, H] slots of each row's predicting window, 0 = the row does not predict
+    feed_only: Tensor  # [B, H] bool: the row only feeds its newest token (for its KV)
+    true_start: Tensor  # [B, H] bool: the row starts, and row r - 1 is complete (its true last token is fed)
+    # Cross-row speculation: an input predicting (r, c) also sees the row above's drafts of this pass
+    # at image indices above_start .. above_start + c + s - 1 - count[r - 1] (an empty range when
+    # its prediction needs no draft, or for row 0 and row starts).
+    above_start: Tensor | None = None  # [B, M] image index of row r - 1's first draft (N when none)
+    above_drafts: Tensor | None = None  # [B, H] drafts row r - 1 feeds in this pass
+    leans: Tensor | None = None  # [B, M] bool: predicts (r, c) with c + s - 1 past row r - 1's generated tokens
+
+
+def windows_past_reach(
+    count: Tensor, above: Tensor, reach: Tensor, window_len: Tensor, width: int, window: int
+) -> tuple[Tensor, Tensor]:
+    """Cross-row windows: a started row's reach also counts the drafts the row above feeds in this
+    pass, top-down (the row above's window is final before this row's is set). -> (window_len,
+    above_drafts), both [B, H]."""
+    window_len, above_drafts = window_len.clone(), torch.zeros_like(count)
+    for r in range(1, count.shape[1]):
+        drafts = (window_len[:, r - 1] - 1).clamp(min=0)
+        leans = (count[:, r] > 0) & (above[:, r] < width)  # row starts keep the plain rule
+        above_drafts[:, r] = torch.where(leans, drafts, 0)
+        window_len[:, r] = (reach[:, r] + above_drafts[:, r] - count[:, r]).clamp(min=0, max=window)
+    return window_len, above_drafts
+
+
+def plan_pass(
+    count: Tensor, fed: Tensor, grid: tuple[int, int], s: int, window: int, cross_row: bool = False
+) -> PassPlan:
+    """count [B, H]: generated tokens of each row; fed [B, H]: how many of them have their KV cached.
+
+    A row predicts columns count .. reach - 1 (at most `window` of them), where reach is the first
+    column not yet allowed: W once the row above is complete, else (row above's count) - s + 1.
+    With `cross_row` a started row's reach also counts the drafts the row above feeds in this pass
+    (top-down, so a front may lean on a chain of fronts above it): a slot past the plain reach
+    predicts from those drafts and is kept only if they are accepted (see `valid_commits`).
+    A row whose newest token has no KV yet and that does not predict feeds it alone (a finished
+    row's last token, or a front waiting for the row above), unless the next row's start feeds it.
+    """
+    batch, height = count.shape
+    width = grid[1]
+    num_tokens = height * width
+    device = count.device
+    rows = torch.arange(height, device=device)
+    above = torch.cat([torch.full_like(count[:, :1], width), count[:, :-1]], 1)  # [B, H]
+    reach = torch.where(above >= width, width, above - s + 1)
+    window_len = (reach - count).clamp(min=0, max=window)  # 0 for a complete row, as reach <= W
+    above_drafts = torch.zeros_like(count)
+    if cross_row:
+        window_len, above_drafts = windows_past_reach(count, above, reach, window_len, width, window)
+    true_start = (window_len > 0) & (count == 0) & (rows > 0) & (above >= width)
+    fed_by_next = torch.cat([true_start[:, 1:], torch.zeros_like(true_start[:, :1])], 1)
+    unfinished = count[:, -1:] < width  # the last row finishes last
+    needs_kv = (fed < count) & unfinished & ~((rows == height - 1) & (count == width))
+    feed_only = needs_kv & (window_len == 0) & ~fed_by_next
+    inputs = window_len + feed_only.long()  # [B, H] inputs of each row's front
+    ends = inputs.cumsum(1)
+    num_inputs = int(ends[:, -1].max())  # the pass width (a host sync)
+    m = torch.arange(num_inputs, device=device).expand(batch, -1).contiguous()
+    row = torch.searchsorted(ends, m, right=True)  # [B, M]
+    real = row < height
+    row = row.clamp(max=height - 1)
+    slot = m - (ends - inputs).gather(1, row)
+    done = count.gather(1, row)
+    length = window_len.gather(1, row)
+    input_index = torch.where(real, row * width + done - 1 + slot, num_tokens - 1)
+    predicts = real & (length > 0)
+    has_draft = predicts & (slot < length - 1)
+    draft_start = torch.where(predicts, row * width + done, num_tokens)
+    above_count = above.gather(1, row)
+    above_start = torch.where(
+        predicts & (row > 0) & (above_drafts.gather(1, row) > 0), (row - 1) * width + above_count, num_tokens
+    )
+    leans = predicts & (above_count < width) & ((input_index + 1) % width + s > above_count)
+    return PassPlan(
+        row,
+        slot,
+        input_index,
+        predicts,
+        has_draft,
+        draft_start,
+        real,
+        window_len,
+        feed_only,
+        true_start,
+        above_start,
+        above_drafts,
+        leans,
+    )
+
+
+def generated_mask(count: Tensor, width: int) -> Tensor:
+    """count [B, H] -> [B, N] bool: image tokens generated so far."""
+    columns = torch.arange(width, device=count.device)
+    return (columns[None, None, :] < count[:, :, None]).flatten(1)
+
+
+def visibility(plan: PassPlan, generated: Tensor, s: int | None = None) -> Tensor:
+    """Image-token slots each input may attend to: [B, M, N] bool.
+
+    Input at index k sees (j <= k and j generated before this pass) or (j one of its front's
+    drafts up to k) or j = k (its own input, a stand-in included); with cross-row speculation,
+    also the row above's drafts of this pass that (r, c) = k + 1 needs: columns up to c + s - 1.
+    """
+    slots = torch.arange(generated.shape[1], device=generated.device)
+    k = plan.input_index[..., None]  # [B, M, 1]
+    earlier = (slots <= k) & generated[:, None, :] & plan.real[..., None]
+    own_drafts = (slots >= plan.draft_start[..., None]) & (slots <= k)
+    visible = earlier | own_drafts | (slots == k)
+    if plan.above_start is not None and s is not None:
+        width = generated.shape[1] // plan.window_len.shape[1]
+        last_needed = k - width + s  # (r - 1, c + s - 1) for k + 1 = (r, c)
+        drafts_end = plan.above_start[..., None] + plan.above_drafts.gather(1, plan.row)[..., None]
+        visible |= (slots >= plan.above_start[..., None]) & (slots <= last_needed) & (slots < drafts_end)
+    return visible
+
+
+def pass_inputs(
+    plan: PassPlan, tokens: Tensor, count: Tensor, generated: Tensor, width: int, drafts: Tensor | None
+) -> Tensor:
+    """The token fed at every input [B, M]: a generated token, a row start's stand-in, or a draft."""
+    k = plan.input_index.clamp(min=0)
+    row_above = (plan.row - 1).clamp(min=0)
+    stand_in = row_above * width + count.gather(1, row_above) - 1  # row r - 1's last generated token
+    source = torch.where(generated.gather(1, k), k, stand_in.clamp(min=0))
+    fed = tokens.gather(1, source)
+    if drafts is not None:  # slot i > 0 feeds the draft made for the slot before it
+        previous = torch.cat([drafts[:, :1], drafts[:, :-1]], 1)
+        fed = torch.where(plan.slot > 0, previous, fed)
+    return fed
+
+
+def valid_commits(
+    plan: PassPlan, accept: Tensor, count: Tensor, width: int, s: int, cross_row: bool = True
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Which slots' outputs hold, and how many tokens each front commits.
+
+    A front commits its leading accepted drafts and one token more (the output of its first slot
+    not accepted). A slot predicting (r, c) holds if its context does: the row above is complete,
+    or its columns up to c + s - 1 are generated tokens or drafts of this pass that row r - 1
+    commits as drafts (rows top-down, so a chain of fronts is checked link by link). A slot that
+    does not hold ends the commit before it, without the extra token: its draws used drafts that
+    turned out wrong. Without cross-row speculation every predicting slot holds.
+
+    cross_row: whether the plan was made with cross-row drafts; without them no slot leans on the
+    row above's drafts (a plain front stops at its reach), which the host knows without asking the
+    device. With them the rows are checked one by one even when no slot happens to lean (the same
+    result as the shortcut then, without reading the device back to find out).
+
+    -> valid [B, M], commits [B, H], good [B, H] (leading accepted slots that hold, per row).
+    """
+    batch, height = count.shape
+    never = plan.slot.shape[1] + 1
+    if plan.leans is None or not cross_row:  # no slot leans on the row above's drafts
+        stop = plan.predicts & ~accept
+        first = torch.full_like(count, never).scatter_reduce(
+            1, plan.row, torch.where(stop, plan.slot, never), reduce="amin"
+        )
+        good = torch.where(plan.window_len > 0, first, 0)
+        return plan.predicts, torch.where(plan.window_len > 0, first + 1, 0), good
+    column = (plan.input_index + 1) % width  # the column each slot predicts
+    valid = plan.predicts.clone()
+    good = torch.zeros_like(count)
+    stop_holds = torch.zeros_like(count, dtype=torch.bool)
+    for r in range(height):
+        lane = plan.row == r
+        if r > 0:
+            held = count[:, r - 1] + good[:, r - 1]  # row r - 1's columns known after this pass, as fed
+            holds = ~plan.leans | (column + s <= held[:, None])
+            valid &= ~lane | holds
+        stop = lane & plan.predicts & ~(accept & valid)
+        first = torch.where(stop, plan.slot, never).amin(1)  # [B]
+        good[:, r] = torch.where(plan.window_len[:, r] > 0, first, 0)
+        stop_holds[:, r] = (stop & valid & (plan.slot == first[:, None])).any(1)
+    commits = torch.where(plan.window_len > 0, good + stop_holds.long(), 0)
+    return valid, commits, good
+
+
+def front_outputs(
+    rule: AcceptanceRule, plan: PassPlan, target_probs: Tensor, draft_tokens, draft_probs, uniforms, draws
+) -> tuple[Tensor, Tensor]:
+    """Every predicting slot's output: its draft if the test accepts it, else a draw from the
+    residual (from p where no draft follows). -> (slot_tokens [B, M], accept [B, M])."""
+    if draft_tokens is None:  # plain fronts, or no slot with a draft: a draw with each input's uniform
+        return sample_from_probs(target_probs, draws), torch.zeros_like(plan.predicts)
+    verdict = verify_slots(
+        rule, target_probs, draft_tokens, draft_probs, plan.has_draft, uniforms[:, ACCEPT], uniforms[:, RESIDUAL]
+    )
+    return verdict.tokens, verdict.accept
+
+
+def fed_after_pass(plan: PassPlan, fed: Tensor, count: Tensor, commits: Tensor, width: int) -> Tensor:
+    """[B, H] tokens of each row with their KV cached after this pass: a front's input and its
+    accepted drafts, a fed-only newest token, a row's true last token fed by the next row's start."""
+    fed = torch.where(plan.window_len > 0, count + commits - 1, fed)
+    fed = torch.where(plan.feed_only, count, fed)
+    fed_by_next = torch.cat([plan.true_start[:, 1:], torch.zeros_like(plan.true_start[:, :1])], 1)
+    return torch.where(fed_by_next, width, fed)

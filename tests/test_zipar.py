@@ -656,9 +656,9 @@ def test_wavefront_equals_raster_on_a_local_model(local_model, params):
 
 def test_methods_are_registered_with_their_options():
     assert METHODS["zipar"].options == ["s"] and not METHODS["zipar"].lossless
-    assert METHODS["zipar-sjd"].options == ["s", "window", "init", "cross_row"]
+    assert METHODS["zipar-sjd"].options == ["s", "window", "init", "cross_row", "budget"]
     assert not METHODS["zipar-sjd"].lossless
-    assert METHODS["zipar-mc-sjd"].options == ["s", "window", "coupling", "init", "cross_row"]
+    assert METHODS["zipar-mc-sjd"].options == ["s", "window", "coupling", "init", "cross_row", "budget"]
     assert METHODS["zipar-gsd"].options == [
         "s",
         "group_size",
@@ -667,9 +667,19 @@ def test_methods_are_registered_with_their_options():
         "window",
         "init",
         "cross_row",
+        "budget",
     ]
     assert not METHODS["zipar-gsd"].lossless
-    assert METHODS["zipar-tree"].options == ["s", "window", "branch", "depth", "init", "neighbours", "cross_row"]
+    assert METHODS["zipar-tree"].options == [
+        "s",
+        "window",
+        "branch",
+        "depth",
+        "init",
+        "neighbours",
+        "cross_row",
+        "budget",
+    ]
     assert not METHODS["zipar-tree"].lossless
     assert METHODS["wavefront"].options == [] and METHODS["wavefront"].lossless
     assert {"above", "left", "above-left"} <= set(drafts.INITIALISERS)

@@ -63,15 +63,13 @@ OBSERVED_DECAY = 0.95
 KEEPING_UP_DECAY = 0.95  # the slowest image against the mean: a longer memory, each interval's is noisy
 
 
-def check_budget(budget, method: str) -> str | int | None:
-    """None (the method's fixed shape), "auto", or a whole number of rows per pass >= 1; else one VisarError."""
+def check_budget(budget, method: str, number: str = "rows per pass") -> str | int | None:
+    """None (the method's fixed shape), "auto", or a whole number of `number` >= 1; else one VisarError."""
     if budget is None or budget == AUTO:
         return budget
     if isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1:
         return budget
-    raise VisarError(
-        f"budget for {method} must be 'auto', a whole number of rows per pass >= 1, or None; got {budget!r}"
-    )
+    raise VisarError(f"budget for {method} must be 'auto', a whole number of {number} >= 1, or None; got {budget!r}")
 
 
 @dataclass(frozen=True)
@@ -88,6 +86,11 @@ class PassCosts:
             if measured >= size:
                 return seconds
         return self.seconds[-1]
+
+    def in_proportion(self, size: int) -> float:
+        """As calling it, but past the largest size measured in proportion to the rows (row fronts can
+        feed more rows than any size a probe ran: a CPU's cost grows with them)."""
+        return self(size) if size <= self.sizes[-1] else self.seconds[-1] * size / self.sizes[-1]
 
     def as_ms(self) -> dict[int, float]:
         return {size: round(1000 * s, 3) for size, s in zip(self.sizes, self.seconds, strict=True)}
@@ -119,7 +122,8 @@ class ProbeBudget:
         self.times: list[float] = []
         self.clock: float | None = None
 
-    def size(self) -> int | None:
+    def size(self, *state) -> int | None:
+        """The fixed size, or None once `passes` passes are timed; state (row fronts' counts) is ignored."""
         now = synchronized_clock(self.device)
         if self.clock is not None:
             self.times.append(now - self.clock)
@@ -128,6 +132,12 @@ class ProbeBudget:
 
     def count(self, accepted: Tensor, available: Tensor, active: Tensor, age: Tensor, committed: Tensor) -> None:
         pass  # a probe only times
+
+    def progress(self, image_tokens: Tensor) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {}
 
 
 def measured_costs(
@@ -286,9 +296,7 @@ class WindowBudget:
         self.interval = torch.zeros(2, device=device)
         self.slowest = torch.zeros(2, device=device)  # the slowest image's count at the interval's start, now
         self.interval_passes = 0
-        # size -> decayed [an image's tokens in passes at that size, what was predicted for them]
-        self.observed = {size: [0.0, 0.0] for size in sizes}
-        self.predicted = 1.0  # tokens a pass at the current size was predicted to commit
+        self.correction = SizeCorrection(sizes)
         self.keeping_up = [0.0, 0.0]  # decayed drafts accepted a pass: [the slowest image's, the mean's]
         self.current, self.passes = 0, 0
 
@@ -309,10 +317,7 @@ class WindowBudget:
         moved, passes = slowest - start, self.interval_passes
         self.interval_passes = 0
         mean = tokens / image_passes * passes if image_passes else 0.0  # an image's tokens over the interval
-        for size, seen in self.observed.items():
-            seen[0], seen[1] = seen[0] * OBSERVED_DECAY, seen[1] * OBSERVED_DECAY
-            if size == self.current and image_passes:
-                seen[0], seen[1] = seen[0] + mean, seen[1] + self.predicted * passes
+        self.correction.observe(self.current, mean, passes if image_passes else 0)
         if image_passes:  # drafts beyond the one token a pass always commits
             self.keeping_up = [
                 self.keeping_up[0] * KEEPING_UP_DECAY + max(moved - passes, 0.0),
@@ -324,16 +329,10 @@ class WindowBudget:
         predictions = {size: expected_tokens(rates, self.drafts_of(size)) for size in self.sizes}
 
         def expected(size: int) -> float:
-            # the prediction, corrected by how passes at this size have compared with its predictions
-            seen_tokens, seen_predicted = self.observed[size]
-            predicted = predictions[size]
-            image = (
-                predicted * (seen_tokens + PRIOR_STRENGTH * predicted) / (seen_predicted + PRIOR_STRENGTH * predicted)
-            )
-            return 1 + (image - 1) * keeping_up
+            return 1 + (self.correction.corrected(size, predictions[size]) - 1) * keeping_up
 
         choice = best_size(self.sizes, self.costs, expected)
-        self.predicted = predictions[choice]
+        self.correction.predicted = predictions[choice]
         return choice
 
     def count(self, accepted: Tensor, available: Tensor, active: Tensor, age: Tensor, committed: Tensor) -> None:
@@ -348,6 +347,98 @@ class WindowBudget:
         if self.interval_passes == 1:  # the interval's first pass
             self.slowest[0] = committed.min()
         self.slowest[1] = after.min()
+
+    def stats(self) -> dict:
+        return {"budget": AUTO, "pass_ms": self.costs.as_ms()}
+
+
+class SizeCorrection:
+    """How passes at each size have committed against what was predicted for them: the age model sees
+    neither that a long window's drafts far past the commit were drafted after tokens that were still
+    drafts, nor (for row fronts) how the fronts' drafts differ; each size's prediction is scaled by its
+    decayed record (a prior of 1, worth PRIOR_STRENGTH passes)."""
+
+    def __init__(self, sizes: Sequence[int]):
+        # size -> decayed [an image's tokens in passes at that size, what was predicted for them]
+        self.observed = {size: [0.0, 0.0] for size in sizes}
+        self.predicted = 1.0  # an image's tokens a pass at the current size was predicted to commit
+
+    def observe(self, size: int, tokens: float, passes: int) -> None:
+        """An interval of `passes` passes at `size` in which an image committed `tokens` on average."""
+        for at, seen in self.observed.items():
+            seen[0], seen[1] = seen[0] * OBSERVED_DECAY, seen[1] * OBSERVED_DECAY
+            if at == size and passes:
+                seen[0], seen[1] = seen[0] + tokens, seen[1] + self.predicted * passes
+
+    def corrected(self, size: int, predicted: float) -> float:
+        seen_tokens, seen_predicted = self.observed[size]
+        return predicted * (seen_tokens + PRIOR_STRENGTH * predicted) / (seen_predicted + PRIOR_STRENGTH * predicted)
+
+
+class FrontBudget:
+    """Row fronts (zipar's Jacobi fronts): each pass's window per front, re-chosen every CHOOSE_EVERY
+    passes, for the most expected committed tokens per second of the batch.
+
+    A window w gives every front min(w, what its lag allows) slots, so a pass's rows and tokens are
+    sums over the fronts: `shapes(sizes)` says, from the committed counts alone (on the device, read
+    back with the counts in one read), the most rows an image feeds at each size and how many
+    fronts of an image, on average, would test d drafts. A front with d drafts commits what the
+    survival counts predict for a carried window of d drafts (`expected_tokens`), and the pass costs
+    what the chain engine costs for as many rows (past the largest size measured: in proportion).
+    Each size's prediction is corrected by its own record (`SizeCorrection`).
+    """
+
+    def __init__(self, costs: PassCosts, sizes: tuple[int, ...], counts: SurvivalCounts, shapes: Callable):
+        self.costs, self.sizes, self.counts, self.shapes = costs, sizes, counts, shapes
+        self.correction = SizeCorrection(sizes)
+        self.interval = torch.zeros(2, device=counts.reached.device)  # an image's tokens, image-passes
+        self.current, self.passes, self.interval_passes = 0, 0, 0
+
+    def size(self, count: Tensor) -> int:
+        """The window per front for the next pass; count [B, H]: each row's committed tokens."""
+        if self.passes % CHOOSE_EVERY == 0:
+            self.current = self.choose(count)
+        self.passes += 1
+        self.interval_passes += 1
+        return self.current
+
+    def choose(self, count: Tensor) -> int:
+        ages = len(self.counts.reached)
+        shape = self.shapes(count, self.sizes)  # [C, 1 + D]: the most rows, then the mean fronts by drafts
+        host = torch.cat([self.counts.reached, self.counts.passed, self.interval, shape.flatten().float()]).tolist()
+        reached, passed, (tokens, image_passes) = host[:ages], host[ages : 2 * ages], host[2 * ages : 2 * ages + 2]
+        shapes = [host[2 * ages + 2 :][i * shape.shape[1] : (i + 1) * shape.shape[1]] for i in range(len(self.sizes))]
+        self.counts.forget()
+        self.interval.zero_()
+        passes, self.interval_passes = self.interval_passes, 0
+        self.correction.observe(self.current, tokens / image_passes * passes if image_passes else 0.0, passes)
+        rates = age_rates(reached, passed, PRIOR_ACCEPT, PRIOR_STRENGTH)
+        per_front = [expected_tokens(rates, drafts) for drafts in range(shape.shape[1] - 1)]
+        rows = {size: max(row[0], 1.0) for size, row in zip(self.sizes, shapes, strict=True)}
+        predictions = {
+            size: sum(fronts * tokens for fronts, tokens in zip(row[1:], per_front, strict=True))
+            for size, row in zip(self.sizes, shapes, strict=True)
+        }
+
+        def tokens_per_second(size: int) -> tuple[float, int]:
+            seconds = self.costs.in_proportion(rows[size])
+            return self.correction.corrected(size, max(predictions[size], 1e-9)) / seconds, -size
+
+        choice = max(self.sizes, key=tokens_per_second)
+        self.correction.predicted = max(predictions[choice], 1e-9)
+        return choice
+
+    def count(self, accepted: Tensor, available: Tensor, learn: Tensor, age: Tensor, image_tokens: Tensor) -> None:
+        """This pass's outcome: accepted, available, learn and age per front as SurvivalCounts.count (fronts
+        in the first row, whose drafts have no row above, not learnt); image_tokens [B]: each image's
+        tokens this pass (0 for a finished image)."""
+        self.counts.count(accepted, available, learn, age)
+        self.progress(image_tokens)
+
+    def progress(self, image_tokens: Tensor) -> None:
+        """image_tokens [B]: each image's tokens this pass (0 for a finished image)."""
+        moving = image_tokens > 0
+        self.interval += torch.stack([image_tokens.sum(), moving.sum()]).to(self.interval.dtype)
 
     def stats(self) -> dict:
         return {"budget": AUTO, "pass_ms": self.costs.as_ms()}

@@ -17,6 +17,7 @@ from ...models.base import RasterModel
 from ...models.lag_mask import check_lag
 from ...progress import progress_bar
 from ..acceptance import SPECULATIVE, AcceptanceRule
+from ..budget import FrontBudget, ProbeBudget
 from ..drafts import DecodeState, FillRequest, random_init
 from ..jacobi import check_spans, image_keys
 from ..proposers import CARRY, DRAFT, NUM_PURPOSES, RESIDUAL, CarryRequest, independent_carry
@@ -54,6 +55,8 @@ class CarriedDrafts:
         self.valid = torch.zeros(batch, num_tokens + 1, dtype=torch.bool, device=device)
         self.entry = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
         self.probs = torch.zeros(batch, 0, vocab, device=device)  # [B, K, V]
+        # passes each carried draft has been through (0: the initialiser's), for an auto budget
+        self.age = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
 
     def laws(self, index: Tensor) -> Tensor:
         """index [B, M] -> the carried q at each [B, M, V] (arbitrary where no draft is carried)."""
@@ -80,6 +83,11 @@ class CarriedDrafts:
             draft_probs = torch.where(needs_fill[..., None], fill_probs.to(draft_probs.dtype), draft_probs)
         return draft_tokens, draft_probs
 
+    def draft_age(self, plan: PassPlan) -> Tensor:
+        """[B, M] the age of each slot's draft this pass (0 where the initialiser drew it, or no draft)."""
+        target = (plan.input_index + 1).clamp(max=self.num_tokens - 1)
+        return torch.where(plan.has_draft & self.valid.gather(1, target), self.age.gather(1, target), 0)
+
     def canvas(self, state: DecodeState, generated: Tensor) -> Tensor:
         """What a 2-D draft may copy from: generated tokens and carried drafts, -1 elsewhere [B, N + 1]."""
         canvas = torch.where(self.valid, self.tokens, -1)
@@ -94,11 +102,13 @@ class CarriedDrafts:
         the rows above, which they follow more closely than a draw from a guessed context)."""
         target = plan.input_index + 1
         index = target.clamp(max=self.num_tokens - 1)
+        age = self.draft_age(plan) + 1  # before this pass's drafts replace the carried ones
         # no relaxed rule on fronts: every slot token follows p
         next_drafts, laws = updater(CarryRequest(state, target_probs, slot_tokens, target_probs, index, uniforms))
         after = plan.predicts & ~plan.leans & (plan.slot >= lane_commits)
         stored = torch.where(after, target, self.num_tokens)  # [B, M] (N: nowhere)
         self.tokens.scatter_(1, stored, next_drafts)
+        self.age.scatter_(1, stored, age)
         self.valid.scatter_(1, stored, torch.ones_like(plan.leans))
         self.valid.scatter_(1, torch.where(plan.leans, target, self.num_tokens), torch.zeros_like(plan.leans))
         self.valid[:, : self.num_tokens] &= ~generated
@@ -199,7 +209,7 @@ def pass_drafts(fronts: Fronts, generators, plan: PassPlan, generated: Tensor, i
     height = fronts.count.shape[1]
     uniforms = pass_uniforms(generators, plan, height, window)
     tree_u = None if trees is None else trees.uniforms(generators, height, plan.row.device)
-    if not bool(plan.has_draft.any()):
+    if window == 1 or not bool(plan.has_draft.any()):  # a pass of one slot per front has no drafts
         return PassDraft(None, None, uniforms, tree_u, uniforms[:, RESIDUAL])
     target = plan.input_index + 1
     draft_tokens, draft_probs = fronts.carried.propose(
@@ -222,10 +232,11 @@ def score_and_verify(
 
 def commit_fronts(
     fronts: Fronts, plan: PassPlan, accept: Tensor, slot_tokens: Tensor, log: DecodeLog, forward_pass: int, rules
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor]:
     """Write each front's commit (its leading accepted drafts and one token more) into the tokens
-    and the log -> commits [B, H], and each input's front's commits [B, M]. rules: (s, whether the
-    plan has cross-row drafts, the fronts' trees or None)."""
+    and the log -> commits [B, H], each input's front's commits [B, M], and each front's leading
+    accepted drafts that held [B, H]. rules: (s, whether the plan has cross-row drafts, the fronts'
+    trees or None)."""
     s, cross_row, trees = rules
     count, num_tokens = fronts.count, fronts.state.num_tokens
     width = num_tokens // count.shape[1]
@@ -240,7 +251,7 @@ def commit_fronts(
     tested = plan.has_draft & valid & (plan.slot <= lane_good)
     log.drafts(target, plan.slot, tested, plan.has_draft & (plan.slot < lane_good))
     log.count_pass(count[:, -1] < width)
-    return commits, lane_commits
+    return commits, lane_commits, good
 
 
 @torch.no_grad()
@@ -255,13 +266,16 @@ def decode_fronts(
     method: str = "zipar",
     cross_row: bool = False,
     trees: FrontTrees | None = None,
+    budget: FrontBudget | ProbeBudget | None = None,
 ) -> tuple[Tensor, dict]:
     """Decode all row fronts of every image together; window 1 = plain zipar. -> (tokens [B, N], stats).
 
     One pass: plan, draft, score and verify, commit, carry over. cross_row (Jacobi fronts only): a
     front may also predict past its plain reach from the drafts the row above feeds in the same pass
     (kept only if those drafts are accepted); trees (Jacobi fronts only): each front also drafts K
-    candidates for its first draft (`tree_pass`)."""
+    candidates for its first draft (`tree_pass`); budget (Jacobi fronts only): chooses each pass's
+    window per front (at most `window`) from the committed counts (`decode_fronts_under`), or stops a
+    probe that times the engine."""
     model, generators, progress = request.model, request.generators, request.progress
     height, width = token_grid(model, method)
     check_lag(s)
@@ -273,22 +287,36 @@ def decode_fronts(
     max_fronts = torch.zeros((), dtype=torch.long, device=model.device)
     bar = progress_bar(total=model.num_image_tokens, enabled=progress, desc=method)
     scratch = 0 if trees is None else trees.scratch(height)
+    sizes_chosen: dict[int, int] = {}  # window -> passes (under a budget)
     with scorer.cache(model.num_condition_tokens + model.num_image_tokens + scratch):
         while True:
             first, count = scorer.forward_passes == 0, fronts.count
-            plan = plan_pass(count, fronts.fed, (height, width), s, 1 if first else window, cross_row and not first)
+            pass_window = 1 if first else window if budget is None else budget.size(count)
+            if pass_window is None:  # a probe's last timed pass
+                break
+            plan = plan_pass(count, fronts.fed, (height, width), s, pass_window, cross_row and not first)
             if plan.row.shape[1] == 0:
                 break
+            if budget is not None and not first:
+                sizes_chosen[pass_window] = sizes_chosen.get(pass_window, 0) + 1
             max_fronts = torch.maximum(max_fronts, (plan.window_len > 0).sum(1).max())
             generated = generated_mask(count, width)
             fronts.state.committed = count.sum(1)
-            draft = pass_drafts(fronts, generators, plan, generated, initialiser, window, trees)
+            block = window if budget is None else pass_window  # each pass's uniforms: [4, H, block] an image
+            draft = pass_drafts(fronts, generators, plan, generated, initialiser, block, trees)
             target_probs, slot_tokens, accept = score_and_verify(
                 fronts, scorer, plan, generated, s, rule, trees, first, draft
             )
             rules = (s, cross_row and not first, trees)
-            commits, lane_commits = commit_fronts(fronts, plan, accept, slot_tokens, log, scorer.forward_passes, rules)
-            if speculative:  # the slots after a front's commit become drafts for the same indices
+            commits, lane_commits, good = commit_fronts(
+                fronts, plan, accept, slot_tokens, log, scorer.forward_passes, rules
+            )
+            if budget is not None and not first:
+                count_fronts(budget, plan, good, commits, fronts.carried.draft_age(plan), pass_window)
+            # The slots after a front's commit become drafts for the same indices. A budget's pass of one
+            # slot per front leaves none; the drafts of indices it generated stay flagged until the next
+            # carry-over clears them, and nothing reads a generated index's draft.
+            if speculative and not (budget is not None and pass_window == 1):
                 after_pass = generated_mask(count + commits, width)
                 carry_u = draft.uniforms[:, CARRY]
                 fronts.carried.carry_over(
@@ -303,4 +331,29 @@ def decode_fronts(
     stats.update(s=s, max_fronts=int(max_fronts))
     if speculative:
         stats.update(window=window, cross_row=cross_row)
+    if budget is not None:
+        stats.update(sizes_chosen=dict(sorted(sizes_chosen.items())), **budget.stats())
     return fronts.tokens[:, : model.num_image_tokens], stats
+
+
+def count_fronts(budget: FrontBudget, plan: PassPlan, good: Tensor, commits: Tensor, age: Tensor, window: int):
+    """Hand a pass's outcome to the budget: per front, its leading accepted drafts that held (`good`),
+    the drafts it tested and their ages (fronts in row 0, whose drafts have no row above, are not
+    learnt from); per image, the tokens it committed."""
+    if window == 1:  # no drafts to count
+        budget.progress(commits.sum(1))
+        return
+    batch, height = good.shape
+    drafts = max(window - 1, 1)
+    lane = torch.where(plan.has_draft, plan.row * drafts + plan.slot.clamp(max=drafts - 1), height * drafts)
+    ages = torch.zeros(batch, height * drafts + 1, dtype=torch.long, device=good.device).scatter_(1, lane, age)
+    rows = torch.arange(height, device=good.device)
+    learn = (plan.window_len > 0) & (rows > 0)
+    available = (plan.window_len - 1).clamp(min=0)
+    budget.count(
+        good.flatten(),
+        available.flatten(),
+        learn.flatten(),
+        ages[:, :-1].reshape(batch * height, drafts),
+        commits.sum(1),
+    )

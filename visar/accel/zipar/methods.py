@@ -16,6 +16,7 @@ from ..proposers import carry_updater, independent_carry, maximal_coupling_carry
 from ..registry import Request, register_method
 from ..relaxed import gsd_rule
 from ..tree_jacobi import clip_branch, parse_neighbours
+from .budgets import decode_fronts_under
 from .engine import decode_fronts
 from .plan import token_grid
 from .tree_fronts import FrontTrees
@@ -71,6 +72,7 @@ def zipar_sjd(
     window: int = 16,
     init: str | Callable = "random",
     cross_row: bool = True,
+    budget: str | int | None = None,
 ) -> tuple[Tensor, dict]:
     """ZipAR whose row fronts each run a speculative Jacobi window (SJD: fresh drafts from p).
 
@@ -80,13 +82,16 @@ def zipar_sjd(
     default stays the one its quality was measured with, docs/DETAILS.md); cross_row: a front may
     also draft past its lag from the row above's drafts of the same pass (kept only when those are
     accepted; without it lower fronts settle at exactly s behind the row above, one token a pass,
-    and the combination needs as many passes as zipar).
+    and the combination needs as many passes as zipar); budget: "auto" chooses each pass's window
+    per front (1 .. 32, at most the row) for the most tokens per second on this device and batch
+    (`visar.accel.budget.FrontBudget`), a number is the window, None keeps `window`.
     Lossy for s < W as zipar is; lossless for s >= W.
     """
     token_grid(request.model, "zipar-sjd")
     initialiser = resolve_initialiser(init)
-    return decode_fronts(
+    return decode_fronts_under(
         request,
+        budget,
         s=s,
         window=window,
         initialiser=initialiser,
@@ -110,6 +115,7 @@ def zipar_mc_sjd(
     coupling: str = "maximal",
     init: str | Callable = "random",
     cross_row: bool = True,
+    budget: str | int | None = None,
 ) -> tuple[Tensor, dict]:
     """ZipAR whose row fronts each run a coupled speculative Jacobi window (MC-SJD).
 
@@ -119,8 +125,9 @@ def zipar_mc_sjd(
     token_grid(request.model, "zipar-mc-sjd")
     initialiser = resolve_initialiser(init)
     updater = carry_updater(coupling, "zipar-mc-sjd")
-    tokens, stats = decode_fronts(
+    tokens, stats = decode_fronts_under(
         request,
+        budget,
         s=s,
         window=window,
         initialiser=initialiser,
@@ -147,6 +154,7 @@ def zipar_tree(
     init: str | Callable = "above",
     neighbours: str = "left,above,above-right,above-left",
     cross_row: bool = True,
+    budget: str | int | None = None,
 ) -> tuple[Tensor, dict]:
     """ZipAR whose row fronts each run zipar-mc-sjd's window with tree-mc-sjd's tree at its head.
 
@@ -173,8 +181,9 @@ def zipar_tree(
     drafts_trees = depth == 2 and branch > 1 and window > 1
     batch = len(request.generators)
     trees = FrontTrees(branch, names, batch, height, model.device) if drafts_trees else None
-    tokens, stats = decode_fronts(
+    tokens, stats = decode_fronts_under(
         request,
+        budget,
         s=s,
         window=window,
         initialiser=resolve_initialiser(init),
@@ -210,6 +219,7 @@ def zipar_gsd(
     window: int = 16,
     init: str | Callable = "random",
     cross_row: bool = True,
+    budget: str | int | None = None,
 ) -> tuple[Tensor, dict]:
     """ZipAR whose row fronts each run a GSD window: SJD drafts, verified with GSD's grouped test
     (relaxed.py; lossy even for s >= W). group_size, prob_gap, max_distance as `gsd`;
@@ -220,8 +230,9 @@ def zipar_gsd(
     check_lag(s)
     rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance, "zipar-gsd")
     initialiser = resolve_initialiser(init)
-    tokens, stats = decode_fronts(
+    tokens, stats = decode_fronts_under(
         request,
+        budget,
         s=s,
         window=window,
         initialiser=initialiser,

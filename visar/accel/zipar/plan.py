@@ -56,19 +56,40 @@ class PassPlan:
     leans: Tensor | None = None  # [B, M] bool: predicts (r, c) with c + s - 1 past row r - 1's generated tokens
 
 
+def capped(length: Tensor, window: int | Tensor) -> Tensor:
+    """length clamped to 0 .. window (an int, or a LongTensor broadcasting against length)."""
+    return length.clamp(min=0, max=window) if isinstance(window, int) else length.clamp(min=0).minimum(window)
+
+
 def windows_past_reach(
-    count: Tensor, above: Tensor, reach: Tensor, window_len: Tensor, width: int, window: int
+    count: Tensor, above: Tensor, reach: Tensor, window_len: Tensor, width: int, window: int | Tensor
 ) -> tuple[Tensor, Tensor]:
     """Cross-row windows: a started row's reach also counts the drafts the row above feeds in this
     pass, top-down (the row above's window is final before this row's is set). -> (window_len,
-    above_drafts), both [B, H]."""
+    above_drafts), both [B, H]; window: an int, or one per image [B]."""
     window_len, above_drafts = window_len.clone(), torch.zeros_like(count)
     for r in range(1, count.shape[1]):
         drafts = (window_len[:, r - 1] - 1).clamp(min=0)
         leans = (count[:, r] > 0) & (above[:, r] < width)  # row starts keep the plain rule
         above_drafts[:, r] = torch.where(leans, drafts, 0)
-        window_len[:, r] = (reach[:, r] + above_drafts[:, r] - count[:, r]).clamp(min=0, max=window)
+        window_len[:, r] = capped(reach[:, r] + above_drafts[:, r] - count[:, r], window)
     return window_len, above_drafts
+
+
+def front_windows(
+    count: Tensor, width: int, s: int, window: int | Tensor, cross_row: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Each row's predicting window at this count -> (window_len, above, above_drafts), [B, H] each:
+    the slots from its count to its reach (at most `window`, an int or one per image [B]; 0 for a
+    complete row or one the lag holds), above: the row above's count (W for row 0). See `plan_pass`."""
+    above = torch.cat([torch.full_like(count[:, :1], width), count[:, :-1]], 1)  # [B, H]
+    reach = torch.where(above >= width, width, above - s + 1)
+    cap = window if isinstance(window, int) else window[:, None]
+    window_len = capped(reach - count, cap)  # 0 for a complete row, as reach <= W
+    above_drafts = torch.zeros_like(count)
+    if cross_row:
+        window_len, above_drafts = windows_past_reach(count, above, reach, window_len, width, window)
+    return window_len, above, above_drafts
 
 
 def plan_pass(
@@ -89,12 +110,7 @@ def plan_pass(
     num_tokens = height * width
     device = count.device
     rows = torch.arange(height, device=device)
-    above = torch.cat([torch.full_like(count[:, :1], width), count[:, :-1]], 1)  # [B, H]
-    reach = torch.where(above >= width, width, above - s + 1)
-    window_len = (reach - count).clamp(min=0, max=window)  # 0 for a complete row, as reach <= W
-    above_drafts = torch.zeros_like(count)
-    if cross_row:
-        window_len, above_drafts = windows_past_reach(count, above, reach, window_len, width, window)
+    window_len, above, above_drafts = front_windows(count, width, s, window, cross_row)
     true_start = (window_len > 0) & (count == 0) & (rows > 0) & (above >= width)
     fed_by_next = torch.cat([true_start[:, 1:], torch.zeros_like(true_start[:, :1])], 1)
     unfinished = count[:, -1:] < width  # the last row finishes last

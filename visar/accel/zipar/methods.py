@@ -59,6 +59,22 @@ def zipar(
     return decode_fronts(request, s=s)
 
 
+def jacobi_fronts(request: Request, method: str, fronts: dict, **engine) -> tuple[Tensor, dict]:
+    """What zipar-sjd, zipar-mc-sjd, zipar-gsd and zipar-tree share: their front options (s, window,
+    init, cross_row, budget) checked and handed to `decode_fronts_under` with the method's updater,
+    rule or trees (`engine`)."""
+    return decode_fronts_under(
+        request,
+        fronts["budget"],
+        s=fronts["s"],
+        window=fronts["window"],
+        initialiser=resolve_initialiser(fronts["init"]),
+        method=method,
+        cross_row=check_flag("cross_row", fronts["cross_row"]),
+        **engine,
+    )
+
+
 @register_method(
     "zipar-sjd",
     lossless=False,
@@ -88,17 +104,8 @@ def zipar_sjd(
     Lossy for s < W as zipar is; lossless for s >= W.
     """
     token_grid(request.model, "zipar-sjd")
-    initialiser = resolve_initialiser(init)
-    return decode_fronts_under(
-        request,
-        budget,
-        s=s,
-        window=window,
-        initialiser=initialiser,
-        updater=independent_carry,
-        method="zipar-sjd",
-        cross_row=check_flag("cross_row", cross_row),
-    )
+    fronts = dict(s=s, window=window, init=init, cross_row=cross_row, budget=budget)
+    return jacobi_fronts(request, "zipar-sjd", fronts, updater=independent_carry)
 
 
 @register_method(
@@ -123,18 +130,9 @@ def zipar_mc_sjd(
     as zipar-sjd.
     """
     token_grid(request.model, "zipar-mc-sjd")
-    initialiser = resolve_initialiser(init)
     updater = carry_updater(coupling, "zipar-mc-sjd")
-    tokens, stats = decode_fronts_under(
-        request,
-        budget,
-        s=s,
-        window=window,
-        initialiser=initialiser,
-        updater=updater,
-        method="zipar-mc-sjd",
-        cross_row=check_flag("cross_row", cross_row),
-    )
+    fronts = dict(s=s, window=window, init=init, cross_row=cross_row, budget=budget)
+    tokens, stats = jacobi_fronts(request, "zipar-mc-sjd", fronts, updater=updater)
     return tokens, {**stats, "coupling": coupling}
 
 
@@ -181,17 +179,8 @@ def zipar_tree(
     drafts_trees = depth == 2 and branch > 1 and window > 1
     batch = len(request.generators)
     trees = FrontTrees(branch, names, batch, height, model.device) if drafts_trees else None
-    tokens, stats = decode_fronts_under(
-        request,
-        budget,
-        s=s,
-        window=window,
-        initialiser=resolve_initialiser(init),
-        updater=maximal_coupling_carry,
-        method="zipar-tree",
-        cross_row=check_flag("cross_row", cross_row),
-        trees=trees,
-    )
+    fronts = dict(s=s, window=window, init=init, cross_row=cross_row, budget=budget)
+    tokens, stats = jacobi_fronts(request, "zipar-tree", fronts, updater=maximal_coupling_carry, trees=trees)
     taken = [0] * batch if trees is None else trees.side_taken.tolist()
     return tokens, {**stats, "branch": branch, "depth": depth, "side_taken_per_image": taken}
 
@@ -229,18 +218,8 @@ def zipar_gsd(
     token_grid(request.model, "zipar-gsd")
     check_lag(s)
     rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance, "zipar-gsd")
-    initialiser = resolve_initialiser(init)
-    tokens, stats = decode_fronts_under(
-        request,
-        budget,
-        s=s,
-        window=window,
-        initialiser=initialiser,
-        updater=independent_carry,
-        rule=rule,
-        method="zipar-gsd",
-        cross_row=check_flag("cross_row", cross_row),
-    )
+    fronts = dict(s=s, window=window, init=init, cross_row=cross_row, budget=budget)
+    tokens, stats = jacobi_fronts(request, "zipar-gsd", fronts, updater=independent_carry, rule=rule)
     return tokens, {**stats, "group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
 
 

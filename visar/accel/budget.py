@@ -384,7 +384,8 @@ class FrontBudget:
     back with the counts in one read), the most rows an image feeds at each size and how many
     fronts of an image, on average, would test d drafts. A front with d drafts commits what the
     survival counts predict for a carried window of d drafts (`expected_tokens`), and the pass costs
-    what the chain engine costs for as many rows (past the largest size measured: in proportion).
+    what `costs` says for as many rows (past the largest size measured: in proportion; zipar's
+    `front_costs`: the chain engine's, plus the fronts' own fixed cost a pass).
     Each size's prediction is corrected by its own record (`SizeCorrection`).
     """
 

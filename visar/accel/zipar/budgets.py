@@ -71,7 +71,7 @@ def front_costs(request: Request, s: int, method: str, engine: dict) -> PassCost
 def decode_fronts_under(request: Request, budget, method: str, *, window: int, s: int, **engine) -> tuple[Tensor, dict]:
     """`decode_fronts` of Jacobi fronts under a budget: None, the fixed `window`; a number, that window
     per front; "auto", each pass's window per front chosen for the most expected tokens per second
-    from the chain engine's measured costs per row (`jacobi.chain_costs`) and the decode's own counts
+    from the measured costs per row (`front_costs`) and the decode's own counts
     (`budget.FrontBudget`), falling back to `window`, said in stats["budget"], when the costs cannot
     be measured."""
     budget = check_budget(budget, method, "slots per front and pass")

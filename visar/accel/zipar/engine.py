@@ -94,21 +94,25 @@ class CarriedDrafts:
         canvas[:, : self.num_tokens] = torch.where(generated, state.tokens[:, : self.num_tokens], canvas[:, :-1])
         return canvas
 
-    def carry_over(self, updater, plan: PassPlan, state, target_probs, slot_tokens, lane_commits, uniforms, generated):
+    def carry_over(
+        self, updater, plan: PassPlan, state, target_probs, slot_tokens, lane_commits, uniforms, generated, age=None
+    ):
         """Store the updater's next drafts at the indices past each front's commit; generated [B, N]:
-        the tokens generated once this pass has committed (their drafts are forgotten).
+        the tokens generated once this pass has committed (their drafts are forgotten); age [B, M]:
+        this pass's `draft_age`, so that each stored draft is one pass older (None where no budget
+        reads the ages).
 
         Slots that leaned on the row above's drafts carry nothing (the initialiser refills them from
         the rows above, which they follow more closely than a draw from a guessed context)."""
         target = plan.input_index + 1
         index = target.clamp(max=self.num_tokens - 1)
-        age = self.draft_age(plan) + 1  # before this pass's drafts replace the carried ones
         # no relaxed rule on fronts: every slot token follows p
         next_drafts, laws = updater(CarryRequest(state, target_probs, slot_tokens, target_probs, index, uniforms))
         after = plan.predicts & ~plan.leans & (plan.slot >= lane_commits)
         stored = torch.where(after, target, self.num_tokens)  # [B, M] (N: nowhere)
         self.tokens.scatter_(1, stored, next_drafts)
-        self.age.scatter_(1, stored, age)
+        if age is not None:
+            self.age.scatter_(1, stored, age + 1)
         self.valid.scatter_(1, stored, torch.ones_like(plan.leans))
         self.valid.scatter_(1, torch.where(plan.leans, target, self.num_tokens), torch.zeros_like(plan.leans))
         self.valid[:, : self.num_tokens] &= ~generated
@@ -311,8 +315,11 @@ def decode_fronts(
             commits, lane_commits, good = commit_fronts(
                 fronts, plan, accept, slot_tokens, log, scorer.forward_passes, rules
             )
+            # the ages of this pass's drafts, for a budget's counts and the carry-over (read once, before
+            # the carry-over replaces them; a pass of one slot per front has none)
+            age = fronts.carried.draft_age(plan) if budget is not None and pass_window > 1 else None
             if budget is not None and not first:
-                count_fronts(budget, plan, good, commits, fronts.carried.draft_age(plan), pass_window)
+                count_fronts(budget, plan, good, commits, age, pass_window)
             # The slots after a front's commit become drafts for the same indices. A budget's pass of one
             # slot per front leaves none; the drafts of indices it generated stay flagged until the next
             # carry-over clears them, and nothing reads a generated index's draft.
@@ -320,7 +327,7 @@ def decode_fronts(
                 after_pass = generated_mask(count + commits, width)
                 carry_u = draft.uniforms[:, CARRY]
                 fronts.carried.carry_over(
-                    updater, plan, fronts.state, target_probs, slot_tokens, lane_commits, carry_u, after_pass
+                    updater, plan, fronts.state, target_probs, slot_tokens, lane_commits, carry_u, after_pass, age
                 )
             fronts.fed = fed_after_pass(plan, fronts.fed, count, commits, width)
             fronts.count = count + commits
@@ -336,10 +343,13 @@ def decode_fronts(
     return fronts.tokens[:, : model.num_image_tokens], stats
 
 
-def count_fronts(budget: FrontBudget, plan: PassPlan, good: Tensor, commits: Tensor, age: Tensor, window: int):
+def count_fronts(
+    budget: FrontBudget | ProbeBudget, plan: PassPlan, good: Tensor, commits: Tensor, age: Tensor | None, window: int
+):
     """Hand a pass's outcome to the budget: per front, its leading accepted drafts that held (`good`),
-    the drafts it tested and their ages (fronts in row 0, whose drafts have no row above, are not
-    learnt from); per image, the tokens it committed."""
+    the drafts it tested and their ages (`CarriedDrafts.draft_age`, None for a pass of one slot per
+    front, which tests none; fronts in row 0, whose drafts have no row above, are not learnt from);
+    per image, the tokens it committed."""
     if window == 1:  # no drafts to count
         budget.progress(commits.sum(1))
         return

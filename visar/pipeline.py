@@ -111,8 +111,9 @@ class EagerFallback:
 
 
 LOADED_DRAFTS: dict[tuple, Pipeline] = {}  # (name, device, dtype) -> loaded draft pipeline
-# Loads a draft given by name or folder: visar.load, set by visar.loading when it is imported (the
-# loader builds Pipelines, so the pipeline cannot import it back).
+# Loads a draft given by name or folder: visar.load, which visar.loading sets here (the loader builds
+# Pipelines, so the pipeline cannot import it back; importing this module runs visar/__init__.py,
+# which imports the loader first).
 DRAFT_LOADER: Callable[..., Pipeline] | None = None
 
 
@@ -329,8 +330,6 @@ class Pipeline:
         if isinstance(draft, (str, os.PathLike)):
             key = (str(draft), str(self.device), self.dtype)
             if key not in LOADED_DRAFTS:
-                if DRAFT_LOADER is None:
-                    raise VisarError("a draft given by name loads through visar.load: import visar first")
                 LOADED_DRAFTS[key] = DRAFT_LOADER(draft, device=self.device, dtype=self.dtype)
             draft = LOADED_DRAFTS[key]
         if isinstance(draft, Pipeline):

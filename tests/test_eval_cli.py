@@ -107,6 +107,7 @@ def test_bench_table_and_json(tmp_path, capsys):
         "acceptance_by_slot",
         "read_backs_per_pass",
         "read_backs_by_kind",
+        "ops_per_pass",
     }
     assert row["acceptance_rate"] is None and row["ms_per_forward"] > 0  # AR drafts nothing
     assert row["compiled"] is False and row["warmup_s"] > 0

@@ -41,6 +41,14 @@ def test_the_counter_sees_every_kind_of_read_back():
     assert torch.Tensor.tolist(x) == list(range(6))  # the wrapper is gone after the block
 
 
+def test_the_counter_counts_every_dispatched_op():
+    x = torch.arange(6.0)
+    with ReadBackCounter() as counter:
+        y = (x + 1).softmax(0)  # add, softmax
+        y[:3].sum()  # a view (slice) is an op too, then sum
+    assert counter.ops == 4 and counter.total == 0
+
+
 @pytest.fixture(scope="module")
 def model():
     return tiny_llamagen(vocab=32, block_size=64, seed=3, std=0.3).to(TEST_DEVICE)  # an 8 x 8 grid
@@ -92,4 +100,6 @@ def test_bench_reports_read_backs_per_pass():
     rows = {r["method"]: r for r in report["rows"]}
     assert rows["ar"]["read_backs_per_pass"] <= 0.1 and 0 < rows["sjd"]["read_backs_per_pass"] <= 2
     assert set(rows["sjd"]["read_backs_by_kind"]) <= {"item", "tolist", "bool index", "device to host copy"}
-    assert "| read-backs/pass | rows/pass chosen |" in markdown_table(report)
+    # ops per pass: the model's step and what the method dispatches around it (a Jacobi pass more than AR's)
+    assert 0 < rows["ar"]["ops_per_pass"] < rows["sjd"]["ops_per_pass"]
+    assert "| read-backs/pass | ops/pass | rows/pass chosen |" in markdown_table(report)

@@ -10,7 +10,9 @@ untimed, under `memory.TensorMemory`, which counts the tensors it creates. Read-
 that extra batch (untimed, eager even for a compiled row: counting runs compiled code eagerly), the
 operations that make the host wait for the device (`readbacks.ReadBackCounter`: .item(), .tolist(),
 nonzero, boolean indexing, device-to-host copies, ...) over the batch's forward passes; on a GPU
-each one stalls the launch queue.
+each one stalls the launch queue. Ops per pass: in the same batch, every aten operation dispatched
+(model and bookkeeping) over its forward passes: what a pass costs in Python dispatches and, on a
+GPU, in kernel launches, whatever the device; a method's ops above the AR row's are its bookkeeping.
 
 Quality (`--quality-n` images per method, same seeds for every method):
 - detector accuracy: the shapes-world detector's class score (class-conditional shapes models);
@@ -236,6 +238,8 @@ def speed_row(pipe, name: str, options: dict, conds: list, batch_size: int) -> d
         # What stalls a GPU's launch queue: host read-backs per target forward pass, and their kinds.
         "read_backs_per_pass": read_backs.total / sum(o.stats["forward_passes"] for o in counted),
         "read_backs_by_kind": dict(read_backs.by_kind),
+        # What a pass dispatches (model and bookkeeping): each eager op is a dispatch and, on a GPU, a launch.
+        "ops_per_pass": read_backs.ops / sum(o.stats["forward_passes"] for o in counted),
         "warmup_s": warmup,
         **acceptance_columns([o.stats for o in outs]),
         **layer_token_columns([o.stats for o in outs]),
@@ -322,9 +326,9 @@ def markdown_table(report: dict) -> str:
     header = (
         "| method | lossless | forward passes | step compression | tokens/forward | latency / AR | images/s "
         f"| peak MB | {quality[0]} | Frechet vs AR | ms/forward | draft acceptance | read-backs/pass "
-        "| rows/pass chosen |"
+        "| ops/pass | rows/pass chosen |"
     )
-    lines = [header, "|" + "---|" * 14]
+    lines = [header, "|" + "---|" * 15]
 
     def fmt(value, spec):
         return "-" if value is None else format(value, spec)
@@ -340,7 +344,7 @@ def markdown_table(report: dict) -> str:
             f"| {r['images_per_s']:.2f} | {fmt(r['peak_mem_mb'], '.1f')} "
             f"| {fmt(r.get(quality[1]), '.1%')} | {fmt(r['frechet_vs_ar'], '.3f')} "
             f"| {fmt(r.get('ms_per_forward'), '.1f')} | {fmt(r.get('acceptance_rate'), '.1%')} "
-            f"| {fmt(r.get('read_backs_per_pass'), '.2f')} | {budget_label(r)} |"
+            f"| {fmt(r.get('read_backs_per_pass'), '.2f')} | {fmt(r.get('ops_per_pass'), '.0f')} | {budget_label(r)} |"
         )
     s = report["settings"]
     lines.append("")
@@ -375,6 +379,9 @@ REPORT_NOTES = (
     "read-backs/pass: operations that make the host wait for the device (.item(), .tolist(), nonzero, boolean "
     "indexing, device-to-host copies; visar.eval.readbacks) per forward pass, counted in an extra eager batch; on a "
     "GPU each stalls the launch queue. A CPU run cannot see host-device copies (there are none there).",
+    "ops/pass: aten operations dispatched per forward pass (the model's and the method's bookkeeping), counted in "
+    "the same extra eager batch: each is a Python dispatch and, on a GPU, a kernel launch; a row's ops above the AR "
+    "row's are what its bookkeeping costs.",
     "rows/pass chosen: the window slots or tree nodes of the row's passes (share of passes in brackets); under "
     "budget=auto chosen per pass from pass costs measured on this device (report.json: pass_ms), and what `auto` ran.",
     "Compiled rows (--compiled-rows, or --compile): the generator under torch.compile; their warm-up is the first "

@@ -14,6 +14,10 @@ GPU the counter counts device-to-host copies and blocking host-to-device ones) a
 `.tolist()` does not pass through the dispatcher on a CPU tensor, so the counter wraps it while
 active. Compiled code is not looked into: under an active dispatch mode torch.compile runs the
 function eagerly, so a decode is counted as its eager twin.
+
+The counter also counts every operation dispatched (`ops`): in eager mode each one is a Python
+dispatch and, on a GPU, a kernel launch, so ops per forward pass is what a decode's bookkeeping
+costs beside its model call on any device (`visar bench`'s ops/pass column).
 """
 
 from __future__ import annotations
@@ -67,11 +71,13 @@ def _classify(func, args, kwargs) -> str | None:
 
 
 class ReadBackCounter(TorchDispatchMode):
-    """`with ReadBackCounter() as counter: ...` -> `counter.total` read-backs, `counter.by_kind`."""
+    """`with ReadBackCounter() as counter: ...` -> `counter.total` read-backs, `counter.by_kind`, and
+    `counter.ops`, every aten operation dispatched (views included)."""
 
     def __init__(self):
         super().__init__()
         self.by_kind: Counter[str] = Counter()
+        self.ops = 0
         self.quiet = 0  # > 0 inside a counted .tolist(), whose own copy to the host is not counted again
 
     @property
@@ -80,6 +86,7 @@ class ReadBackCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.ops += 1
         kind = None if self.quiet else _classify(func, args, kwargs)
         if kind is not None:
             self.by_kind[kind] += 1

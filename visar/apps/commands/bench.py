@@ -6,22 +6,29 @@ from ...accel import reference_method
 from ...errors import VisarError
 from .common import add_model_args, compile_kwargs, load_pipeline, parse_option
 
+DESCRIPTION = " ".join(
+    (
+        "Run the reference decoding of the model's kind (plain AR; var for VAR; mar for MAR; maskgit at one",
+        "token per step for a masked model) and each requested method in one process on the same images",
+        "(image i: condition i, seed i) and print a table: lossless flag, forward passes per image, step",
+        "compression (image tokens / forward passes), tokens per forward, latency / AR (< 1 is faster),",
+        "images per second, peak memory per method (what one batch's decode allocates above the weights:",
+        "CUDA's allocator peak, on CPU the tensors counted in an extra untimed batch), host read-backs per",
+        "forward pass (operations that make the host wait for the device, counted in that extra batch), aten",
+        "operations dispatched per forward pass (the model's and the method's bookkeeping, counted in the",
+        "same batch) and, with --quality-n, the shapes-world detector accuracy (for a text-conditional shapes",
+        "model: GenEval-style overall and per-task scores on the shipped world's prompts) and a Frechet",
+        "distance to AR's images in the tokenizer-latent feature space (see visar.eval.bench). --report DIR",
+        "also writes the run's report.md, report.json and frontier.png.",
+    )
+)
+
 
 def add_parser(subparsers):
     parser = subparsers.add_parser(
         "bench",
         help="benchmark methods against the model's reference decoding in one run (speed and quality table)",
-        description="Run the reference decoding of the model's kind (plain AR; var for VAR; mar for MAR; maskgit "
-        "at one token per step for a masked model) and each requested method in one process on the same images "
-        "(image i: "
-        "condition i, seed i) and print a table: lossless flag, forward passes per image, step compression "
-        "(image tokens / forward passes), tokens per forward, latency / AR (< 1 is faster), images per second, "
-        "peak memory per method (what one batch's decode allocates above the weights: CUDA's allocator peak, on CPU "
-        "the tensors counted in an extra untimed batch), host read-backs per forward pass (operations that make the "
-        "host wait for the device, counted in that extra batch) and, with --quality-n, the shapes-world detector "
-        "accuracy (for a text-conditional shapes model: GenEval-style overall and per-task scores on the "
-        "shipped world's prompts) and a Frechet distance to AR's images in the tokenizer-latent feature space (see "
-        "visar.eval.bench). --report DIR also writes the run's report.md, report.json and frontier.png.",
+        description=DESCRIPTION,
     )
     add_model_args(parser)
     parser.add_argument(

@@ -74,3 +74,16 @@ def test_generators_are_per_image():
 def test_bad_sampling_params(kwargs):
     with pytest.raises(VisarError):
         SamplingParams(**kwargs)
+
+
+def test_uniform_stream_hands_out_what_a_draw_per_pass_would():
+    # a CPU generator's uniforms do not depend on how the draws are split: blocks drawn ahead give
+    # every take the numbers a draw of its own would have (counts that cross block ends included)
+    from visar.accel.sampling import UniformStream, draw_uniforms, make_generators
+
+    counts = [3, 16, 1, 40, 7, 7, 64, 2]
+    stream = UniformStream(make_generators(3, 9), "cpu", block=20)
+    taken = [stream.take(count) for count in counts]
+    reference = make_generators(3, 9)
+    for count, got in zip(counts, taken, strict=True):
+        assert torch.equal(got, draw_uniforms(reference, count))

@@ -5,6 +5,8 @@ not change a single token: run it before and after, on one thread, and diff the 
     OMP_NUM_THREADS=1 python tools/method_digests.py > after.json
     diff before.json after.json
 
+`--models a,b` and `--methods x,y` keep only those rows (a quick check between edits).
+
 Each (model, method) row decodes two images (class labels 3 and 7, or two prompts) at seed 11 with
 the method's default options; a draft model, where the method needs one, is the embedded one made
 for that model. The digest is SHA-256 of the token tensors' bytes (MAR's continuous tokens too, so
@@ -13,6 +15,7 @@ run both sides on the same machine and thread count).
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import sys
@@ -39,9 +42,17 @@ def digest(tokens) -> str:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description="SHA-256 digests of every method's tokens on every embedded model")
+    parser.add_argument("--models", help="comma-separated embedded model names (default: every generator)")
+    parser.add_argument("--methods", help="comma-separated method names (default: every method)")
+    args = parser.parse_args()
+    models = set(args.models.split(",")) if args.models else None
+    methods = set(args.methods.split(",")) if args.methods else None
     torch.set_num_threads(1)
     rows = {}
     for name in sorted(embedded_models()):
+        if models is not None and name not in models:
+            continue
         try:
             pipe = visar.load(name)
         except VisarError:
@@ -51,6 +62,8 @@ def main() -> int:
         text = pipe.text_encoder is not None or pipe.class_names is None and "t2i" in name
         condition = {"prompts": ["a red square", "two blue circles"]} if text else {"class_labels": [3, 7]}
         for method_name, method in sorted(METHODS.items()):
+            if methods is not None and method_name not in methods:
+                continue
             try:
                 method.check_model(pipe.model)
             except VisarError:

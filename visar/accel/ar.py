@@ -13,7 +13,7 @@ from torch import Tensor
 from ..progress import progress_bar
 from .budget import ProbeBudget
 from .registry import Request, register_method
-from .sampling import draw_uniforms, sample_from_probs
+from .sampling import draw_uniforms, sample_from_probs, to_device
 from .scoring import GuidedScorer
 from .stats import DecodeLog
 
@@ -35,12 +35,14 @@ def sample_tokens(request: Request, probe: ProbeBudget | None = None) -> tuple[T
     scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
     tokens = torch.empty(batch, num_tokens, dtype=torch.long, device=device)
     positions = torch.arange(num_cond, num_cond + num_tokens, device=device)  # made once, not copied per step
+    # every step's uniform drawn at once: the same numbers as one draw per step (`UniformStream`)
+    uniforms = to_device(draw_uniforms(generators, num_tokens), device)
     with scorer.cache(num_cond + num_tokens):
         probs = scorer.prefill()  # [B, V]
         for i in progress_bar(range(num_tokens), enabled=request.progress, desc="ar"):
             if probe is not None and probe.size() is None:
                 break
-            tokens[:, i] = sample_from_probs(probs, draw_uniforms(generators)[:, 0])
+            tokens[:, i] = sample_from_probs(probs, uniforms[:, i])
             if i + 1 < num_tokens:
                 probs = scorer.target_probs(scorer.logits(tokens[:, i : i + 1], positions[i : i + 1])[:, -1])
     log.passes_per_image[:] = num_tokens

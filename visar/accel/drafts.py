@@ -53,7 +53,18 @@ class FillRequest:
     state: DecodeState
     draft_index: Tensor  # [B, G] absolute image-token index of every draft slot
     uniforms: Tensor  # [B, G] this iteration's draft uniforms of each image
-    canvas: Tensor  # [B, N + window] committed tokens and carried drafts at their indices, -1 elsewhere
+    # [B, N + window] committed tokens and carried drafts at their indices, -1 elsewhere; or a function
+    # that builds it, called only by an initialiser that reads it (`canvas`)
+    source: Tensor | Callable[[], Tensor]
+    # every slot's token one row up lies in the committed prefix (`state.tokens`, where the canvas
+    # holds the same): a chain window no longer than a row, so no slot copies another's copy
+    above_committed: bool = False
+
+    @property
+    def canvas(self) -> Tensor:
+        if callable(self.source):
+            self.source = self.source()
+        return self.source
 
 
 def random_init(request: FillRequest) -> tuple[Tensor, Tensor]:
@@ -113,9 +124,13 @@ def above_fill(request: FillRequest) -> tuple[Tensor, Tensor]:
     width = request.state.grid_size[1]
     index = request.draft_index  # [B, G]
     tokens, probs = random_init(request)
-    last = request.canvas.shape[1] - 1
     source = index - width
     has_source = (index >= 0) & (source >= 0)
+    if request.above_committed:  # every source committed: no canvas to build, no chain to follow
+        committed = request.state.tokens
+        up = torch.where(has_source, committed.gather(1, source.clamp(0, committed.shape[1] - 1)), -1)
+        return one_hot_or(up, tokens, probs)
+    last = request.canvas.shape[1] - 1
     known = torch.where(has_source, request.canvas.gather(1, source.clamp(0, last)), -1)  # [B, G]
     # the earlier slot (in pass order, as neighbour_fill visits them) that drafts the source index
     earlier = torch.ones(index.shape[1], index.shape[1], dtype=torch.bool, device=index.device).tril(-1)
@@ -127,9 +142,14 @@ def above_fill(request: FillRequest) -> tuple[Tensor, Tensor]:
     root = torch.where(chained, match.to(torch.int8).argmax(-1), torch.arange(index.shape[1], device=index.device))
     for _ in range((index.shape[1] - 1).bit_length()):
         root = root.gather(1, root)
-    up = known.gather(1, root)
-    q = torch.zeros_like(probs).scatter_(-1, up.clamp(min=0)[..., None], 1.0)
-    return torch.where(up >= 0, up, tokens), torch.where((up >= 0)[..., None], q, probs)
+    return one_hot_or(known.gather(1, root), tokens, probs)
+
+
+def one_hot_or(copies: Tensor, tokens: Tensor, probs: Tensor) -> tuple[Tensor, Tensor]:
+    """The copied token (q one-hot on it) where `copies` [B, G] has one (>= 0), else `tokens` and `probs`."""
+    q = torch.zeros_like(probs).scatter_(-1, copies.clamp(min=0)[..., None], 1.0)
+    copied = copies >= 0
+    return torch.where(copied, copies, tokens), torch.where(copied[..., None], q, probs)
 
 
 def above_init(request: FillRequest) -> tuple[Tensor, Tensor]:

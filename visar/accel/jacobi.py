@@ -59,9 +59,9 @@ from .proposers import (
     independent_carry,
 )
 from .registry import Request, register_method
-from .sampling import draw_uniforms, sample_from_probs, to_device
+from .sampling import UniformStream, sample_from_probs, to_device
 from .scoring import GuidedScorer
-from .stats import DecodeLog
+from .stats import ChainRecord
 
 # -- the engine ----------------------------------------------------------------------------------------
 
@@ -74,10 +74,11 @@ def check_spans(window, warmup, tail):
 def window_lengths(committed: Tensor, window: int, warmup: int, tail: int, num_tokens: int) -> Tensor:
     """[B] slots per image: 1 (plain AR) in the warm-up and tail spans, else the window clipped so it
     ends before the tail; 0 for finished images."""
-    jacobi_end = num_tokens - tail
-    in_jacobi = (committed >= warmup) & (committed < jacobi_end)
-    length = torch.where(in_jacobi, (jacobi_end - committed).clamp(max=window), torch.ones_like(committed))
-    return torch.where(committed < num_tokens, length, torch.zeros_like(committed))
+    remaining = num_tokens - committed
+    if warmup == 0 and tail == 0:  # the default: the window clipped to the image (0 when done)
+        return remaining.clamp(max=window)
+    jacobi = (num_tokens - tail - committed).clamp(1, window)  # 1 past the Jacobi span, in the tail
+    return torch.where(committed >= warmup, jacobi, 1).minimum(remaining)
 
 
 def score_window(scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor, first: bool) -> Tensor:
@@ -178,13 +179,16 @@ def speculative_decode(
     batch = cond.shape[0]
     num_cond, num_tokens = model.num_condition_tokens, model.num_image_tokens
     window = min(window, num_tokens)  # a longer window is clipped, here once and for all
-    log = DecodeLog(batch, model.grid_size, window, device)
+    record = ChainRecord(batch, model.grid_size, window, device)
     state = new_state(model, generators, window, spare=window)
+    # each pass's uniforms, the same numbers as a draw per pass, drawn 16 passes at a time
+    uniforms = UniformStream(generators, device, block=16 * NUM_PURPOSES * window)
+    slot_range = torch.arange(window, device=device)
     scorer = GuidedScorer(model, cond, request.cond_mask, request.params)
     bar = progress_bar(total=num_tokens, enabled=progress, desc="speculative")
     sizes_chosen: dict[int, int] = {}  # window -> passes
     with scorer.cache(num_cond + num_tokens):
-        proposer.start(state)
+        proposer.start(state, track_ages=budget is not None)
         try:
             while True:
                 pass_size = window if budget is None else budget.size()
@@ -195,27 +199,17 @@ def speculative_decode(
                 if num_slots == 0:
                     break
                 sizes_chosen[pass_size] = sizes_chosen.get(pass_size, 0) + 1
-                uniforms = draw_uniforms(generators, NUM_PURPOSES * window).view(batch, NUM_PURPOSES, window)
-                pass_window = Window(
-                    window_len, (window_len - 1).clamp(min=0), to_device(uniforms, device), num_slots - 1
-                )
+                pass_u = uniforms.take(NUM_PURPOSES * window).view(batch, NUM_PURPOSES, window)
+                pass_window = Window(window_len, (window_len - 1).clamp(min=0), pass_u, num_slots - 1)
                 draft_tokens, draft_probs = proposer.propose(state, pass_window)  # [B, G], [B, G, V]
                 target_probs = score_window(scorer, state, draft_tokens, first=scorer.forward_passes == 0)
                 verdict = verify_window(rule, target_probs, draft_tokens, draft_probs, pass_window)
-                commit_count = torch.where(window_len > 0, verdict.num_accepted + 1, 0)
+                commit_count = (verdict.num_accepted + 1).minimum(window_len)  # 0 for finished images
 
                 # Write every slot's token after the committed ones; only the first commit_count count
                 # (the buffer has `window` spare columns, and what lies past `committed` is scratch).
-                slots = torch.arange(num_slots, device=device)
-                state.tokens.scatter_(1, state.committed[:, None] + slots, verdict.slot_tokens)
-                if num_slots > 1:
-                    drafted = slots[: num_slots - 1].expand(batch, -1)
-                    tested = verdict.has_draft & (drafted <= verdict.num_accepted[:, None])  # to the first rejection
-                    log.drafts(
-                        state.committed[:, None] + drafted, drafted, tested, drafted < verdict.num_accepted[:, None]
-                    )
-                log.commit(state.committed[:, None] + slots, slots < commit_count[:, None], scorer.forward_passes)
-                log.count_pass(window_len > 0)
+                state.tokens.scatter_(1, state.committed[:, None] + slot_range[:num_slots], verdict.slot_tokens)
+                record.write(state.committed, pass_window.num_drafts, verdict.num_accepted, scorer.forward_passes)
                 if budget is not None:
                     budget.count(
                         verdict.num_accepted,
@@ -235,7 +229,7 @@ def speculative_decode(
         finally:
             bar.close()
             proposer.close()
-    stats = log.stats(scorer.forward_passes, draft_forward_passes=proposer.forward_passes)
+    stats = record.stats(scorer.forward_passes, draft_forward_passes=proposer.forward_passes)
     return state.tokens[:, :num_tokens], {**stats, "window": window, "sizes_chosen": dict(sorted(sizes_chosen.items()))}
 
 

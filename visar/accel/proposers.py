@@ -42,20 +42,30 @@ class Window:
 
 
 class Proposer(Protocol):
-    """Where drafts come from. `forward_passes` counts the proposer's own model calls."""
+    """Where drafts come from. `forward_passes` counts the proposer's own model calls; `draft_age`
+    [B, G] is how many passes each draft of the last proposal was carried (0: new), kept only when
+    `start` was asked to track ages (an auto budget learns from them), else None."""
 
     forward_passes: int
+    draft_age: Tensor | None
 
-    def start(self, state: DecodeState) -> None: ...
+    def start(self, state: DecodeState, track_ages: bool = False) -> None: ...
 
     def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
         """-> draft_tokens [B, G], draft_probs [B, G, V] for image indices committed + j, G = max_drafts."""
         ...
 
     def after_commit(
-        self, state: DecodeState, window: Window, target_probs: Tensor, slot_tokens: Tensor, commit_count: Tensor
+        self,
+        state: DecodeState,
+        window: Window,
+        target_probs: Tensor,
+        slot_tokens: Tensor,
+        commit_count: Tensor,
+        slot_laws: Tensor,
     ) -> None:
-        """Called with the pass's p [B, L, V], the output token of every slot [B, L] and the commits [B],
+        """Called with the pass's p [B, L, V], the output token of every slot [B, L], the commits [B]
+        and the law each slot token follows [B, L, V] (p, or a relaxed rule's p~ at a verified draft),
         before `state.committed` moves on."""
         ...
 
@@ -138,60 +148,66 @@ class JacobiProposer:
         self.initialiser, self.updater = initialiser, updater
         self.forward_passes = 0
 
-    def start(self, state: DecodeState):
+    def start(self, state: DecodeState, track_ages: bool = False):
         batch, vocab, device = state.tokens.shape[0], state.vocab_size, state.tokens.device
         self.window = state.window
+        self.slots = torch.arange(self.window, device=device)  # sliced each pass rather than made again
         self.carry_tokens = torch.zeros(batch, self.window, dtype=torch.long, device=device)
         self.carry_probs = torch.zeros(batch, self.window, vocab, device=device)
         self.carry_count = torch.zeros(batch, dtype=torch.long, device=device)
-        # passes each carried draft has been through (its age; a new slot's draft is 0), for the budget
-        self.carry_age = torch.zeros(batch, self.window, dtype=torch.long, device=device)
-        self.draft_age = self.carry_age[:, :0]  # [B, G] of the last proposal
+        # passes each carried draft has been through (its age; a new slot's draft is 0), for a budget
+        self.carry_age = torch.zeros(batch, self.window, dtype=torch.long, device=device) if track_ages else None
+        self.draft_age = None if self.carry_age is None else self.carry_age[:, :0]  # [B, G] of the last proposal
 
     def canvas(self, state: DecodeState) -> Tensor:
         slots = torch.arange(state.tokens.shape[1], device=state.tokens.device)
         canvas = torch.where(slots < state.committed[:, None], state.tokens, -1)
-        index = state.committed[:, None] + torch.arange(self.window, device=slots.device)  # < N + window
-        carried = torch.arange(self.window, device=slots.device) < self.carry_count[:, None]
+        index = state.committed[:, None] + self.slots  # < N + window
+        carried = self.slots < self.carry_count[:, None]
         return canvas.scatter(1, index, torch.where(carried, self.carry_tokens, canvas.gather(1, index)))
 
     def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
         num_slots = window.max_drafts
-        slots = torch.arange(num_slots, device=state.tokens.device)
-        from_carry = slots < self.carry_count[:, None]  # [B, G]
         draft_tokens = self.carry_tokens[:, :num_slots]
         draft_probs = self.carry_probs[:, :num_slots]
-        self.draft_age = torch.where(from_carry, self.carry_age[:, :num_slots], 0)
         if num_slots == 0:  # a pass of plain AR steps: no draft slots
+            if self.carry_age is not None:
+                self.draft_age = self.carry_age[:, :0]
             return draft_tokens, draft_probs
-        needs_fill = (slots < window.num_drafts[:, None]) & ~from_carry
-        # Filled unconditionally (asking whether any slot needs it would wait for the device); where
-        # none does, every slot keeps its carried draft, as if the initialiser had not run.
-        keep = from_carry | ~needs_fill.any()
+        slots = self.slots[:num_slots]
+        from_carry = slots < self.carry_count[:, None]  # [B, G]
+        if self.carry_age is not None:
+            self.draft_age = torch.where(from_carry, self.carry_age[:, :num_slots], 0)
+        # Every slot the carry-over does not cover is filled, padding past an image's window too (its
+        # draft is never tested, and no real slot sees a padding slot's input): asking which slots
+        # need a draft would cost ops, and whether any does would wait for the device.
         request = FillRequest(
             state,
             state.committed[:, None] + slots,
             window.uniforms[:, DRAFT, :num_slots],
-            self.canvas(state),
+            lambda: self.canvas(state),
+            above_committed=num_slots <= state.grid_size[1],
         )
         fill_tokens, fill_probs = self.initialiser(request)
-        draft_tokens = torch.where(keep, draft_tokens, fill_tokens)
-        draft_probs = torch.where(keep[..., None], draft_probs, fill_probs.to(draft_probs.dtype))
+        draft_tokens = torch.where(from_carry, draft_tokens, fill_tokens)
+        draft_probs = torch.where(from_carry[..., None], draft_probs, fill_probs.to(draft_probs.dtype))
         return draft_tokens, draft_probs
 
     def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws):
         length = target_probs.shape[1]
-        slot_index = state.committed[:, None] + torch.arange(length, device=target_probs.device)
+        slots = self.slots[:length]
+        slot_index = state.committed[:, None] + slots
         uniforms = window.uniforms[:, CARRY, :length]
         carry, law = self.updater(CarryRequest(state, target_probs, slot_tokens, slot_laws, slot_index, uniforms))
         # Slots commit_count .. window_len - 1 become drafts for the indices right after the new commit.
-        shift = (commit_count[:, None] + torch.arange(length, device=carry.device)).clamp(max=length - 1)
+        shift = (commit_count[:, None] + slots).clamp(max=length - 1)
         self.carry_tokens[:, :length] = carry.gather(1, shift)
         vocab = target_probs.shape[-1]
         self.carry_probs[:, :length] = law.gather(1, shift[..., None].expand(-1, -1, vocab))
         self.carry_count = (window.window_len - commit_count).clamp(min=0)
-        slot_age = F.pad(self.draft_age, (0, length - self.draft_age.shape[1])) + 1  # the bonus slot: a new draw
-        self.carry_age[:, :length] = slot_age.gather(1, shift)
+        if self.carry_age is not None:
+            slot_age = F.pad(self.draft_age, (0, length - self.draft_age.shape[1])) + 1  # the bonus slot: a new draw
+            self.carry_age[:, :length] = slot_age.gather(1, shift)
 
     def close(self):
         pass
@@ -208,11 +224,13 @@ class DraftModelProposer:
         self.scorer = GuidedScorer(draft, cond, cond_mask, params)
         self.num_cond = draft.num_condition_tokens
 
+    draft_age = None  # a draft model's drafts are new every pass
+
     @property
     def forward_passes(self) -> int:
         return self.scorer.forward_passes
 
-    def start(self, state: DecodeState):
+    def start(self, state: DecodeState, track_ages: bool = False):
         self.max_pos = self.num_cond + state.num_tokens - 1
         self.scorer.open_cache(self.max_pos + 1)
         self.draft_len: Tensor | None = None  # [B] valid cache length; None before the prefill

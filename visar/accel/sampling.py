@@ -111,6 +111,28 @@ def draw_uniforms(generators: list[torch.Generator], count: int = 1) -> Tensor:
     return torch.stack([torch.rand(count, generator=g) for g in generators])
 
 
+class UniformStream:
+    """Each image's uniforms, handed out `take(count)` at a time, drawn from its generator in blocks
+    of at least `block` values: the same numbers as one `draw_uniforms(generators, count)` per take,
+    because a CPU generator's uniforms do not depend on how the draws are split (tested), but B
+    draws and one copy to the device per block instead of per pass. What a decode leaves undrawn
+    at its end is never read: the generators are the decode's own."""
+
+    def __init__(self, generators: list[torch.Generator], device, block: int):
+        self.generators, self.device, self.block = generators, device, block
+        self.buffer = to_device(torch.zeros(len(generators), 0), device)
+        self.used = 0
+
+    def take(self, count: int) -> Tensor:
+        """-> [B, count] the next `count` uniforms of every image."""
+        if self.used + count > self.buffer.shape[1]:
+            fresh = to_device(draw_uniforms(self.generators, max(self.block, count)), self.device)
+            self.buffer = torch.cat([self.buffer[:, self.used :], fresh], 1)
+            self.used = 0
+        self.used += count
+        return self.buffer[:, self.used - count : self.used]
+
+
 def to_device(x: Tensor, device) -> Tensor:
     """Host data (uniforms drawn by the CPU generators) onto the model's device without making the host
     wait for the device: to CUDA through pinned memory and an asynchronous copy (a plain copy from

@@ -80,7 +80,7 @@ def tree_jacobi_decode(
     fed = torch.zeros(batch, dtype=torch.long, device=device)  # tokens of each image with their KV cached
     bar = progress_bar(total=num_tokens, enabled=progress, desc="tree")
     with scorer.cache(passes[max(passes)].size):
-        proposer.start(state)
+        proposer.start(state, track_ages=budget is not None)
         try:
             while True:
                 active = state.committed < num_tokens

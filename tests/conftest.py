@@ -21,6 +21,13 @@ def _test_device() -> torch.device:
     return device
 
 
+# Pass costs measured by budget="auto" are kept on disk for the next process (visar.accel.cost_store):
+# the suite keeps its own, in a folder of this run, so that no test reads timings of another run.
+if "VISAR_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["VISAR_CACHE_DIR"] = tempfile.mkdtemp(prefix="visar-test-cache-")
+
 # The conformance suite, the exact-law tests, the fixture tests and the bench tests build their models
 # on this device (inputs follow the model); the rest of the suite is device-free or CPU by design.
 TEST_DEVICE = _test_device()

@@ -175,7 +175,8 @@ def test_auto_samples_plainly_where_rows_cost_and_drafts_where_they_do_not(model
         pin_costs(model, None)
 
 
-def test_costs_are_measured_once_and_a_failed_measurement_falls_back(model, monkeypatch):
+def test_costs_are_measured_once_and_a_failed_measurement_falls_back(model, monkeypatch, tmp_path):
+    monkeypatch.setenv("VISAR_CACHE_DIR", str(tmp_path))  # nothing kept on disk by another test
     cond, calls = torch.tensor([0]), []
     real = jacobi.speculative_decode
 
@@ -275,3 +276,33 @@ def test_a_number_is_the_window(model):
         and stats["sizes_chosen"] == {2: stats["forward_passes"]}
     )
     assert np.isfinite(stats["tokens_per_forward"])
+
+
+def test_costs_kept_on_disk_are_not_measured_again_by_a_later_process(monkeypatch, tmp_path):
+    from visar.accel import cost_store
+
+    monkeypatch.setenv("VISAR_CACHE_DIR", str(tmp_path))
+    cond, calls = torch.tensor([0]), []
+    real = jacobi.speculative_decode
+
+    def counting(*args, **kwargs):
+        calls.append(isinstance(kwargs.get("budget"), budget.ProbeBudget))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jacobi, "speculative_decode", counting)
+
+    def decode(model):
+        calls.clear()
+        _, stats = get_method("sjd").fn(Request(model, cond, TOPP_TEMP, make_generators(1, 0)), budget="auto")
+        return any(calls), stats["pass_ms"]
+
+    probed, measured = decode(tiny_llamagen(seed=21))
+    assert probed and (tmp_path / cost_store.FILE_NAME).exists()
+    # the same weights in a new instance (as a new process loads them): read back, nothing probed
+    assert decode(tiny_llamagen(seed=21)) == (False, measured)
+    assert decode(tiny_llamagen(seed=22))[0]  # other weights: another entry, measured
+    monkeypatch.setenv("VISAR_CACHE_DIR", "")  # keep nothing
+    assert decode(tiny_llamagen(seed=21))[0]
+    (tmp_path / cost_store.FILE_NAME).write_text("{cut short")  # a damaged file: measured again
+    monkeypatch.setenv("VISAR_CACHE_DIR", str(tmp_path))
+    assert decode(tiny_llamagen(seed=21))[0]

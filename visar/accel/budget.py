@@ -6,7 +6,8 @@ rows are not free. `budget="auto"` weighs the two with what this decode can see:
 - `PassCosts`: seconds per pass of the method's own engine at each size (window slots, or tree
   nodes), measured once per (model, device, dtype, batch size, guidance, engine) at first use, a
   few probe passes per size on the caller's conditions with throwaway generators, and cached for
-  the process (`measured_costs`; `pin_costs` gives them instead);
+  the process and on disk for the next one on this machine (`measured_costs`, `cost_store`;
+  `pin_costs` gives them instead);
 - `SurvivalCounts`: how often a reached draft passed its test, by the draft's age (the passes it
   has been carried over), on the device, read back once every few passes (`age_rates`);
 - `WindowBudget`: each pass's size, the one with the most expected committed tokens per second for
@@ -30,6 +31,7 @@ import torch
 from torch import Tensor
 
 from ..errors import VisarError
+from . import cost_store
 from .registry import Request
 from .timing import synchronized_clock
 
@@ -149,7 +151,8 @@ def measured_costs(
     most_tokens: Callable[[int], int] = lambda size: size,
     warm_up: Sequence[int] | None = None,
 ) -> PassCosts | None:
-    """The engine's seconds per pass at each size, measured at first use and cached for `model`.
+    """The engine's seconds per pass at each size, measured at first use and cached for `model`, in
+    the process and on disk (`cost_store`: a later process on this machine reads them back).
 
     probe(budget) runs the engine on scratch generators under a ProbeBudget until it stops: once
     untimed at each `warm_up` size (default the smallest; a process's first passes of an engine run
@@ -167,6 +170,11 @@ def measured_costs(
     cached = _COSTS.setdefault(model, {})
     if key in cached:
         return cached[key]
+    kept = cost_store.load_costs(model, (*key, tuple(sizes)))
+    if kept is not None:  # measured by an earlier process on this machine
+        cached[key] = PassCosts(tuple(kept[0]), tuple(kept[1]))
+        return cached[key]
+    asked = tuple(sizes)
     sizes = sorted(sizes)
     best = dict.fromkeys(sizes, float("inf"))
     try:
@@ -188,6 +196,7 @@ def measured_costs(
         return None
     costs = PassCosts(tuple(sizes), tuple(seconds))
     cached[key] = costs
+    cost_store.save_costs(model, (*key, asked), costs.sizes, costs.seconds)
     return costs
 
 

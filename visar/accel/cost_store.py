@@ -1,0 +1,105 @@
+"""Pass costs kept on disk, so that a second process on the same machine measures nothing.
+
+`budget.measured_costs` times an engine's passes once per model, device, dtype, batch size,
+guidance and engine; a process that starts again (a second `visar generate`, each torchrun worker)
+would time them again, seconds of probes before its first image. What it measured is kept in one
+JSON file under the cache folder: `VISAR_CACHE_DIR`, else `$XDG_CACHE_HOME/visar`, else
+`~/.cache/visar` (`VISAR_CACHE_DIR=""` keeps nothing). An entry is found again only by the same
+key on the same machine: the model's fingerprint (its class, parameter names, shapes, dtypes and
+first values), the torch version, the processor or GPU, and the CPU thread count, beside the
+budget's own key. Delete the file to measure again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+import torch
+
+FILE_NAME = "pass_costs.json"
+
+
+def cache_dir() -> Path | None:
+    """The folder the costs are kept in, or None when VISAR_CACHE_DIR is set empty."""
+    configured = os.environ.get("VISAR_CACHE_DIR")
+    if configured is not None:
+        return Path(configured) if configured else None
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "visar"
+
+
+def model_fingerprint(model) -> str:
+    """Its class, and each parameter's and buffer's name, shape, dtype and first 64 values: the same
+    weights give the same fingerprint in every process, without hashing gigabytes."""
+    sha = hashlib.sha256(type(model).__qualname__.encode())
+    state = model.state_dict() if isinstance(model, torch.nn.Module) else {}
+    for name, tensor in state.items():
+        sha.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
+        head = tensor.detach().flatten()[:64].float().cpu()  # read once, when the costs are looked up
+        sha.update(head.numpy().tobytes())
+    return sha.hexdigest()[:20]
+
+
+def machine(device: torch.device) -> str:
+    """What the timings belong to: the GPU's name, or the processor and the threads torch uses."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.machine()} {platform.processor() or cpu_name()} threads={torch.get_num_threads()}"
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
+def entry_name(model, key: tuple) -> str:
+    device = torch.device(str(model.device))
+    return json.dumps([model_fingerprint(model), torch.__version__, machine(device), *map(str, key)])
+
+
+def read_entries(path: Path) -> dict:
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):  # no file yet, or one cut short: measure again
+        return {}
+    return entries if isinstance(entries, dict) else {}
+
+
+def load_costs(model, key: tuple) -> tuple[list[int], list[float]] | None:
+    """(sizes, seconds) kept for this model and key on this machine, or None."""
+    folder = cache_dir()
+    if folder is None:
+        return None
+    entry = read_entries(folder / FILE_NAME).get(entry_name(model, key))
+    if not (
+        isinstance(entry, dict) and isinstance(entry.get("sizes"), list) and isinstance(entry.get("seconds"), list)
+    ):
+        return None
+    return entry["sizes"], entry["seconds"]
+
+
+def save_costs(model, key: tuple, sizes, seconds) -> None:
+    """Keep (sizes, seconds) for this model and key; a folder that cannot be written keeps nothing
+    (the costs are then measured again next time, as before there was a store)."""
+    folder = cache_dir()
+    if folder is None:
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / FILE_NAME
+        entries = read_entries(path)
+        entries[entry_name(model, key)] = {"sizes": list(sizes), "seconds": list(seconds)}
+        # written whole and renamed into place: a process reading it meanwhile sees the old or the new file
+        with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as tmp:
+            json.dump(entries, tmp, indent=1)
+        os.replace(tmp.name, path)
+    except OSError:
+        return

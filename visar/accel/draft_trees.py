@@ -20,7 +20,7 @@ from .acceptance import speculative_residual
 from .checks import check_number
 from .drafts import DecodeState
 from .proposers import DRAFT, JacobiProposer, Window
-from .sampling import draw_uniforms, sample_from_probs
+from .sampling import UniformStream, sample_from_probs
 from .scoring import GuidedScorer
 from .tree import CacheSlots, StaticTree
 
@@ -343,14 +343,20 @@ def draft_tree(
     return node_tokens, node_q
 
 
-def tree_randomness(
-    generators: list[torch.Generator], layout: DraftTree, active: Tensor
-) -> tuple[Window, Tensor, Tensor]:
-    """This pass's uniforms, one fixed-size block per image: the main drafts' (in the proposer's
-    Window), the extra candidates' [B, (D - 1)(K - 1)] and the node tests' and draws' [B, T + M + 1]."""
+def tree_uniforms(layout: DraftTree) -> int:
+    """Uniforms an image draws for one pass of this tree (`tree_randomness`)."""
+    return (
+        (layout.main_length - 1) + (layout.depth - 1) * (layout.branch - 1) + layout.num_nodes + layout.main_length + 1
+    )
+
+
+def tree_randomness(stream: UniformStream, layout: DraftTree, active: Tensor) -> tuple[Window, Tensor, Tensor]:
+    """This pass's uniforms, one fixed-size block per image (the next `tree_uniforms` of its stream):
+    the main drafts' (in the proposer's Window), the extra candidates' [B, (D - 1)(K - 1)] and the
+    node tests' and draws' [B, T + M + 1]."""
     main_len, device = layout.main_length, active.device
     num_extra = (layout.depth - 1) * (layout.branch - 1)
-    uniforms = draw_uniforms(generators, (main_len - 1) + num_extra + layout.num_nodes + main_len + 1).to(device)
+    uniforms = stream.take(tree_uniforms(layout))  # on the device already
     draft_u, extra_u, test_u = uniforms.split(
         [main_len - 1, num_extra, uniforms.shape[1] - main_len + 1 - num_extra], 1
     )

@@ -41,11 +41,21 @@ from .budget import (
     scratch_request,
 )
 from .checks import check_number
-from .draft_trees import NEIGHBOURS, DraftTree, TreePass, commit_path, draft_tree, tree_randomness, verify_tree
+from .draft_trees import (
+    NEIGHBOURS,
+    DraftTree,
+    TreePass,
+    commit_path,
+    draft_tree,
+    tree_randomness,
+    tree_uniforms,
+    verify_tree,
+)
 from .drafts import resolve_initialiser
 from .jacobi import chain_costs, decode_chain_budget, new_state
 from .proposers import JacobiProposer, maximal_coupling_carry
 from .registry import Request, register_method
+from .sampling import UniformStream
 from .scoring import GuidedScorer
 from .stats import DecodeLog
 
@@ -78,6 +88,8 @@ def tree_jacobi_decode(
     layouts = {size: layout.to(device) for size, layout in layouts.items()}
     sizes_chosen: dict[int, int] = {}
     fed = torch.zeros(batch, dtype=torch.long, device=device)  # tokens of each image with their KV cached
+    # each pass's uniforms, the same numbers as a draw per pass, drawn 16 passes of the largest tree at a time
+    uniforms = UniformStream(generators, device, block=16 * tree_uniforms(largest))
     bar = progress_bar(total=num_tokens, enabled=progress, desc="tree")
     with scorer.cache(passes[max(passes)].size):
         proposer.start(state, track_ages=budget is not None)
@@ -92,7 +104,7 @@ def tree_jacobi_decode(
                 sizes_chosen[size] = sizes_chosen.get(size, 0) + 1
                 layout, tree_pass = layouts[size], passes[size]
                 node_depth = layout.tree.depth
-                window, extra_u, test_u = tree_randomness(generators, layout, active)
+                window, extra_u, test_u = tree_randomness(uniforms, layout, active)
                 node_tokens, node_q = draft_tree(proposer, state, window, layout, neighbours, extra_u)
                 first = scorer.forward_passes == 0
                 probs = tree_pass.probs(state.tokens, fed, state.committed, node_tokens, first)  # [B, T, V]

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import VisarError
-from .base import CacheKeys, ConditionLayout, causal_visibility, condition_validity
+from .base import ConditionLayout
+from .kv_cache import CacheKeys, causal_visibility, condition_validity
 
 
 @dataclass(frozen=True)

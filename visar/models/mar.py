@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import VisarError
-from .base import BlockReuse, ConditionLayout, DiffusionSchedule
+from .base import BlockReuse, ConditionLayout
+from .diffusion import DiffusionSchedule
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """The design's dependency rules, read from every module's imports (relative and lazy ones included) with ast.
 
 apps -> loading -> pipeline -> accel, models, tokenizers; apps -> train -> models, tokenizers. A
-decoding method sees only the written interfaces (visar.models.base, visar.tokenizers.base), never a
-concrete model file, the loader, eval or apps; the pipeline knows no training data, nor how a model
-loads (families, the Hub, checkpoints: visar.loading); training code imports no decoding method,
-loader, eval or app, and nothing below it imports training; models and tokenizers import nothing
-above them; and no module imports itself back through others. The arrows block at the top of
+decoding method sees only the written interfaces (visar.models.base, visar.tokenizers.base) and the
+two model helpers a method needs (the MAR diffusion step, ZipAR's window check), never a concrete
+model file, the loader, eval or apps; the pipeline knows no training data, nor how a model loads
+(families, the Hub, checkpoints: visar.loading); training code imports no decoding method, loader,
+eval or app, and nothing below it imports training; models and tokenizers import nothing above them;
+and no module imports itself back through others. The arrows block at the top of
 docs/ARCHITECTURE.md is read too, and must say what the imports do. (Importing a subpackage and
 looking at sys.modules would not do: visar/__init__.py imports the loader and the pipeline, which
 import nearly everything.) And the tests keep their shared helpers in helper modules (tests/laws.py,
@@ -63,7 +64,9 @@ def within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
-INTERFACES = {"visar.models.base", "visar.tokenizers.base", "visar.models.lag_mask"}
+# What a decoding method may read of models and tokenizers: the interfaces, and beside them the diffusion
+# transition that MAR's sampling and cspd's verification share and ZipAR's window check (check_lag).
+INTERFACES = {"visar.models.base", "visar.tokenizers.base", "visar.models.diffusion", "visar.models.lag_mask"}
 # (who, what it must not import); a module matches a rule when it is the name or lies inside it.
 RULES = [
     ("visar.accel", "visar.pipeline"),
@@ -227,9 +230,15 @@ def test_dependency_rules():
 
 
 def test_the_arrows_block_is_read():
-    assert ARROWS["visar.accel"] == {"visar.models.base", "visar.models.lag_mask", "visar.tokenizers.base"}
+    assert ARROWS["visar.accel"] == {
+        "visar.models.base",
+        "visar.models.diffusion",
+        "visar.models.lag_mask",
+        "visar.tokenizers.base",
+    }
     assert {"visar.loading", "visar.train", "visar.models.base"} <= ARROWS["visar.apps"]
-    assert ARROWS["visar.models"] == set() and "visar.hub" in ARROWS
+    assert ARROWS["visar.models"] == ARROWS["visar.tokenizers"] == {"visar.configs"}
+    assert ARROWS["visar.configs"] == set() and "visar.hub" in ARROWS
 
 
 def test_every_module_lies_in_a_part_of_the_arrows_block():
@@ -267,6 +276,8 @@ def test_no_import_cycles():
     [
         ("visar.accel.jacobi", "visar.pipeline", "visar.accel.jacobi imports visar.pipeline"),
         ("visar.accel.zipar", "visar.models.llamagen", "rule: visar.accel must not import visar.models"),
+        ("visar.accel.jacobi", "visar.models.kv_cache", "rule: visar.accel must not import visar.models"),
+        ("visar.accel.masked", "visar.models.outputs", "rule: visar.accel must not import visar.models"),
         ("visar.pipeline", "visar.data.shapes", "visar.pipeline imports visar.data.shapes"),
         ("visar.pipeline", "visar.families", "visar.pipeline imports visar.families"),
         ("visar.accel.jacobi", "visar.loading", "visar.accel.jacobi imports visar.loading"),

@@ -17,7 +17,7 @@ import visar
 from visar.accel.cspd import TokenHead, speculate
 from visar.families import FAMILIES
 from visar.loading import seeded_init
-from visar.models.base import DiffusionSchedule, cosine_betas, diffusion_step
+from visar.models.diffusion import DiffusionSchedule, cosine_betas, diffusion_step
 from visar.models.mar import MAR, MARConfig
 
 STEPS, SAMPLES = 8, 4000

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 import visar
 from visar.accel.mar import BatchNoise, denoise, sample_tokens
 from visar.families import FAMILIES
-from visar.models.base import DiffusionSchedule, diffusion_step, respaced_timesteps
+from visar.models.diffusion import DiffusionSchedule, diffusion_step, respaced_timesteps
 from visar.models.mar import MAR, MARConfig, preset_config
 from visar.tokenizers.kl import KL16, AutoencoderKL
 

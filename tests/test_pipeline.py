@@ -8,7 +8,7 @@ from PIL import Image
 import visar
 from visar.accel import METHODS
 from visar.errors import VisarError
-from visar.models.base import OUTPUT_MAPS
+from visar.models.outputs import OUTPUT_MAPS
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,8 @@ from .accel import Request, get_method, reference_method
 from .accel.sampling import MAX_SEED, SamplingParams, make_generators
 from .accel.timing import synchronized_clock
 from .errors import VisarError
-from .models.base import MaskedModel, NextScaleModel, RasterModel, model_kind, output_maps
+from .models.base import MaskedModel, NextScaleModel, RasterModel, model_kind
+from .models.outputs import output_maps
 from .tokenizers.base import TokenGridTokenizer
 
 

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from ..errors import VisarError
-from ..models.base import diffusion_step
+from ..models.diffusion import diffusion_step
 from .checks import check_choice, check_number
 from .mar import (
     MaskSchedule,

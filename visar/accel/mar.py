@@ -22,7 +22,8 @@ import torch
 from torch import Tensor
 
 from ..errors import VisarError
-from ..models.base import BlockReuse, diffusion_step
+from ..models.base import BlockReuse
+from ..models.diffusion import diffusion_step
 from .checks import check_choice, check_number
 from .registry import Request, register_method
 from .stats import DecodeLog

@@ -13,23 +13,27 @@ every method of its kind by implementing the interface in its own file. Four kin
   to a mask id, logits for every position (MaskGIT, aMUSEd); no cache.
 - `ContinuousTokenModel` ("continuous"): masked autoregression over continuous tokens (MAR): a
   bidirectional transformer gives each position a condition vector, and a small diffusion head
-  samples the token from it. The diffusion schedule it shares with its methods is here too
-  (`DiffusionSchedule`, `diffusion_step`), so plain sampling and verification use one formula.
+  samples the token from it. The diffusion schedule it shares with its methods is in
+  `visar.models.diffusion` (`DiffusionSchedule`, `diffusion_step`), so plain sampling and
+  verification use one formula.
 
 A model declares its kind in `model_kind`; a method declares the kind it decodes
 (`visar.accel.Method.model_kind`) and refuses any other with one clear error.
+
+The models' own helpers live beside this file: `kv_cache` (which cache slots a raster model's
+queries see) and `outputs` (what `Pipeline.generate` makes of a method's tokens, per kind).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Protocol, runtime_checkable
 
-import numpy as np
 import torch
 from torch import Tensor
+
+from .diffusion import DiffusionSchedule
 
 
 @dataclass(frozen=True)
@@ -254,89 +258,9 @@ class MaskedModel(Protocol):
     def __call__(self, tokens: Tensor, cond: Tensor, cond_mask: Tensor | None = None) -> Tensor: ...
 
 
-def condition_validity(cond_mask: Tensor | None, batch_size: int, length: int, device) -> Tensor:
-    """[B, length] bool over a sequence [condition | ...]: False at the condition positions that
-    cond_mask [B, T] marks invalid (padded captions or prompts), True everywhere else."""
-    valid = torch.ones(batch_size, length, dtype=torch.bool, device=device)
-    if cond_mask is not None:
-        valid[:, : cond_mask.shape[1]] = cond_mask.bool()
-    return valid
-
-
-class CacheKeys(torch.nn.Module):
-    """Which slots of a raster model's KV cache a query may see: valid condition positions that
-    were written and not forgotten since. Truncation only marks slots unwritten, so it costs a
-    [B, S] update instead of a pass over every layer's keys and values, and a slot written again
-    is visible again.
-
-    A module with (non-persistent) buffers, like the KV cache itself: a model that keeps it as an
-    attribute registers it, so a compiled forward sees the flags it updates as module state (static
-    addresses, which CUDA graphs need for an input they mutate), not as an unknown input."""
-
-    def __init__(self, batch_size: int, num_slots: int, cond_mask: Tensor | None, device):
-        super().__init__()
-        valid = condition_validity(cond_mask, batch_size, num_slots, device)  # [B, S]
-        self.register_buffer("valid", valid, persistent=False)
-        self.register_buffer("written", torch.zeros_like(valid), persistent=False)
-
-    def write(self, slots: Tensor) -> Tensor:
-        """Record this call's writes (slots [B, L]) -> the slots its queries may see [B, S]."""
-        self.written.scatter_(1, slots, True)
-        return self.valid & self.written
-
-    def truncate(self, lengths: Tensor):
-        """Forget every slot at or beyond lengths[b] in row b."""
-        slots = torch.arange(self.written.shape[1], device=lengths.device)
-        self.written &= slots[None, :] < lengths[:, None]
-
-
-def causal_visibility(input_pos: Tensor, key_pos: Tensor, key_valid: Tensor | None) -> Tensor:
-    """The default mask of a raster model: a query at position p sees the valid keys at positions
-    <= p, and itself. input_pos [B, L], key_pos [B, S], key_valid [B, S] bool -> [B, L, S]."""
-    visible = key_pos[:, None, :] <= input_pos[:, :, None]
-    if key_valid is not None:
-        visible = visible & key_valid[:, None, :]
-    return visible | (key_pos[:, None, :] == input_pos[:, :, None])
-
-
 def model_kind(model) -> str | None:
     """The interface a model declares (`model_kind`), or None for an object that declares none."""
     return getattr(model, "model_kind", None)
-
-
-# -- what generation returns, per kind -----------------------------------------------------------
-# Models implement their interface structurally (no base class to inherit a default from), so what
-# `Pipeline.generate` makes of a method's output is a function per kind here, beside the interfaces:
-# a new family of a kind needs nothing, a new kind adds its entry.
-
-
-def grid_maps(model: RasterModel | MaskedModel, tokens: Tensor, commit_pass: Tensor) -> tuple[Tensor, Tensor]:
-    """Token ids and commit passes [B, N] -> both as [B, h, w] grids."""
-    return tokens.reshape(len(tokens), *model.grid_size), commit_pass.reshape(len(commit_pass), *model.grid_size)
-
-
-def latent_maps(model: ContinuousTokenModel, tokens: Tensor, commit_pass: Tensor) -> tuple[Tensor, Tensor]:
-    """Float tokens [B, L, C] -> the latent the VAE decodes; commit passes [B, L] -> a [B, h, w] grid."""
-    return model.unpatchify(tokens), commit_pass.reshape(len(commit_pass), *model.grid_size)
-
-
-def scale_maps(
-    model: NextScaleModel, tokens: list[Tensor], commit_pass: list[Tensor]
-) -> tuple[list[Tensor], list[Tensor]]:
-    """Token ids and commit passes as they come: already one [B, pn, pn] map per scale."""
-    return tokens, commit_pass
-
-
-OUTPUT_MAPS = {"raster": grid_maps, "masked": grid_maps, "continuous": latent_maps, "next-scale": scale_maps}
-
-
-def output_maps(model, tokens, commit_pass):
-    """A decoding method's tokens and stats["commit_pass"] -> (`GenerationOutput.tokens`, the
-    commit_pass it reports): per image, in the shape of the model's kind."""
-    return OUTPUT_MAPS[model_kind(model)](model, tokens, commit_pass)
-
-
-# -- continuous-token models (MAR) ---------------------------------------------------------------
 
 
 @runtime_checkable
@@ -411,111 +335,6 @@ class ContinuousTokenModel(Protocol):
     def unpatchify(self, tokens: Tensor) -> Tensor:
         """tokens [B, L, C] -> latent [B, C / p^2, h * p, w * p] (what the VAE decodes, scaled)."""
         ...
-
-
-def cosine_betas(num_steps: int = 1000, max_beta: float = 0.999) -> np.ndarray:
-    """The improved-DDPM cosine schedule, float64; beta capped at max_beta (the last step's is)."""
-
-    def alpha_bar(t):
-        return math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
-
-    return np.array(
-        [min(1 - alpha_bar((i + 1) / num_steps) / alpha_bar(i / num_steps), max_beta) for i in range(num_steps)]
-    )
-
-
-def respaced_timesteps(num_timesteps: int, spacing: int | str) -> list[int]:
-    """The original steps kept by respacing, as guided-diffusion's `space_timesteps` (which MAR's
-    diffusion copies): an int N or a string "N" or "N1,N2,...": per section of equal length, a float
-    stride accumulated and rounded by Python's round (half to even); "ddimN": the integer stride
-    that gives exactly N steps, from 0 (so the last step is below num_timesteps - 1)."""
-    if isinstance(spacing, str) and spacing.startswith("ddim"):
-        count = int(spacing[len("ddim") :])
-        for stride in range(1, num_timesteps):
-            if len(range(0, num_timesteps, stride)) == count:
-                return list(range(0, num_timesteps, stride))
-        raise ValueError(f"cannot respace {num_timesteps} diffusion steps to exactly {count} with an integer stride")
-    sections = [int(spacing)] if isinstance(spacing, int) else [int(x) for x in str(spacing).split(",")]
-    size_per, extra = divmod(num_timesteps, len(sections))
-    taken, start = [], 0
-    for index, count in enumerate(sections):
-        size = size_per + (1 if index < extra else 0)
-        if count > size or count < 1:
-            raise ValueError(f"cannot respace {size} diffusion steps to {count}")
-        stride = 1 if count <= 1 else (size - 1) / (count - 1)
-        position = 0.0
-        for _ in range(count):
-            taken.append(start + round(position))
-            position += stride
-        start += size
-    return sorted(set(taken))
-
-
-@dataclass(frozen=True)
-class DiffusionSchedule:
-    """A respaced Gaussian diffusion with learned-range variance and eps prediction (MAR's gen_diffusion).
-
-    Constants are float64 (numpy) like upstream and are cast to float32 per use. timestep_map[i]
-    is the original timestep the head is called with at respaced step i.
-    """
-
-    timestep_map: tuple[int, ...]
-    betas: np.ndarray
-
-    @classmethod
-    def cosine(cls, spacing: int | str, num_timesteps: int = 1000) -> DiffusionSchedule:
-        """The cosine schedule respaced by `spacing` (MAR's num_sampling_steps: "100", "ddim25", ...)."""
-        alphas_cumprod = np.cumprod(1.0 - cosine_betas(num_timesteps))
-        kept = respaced_timesteps(num_timesteps, spacing)
-        betas, last = [], 1.0
-        for step in kept:
-            betas.append(1 - alphas_cumprod[step] / last)
-            last = alphas_cumprod[step]
-        return cls(tuple(kept), np.array(betas, dtype=np.float64))
-
-    @property
-    def num_steps(self) -> int:
-        return len(self.betas)
-
-    def constants(self, device) -> dict[str, Tensor]:
-        """The per-step coefficients, float32 tensors [T] on device."""
-        betas = self.betas
-        alphas_cumprod = np.cumprod(1.0 - betas)
-        prev = np.append(1.0, alphas_cumprod[:-1])
-        posterior_variance = betas * (1.0 - prev) / (1.0 - alphas_cumprod)
-        # The posterior variance is 0 at step 0: its log is clipped to step 1's (upstream's choice).
-        clipped = posterior_variance[1] if len(betas) > 1 else betas[0]
-        values = {
-            "sqrt_recip_alphas_cumprod": np.sqrt(1.0 / alphas_cumprod),
-            "sqrt_recipm1_alphas_cumprod": np.sqrt(1.0 / alphas_cumprod - 1),
-            "posterior_log_variance_clipped": np.log(np.append(clipped, posterior_variance[1:])),
-            "log_betas": np.log(betas),
-            "posterior_mean_coef1": betas * np.sqrt(prev) / (1.0 - alphas_cumprod),
-            "posterior_mean_coef2": (1.0 - prev) * np.sqrt(1.0 - betas) / (1.0 - alphas_cumprod),
-            "timestep_map": np.array(self.timestep_map),
-        }
-        out = {k: torch.from_numpy(v).to(device).float() for k, v in values.items()}
-        out["timestep_map"] = out["timestep_map"].long()
-        return out
-
-
-def diffusion_step(constants: dict[str, Tensor], step: Tensor, x: Tensor, head_out: Tensor):
-    """The Gaussian transition of respaced step `step` ([N] long) from x [N, C], given the head's
-    output [N, 2C] = [eps | v] -> (mean, log_variance, pred_xstart), each [N, C].
-
-    x0 = sqrt(1/abar) x - sqrt(1/abar - 1) eps (no clipping); mean = the posterior mean at x0;
-    log var = frac log beta + (1 - frac) log(clipped posterior variance), frac = (v + 1) / 2.
-    """
-    eps, values = head_out.chunk(2, dim=-1)
-
-    def at(name):
-        return constants[name][step][:, None]
-
-    frac = (values + 1) / 2
-    log_variance = frac * at("log_betas") + (1 - frac) * at("posterior_log_variance_clipped")
-    pred_xstart = at("sqrt_recip_alphas_cumprod") * x - at("sqrt_recipm1_alphas_cumprod") * eps
-    mean = at("posterior_mean_coef1") * pred_xstart + at("posterior_mean_coef2") * x
-    return mean, log_variance, pred_xstart
 
 
 class BlockReuse(Protocol):

@@ -7,7 +7,7 @@ cache on its own. `SlotCache` is the cache transformers' attention layers see in
 needs `update(key_states, value_states, layer_idx, ...)`): preallocated keys and values
 [B, H_kv, S, D] per layer, written at per-sample slots (gpt-fast's cache, as in
 `visar.models.llamagen.KVCache`); which slots a query may see, and truncation, are
-`visar.models.base.CacheKeys`, as for LlamaGen. The decoder is called with `position_ids` [B, L] and a ready
+`visar.models.kv_cache.CacheKeys`, as for LlamaGen. The decoder is called with `position_ids` [B, L] and a ready
 4-D additive mask [B, 1, L, S], which transformers' mask builder passes through unchanged
 (`masking_utils._preprocess_mask_arguments`: "If the mask is already 4D, simply return as-is").
 
@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .base import CacheKeys, ConditionLayout, causal_visibility, condition_validity
+from .base import ConditionLayout
+from .kv_cache import CacheKeys, causal_visibility, condition_validity
 
 
 class SlotCache:

@@ -20,14 +20,16 @@ embedding; t2i: T = cls_token_num caption positions. Image token i sits at posit
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..configs import config_from_dict
 from ..errors import VisarError
-from .base import CacheKeys, ConditionLayout, causal_visibility, condition_validity
+from .base import ConditionLayout
+from .kv_cache import CacheKeys, causal_visibility, condition_validity
 
 
 @dataclass(frozen=True)
@@ -60,11 +62,7 @@ class LlamaGenConfig:
 
     @classmethod
     def from_dict(cls, args: dict) -> LlamaGenConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(args) - known)
-        if unknown:
-            raise VisarError(f"unknown LlamaGen model_args {unknown}; known fields: {sorted(known)}")
-        return cls(**args)
+        return config_from_dict(cls, args, "LlamaGen model_args")
 
     def to_dict(self) -> dict:
         return asdict(self)

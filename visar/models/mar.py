@@ -13,14 +13,15 @@ method (visar.accel.mar), written once against that interface.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import VisarError
-from .base import BlockReuse, ConditionLayout, DiffusionSchedule
+from ..configs import config_from_dict
+from .base import BlockReuse, ConditionLayout
+from .diffusion import DiffusionSchedule
 
 
 @dataclass(frozen=True)
@@ -54,14 +55,13 @@ class MARConfig:
 
     @classmethod
     def from_dict(cls, args: dict) -> MARConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(args) - known)
-        if unknown:
-            raise VisarError(f"unknown MAR model_args {unknown}; known (the official constructor's): {sorted(known)}")
-        args = dict(args)
-        if "num_sampling_steps" in args:
-            args["num_sampling_steps"] = str(args["num_sampling_steps"])
-        return cls(**args)
+        return config_from_dict(
+            cls,
+            args,
+            "MAR model_args",
+            convert={"num_sampling_steps": str},
+            known_as="known (the official constructor's)",
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -11,14 +11,14 @@ size of visar's tiny raster models; it implements `visar.models.base.MaskedModel
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import VisarError
+from ..configs import config_from_dict
 from .base import ConditionLayout
 
 
@@ -36,11 +36,7 @@ class MaskGITConfig:
 
     @classmethod
     def from_dict(cls, args: dict) -> MaskGITConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(args) - known)
-        if unknown:
-            raise VisarError(f"unknown MaskGIT model_args {unknown}; known fields: {sorted(known)}")
-        return cls(**args)
+        return config_from_dict(cls, args, "MaskGIT model_args")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -15,13 +15,14 @@ mode), so a forward pass here is deterministic.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..configs import config_from_dict
 from ..errors import VisarError
 from .base import ConditionLayout
 
@@ -54,16 +55,10 @@ class VARConfig:
 
     @classmethod
     def from_dict(cls, args: dict) -> VARConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(args) - known)
-        if unknown:
-            raise VisarError(f"unknown VAR model_args {unknown}; known fields: {sorted(known)}")
-        args = dict(args)
-        if "patch_nums" in args:
-            args["patch_nums"] = tuple(args["patch_nums"])
-        if args.get("embed_dim", cls.embed_dim) % args.get("num_heads", cls.num_heads):
+        config = config_from_dict(cls, args, "VAR model_args", convert={"patch_nums": tuple})
+        if config.embed_dim % config.num_heads:
             raise VisarError("VAR embed_dim must be a multiple of num_heads")
-        return cls(**args)
+        return config
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -12,12 +12,12 @@ MAR models latents scaled by `scale_factor` (0.2325): `decode(tokens)` divides b
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor, nn
 
-from ..errors import VisarError
+from ..configs import config_from_dict
 from .vq import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm
 
 
@@ -36,19 +36,13 @@ class KLConfig:
 
     @classmethod
     def from_dict(cls, args: dict) -> KLConfig:
-        args = dict(args)
-        if "encoder_decoder_ch" in args:  # the fixtures' names
-            args["ch"] = args.pop("encoder_decoder_ch")
-        if "encoder_decoder_resolution" in args:
-            args["resolution"] = args.pop("encoder_decoder_resolution")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(args) - known)
-        if unknown:
-            raise VisarError(f"unknown KL VAE vae_args {unknown}; known fields: {sorted(known)}")
-        for key in ("ch_mult", "attn_resolutions"):
-            if key in args:
-                args[key] = tuple(args[key])
-        return cls(**args)
+        return config_from_dict(
+            cls,
+            args,
+            "KL VAE vae_args",
+            renamed={"encoder_decoder_ch": "ch", "encoder_decoder_resolution": "resolution"},  # the fixtures' names
+            convert={"ch_mult": tuple, "attn_resolutions": tuple},
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -13,13 +13,14 @@ VQVAE hard-codes the encoder/decoder base width and channel multipliers; here th
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..configs import config_from_dict
 from ..errors import VisarError
 
 SCALES_256 = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)  # the 256 px releases: 680 tokens
@@ -49,17 +50,13 @@ class MSVQConfig:
 
     @classmethod
     def from_dict(cls, args: dict) -> MSVQConfig:
-        args = dict(args)
-        if "encoder_decoder_ch_mult" in args:  # the fixtures' name for ch_mult
-            args["ch_mult"] = args.pop("encoder_decoder_ch_mult")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(args) - known)
-        if unknown:
-            raise VisarError(f"unknown VAR VQVAE vq_args {unknown}; known fields: {sorted(known)}")
-        for key in ("ch_mult", "v_patch_nums"):
-            if key in args:
-                args[key] = tuple(args[key])
-        return cls(**args)
+        return config_from_dict(
+            cls,
+            args,
+            "VAR VQVAE vq_args",
+            renamed={"encoder_decoder_ch_mult": "ch_mult"},  # the fixtures' name for ch_mult
+            convert={"ch_mult": tuple, "v_patch_nums": tuple},
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -10,13 +10,13 @@ fixtures (ch 32) and visar's own small tokenizers load into the same class.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import VisarError
+from ..configs import config_from_dict
 
 
 @dataclass(frozen=True)
@@ -38,17 +38,13 @@ class VQConfig:
 
     @classmethod
     def from_dict(cls, args: dict) -> VQConfig:
-        args = dict(args)
-        if "encoder_decoder_ch" in args:  # the fixtures' name for `ch`
-            args["ch"] = args.pop("encoder_decoder_ch")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(args) - known)
-        if unknown:
-            raise VisarError(f"unknown VQ vq_args {unknown}; known fields: {sorted(known)}")
-        for key in ("encoder_ch_mult", "decoder_ch_mult"):
-            if key in args:
-                args[key] = tuple(args[key])
-        return cls(**args)
+        return config_from_dict(
+            cls,
+            args,
+            "VQ vq_args",
+            renamed={"encoder_decoder_ch": "ch"},  # the fixtures' name for `ch`
+            convert={"encoder_ch_mult": tuple, "decoder_ch_mult": tuple},
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ..checkpoints import load_strict
 from ..errors import VisarError
-from ..models.base import DiffusionSchedule, diffusion_step
+from ..models.diffusion import DiffusionSchedule, diffusion_step
 from ..models.mar import MAR, MARConfig
 from ..tokenizers.kl import AutoencoderKL, KLConfig
 from .loop import (

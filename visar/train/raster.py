@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import VisarError
-from ..models.base import condition_validity
+from ..models.kv_cache import condition_validity
 from ..models.lag_mask import lag_training_mask
 from ..models.llamagen import LlamaGen, LlamaGenConfig
 from ..models.text import PAD, UNK, CaptionEncoder, CaptionEncoderConfig

@@ -29,7 +29,6 @@ from torch import Tensor
 
 from ..errors import VisarError
 from ..models.base import RasterModel
-from ..progress import progress_bar
 from .acceptance import SPECULATIVE, AcceptanceRule, verify_slots
 from .ar import sample_tokens
 from .budget import (
@@ -47,6 +46,7 @@ from .budget import (
 )
 from .checks import check_number
 from .drafts import DecodeState, resolve_initialiser
+from .passes import decode_passes
 from .proposers import (
     ACCEPT,
     NUM_PURPOSES,
@@ -157,7 +157,91 @@ def new_state(model: RasterModel, generators: list[torch.Generator], window: int
     )
 
 
-@torch.no_grad()
+class ChainPasses:
+    """The chain engine's passes: each image scores a window right after its committed prefix
+    ([last committed token, drafts]), verifies the drafts left to right, commits the leading
+    accepted ones and one token more (ragged), and carries the rest over (`Proposer`).
+
+    budget: chooses each pass's window (at most `window`) from what earlier passes committed, or
+    stops a probe (`budget.size()` None); None: every pass has `window` slots.
+    """
+
+    desc = "speculative"
+
+    def __init__(self, request: Request, proposer: Proposer, window: int, warmup, tail, rule, budget):
+        check_spans(window, warmup, tail)
+        model, generators = request.model, request.generators
+        self.request, self.proposer, self.rule, self.budget = request, proposer, rule, budget
+        self.spans = (warmup, tail)  # the plain-AR spans at the start and end
+        self.batch, self.device = request.cond.shape[0], model.device
+        self.num_cond, self.total = model.num_condition_tokens, model.num_image_tokens
+        self.window = min(window, self.total)  # a longer window is clipped, here once and for all
+        self.record = ChainRecord(self.batch, model.grid_size, self.window, self.device)
+        self.state = new_state(model, generators, self.window, spare=self.window)
+        # each pass's uniforms, the same numbers as a draw per pass, drawn 16 passes at a time
+        self.uniforms = UniformStream(generators, self.device, block=16 * NUM_PURPOSES * self.window)
+        self.slot_range = torch.arange(self.window, device=self.device)
+        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
+        self.sizes_chosen: dict[int, int] = {}  # window -> passes
+
+    def __enter__(self):
+        self.scorer.open_cache(self.num_cond + self.total)
+        self.proposer.start(self.state, track_ages=self.budget is not None)
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.proposer.close()
+        finally:
+            self.scorer.close_cache()
+
+    def plan(self) -> Window | None:
+        """Each image's window this pass (its uniforms included), or None when the decode is over."""
+        pass_size = self.window if self.budget is None else self.budget.size()
+        if pass_size is None:  # a probe's last timed pass
+            return None
+        window_len = window_lengths(self.state.committed, min(pass_size, self.window), *self.spans, self.total)
+        num_slots = int(window_len.max())  # the one host sync of the loop the engine needs
+        if num_slots == 0:
+            return None
+        self.sizes_chosen[pass_size] = self.sizes_chosen.get(pass_size, 0) + 1
+        uniforms = self.uniforms.take(NUM_PURPOSES * self.window).view(self.batch, NUM_PURPOSES, self.window)
+        return Window(window_len, (window_len - 1).clamp(min=0), uniforms, num_slots - 1)
+
+    def propose(self, plan: Window) -> tuple[Tensor, Tensor]:
+        return self.proposer.propose(self.state, plan)  # [B, G], [B, G, V]
+
+    def score(self, plan: Window, drafts) -> Tensor:
+        return score_window(self.scorer, self.state, drafts[0], first=self.scorer.forward_passes == 0)
+
+    def verify(self, plan: Window, drafts, probs: Tensor) -> Verdict:
+        return verify_window(self.rule, probs, *drafts, plan)
+
+    def commit(self, plan: Window, drafts, probs: Tensor, verdict: Verdict):
+        state = self.state
+        commit_count = (verdict.num_accepted + 1).minimum(plan.window_len)  # 0 for finished images
+        # Write every slot's token after the committed ones; only the first commit_count count
+        # (the buffer has `window` spare columns, and what lies past `committed` is scratch).
+        slots = self.slot_range[: plan.max_drafts + 1]
+        state.tokens.scatter_(1, state.committed[:, None] + slots, verdict.slot_tokens)
+        self.record.write(state.committed, plan.num_drafts, verdict.num_accepted, self.scorer.forward_passes)
+        if self.budget is not None:
+            active = plan.window_len > 0
+            self.budget.count(verdict.num_accepted, plan.num_drafts, active, self.proposer.draft_age, state.committed)
+        self.proposer.after_commit(state, plan, probs, verdict.slot_tokens, commit_count, verdict.slot_laws)
+        state.committed = state.committed + commit_count
+        # The cache keeps every committed token but the newest, which the next window feeds.
+        self.scorer.truncate_cache(self.num_cond + state.committed - 1)
+
+    def least_done(self) -> Tensor:
+        return self.state.committed.min()
+
+    def finish(self) -> tuple[Tensor, dict]:
+        stats = self.record.stats(self.scorer.forward_passes, draft_forward_passes=self.proposer.forward_passes)
+        sizes = dict(sorted(self.sizes_chosen.items()))
+        return self.state.tokens[:, : self.total], {**stats, "window": self.window, "sizes_chosen": sizes}
+
+
 def speculative_decode(
     request: Request,
     proposer: Proposer,
@@ -168,69 +252,10 @@ def speculative_decode(
     rule: AcceptanceRule = SPECULATIVE,
     budget: WindowBudget | ProbeBudget | None = None,
 ) -> tuple[Tensor, dict]:
-    """The engine: propose, score, verify, commit (ragged), truncate, carry over. -> (tokens [B, N], stats).
-
-    budget: chooses each pass's window (at most `window`) from what earlier passes committed, or
-    stops a probe (`budget.size()` None); None: every pass has `window` slots.
-    """
-    check_spans(window, warmup, tail)
-    model, cond, generators, progress = request.model, request.cond, request.generators, request.progress
-    device = model.device
-    batch = cond.shape[0]
-    num_cond, num_tokens = model.num_condition_tokens, model.num_image_tokens
-    window = min(window, num_tokens)  # a longer window is clipped, here once and for all
-    record = ChainRecord(batch, model.grid_size, window, device)
-    state = new_state(model, generators, window, spare=window)
-    # each pass's uniforms, the same numbers as a draw per pass, drawn 16 passes at a time
-    uniforms = UniformStream(generators, device, block=16 * NUM_PURPOSES * window)
-    slot_range = torch.arange(window, device=device)
-    scorer = GuidedScorer(model, cond, request.cond_mask, request.params)
-    bar = progress_bar(total=num_tokens, enabled=progress, desc="speculative")
-    sizes_chosen: dict[int, int] = {}  # window -> passes
-    with scorer.cache(num_cond + num_tokens):
-        proposer.start(state, track_ages=budget is not None)
-        try:
-            while True:
-                pass_size = window if budget is None else budget.size()
-                if pass_size is None:  # a probe's last timed pass
-                    break
-                window_len = window_lengths(state.committed, min(pass_size, window), warmup, tail, num_tokens)
-                num_slots = int(window_len.max())  # the one host sync of the loop the engine needs
-                if num_slots == 0:
-                    break
-                sizes_chosen[pass_size] = sizes_chosen.get(pass_size, 0) + 1
-                pass_u = uniforms.take(NUM_PURPOSES * window).view(batch, NUM_PURPOSES, window)
-                pass_window = Window(window_len, (window_len - 1).clamp(min=0), pass_u, num_slots - 1)
-                draft_tokens, draft_probs = proposer.propose(state, pass_window)  # [B, G], [B, G, V]
-                target_probs = score_window(scorer, state, draft_tokens, first=scorer.forward_passes == 0)
-                verdict = verify_window(rule, target_probs, draft_tokens, draft_probs, pass_window)
-                commit_count = (verdict.num_accepted + 1).minimum(window_len)  # 0 for finished images
-
-                # Write every slot's token after the committed ones; only the first commit_count count
-                # (the buffer has `window` spare columns, and what lies past `committed` is scratch).
-                state.tokens.scatter_(1, state.committed[:, None] + slot_range[:num_slots], verdict.slot_tokens)
-                record.write(state.committed, pass_window.num_drafts, verdict.num_accepted, scorer.forward_passes)
-                if budget is not None:
-                    budget.count(
-                        verdict.num_accepted,
-                        pass_window.num_drafts,
-                        window_len > 0,
-                        proposer.draft_age,
-                        state.committed,
-                    )
-                proposer.after_commit(
-                    state, pass_window, target_probs, verdict.slot_tokens, commit_count, verdict.slot_laws
-                )
-                state.committed = state.committed + commit_count
-                # The cache keeps every committed token but the newest, which the next window feeds.
-                scorer.truncate_cache(num_cond + state.committed - 1)
-                if progress:
-                    bar.update(int(state.committed.min()) - bar.n)
-        finally:
-            bar.close()
-            proposer.close()
-    stats = record.stats(scorer.forward_passes, draft_forward_passes=proposer.forward_passes)
-    return state.tokens[:, :num_tokens], {**stats, "window": window, "sizes_chosen": dict(sorted(sizes_chosen.items()))}
+    """Propose, score, verify, commit (ragged), truncate, carry over, pass after pass
+    (`ChainPasses` on the pass loop). -> (tokens [B, N], stats)."""
+    engine = ChainPasses(request, proposer, window, warmup, tail, rule, budget)
+    return decode_passes(engine, request.progress)
 
 
 # -- budgets: the window of each pass matched to the device --------------------------------------------

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..errors import VisarError
 from ..models.base import RasterModel
-from ..progress import progress_bar
 from .budget import (
     AUTO,
     DRAFT_MARGIN,
@@ -45,6 +45,7 @@ from .draft_trees import (
     NEIGHBOURS,
     DraftTree,
     TreePass,
+    TreeVerdict,
     commit_path,
     draft_tree,
     tree_randomness,
@@ -53,14 +54,124 @@ from .draft_trees import (
 )
 from .drafts import resolve_initialiser
 from .jacobi import chain_costs, decode_chain_budget, new_state
-from .proposers import JacobiProposer, maximal_coupling_carry
+from .passes import decode_passes
+from .proposers import JacobiProposer, Window, maximal_coupling_carry
 from .registry import Request, register_method
 from .sampling import UniformStream
 from .scoring import GuidedScorer
 from .stats import DecodeLog
 
 
-@torch.no_grad()
+class TreePlan(NamedTuple):
+    """One tree pass: its layout and scoring, the images still decoding, and their uniforms."""
+
+    layout: DraftTree
+    tree_pass: TreePass
+    active: Tensor  # [B] images not done
+    window: Window  # the main path's drafts for the proposer
+    extra_u: Tensor  # [B, (D - 1)(K - 1)] the extra candidates' uniforms
+    test_u: Tensor  # [B, T + M + 1] the node tests' and draws' uniforms
+
+
+class TreePasses:
+    """The tree engine's passes: a draft tree after each image's committed prefix (draft_trees.py),
+    scored in one pass, every node verified, the reached path plus one token committed, the main
+    path's outputs carried over (MC-SJD's coupling).
+
+    layouts: one tree, or trees by size (one branch and depth, main paths of several lengths), of
+    which `budget` chooses each pass's (from what earlier passes committed), or stops a probe.
+    """
+
+    desc = "tree"
+
+    def __init__(self, request: Request, layouts, initialiser: Callable, neighbours: tuple[str, ...], budget):
+        model, generators = request.model, request.generators
+        self.budget, self.neighbours = budget, neighbours
+        self.device, self.total = model.device, model.num_image_tokens
+        batch = request.cond.shape[0]
+        if isinstance(layouts, DraftTree):
+            layouts = {layouts.num_nodes: layouts}
+        self.largest = layouts[max(layouts)]
+        main_len = self.largest.main_length
+        self.state = new_state(model, generators, main_len, spare=main_len + 1)
+        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
+        self.proposer = JacobiProposer(initialiser, maximal_coupling_carry)
+        self.log = DecodeLog(batch, model.grid_size, main_len, self.device)
+        # one cache layout for every size: the same side nodes
+        self.passes = {size: TreePass(self.scorer, layout) for size, layout in layouts.items()}
+        self.layouts = {size: layout.to(self.device) for size, layout in layouts.items()}
+        self.sizes_chosen: dict[int, int] = {}
+        self.fed = torch.zeros(batch, dtype=torch.long, device=self.device)  # tokens with their KV cached
+        # each pass's uniforms, the same numbers as a draw per pass, drawn 16 passes of the largest tree at a time
+        self.uniforms = UniformStream(generators, self.device, block=16 * tree_uniforms(self.largest))
+
+    def __enter__(self):
+        self.scorer.open_cache(self.passes[max(self.passes)].size)
+        self.proposer.start(self.state, track_ages=self.budget is not None)
+        return self
+
+    def __exit__(self, *exc):
+        self.scorer.close_cache()
+
+    def plan(self) -> TreePlan | None:
+        active = self.state.committed < self.total
+        if not bool(active.any()):  # the one read-back of the loop
+            return None
+        size = max(self.layouts) if self.budget is None else self.budget.size()
+        if size is None:  # a probe's last timed pass
+            return None
+        self.sizes_chosen[size] = self.sizes_chosen.get(size, 0) + 1
+        layout = self.layouts[size]
+        window, extra_u, test_u = tree_randomness(self.uniforms, layout, active)
+        return TreePlan(layout, self.passes[size], active, window, extra_u, test_u)
+
+    def propose(self, plan: TreePlan) -> tuple[Tensor, Tensor]:
+        return draft_tree(self.proposer, self.state, plan.window, plan.layout, self.neighbours, plan.extra_u)
+
+    def score(self, plan: TreePlan, drafts) -> Tensor:
+        first = self.scorer.forward_passes == 0
+        return plan.tree_pass.probs(self.state.tokens, self.fed, self.state.committed, drafts[0], first)  # [B, T, V]
+
+    def verify(self, plan: TreePlan, drafts, probs: Tensor) -> TreeVerdict:
+        node_depth = plan.layout.tree.depth
+        valid = plan.active[:, None] & (node_depth[None] <= (self.total - self.state.committed)[:, None])
+        return verify_tree(plan.layout, probs, *drafts, valid, plan.test_u)
+
+    def commit(self, plan: TreePlan, drafts, probs: Tensor, verdict: TreeVerdict):
+        state, layout, active, log = self.state, plan.layout, plan.active, self.log
+        commit_count = torch.where(active, verdict.accepted + 1, 0)  # the reached path and one token more
+        index = commit_path(state, layout, verdict, commit_count)
+        node_depth = layout.tree.depth
+        node_index = state.committed[:, None] - 1 + node_depth[None]
+        node_slot = (node_depth - 1).clamp(min=0)[None].expand(len(active), -1)
+        log.drafts(node_index, node_slot, verdict.tried & active[:, None], verdict.accept)
+        columns = index - state.committed[:, None] + 1
+        log.commit(index, (columns <= commit_count[:, None]) & (index < self.total), self.scorer.forward_passes)
+        log.count_pass(active)
+        if self.budget is not None:
+            depths = (self.total - state.committed).clamp(max=layout.main_length - 1)
+            self.budget.count(verdict.accepted, depths, active, self.proposer.draft_age, state.committed)
+        # The main path's outputs past the commit are the next drafts, coupled to the old ones.
+        main_probs = probs[:, layout.main]
+        self.proposer.after_commit(state, plan.window, main_probs, verdict.main_outputs, commit_count, main_probs)
+        self.fed = torch.where(active, state.committed + verdict.main_reached, self.fed)
+        state.committed = (state.committed + commit_count).clamp(max=self.total)
+        self.scorer.truncate_cache(plan.tree_pass.num_cond + self.fed)
+
+    def least_done(self) -> Tensor:
+        return self.state.committed.min()
+
+    def finish(self) -> tuple[Tensor, dict]:
+        largest = self.largest
+        shape = {"window": largest.num_nodes, "branch": largest.branch, "depth": largest.depth}
+        return self.state.tokens[:, : self.total], {
+            **self.log.stats(self.scorer.forward_passes),
+            **shape,
+            "rows_per_pass": largest.num_nodes,
+            "sizes_chosen": dict(sorted(self.sizes_chosen.items())),
+        }
+
+
 def tree_jacobi_decode(
     request: Request,
     layouts: DraftTree | dict[int, DraftTree],
@@ -68,79 +179,9 @@ def tree_jacobi_decode(
     neighbours: tuple[str, ...] = (),
     budget: WindowBudget | ProbeBudget | None = None,
 ) -> tuple[Tensor, dict]:
-    """Propose a tree, score it in one pass, verify every node, commit, carry over. -> (tokens [B, N], stats).
-
-    layouts: one tree, or trees by size (one branch and depth, main paths of several lengths), of
-    which `budget` chooses each pass's (from what earlier passes committed), or stops a probe.
-    """
-    model, cond, generators, progress = request.model, request.cond, request.generators, request.progress
-    device = model.device
-    batch, num_tokens = cond.shape[0], model.num_image_tokens
-    if isinstance(layouts, DraftTree):
-        layouts = {layouts.num_nodes: layouts}
-    largest = layouts[max(layouts)]
-    main_len = largest.main_length
-    state = new_state(model, generators, main_len, spare=main_len + 1)
-    scorer = GuidedScorer(model, cond, request.cond_mask, request.params)
-    proposer = JacobiProposer(initialiser, maximal_coupling_carry)
-    log = DecodeLog(batch, model.grid_size, main_len, device)
-    passes = {size: TreePass(scorer, layout) for size, layout in layouts.items()}  # one cache layout: same side nodes
-    layouts = {size: layout.to(device) for size, layout in layouts.items()}
-    sizes_chosen: dict[int, int] = {}
-    fed = torch.zeros(batch, dtype=torch.long, device=device)  # tokens of each image with their KV cached
-    # each pass's uniforms, the same numbers as a draw per pass, drawn 16 passes of the largest tree at a time
-    uniforms = UniformStream(generators, device, block=16 * tree_uniforms(largest))
-    bar = progress_bar(total=num_tokens, enabled=progress, desc="tree")
-    with scorer.cache(passes[max(passes)].size):
-        proposer.start(state, track_ages=budget is not None)
-        try:
-            while True:
-                active = state.committed < num_tokens
-                if not bool(active.any()):  # the one read-back of the loop
-                    break
-                size = max(layouts) if budget is None else budget.size()
-                if size is None:  # a probe's last timed pass
-                    break
-                sizes_chosen[size] = sizes_chosen.get(size, 0) + 1
-                layout, tree_pass = layouts[size], passes[size]
-                node_depth = layout.tree.depth
-                window, extra_u, test_u = tree_randomness(uniforms, layout, active)
-                node_tokens, node_q = draft_tree(proposer, state, window, layout, neighbours, extra_u)
-                first = scorer.forward_passes == 0
-                probs = tree_pass.probs(state.tokens, fed, state.committed, node_tokens, first)  # [B, T, V]
-                valid = active[:, None] & (node_depth[None] <= (num_tokens - state.committed)[:, None])
-                verdict = verify_tree(layout, probs, node_tokens, node_q, valid, test_u)
-                commit_count = torch.where(active, verdict.accepted + 1, 0)  # the reached path and one token more
-
-                index = commit_path(state, layout, verdict, commit_count)
-                node_index = state.committed[:, None] - 1 + node_depth[None]
-                node_slot = (node_depth - 1).clamp(min=0)[None].expand(batch, -1)
-                log.drafts(node_index, node_slot, verdict.tried & active[:, None], verdict.accept)
-                columns = index - state.committed[:, None] + 1
-                log.commit(index, (columns <= commit_count[:, None]) & (index < num_tokens), scorer.forward_passes)
-                log.count_pass(active)
-                if budget is not None:
-                    depths = (num_tokens - state.committed).clamp(max=layout.main_length - 1)
-                    budget.count(verdict.accepted, depths, active, proposer.draft_age, state.committed)
-                # The main path's outputs past the commit are the next drafts, coupled to the old ones.
-                main_probs = probs[:, layout.main]
-                proposer.after_commit(state, window, main_probs, verdict.main_outputs, commit_count, main_probs)
-                fed = torch.where(active, state.committed + verdict.main_reached, fed)
-                state.committed = (state.committed + commit_count).clamp(max=num_tokens)
-                scorer.truncate_cache(tree_pass.num_cond + fed)
-                if progress:
-                    bar.update(int(state.committed.min()) - bar.n)
-        finally:
-            bar.close()
-    stats = log.stats(scorer.forward_passes)
-    shape = {"window": largest.num_nodes, "branch": largest.branch, "depth": largest.depth}
-    sizes_chosen = dict(sorted(sizes_chosen.items()))
-    return state.tokens[:, :num_tokens], {
-        **stats,
-        **shape,
-        "rows_per_pass": largest.num_nodes,
-        "sizes_chosen": sizes_chosen,
-    }
+    """Propose a tree, score it in one pass, verify every node, commit, carry over, pass after pass
+    (`TreePasses` on the pass loop). -> (tokens [B, N], stats)."""
+    return decode_passes(TreePasses(request, layouts, initialiser, neighbours, budget), request.progress)
 
 
 def tree_costs(request: Request, layouts: dict[int, DraftTree], initialiser, neighbours) -> PassCosts | None:

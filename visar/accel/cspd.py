@@ -165,6 +165,21 @@ class TokenHead:
         return torch.stack(path[::-1]), x
 
 
+def residual_proposals(target, draft, rows, index, n, temperatures, draw_uniform, draw_normal):
+    """n proposals from the target for each pending token `index` [P], each tested against the
+    residual -> (ok [P, n] bool, the proposals' outputs x0 [P * n, C])."""
+    temperature, inner = temperatures
+    noise = draw_normal(n, index)  # [P, n, T + 1, C]
+    prop_rows = rows[index].repeat_interleave(n)
+    start = noise[:, :, -1].reshape(-1, noise.shape[-1])
+    step_noise = noise[:, :, :-1].reshape(-1, noise.shape[2] - 1, noise.shape[-1]).transpose(0, 1)
+    path, x0 = target.sample(start, prop_rows, temperature, step_noise)
+    log_p_prop = target.log_trajectory(path, x0, prop_rows, temperature, inner, own=True)
+    log_q_prop = draft.log_trajectory(path, x0, prop_rows, temperature, inner, own=False)
+    uniform = draw_uniform(n, index).reshape(-1)
+    return (uniform < residual_accept_probability(log_p_prop, log_q_prop)).reshape(len(index), n), x0
+
+
 def speculate(
     target: TokenHead,
     draft: TokenHead,
@@ -205,15 +220,7 @@ def speculate(
         # wins (the same law as trying them one after another).
         n = proposals_per_round if max_tries is None else min(proposals_per_round, max_tries - done_tries)
         index = pending.nonzero().squeeze(1)
-        noise = draw_normal(n, index)  # [P, n, T + 1, C]
-        prop_rows = rows[index].repeat_interleave(n)
-        start = noise[:, :, -1].reshape(-1, noise.shape[-1])
-        step_noise = noise[:, :, :-1].reshape(-1, noise.shape[2] - 1, noise.shape[-1]).transpose(0, 1)
-        path, x0 = target.sample(start, prop_rows, temperature, step_noise)
-        log_p_prop = target.log_trajectory(path, x0, prop_rows, temperature, inner, own=True)
-        log_q_prop = draft.log_trajectory(path, x0, prop_rows, temperature, inner, own=False)
-        uniform = draw_uniform(n, index).reshape(-1)
-        ok = (uniform < residual_accept_probability(log_p_prop, log_q_prop)).reshape(len(index), n)
+        ok, x0 = residual_proposals(target, draft, rows, index, n, (temperature, inner), draw_uniform, draw_normal)
         first = torch.where(ok.any(1), ok.float().argmax(1), n)
         tries[index] += torch.where(ok.any(1), first + 1, torch.full_like(first, n))
         won = ok.any(1)

@@ -21,12 +21,12 @@ def _test_device() -> torch.device:
     return device
 
 
-# Pass costs measured by budget="auto" are kept on disk for the next process (visar.accel.cost_store):
-# the suite keeps its own, in a folder of this run, so that no test reads timings of another run.
-if "VISAR_CACHE_DIR" not in os.environ:
+# What visar caches on disk (pass costs measured by budget="auto", codebook neighbours) goes to a
+# folder of this run, so that no test reads what another run (or the user) left there.
+if "VISAR_CACHE" not in os.environ:
     import tempfile
 
-    os.environ["VISAR_CACHE_DIR"] = tempfile.mkdtemp(prefix="visar-test-cache-")
+    os.environ["VISAR_CACHE"] = tempfile.mkdtemp(prefix="visar-test-cache-")
 
 # The conformance suite, the exact-law tests, the fixture tests and the bench tests build their models
 # on this device (inputs follow the model); the rest of the suite is device-free or CPU by design.

@@ -70,3 +70,49 @@ def mutated_inputs(graph) -> list[str]:
         if in_place and getattr(node.args[0], "op", None) == "placeholder":
             names.append(node.args[0].name)
     return names
+
+
+def pass_graphs(engine, passes_before: int = 3):
+    """Trace one whole pass of a pass-loop engine after a few real ones (propose, score, verify,
+    commit: what runs between two plans, the model call and the bookkeeping) -> dynamo's explanation."""
+    from visar.accel.passes import run_pass
+
+    with torch.no_grad(), engine:
+        for _ in range(passes_before):
+            run_pass(engine, engine.plan())
+        return dynamo.explain(run_pass)(engine, engine.plan())
+
+
+@pytest.mark.parametrize(
+    "engine",
+    ["sjd", "mc-sjd random init", "mc-sjd gumbel", "gsd", "tree-mc-sjd", "sjd-pac"],
+)
+def test_a_whole_pass_traces_as_one_graph(engine):
+    # Only the plan (a pass's shape: the slots of its longest window, whether any image is left)
+    # reads the device back; the rest of a pass is one graph, so a compiled pass could replay as
+    # one CUDA graph per shape.
+    from functools import partial
+
+    from visar.accel import acceptance, drafts, proposers
+    from visar.accel.jacobi import ChainPasses
+    from visar.accel.tree_jacobi import TreePasses, check_tree, parse_neighbours
+
+    model = tiny_llamagen(vocab=32, block_size=64, seed=3, std=0.3)  # an 8 x 8 grid
+    request = Request(model, torch.tensor([0, 2]), SamplingParams(guidance_scale=2.0, top_k=8), make_generators(2, 0))
+    init = drafts.resolve_initialiser("random" if "random" in engine else "above")
+    coupling = proposers.carry_updater("gumbel" if "gumbel" in engine else "maximal", engine)
+    if engine.startswith(("sjd", "mc-sjd", "gsd")) and engine != "sjd-pac":
+        updater = proposers.independent_carry if engine in ("sjd", "gsd") else coupling
+        grouped = partial(
+            acceptance.grouped_accept, codebook=torch.randn(32, 4), group_size=4, prob_gap=0.1, max_distance=2.0
+        )
+        rule = acceptance.AcceptanceRule(grouped, acceptance.speculative_residual)
+        rule = rule if engine == "gsd" else acceptance.SPECULATIVE
+        passes = ChainPasses(request, proposers.JacobiProposer(init, updater), 6, 0, 0, rule, None)
+    else:
+        layout = check_tree(model, 16, 3, 2 if engine == "tree-mc-sjd" else 3)
+        names = parse_neighbours("left,above" if engine == "tree-mc-sjd" else "")
+        passes = TreePasses(request, layout, init, names, None)
+    explained = pass_graphs(passes)
+    assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
+    assert explained.graph_count == 1

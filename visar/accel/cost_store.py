@@ -3,8 +3,8 @@
 `budget.measured_costs` times an engine's passes once per model, device, dtype, batch size,
 guidance and engine; a process that starts again (a second `visar generate`, each torchrun worker)
 would time them again, seconds of probes before its first image. What it measured is kept in one
-JSON file under the cache folder: `VISAR_CACHE_DIR`, else `$XDG_CACHE_HOME/visar`, else
-`~/.cache/visar` (`VISAR_CACHE_DIR=""` keeps nothing). An entry is found again only by the same
+JSON file in visar's cache folder (`cache_root`: `$VISAR_CACHE`, else `~/.cache/visar`, where the
+relaxed methods keep their codebook neighbours too). An entry is found again only by the same
 key on the same machine: the model's fingerprint (its class, parameter names, shapes, dtypes and
 first values), the torch version, the processor or GPU, and the CPU thread count, beside the
 budget's own key. Delete the file to measure again.
@@ -24,13 +24,9 @@ import torch
 FILE_NAME = "pass_costs.json"
 
 
-def cache_dir() -> Path | None:
-    """The folder the costs are kept in, or None when VISAR_CACHE_DIR is set empty."""
-    configured = os.environ.get("VISAR_CACHE_DIR")
-    if configured is not None:
-        return Path(configured) if configured else None
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "visar"
+def cache_root() -> Path:
+    """Where visar caches derived data: $VISAR_CACHE, else ~/.cache/visar."""
+    return Path(os.environ.get("VISAR_CACHE") or Path.home() / ".cache" / "visar")
 
 
 def model_fingerprint(model) -> str:
@@ -75,10 +71,7 @@ def read_entries(path: Path) -> dict:
 
 def load_costs(model, key: tuple) -> tuple[list[int], list[float]] | None:
     """(sizes, seconds) kept for this model and key on this machine, or None."""
-    folder = cache_dir()
-    if folder is None:
-        return None
-    entry = read_entries(folder / FILE_NAME).get(entry_name(model, key))
+    entry = read_entries(cache_root() / FILE_NAME).get(entry_name(model, key))
     if not (
         isinstance(entry, dict) and isinstance(entry.get("sizes"), list) and isinstance(entry.get("seconds"), list)
     ):
@@ -89,9 +82,7 @@ def load_costs(model, key: tuple) -> tuple[list[int], list[float]] | None:
 def save_costs(model, key: tuple, sizes, seconds) -> None:
     """Keep (sizes, seconds) for this model and key; a folder that cannot be written keeps nothing
     (the costs are then measured again next time, as before there was a store)."""
-    folder = cache_dir()
-    if folder is None:
-        return
+    folder = cache_root()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / FILE_NAME

@@ -56,17 +56,23 @@ class PassEngine(Protocol):
         ...
 
 
+def run_pass(engine: PassEngine, plan) -> None:
+    """One pass of a planned shape: propose, score, verify, commit. Only `plan` reads the device
+    back (the pass's shape); this part traces as one graph (tests/test_compile.py)."""
+    drafts = engine.propose(plan)
+    probs = engine.score(plan, drafts)
+    verdict = engine.verify(plan, drafts, probs)
+    engine.commit(plan, drafts, probs, verdict)
+
+
 @torch.no_grad()
 def decode_passes(engine: PassEngine, progress: bool = False) -> tuple[Tensor, dict]:
-    """Run `engine`'s passes until its plan says stop: plan, propose, score, verify, commit."""
+    """Run `engine`'s passes until its plan says stop."""
     bar = progress_bar(total=engine.total, enabled=progress, desc=engine.desc)
     try:
         with engine:
             while (plan := engine.plan()) is not None:
-                drafts = engine.propose(plan)
-                probs = engine.score(plan, drafts)
-                verdict = engine.verify(plan, drafts, probs)
-                engine.commit(plan, drafts, probs, verdict)
+                run_pass(engine, plan)
                 if progress:  # a read-back, so only when a bar shows
                     bar.update(int(engine.least_done()) - bar.n)
     finally:

@@ -24,7 +24,6 @@ import math
 import os
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -41,6 +40,7 @@ from .acceptance import (
     speculative_residual,
 )
 from .checks import check_number
+from .cost_store import cache_root
 from .drafts import resolve_initialiser
 from .jacobi import check_draft, check_spans, speculative_decode
 from .proposers import CARRIES, DraftModelProposer, JacobiProposer, carry_updater, independent_carry
@@ -50,11 +50,6 @@ LANTERN_FORMS: dict[str, Callable] = {"bounded": lantern_relax_bounded, "paper":
 TABLE_MIN_WIDTH = 256  # neighbours stored per code, so that other k reuse the same file
 
 # -- the codebook and its neighbour tables -------------------------------------------------------------
-
-
-def cache_root() -> Path:
-    """Where visar caches derived data: $VISAR_CACHE, else ~/.cache/visar."""
-    return Path(os.environ.get("VISAR_CACHE") or Path.home() / ".cache" / "visar")
 
 
 def codebook_of(tokenizer, vocab_size: int, method: str) -> Tensor:

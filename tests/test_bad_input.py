@@ -201,3 +201,34 @@ def test_generate_returns_images_or_one_visar_error(call):
 def test_generate_returns_images_or_one_visar_error_many(call):
     pipe, kwargs = call
     one_call(pipe, kwargs)
+
+
+BUDGET_METHODS = sorted(name for name, method in METHODS.items() if "budget" in method.options)
+
+
+@pytest.mark.parametrize("method", BUDGET_METHODS)
+def test_every_budget_of_every_method_returns_images_or_one_visar_error(method):
+    """Every whole-number budget from 1 to past the largest window and tree, and "auto", at each zipar
+    lag: zipar-tree at budget=1 once ended in a TypeError (a pass of one slot per front drafts nothing
+    for its trees to branch from)."""
+    pipe = pipe_of("llamagen")
+    lags = [{"s": s} for s in (1, 2, 3)] if method.startswith("zipar") else [{}]
+    for budget in [*range(1, 10), 16, 64, "auto"]:
+        for lag in lags:
+            one_call(pipe, {"method": method, "class_labels": [1, 2], "output_type": "tokens", "budget": budget, **lag})
+
+
+def test_one_slot_per_front_is_plain_zipar_for_tree_fronts_too():
+    pipe = pipe_of("llamagen")
+    plain = pipe.generate(class_labels=[1, 2], method="zipar", s=2, seed=3, output_type="tokens")
+    for method in ("zipar-sjd", "zipar-tree"):
+        out = pipe.generate(class_labels=[1, 2], method=method, s=2, budget=1, seed=3, output_type="tokens")
+        assert torch.equal(out.tokens, plain.tokens), method
+
+
+@pytest.mark.parametrize("method, least", [("tree-mc-sjd", 7), ("sjd-pac", 13)])
+def test_a_number_budget_too_small_for_the_tree_names_the_budget(method, least):
+    for budget in (1, least - 1):
+        with pytest.raises(VisarError, match=f"budget for {method} is the tree's nodes per pass: .* needs {least}"):
+            pipe_of("llamagen").generate(class_labels=[1], method=method, budget=budget, output_type="tokens")
+    pipe_of("llamagen").generate(class_labels=[1], method=method, budget=least, output_type="tokens")

@@ -178,6 +178,31 @@ def test_unwritable_output_folder_exits_2(tmp_path, capsys):
     assert "cannot write" in last_error(capsys)
 
 
+def test_an_output_folder_that_is_a_file_is_said_so_not_blamed_on_space(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for out in (blocker, blocker / "out"):
+        assert generate(out, "--n", "1") == 2
+        error = last_error(capsys)
+        assert "a file stands where the output folder (or a folder in it) should be" in error, error
+        assert "free space" not in error and "permissions" not in error
+    assert blocker.read_text() == "x"
+
+
+def test_a_run_that_made_no_image_does_not_refuse_the_corrected_command(tmp_path, capsys):
+    out = tmp_path / "e2"
+    assert generate(out, "--method", "nosuchmethod", "--n", "1") == 2
+    assert "unknown method 'nosuchmethod'" in last_error(capsys)
+    assert generate(out, "--method", "sjd", "--opt", "window=abc", "--n", "1") == 2
+    assert "window" in last_error(capsys)
+    assert generate(out, "--n", "1") == 0
+    assert json.loads((out / "settings.json").read_text())["method"] == "ar"
+    # once the folder holds an image (here one without its record, as a kill between the two leaves) it is refused
+    (out / "images.jsonl").unlink()
+    assert generate(out, "--method", "sjd", "--n", "1") == 2
+    assert "holds images of another run (method: 'ar' there, 'sjd' now)" in last_error(capsys)
+
+
 def test_a_full_disk_keeps_what_was_written_and_resumes(reference, tmp_path, monkeypatch, capsys):
     out = tmp_path / "full"
     items = tmp_path / "classes.txt"

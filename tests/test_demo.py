@@ -16,8 +16,17 @@ from demo_server import free_port, needs, start_demo, stop, wait_for
 from PIL import Image
 
 import visar
-from visar.accel import METHODS
-from visar.apps.demo import MAX_OPTIONS, ModelCache, commit_heatmap, compare, default_options, parse_options
+from visar.accel import METHODS, reference_method
+from visar.apps.demo import (
+    MAX_OPTIONS,
+    ModelCache,
+    commit_heatmap,
+    compare,
+    default_options,
+    page_handlers,
+    parse_options,
+)
+from visar.registry import embedded_models
 
 MODEL = "visar-tiny-random"
 
@@ -83,6 +92,54 @@ def test_heatmap_colours_early_passes_dark_and_late_ones_bright():
     picture = np.asarray(commit_heatmap(grid).convert("L"), dtype=float)
     cell = 256 // 4
     assert picture[cell // 2, cell // 2] < picture[3 * cell + cell // 2, 3 * cell + cell // 2]
+
+
+GENERATORS = [name for name in embedded_models() if not name.endswith(("-draft", "-refiner", "-refiner-s6"))]
+
+
+def test_every_model_is_shown_with_a_method_other_than_its_reference(cache):
+    """Whatever the page held (its first method, or the previous model's), choosing a model shows
+    `auto` on a raster model and the kind's fastest method elsewhere, never the reference it compares with."""
+    gr = needs("gradio")
+    select_model = page_handlers(gr, cache)["select_model"]
+    for name in GENERATORS:
+        reference = reference_method(cache.get(name).model)
+        for held in ("auto", "ar", "var", "maskgit", "mar", "sjd"):
+            method = select_model(name, held)[2]["value"]
+            assert method != reference, (name, held)
+            expected = {"ar": "auto", "var": "var-prune", "maskgit": "halton", "mar": "mar-cache"}[reference]
+            assert method == (held if held == "sjd" and reference == "ar" else expected), (name, held)
+        assert select_model(name, "auto")[-1]["label"] == (
+            "plain AR" if reference == "ar" else f"{reference} (the reference)"
+        )
+
+
+@pytest.mark.parametrize("model, method", [(MODEL, "ar"), ("visar-tiny-var-c2i", "var")])
+def test_the_reference_against_itself_reports_no_speedup(cache, model, method):
+    *_, summary, _, _, stats = compare(cache, model, "3", "", method, 0, 1.0, 1.0, 0, 1.0, [""] * MAX_OPTIONS)
+    assert stats["speedup"] is None
+    assert "| measured speed-up | 1.00x | - (the same decoding) |" in summary and "**" not in summary
+
+
+def test_auto_reports_what_it_ran_and_a_speedup_only_over_other_work(cache):
+    *_, summary, _, _, stats = compare(cache, MODEL, "3", "", "auto", 0, 1.0, 1.0, 0, 1.0, [""] * MAX_OPTIONS)
+    ran = stats["method"]["ran"]
+    assert ran in ("ar", "mc-sjd", "tree-mc-sjd") and f"| auto (ran {ran}) |" in summary
+    assert (stats["speedup"] is None) == (ran == "ar")
+
+
+def test_a_next_scale_heatmap_is_about_square_and_names_its_reference(cache):
+    sizes = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)  # VAR d16 .. d30's scales
+    picture = commit_heatmap([torch.full((pn, pn), k + 1) for k, pn in enumerate(sizes)])
+    maps_height = picture.height - 34  # the colour bar below
+    assert 0.5 <= picture.width / maps_height <= 2, picture.size
+    last_pass = (np.asarray(picture) == (253, 231, 37)).all(-1).sum()  # viridis' end: the 16 x 16 scale's colour
+    assert last_pass >= 256 * 256  # the largest scale at least as large as a raster grid's heatmap
+    _, _, summary, heatmap, commit_pass, stats = compare(
+        cache, "visar-tiny-var-c2i", "3", "", "var-prune", 0, 1.0, 1.0, 0, 1.0, [""] * MAX_OPTIONS
+    )
+    assert 0.5 <= heatmap.width / (heatmap.height - 34) <= 2, heatmap.size
+    assert "| var (the reference) | var-prune |" in summary and stats["speedup"] is not None
 
 
 # -- the server --------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ bad input (missing name, revision, file, gated repository, wrong family) is one 
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -194,12 +196,58 @@ def test_online_failures_are_one_sentence(monkeypatch, tmp_path, error, match):
         raise http_error(getattr(huggingface_hub.errors, error), "refused")
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", refuse)
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", refuse)  # the Hub answers visar's first request
     with pytest.raises(VisarError, match=match) as caught:
         visar.load("llamagen-gpt-b-c2i-256", revision="v0")
     assert "\n" not in str(caught.value)
     if error == "RepositoryNotFoundError":  # a Hub name is also what a mistyped relative folder looks like
         with pytest.raises(VisarError, match="no Hub repository 'models/mine'.*and no folder models/mine on this"):
             visar.load("models/mine")
+
+
+UNREACHABLE = r"cannot reach the Hugging Face Hub and c2i_B_256.pt of FoundationVision/LlamaGen is not in the cache"
+
+
+def test_a_hub_that_does_not_answer_is_said_at_once_without_the_download_retries(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    downloads = []
+
+    def no_answer(*args, **kwargs):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", no_answer)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **k: downloads.append(a))
+    with pytest.raises(VisarError, match=UNREACHABLE + r".*connect and retry, or load by path"):
+        visar.load("llamagen-gpt-b-c2i-256")
+    with pytest.raises(VisarError, match="config.json of deepseek-community/Janus-Pro-1B is not in the cache"):
+        visar.load("deepseek-ai/Janus-Pro-1B")
+    assert downloads == []  # huggingface_hub's download would retry for about 24 s first
+
+
+@pytest.mark.slow  # a fresh interpreter, whose huggingface_hub reads HF_ENDPOINT at import
+def test_loading_from_a_hub_that_refuses_connections_fails_in_a_second(tmp_path):
+    with socket.socket() as probe:  # a port nobody listens on: connections are refused at once
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": f"http://127.0.0.1:{port}",
+        "HF_HUB_CACHE": str(tmp_path),
+        "PYTHONPATH": str(REPO),
+    }
+    env.pop("HF_HUB_OFFLINE", None)
+    timed = (
+        "import time, visar\n"
+        "start = time.perf_counter()\n"
+        "try:\n    visar.load('llamagen-gpt-b-c2i-256')\n"
+        "except visar.VisarError as err:\n    print(f'{time.perf_counter() - start:.2f}', err)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", timed], env=env, capture_output=True, text=True, timeout=120)
+    seconds, message = result.stdout.split(" ", 1)
+    assert re.match(UNREACHABLE, message), result.stdout + result.stderr
+    assert float(seconds) < 5 and "Retrying" not in result.stderr, result.stderr
 
 
 def test_revision_is_for_hub_names():

@@ -9,7 +9,8 @@ huggingface_hub downloads to temporary files and moves each one into the cache o
 
 Every failure is one `VisarError` sentence that says what to do: a repository or revision that does
 not exist, a file a repository lacks, a gated repository, or a file missing from the cache when
-offline (naming `HF_HUB_OFFLINE` and the local-path form of the same load).
+offline (naming `HF_HUB_OFFLINE` and the local-path form of the same load) or when the Hub does not
+answer (said after one request, not after huggingface_hub's retries).
 """
 
 from __future__ import annotations
@@ -93,19 +94,45 @@ def explain(err: Exception, repo_id: str, filename: str | None, revision: str | 
                 f"{what} is not in the Hugging Face cache ({cache_dir()}) and HF_HUB_OFFLINE is set: unset "
                 f"HF_HUB_OFFLINE to download it, or load {local_form}"
             )
-        return VisarError(
-            f"cannot reach the Hugging Face Hub and {what} is not in the cache ({cache_dir()}): connect and retry, "
-            f"or load {local_form}"
-        )
+        return unreachable(what, local_form)
     if isinstance(err, (errors.EntryNotFoundError, errors.RemoteEntryNotFoundError)):
         return VisarError(f"{where} has no file {filename}: check the repository's files, or load {local_form}")
     return VisarError(f"fetching {what} from the Hugging Face Hub failed ({type(err).__name__}: {err})")
 
 
+def unreachable(what: str, local_form: str) -> VisarError:
+    return VisarError(
+        f"cannot reach the Hugging Face Hub and {what} is not in the cache ({cache_dir()}): connect and retry, "
+        f"or load {local_form}"
+    )
+
+
+def hub_answers(repo_id: str, filename: str, revision: str | None) -> bool:
+    """Whether the Hub answers one request for the file's metadata, made without retries.
+
+    huggingface_hub retries a download whose file is not cached five times over about 24 s before it
+    says the Hub cannot be reached, printing each retry; one request that gets no answer says the
+    same at once. Any answer counts (a missing repository, revision or file too): the download that
+    follows says which."""
+    hub = hub_module()
+    try:
+        hub.get_hf_file_metadata(hub.hf_hub_url(repo_id, filename, revision=revision))
+    except (hub.errors.HfHubHTTPError, hub.errors.HFValidationError):
+        return True
+    except Exception:  # the transport's own errors (httpx's or httpx2's, by huggingface_hub version): no answer
+        return False
+    return True
+
+
 def fetch_file(repo_id: str, filename: str, revision: str | None = None, local_form: str = "") -> Path:
-    """One file of a Hub repository, from huggingface_hub's cache (downloaded first unless offline)."""
+    """One file of a Hub repository, from huggingface_hub's cache (downloaded first unless offline).
+    A file not cached yet is fetched only after one quick request finds the Hub answering (`hub_answers`)."""
     hub = hub_module()
     local_form = local_form or f"the file itself ({filename}) by path"
+    if not offline() and not isinstance(cached_file(repo_id, filename, revision), str):
+        if not hub_answers(repo_id, filename, revision):
+            where = f"{repo_id}@{revision}" if revision else repo_id
+            raise unreachable(f"{filename} of {where}", local_form)
     try:
         path = hub.hf_hub_download(
             repo_id, filename, revision=revision, cache_dir=cache_dir(), local_files_only=offline()
@@ -113,6 +140,11 @@ def fetch_file(repo_id: str, filename: str, revision: str | None = None, local_f
     except (OSError, hub.errors.EntryNotFoundError, hub.errors.HFValidationError) as err:
         raise explain(err, repo_id, filename, revision, local_form) from err
     return Path(path)
+
+
+def cached_file(repo_id: str, filename: str, revision: str | None):
+    """The cached file's path (a str), or what huggingface_hub says of it otherwise (None: unknown)."""
+    return hub_module().try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir(), revision=revision)
 
 
 def fetch_folder(repo_id: str, revision: str | None = None, allow_patterns: list[str] | None = None) -> Path:

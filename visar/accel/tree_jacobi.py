@@ -263,7 +263,7 @@ def decode_tree_with_budget(
     budget = check_budget(budget, method)
     if budget != AUTO:
         if budget is not None:
-            layout = check_tree(request.model, budget, layout.branch, layout.depth)
+            layout = check_tree(request.model, check_tree_budget(budget, layout, method), layout.branch, layout.depth)
         tokens, stats = tree_jacobi_decode(request, layout, initialiser, neighbours)
         return tokens, {**stats, "budget": budget if budget is not None else "fixed"}
     layouts = tree_layouts(request.model, layout.branch, layout.depth)
@@ -272,6 +272,18 @@ def decode_tree_with_budget(
         tokens, stats = tree_jacobi_decode(request, layout, initialiser, neighbours)
         return tokens, {**stats, "budget": f"fixed tree of {layout.num_nodes}: the pass costs could not be measured"}
     return decode_draft_shape(request, shape, layouts, initialiser, neighbours)
+
+
+def check_tree_budget(budget: int, layout: DraftTree, method: str) -> int:
+    """A number budget is the tree's window: it must hold the root and every branching node (and one
+    draft), else one VisarError that names the budget, not the window the user did not set."""
+    least = max(2, sum(layout.branch**d for d in range(layout.depth)))
+    if budget < least:
+        raise VisarError(
+            f"budget for {method} is the tree's nodes per pass: a tree of branch {layout.branch} and depth "
+            f"{layout.depth} needs {least} or more, got {budget}; or budget='auto'"
+        )
+    return budget
 
 
 def decode_draft_shape(

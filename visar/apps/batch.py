@@ -7,11 +7,12 @@ per-item subfolder of a jsonl items file). An image therefore does not depend on
 is sampled in, nor on how many processes share the work, nor on earlier interruptions.
 
 Files. Every PNG is written through a temporary file renamed into place (`eval.samples`);
-`settings.json` records what decides the pixels, and a rerun with other settings is refused;
-each process appends one JSON line per finished image to its own `.records-*.jsonl` as it goes,
-and when all images are done the first process writes `images.jsonl` (one record per image, in
-index order: index, file, condition, seed, method, forward passes) and `stats.json` (this run's
-counts and timings, the only file that differs between runs), then removes the partial records.
+`settings.json` records what decides the pixels, and a rerun with other settings is refused (unless
+the run it records finished no image); each process appends one JSON line per finished image to its
+own `.records-*.jsonl` as it goes, and when all images are done the first process writes
+`images.jsonl` (one record per image, in index order: index, file, condition, seed, method, forward
+passes) and `stats.json` (this run's counts and timings, the only file that differs between runs),
+then removes the partial records.
 An image is finished when its PNG is complete and its record is written: a rerun of the same
 command generates only the others, and ends with the same files as an uninterrupted run.
 
@@ -259,6 +260,16 @@ def refuse_foreign_folder(out: Path, jobs: list[SampleJob]):
         )
 
 
+def forget_settings_without_images(out: Path):
+    """settings.json protects an earlier run's images from being mixed with other settings; a run that
+    finished no image (it failed before its first: an unknown method, a bad option value) left nothing
+    to protect, so its settings go and the corrected command is not refused. An image counts once its
+    PNG exists, record or not (a kill between the two)."""
+    settings = out / SETTINGS_FILE
+    if settings.is_file() and not read_records(out) and next(out.rglob("*.png"), None) is None:
+        settings.unlink()
+
+
 def run_batch(
     pipe,
     items: list[Item],
@@ -320,6 +331,7 @@ def prepare_output(out: Path, jobs: list[SampleJob], settings: dict, processes: 
             out.mkdir(parents=True, exist_ok=True)
             check_inside(out, jobs)
             refuse_foreign_folder(out, jobs)
+            forget_settings_without_images(out)
             check_run_config(out / SETTINGS_FILE, settings)
             remove_stale_temporaries(out, jobs)  # no other process writes yet: they wait below
         processes.barrier()

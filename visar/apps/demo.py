@@ -1,11 +1,12 @@
-"""`visar demo`: plain AR and an accelerated method side by side, on the same seed, in a Gradio page.
+"""`visar demo`: a model's reference decoding and an accelerated method side by side, on one seed.
 
-One click samples the chosen class or prompt twice, with `ar` and with the chosen method, each
-image from one `torch.Generator` seeded with the seed, and shows both images, their forward
-passes, step compression (image tokens / forward passes), wall time, the measured speed-up and
-whether the method is lossless at these options; then how the method decoded: a heatmap over
-the token grid of the forward pass that committed each token (`stats["commit_pass"]`; for a
-next-scale model every scale's map, side by side) and the tokens committed per pass.
+One click samples the chosen class or prompt twice, with the reference of the model's kind (`ar` for
+raster models) and with the chosen method, each image from one `torch.Generator` seeded with the
+seed, and shows both images, their forward passes, step compression (image tokens / forward
+passes), wall time, the measured speed-up (none for the reference against itself) and whether the
+method is lossless at these options; then how the method decoded: a heatmap over the token grid of
+the forward pass that committed each token (`stats["commit_pass"]`; for a next-scale model every
+scale's map, in lines) and the tokens committed per pass.
 
 Sessions share nothing but the loaded models (one per name and device, never changed after
 loading). A model keeps its KV cache between the forward passes of one generation, so the
@@ -40,6 +41,10 @@ MAX_OPTIONS = max(len(method.options) for method in METHODS.values())
 MAX_SEED = 2**63 - 1
 MAX_OPTION_TEXT = 200
 DEFAULT_METHOD = "auto"
+# What the page shows first for each kind: auto on raster models; elsewhere, where `auto` is the
+# reference itself, the kind's fastest method that needs no second model (docs/VAR.md: var-prune and
+# code, which needs a refiner; docs/MASKED.md: halton, by a little at equal steps; docs/MAR.md).
+FIRST_METHODS = {"raster": "auto", "next-scale": "var-prune", "masked": "halton", "continuous": "mar-cache"}
 # viridis at 0, 1/4, 1/2, 3/4, 1: the heatmap's colours, early passes dark, late passes yellow
 VIRIDIS = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
 
@@ -99,6 +104,20 @@ def method_choices(pipe) -> list[str]:
     return usable
 
 
+def preselected_method(pipe, usable: list[str], wanted: str | None = None) -> str:
+    """The method the page shows for this model: `wanted` (--method, or the method the page held) when
+    it decodes this model and is not the reference the page compares with; else the kind's entry of
+    FIRST_METHODS; else any other usable method; the reference only when nothing else decodes the
+    model. A first click must compare two decodings, not the reference with itself."""
+    reference = reference_method(pipe.model)
+    if wanted in usable and wanted != reference:
+        return wanted
+    first = FIRST_METHODS.get(model_kind(pipe.model))
+    if first in usable:
+        return first
+    return next((name for name in usable if name != reference), reference)
+
+
 def default_options(method_name: str, model_name: str) -> dict[str, str]:
     """The option fields' texts: each default as JSON ("" for None); for a method that needs a second
     model, the embedded MODEL-draft (or MODEL-refiner for code's `refiner`) when there is one."""
@@ -147,32 +166,59 @@ def colour(fraction: float) -> tuple[int, int, int]:
     return tuple(round(a + (b - a) * t) for a, b in zip(VIRIDIS[low], VIRIDIS[low + 1], strict=True))
 
 
+def map_lines(shapes: list[tuple[int, int]]) -> list[list[int]]:
+    """Maps of these (rows, columns), in order, packed into lines for the picture nearest a square ->
+    each line's map indices. Side by side, VAR's ten scales made a strip four times wider than tall,
+    which the page squashed to an unreadable band."""
+    best_score, best_lines = math.inf, [list(range(len(shapes)))]
+    for limit in range(max(c for _, c in shapes), sum(c for _, c in shapes) + 1):
+        lines, width = [[]], 0
+        for i, (_, columns) in enumerate(shapes):
+            if lines[-1] and width + columns > limit:
+                lines, width = [*lines, []], 0
+            lines[-1].append(i)
+            width += columns
+        wide = max(sum(shapes[i][1] for i in line) for line in lines)
+        tall = sum(max(shapes[i][0] for i in line) for line in lines)
+        score = max(wide / tall, tall / wide)
+        if score < best_score:
+            best_score, best_lines = score, lines
+    return best_lines
+
+
 def commit_heatmap(commit_pass) -> Image.Image:
     """commit_pass [h, w] (1-based passes), or a next-scale model's list of [pn, pn] maps (one per
     scale) -> a picture: one cell per token, coloured by the pass that committed it (dark: early,
-    yellow: late), the scales side by side, over a colour bar from pass 1 to the last."""
+    yellow: late), the scales in order in lines (`map_lines`), over a colour bar from pass 1 to the last."""
     grids = [g.long().cpu() for g in (commit_pass if isinstance(commit_pass, (list, tuple)) else [commit_pass])]
-    rows = max(g.shape[0] for g in grids)
+    shapes = [tuple(g.shape) for g in grids]
+    lines = map_lines(shapes)
     last = max(int(g.max()) for g in grids)
-    cell = max(4, math.ceil(DISPLAY_PX / max(rows, grids[-1].shape[1])))
+    cell = max(4, math.ceil(DISPLAY_PX / max(grids[-1].shape)))
     try:
         font = ImageFont.load_default(size=12)
     except TypeError:  # Pillow < 10.1: one fixed-size bitmap font
         font = ImageFont.load_default()
     gap, bar = (6 if len(grids) > 1 else 0), 34
-    width = sum(g.shape[1] * cell for g in grids) + gap * (len(grids) - 1)
-    picture = Image.new("RGB", (width, rows * cell + bar), "white")
+    line_heights = [max(shapes[i][0] for i in line) * cell for line in lines]
+    width = max(sum(shapes[i][1] * cell for i in line) + gap * (len(line) - 1) for line in lines)
+    height = sum(line_heights) + gap * (len(lines) - 1)
+    picture = Image.new("RGB", (width, height + bar), "white")
     draw = ImageDraw.Draw(picture)
     palette = [colour((p - 1) / max(last - 1, 1)) for p in range(last + 1)]
-    left = 0
-    for grid in grids:
-        top = (rows - grid.shape[0]) * cell  # scales stand on a common baseline
-        for r in range(grid.shape[0]):
-            for c in range(grid.shape[1]):
-                x, y = left + c * cell, top + r * cell
-                draw.rectangle((x, y, x + cell - 1, y + cell - 1), fill=palette[int(grid[r, c])])
-        left += grid.shape[1] * cell + gap
-    y = rows * cell + 6
+    line_top = 0
+    for line, line_height in zip(lines, line_heights, strict=True):
+        left = 0
+        for i in line:
+            grid = grids[i]
+            top = line_top + line_height - grid.shape[0] * cell  # the maps of a line stand on its baseline
+            for r in range(grid.shape[0]):
+                for c in range(grid.shape[1]):
+                    x, y = left + c * cell, top + r * cell
+                    draw.rectangle((x, y, x + cell - 1, y + cell - 1), fill=palette[int(grid[r, c])])
+            left += grid.shape[1] * cell + gap
+        line_top += line_height + gap
+    y = height + 6
     for x in range(width):
         draw.line((x, y, x, y + 8), fill=colour(x / max(width - 1, 1)))
     draw.text((0, y + 10), "pass 1", fill="black", font=font)
@@ -256,6 +302,7 @@ def run_side(pipe, method: str, seed: int, condition: dict, sampling: dict, opti
             "sampling_s": out.stats["latency_s"],
             "lossless": bool(out.stats["lossless"]),
             "acceptance_rate": out.stats["acceptance_rate"],
+            "ran": out.stats.get("auto", method) if method == "auto" else method,  # what auto chose
             "options": {k: v for k, v in options.items()},
         },
     }
@@ -276,22 +323,33 @@ def compare(cache: ModelCache, model_name, class_value, prompt, method, seed, cf
     check_sizes(pipe, options)
     sampling = {"guidance_scale": float(cfg), "temperature": float(temperature), "top_k": int(top_k) or None}
     sampling["top_p"] = float(top_p)
+    # the reference of the model's kind: plain AR for raster models, MaskGIT's loop for masked ones
+    reference = reference_method(pipe.model)
     with cache.lock:
-        # the reference of the model's kind: plain AR for raster models, MaskGIT's loop for masked ones
-        ar = run_side(pipe, reference_method(pipe.model), int(seed), condition, sampling, {})
+        ar = run_side(pipe, reference, int(seed), condition, sampling, {})
         fast = run_side(pipe, method, int(seed), condition, sampling, options)
+    # the reference against itself (chosen, or what auto ran) is the same work twice: two timings of
+    # it differ by noise, which a speed-up would report as a gain or a loss
+    same_work = fast["summary"]["ran"] == reference
     stats = {
         "ar": ar["summary"],
         "method": fast["summary"],
-        "speedup": ar["summary"]["wall_s"] / fast["summary"]["wall_s"],
+        "speedup": None if same_work else ar["summary"]["wall_s"] / fast["summary"]["wall_s"],
     }
     stats["model"], stats["seed"], stats["sampling"] = pipe.name, int(seed), sampling
     heatmap = commit_heatmap(fast["commit_pass"])
     return upscale(ar["image"]), upscale(fast["image"]), summary_markdown(stats), heatmap, fast["commit_pass"], stats
 
 
+def reference_label(method: str) -> str:
+    """How the page names the reference side: "plain AR", or the kind's reference method by name."""
+    return "plain AR" if method == "ar" else f"{method} (the reference)"
+
+
 def summary_markdown(stats: dict) -> str:
     ar, fast = stats["ar"], stats["method"]
+    name = fast["method"] if fast["ran"] == fast["method"] else f"{fast['method']} (ran {fast['ran']})"
+    speedup = f"**{stats['speedup']:.2f}x**" if stats["speedup"] is not None else "- (the same decoding)"
 
     def acceptance(side):
         return "-" if side["acceptance_rate"] is None else f"{side['acceptance_rate']:.1%}"
@@ -300,12 +358,11 @@ def summary_markdown(stats: dict) -> str:
         ("forward passes", f"{ar['forward_passes']}", f"{fast['forward_passes']}"),
         ("step compression (tokens / passes)", f"{ar['step_compression']:.2f}x", f"{fast['step_compression']:.2f}x"),
         ("wall time", f"{ar['wall_s']:.2f} s", f"{fast['wall_s']:.2f} s"),
-        ("measured speed-up", "1.00x", f"**{stats['speedup']:.2f}x**"),
+        ("measured speed-up", "1.00x", speedup),
         ("lossless", "yes" if ar["lossless"] else "no", "yes" if fast["lossless"] else "no"),
         ("draft acceptance", "-", acceptance(fast)),
     ]
-    reference = "plain AR" if ar["method"] == "ar" else ar["method"]
-    lines = [f"| {stats['model']}, seed {stats['seed']} | {reference} | {fast['method']} |", "|---|---|---|"]
+    lines = [f"| {stats['model']}, seed {stats['seed']} | {reference_label(ar['method'])} | {name} |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(lines)
 
@@ -328,19 +385,20 @@ def build_demo(
     cache = ModelCache(device=device, dtype=dtype, allow_folders=allow_folders)
     first = cache.get(model)
     methods = method_choices(first)
-    method = method if method in methods else methods[0]
+    method = preselected_method(first, methods, method)
     handlers = page_handlers(gr, cache)
     with gr.Blocks(title="visar demo", analytics_enabled=False) as demo:
         gr.Markdown(
-            "## visar: plain AR against an accelerated decoding method\n"
-            "One click samples the same class or prompt with plain autoregressive decoding and with the chosen "
+            "## visar: a model's reference decoding against an accelerated method\n"
+            "One click samples the same class or prompt with the reference decoding of the model's kind (plain "
+            "autoregressive decoding for raster models; var, maskgit or mar for the others) and with the chosen "
             "method, on the same seed (each image from its own generator), and shows how the method decoded."
         )
         with gr.Row():
             with gr.Column(scale=1, min_width=320):
                 controls = input_controls(gr, first, methods, method, allow_folders)
             with gr.Column(scale=2):
-                views = output_views(gr)
+                views = output_views(gr, reference_label(reference_method(first.model)))
         connect_events(controls, views, handlers, concurrency)
     demo.queue(max_size=max_queue)
     return demo
@@ -374,9 +432,9 @@ def page_handlers(gr, cache: ModelCache) -> dict:
             pipe = cache.get(model_name)
         except VisarError as err:
             gr.Warning(str(err))
-            return [gr.update()] * (8 + MAX_OPTIONS)
+            return [gr.update()] * (9 + MAX_OPTIONS)
         usable = method_choices(pipe)
-        method_name = method_name if method_name in usable else usable[0]
+        method_name = preselected_method(pipe, usable, method_name)
         names = class_choices(pipe)
         d = pipe.defaults
         return [
@@ -389,6 +447,7 @@ def page_handlers(gr, cache: ModelCache) -> dict:
             gr.update(value=d["top_p"]),
             model_info(pipe),
             *option_updates(gr, method_name, model_name),
+            gr.update(label=reference_label(reference_method(pipe.model))),
         ]
 
     def select_method(method_name, model_name):
@@ -407,7 +466,8 @@ def page_handlers(gr, cache: ModelCache) -> dict:
             log.exception("generation failed")
             raise gr.Error(f"generation failed: {type(err).__name__}: {err}", print_exception=False) from None
         fast_s, ar_s = stats["method"]["wall_s"], stats["ar"]["wall_s"]
-        status = f"done: {stats['method']['method']} {fast_s:.2f} s, plain AR {ar_s:.2f} s"
+        reference = reference_label(stats["ar"]["method"])
+        status = f"done: {stats['method']['method']} {fast_s:.2f} s, {reference} {ar_s:.2f} s"
         return ar, fast, summary, heatmap, tokens_per_pass(commit_pass), stats, status
 
     def generate_with_progress(*values):
@@ -484,11 +544,11 @@ def input_controls(gr, first, methods: list[str], method: str, allow_folders: bo
     }
 
 
-def output_views(gr) -> list:
-    """The right column: the two images, the figures, the heatmap and the tokens committed per pass;
-    returned in the order `generate` fills them."""
+def output_views(gr, reference: str) -> list:
+    """The right column: the two images (the left one labelled `reference`), the figures, the heatmap
+    and the tokens committed per pass; returned in the order `generate` fills them."""
     with gr.Row():
-        ar_image = gr.Image(label="plain AR", format="png", interactive=False, elem_id="ar-image")
+        ar_image = gr.Image(label=reference, format="png", interactive=False, elem_id="ar-image")
         fast_image = gr.Image(
             label="the chosen method, same seed", format="png", interactive=False, elem_id="method-image"
         )
@@ -520,7 +580,7 @@ def connect_events(controls: dict, views: list, handlers: dict, concurrency: int
     model.change(
         handlers["select_model"],
         [model, method],
-        [controls["class"], controls["prompt"], method, *sampling, controls["info"], *options],
+        [controls["class"], controls["prompt"], method, *sampling, controls["info"], *options, views[0]],
         api_name="select_model",
     )
     method.change(handlers["select_method"], [method, model], [controls["about"], *options], api_name="select_method")

@@ -20,6 +20,7 @@ shards or processes, except where a near-tie flips as above.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -79,12 +80,23 @@ def write_atomic(path: Path, write) -> None:
 
 def write_error(err: OSError, out) -> VisarError:
     """A failed write (a full disk, a folder without write permission, a file where a folder should be)
-    -> one sentence saying what to do; the images finished so far stay and a rerun resumes."""
+    -> one sentence saying what to do about that cause; the images finished so far stay and a rerun resumes."""
     where = err.filename or out
     return VisarError(
-        f"cannot write {where}: {err.strerror or err}. The images finished so far are kept: free space or fix "
-        "the folder's permissions, then rerun the same command to resume"
+        f"cannot write {where}: {err.strerror or err}. The images finished so far are kept: {write_remedy(err)}, "
+        "then rerun the same command to resume"
     )
+
+
+def write_remedy(err: OSError) -> str:
+    """What fixes a failed write, by its cause: a user whose --out names a file must not be sent to free space."""
+    if err.errno in (errno.EEXIST, errno.ENOTDIR):
+        return "a file stands where the output folder (or a folder in it) should be: move it or choose another --out"
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space"
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "fix the folder's permissions or choose another --out"
+    return "free space or fix the folder's permissions"
 
 
 @contextmanager

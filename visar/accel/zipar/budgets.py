@@ -76,9 +76,10 @@ def decode_fronts_under(request: Request, budget, method: str, *, window: int, s
     be measured."""
     budget = check_budget(budget, method, "slots per front and pass")
     if budget != AUTO:
-        tokens, stats = decode_fronts(
-            request, s=s, window=window if budget is None else budget, method=method, **engine
-        )
+        fixed = window if budget is None else budget
+        if fixed == 1:  # one slot per front is plain zipar: it drafts nothing for zipar-tree's trees to branch from
+            engine = {**engine, "trees": None}
+        tokens, stats = decode_fronts(request, s=s, window=fixed, method=method, **engine)
         return tokens, {**stats, "budget": budget if budget is not None else "fixed"}
     costs = front_costs(request, s, method, engine)
     if costs is None:

@@ -1,4 +1,4 @@
-"""`visar demo`: the Gradio page comparing plain AR with a decoding method (`visar.apps.demo`)."""
+"""`visar demo`: the Gradio page comparing a model's reference decoding with a method (`visar.apps.demo`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from ...errors import VisarError
 def add_parser(subparsers):
     parser = subparsers.add_parser(
         "demo",
-        help="a Gradio page: plain AR and a decoding method side by side (pip install 'visar-ar[demo]')",
-        description="Serve a Gradio page that samples one class or prompt with plain AR and with a chosen method "
+        help="a Gradio page: the reference decoding and a method side by side (pip install 'visar-ar[demo]')",
+        description="Serve a Gradio page that samples one class or prompt with the reference decoding of the "
+        "model's kind (plain AR for raster models) and with a chosen method "
         "on the same seed and shows both images, forward passes, step compression, wall time, speed-up, "
         "whether the method is lossless, and when each token was committed. Binds 127.0.0.1 unless --host "
         "says otherwise; --share (a public Gradio link) is off by default.",
@@ -21,7 +22,10 @@ def add_parser(subparsers):
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (default off)")
     parser.add_argument("--model", default="default", help="model shown first (default: the embedded default)")
     parser.add_argument(
-        "--method", default="auto", help="method shown first (default auto: the fastest lossless one on this device)"
+        "--method",
+        default="auto",
+        help="method shown first (default auto: the fastest lossless one on this device; on a model of another "
+        "kind than raster, the kind's fastest method)",
     )
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
     parser.add_argument("--dtype", default="fp32", help="generator dtype: fp32, bf16 or fp16 (default fp32)")

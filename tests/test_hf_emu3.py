@@ -139,19 +139,21 @@ THREE_PROMPTS = ["dog", "a red circle", "the blue dog on a green square of 1 2"]
 LONG_NEGATIVE = "lowres , blurry . the red square of a green triangle in 1 2 3"  # longer than two of them
 
 
-def user_generate(reference, prompts, guidance_scale, size, negative):
+def user_generate(reference, prompts, guidance_scale, size, negative, negative_header=True):
     """transformers' image generation run as its Emu3 docs run it, from the folder's saved processor alone:
     the processor pads the batch with its saved tokenizer's settings (`padding=True`), writes the size into
-    the prompt and gives the grid (`image_sizes`). The negative prompt is formatted for image generation, as
-    baaivision/Emu3's image_generation.py does (the processor's mode 'G'; transformers' docs leave the size
-    prefix off it, another unconditional branch). -> image tokens [B, H, W] and the grid (H, W)."""
+    the prompt and gives the grid (`image_sizes`). negative: one for all prompts or a list of one per prompt.
+    With negative_header, the negative prompt is formatted for image generation, as baaivision/Emu3's
+    image_generation.py does (the processor's mode 'G'); without, as transformers' docs format it
+    (`processor(text=[negative])`: BOS and the text, no size prefix). -> image tokens [B, H, W], grid (H, W)."""
     model, processor = reference
     inputs = processor(text=prompts, padding=True, return_tensors="pt", return_for_image_generation=True, **size)
     height, width = (int(n) for n in inputs.pop("image_sizes")[0])
     guidance = {}
     if guidance_scale != 1:
-        texts = [negative] * len(prompts)
-        neg = processor(text=texts, padding=True, return_tensors="pt", return_for_image_generation=True, **size)
+        texts = [negative] * len(prompts) if isinstance(negative, str) else negative
+        header = dict(return_for_image_generation=True, **size) if negative_header else {}
+        neg = processor(text=texts, padding=True, return_tensors="pt", **header)
         guidance = dict(negative_prompt_ids=neg["input_ids"], negative_prompt_attention_mask=neg["attention_mask"])
     out = model.generate(
         **inputs,
@@ -195,6 +197,34 @@ def test_greedy_equals_transformers_from_the_saved_processor(
             prompts=prompts, method=method, top_k=1, guidance_scale=guidance_scale, output_type="tokens"
         )
         assert torch.equal(out.tokens, expected), method
+
+
+PER_CALL_CASES = [  # prompts, negative_prompt of the call, negative_prompt_format (None: the default, "text")
+    pytest.param(THREE_PROMPTS, LONG_NEGATIVE, None, id="one-for-all"),
+    pytest.param(THREE_PROMPTS, ["lowres", LONG_NEGATIVE, "blurry . dog"], None, id="one-per-prompt"),
+    pytest.param(PROMPTS, "", None, id="empty-is-bos"),
+    pytest.param(THREE_PROMPTS, ["lowres", LONG_NEGATIVE, "blurry . dog"], "generation", id="with-the-header"),
+]
+
+
+@pytest.mark.parametrize("prompts, negative, negative_format", PER_CALL_CASES)
+def test_a_per_call_negative_prompt_equals_transformers(emu3_folder, reference, prompts, negative, negative_format):
+    """At Emu3's default CFG (3), negative_prompt= per call gives transformers' greedy generate with the same
+    negative_prompt_ids (formatted as its docs do, or with the image header under negative_prompt_format
+    'generation'), with no reload: one pipeline serves every negative prompt."""
+    size = {"image_area": 32 * 32}
+    options = {"max_prompt_tokens": 64, **size}
+    if negative_format is not None:
+        options["negative_prompt_format"] = negative_format
+    pipe = visar.load(emu3_folder, device="cpu", model_args=options)
+    header = negative_format == "generation"
+    expected, _ = user_generate(reference, prompts, 3.0, size, negative, negative_header=header)
+    for method in ("ar", "mc-sjd"):
+        out = pipe.generate(prompts=prompts, negative_prompt=negative, method=method, top_k=1, output_type="tokens")
+        assert out.stats["batch_size"] == len(prompts) and torch.equal(out.tokens, expected), method
+    # negative control: the load-time negative prompt (Emu3's own) gives other tokens
+    default = pipe.generate(prompts=prompts, method="ar", top_k=1, output_type="tokens")
+    assert not torch.equal(default.tokens, expected)
 
 
 def test_the_saved_tokenizer_pads_on_the_left(reference):

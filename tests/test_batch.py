@@ -14,10 +14,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from PIL import Image
 
+import visar
 import visar.eval.samples
 from visar.apps.cli import main
+from visar.eval.samples import decode_alone
 
 MODEL = ["--model", "visar-tiny-random"]
 
@@ -64,6 +69,54 @@ def test_items_file_layout_records_and_settings(reference):
     assert settings["items"] == [{"condition": 7}, {"condition": 12}, {"condition": 0}] and settings["seed"] == 10
     stats = json.loads((reference / "stats.json").read_text())
     assert stats["n"] == 6 and stats["generated"] == 6 and stats["images"] == records
+
+
+def cli_image(folder: Path, g: int) -> np.ndarray:
+    return np.asarray(Image.open(folder / f"{g:05d}.png").convert("RGB"))
+
+
+def test_num_images_per_prompt_gives_the_cli_s_images(reference):
+    """Pipeline.generate(num_images_per_prompt=2) on the reference's 3 class items: its image j of item i
+    (at i * 2 + j) is the CLI's image g = j * 3 + i, same seed, same pixels."""
+    pipe = visar.load("visar-tiny-random", device="cpu")
+    labels = [7, 12, 0]
+    out = pipe.generate(class_labels=labels, num_images_per_prompt=2, seed=10, method="ar", output_type="tokens")
+    records = [json.loads(line) for line in (reference / "images.jsonl").read_text().splitlines()]
+    for i, label in enumerate(labels):
+        for j in range(2):
+            g = j * 3 + i
+            assert records[g]["class_label"] == label and records[g]["seed"] == 10 + g
+            assert np.array_equal(decode_alone(pipe, out.tokens[i * 2 + j]), cli_image(reference, g)), (i, j)
+    # negative control: the first item's two images differ (each has its own seed)
+    assert not np.array_equal(cli_image(reference, 0), cli_image(reference, 3))
+
+
+def test_a_negative_prompt_through_the_cli(tmp_path):
+    """--negative-prompt reaches every image (recorded in settings.json and each record), and the CLI's image
+    j of prompt i is Pipeline.generate's with the same negative prompt and num_images_per_prompt."""
+    prompts, negative, out = ["a red circle", "two blue squares"], "green triangle", tmp_path / "t2i"
+    args = ["generate", "--model", "visar-tiny-t2i", "--quiet", "--out", str(out), "--method", "ar", "-n", "4"]
+    args += ["--prompt", prompts[0], "--prompt", prompts[1], "--seed", "5", "--negative-prompt", negative]
+    assert main(args) == 0
+    records = [json.loads(line) for line in (out / "images.jsonl").read_text().splitlines()]
+    assert [r["negative_prompt"] for r in records] == [negative] * 4
+    assert json.loads((out / "settings.json").read_text())["negative_prompt"] == negative
+    pipe = visar.load("visar-tiny-t2i", device="cpu")
+    kwargs = dict(num_images_per_prompt=2, seed=5, method="ar", output_type="tokens")
+    with_negative = pipe.generate(prompts=prompts, negative_prompt=negative, **kwargs)
+    for i in range(2):
+        for j in range(2):
+            image = decode_alone(pipe, with_negative.tokens[i * 2 + j])
+            assert np.array_equal(image, cli_image(out, j * 2 + i)), (i, j)
+    # negative control: the model's own null caption gives other images
+    assert not torch.equal(pipe.generate(prompts=prompts, **kwargs).tokens, with_negative.tokens)
+
+
+def test_a_negative_prompt_on_a_class_model_is_refused_before_anything_is_written(tmp_path, capsys):
+    out = tmp_path / "refused"
+    assert generate(out, "--class", "3", "--negative-prompt", "blurry") == 2
+    assert "is class-conditional: a negative prompt replaces the unconditional prompt" in last_error(capsys)
+    assert not out.exists()
 
 
 def test_same_files_for_any_batch_size_and_for_inline_items(reference, tmp_path):

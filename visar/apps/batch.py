@@ -10,7 +10,7 @@ Files. Every PNG is written through a temporary file renamed into place (`eval.s
 `settings.json` records what decides the pixels, and a rerun with other settings is refused;
 each process appends one JSON line per finished image to its own `.records-*.jsonl` as it goes,
 and when all images are done the first process writes `images.jsonl` (one record per image, in
-index order: index, file, condition, seed, method, forward passes) and `stats.json` (this run's
+index order: index, file, condition (and negative prompt), seed, method, forward passes) and `stats.json` (this run's
 counts and timings, the only file that differs between runs), then removes the partial records.
 An image is finished when its PNG is complete and its record is written: a rerun of the same
 command generates only the others, and ends with the same files as an uninterrupted run.
@@ -191,9 +191,13 @@ def start_processes(device: str | None) -> tuple[Processes, str | None]:
 # -- the run -----------------------------------------------------------------------------------------
 
 
-def image_jobs(out: Path, items: list[Item], total: int, seed: int) -> tuple[list[SampleJob], list[dict]]:
-    """Image g: item g mod P, seed SEED + g, file OUT/[folder/]{g:05d}.png; with its record's fixed part."""
+def image_jobs(
+    out: Path, items: list[Item], total: int, seed: int, negative_prompt: str | None = None
+) -> tuple[list[SampleJob], list[dict]]:
+    """Image g: item g mod P, seed SEED + g, file OUT/[folder/]{g:05d}.png; with its record's fixed part
+    (the negative prompt too, when the run has one)."""
     jobs, records = [], []
+    negative = {} if negative_prompt is None else {"negative_prompt": negative_prompt}
     for g in range(total):
         item = items[g % len(items)]
         file = f"{item.folder}/{g:05d}.png" if item.folder else f"{g:05d}.png"
@@ -202,7 +206,7 @@ def image_jobs(out: Path, items: list[Item], total: int, seed: int) -> tuple[lis
             condition = {"prompt": item.condition}
         else:
             condition = {"class_label": item.condition, **({"class_name": item.class_name} if item.class_name else {})}
-        records.append({"index": g, "file": file, **condition, "seed": seed + g})
+        records.append({"index": g, "file": file, **condition, **negative, "seed": seed + g})
     return jobs, records
 
 
@@ -284,7 +288,7 @@ def run_batch(
     if batch_size < 1:
         raise VisarError("--batch-size must be >= 1")
     out = Path(out)
-    jobs, fixed = image_jobs(out, items, total, seed)
+    jobs, fixed = image_jobs(out, items, total, seed, generate_kwargs.get("negative_prompt"))
     settings = batch_settings(pipe, items, method, seed, identity)
     prepare_output(out, jobs, settings, processes)
     counts = generate_share(

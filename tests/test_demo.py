@@ -17,7 +17,16 @@ from PIL import Image
 
 import visar
 from visar.accel import METHODS
-from visar.apps.demo import MAX_OPTIONS, ModelCache, commit_heatmap, compare, default_options, parse_options
+from visar.apps.demo import (
+    MAX_OPTIONS,
+    ModelCache,
+    commit_heatmap,
+    compare,
+    default_options,
+    guarantee_note,
+    parse_options,
+)
+from visar.errors import VisarError
 
 MODEL = "visar-tiny-random"
 
@@ -38,7 +47,7 @@ def option_texts(method: str, **values) -> list[str]:
 
 def test_compare_runs_ar_and_the_method_on_one_seed(cache):
     ar, fast, summary, heatmap, commit_pass, stats = compare(
-        cache, MODEL, "3", "", "sjd", 5, 1.0, 1.0, 0, 1.0, option_texts("sjd", window=8)
+        cache, MODEL, "3", "", "", "sjd", 5, 1.0, 1.0, 0, 1.0, option_texts("sjd", window=8)
     )
     pipe = cache.get(MODEL)
     reference = pipe.generate(class_labels=[3], method="ar", seed=5)  # image 0 draws from seed 5
@@ -61,10 +70,38 @@ def _rest(method):
 
 
 def test_lossy_method_says_so(cache):
-    *_, stats = compare(cache, MODEL, "1", "", "zipar", 0, 1.0, 1.0, 0, 1.0, option_texts("zipar", s=4))
+    *_, stats = compare(cache, MODEL, "1", "", "", "zipar", 0, 1.0, 1.0, 0, 1.0, option_texts("zipar", s=4))
     assert stats["method"]["lossless"] is False and stats["method"]["forward_passes"] == 16 + 15 * 4
-    *_, stats = compare(cache, MODEL, "1", "", "zipar", 0, 1.0, 1.0, 0, 1.0, option_texts("zipar", s=16))
+    *_, stats = compare(cache, MODEL, "1", "", "", "zipar", 0, 1.0, 1.0, 0, 1.0, option_texts("zipar", s=16))
     assert stats["method"]["lossless"] is True  # s >= the grid width is plain raster order
+
+
+def test_the_note_says_what_the_chosen_method_guarantees():
+    """Lossless methods: the model's own distribution; lossy ones say so, what they trade and when they are exact."""
+    assert "**mc-sjd** is lossless: it samples the model's own distribution" in guarantee_note("mc-sjd")
+    zipar = guarantee_note("zipar")
+    assert "**zipar** is lossy: it trades exactness for fewer forward passes" in zipar
+    assert METHODS["zipar"].description in zipar and "exact when s >= the grid width" in zipar
+    assert "lossless" not in guarantee_note("halton") and "is lossy" in guarantee_note("halton")
+    assert {guarantee_note(name) for name in METHODS}.isdisjoint({""})  # every method has its note
+
+
+def test_the_negative_prompt_field_reaches_both_sides(cache):
+    """The field under the prompt: both images are generated with it (same seed); empty is the model's own."""
+    args = ("visar-tiny-t2i", None, "a red circle")
+    tail = (0, 3.0, 1.0, 0, 1.0, option_texts("sjd"))
+    ar, fast, *_, stats = compare(cache, *args, "green triangle", "sjd", *tail)
+    pipe = cache.get("visar-tiny-t2i")
+    kwargs = dict(prompts=["a red circle"], guidance_scale=3.0, seed=0, method="ar")
+    expected = pipe.generate(negative_prompt="green triangle", **kwargs).images[0]
+    assert np.array_equal(np.asarray(ar.resize(expected.size, Image.NEAREST)), np.asarray(expected))
+    assert stats["negative_prompt"] == "green triangle" and stats["method"]["lossless"] is True
+    ar_plain, *_, plain_stats = compare(cache, *args, "  ", "sjd", *tail)
+    own = pipe.generate(**kwargs).images[0]  # an empty field: the null caption
+    assert np.array_equal(np.asarray(ar_plain.resize(own.size, Image.NEAREST)), np.asarray(own))
+    assert "negative_prompt" not in plain_stats and not np.array_equal(np.asarray(own), np.asarray(expected))
+    with pytest.raises(VisarError, match="class-conditional: a negative prompt replaces"):
+        compare(cache, MODEL, "3", "", "blurry", "sjd", *tail)
 
 
 def test_options_are_the_methods_own_with_their_defaults():
@@ -121,11 +158,11 @@ def client(server):
     return gradio_client.Client(server["url"], verbose=False)
 
 
-def generate_args(method="sjd", model=MODEL, class_value="3", prompt="", seed=0, **options):
+def generate_args(method="sjd", model=MODEL, class_value="3", prompt="", seed=0, negative_prompt="", **options):
     texts = default_options(method, model) if method in METHODS else {}
     texts.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in options.items()})
     texts = list(texts.values()) + [""] * (MAX_OPTIONS - len(texts))
-    return (model, class_value, prompt, method, seed, 1.0, 1.0, 0, 1.0, *texts)
+    return (model, class_value, prompt, negative_prompt, method, seed, 1.0, 1.0, 0, 1.0, *texts)
 
 
 @pytest.mark.slow  # starts a server (about 10 s)
@@ -153,7 +190,8 @@ def test_client_gets_two_images_and_the_figures(client):
 
 @pytest.mark.slow
 def test_method_choice_shows_its_options_with_defaults(client):
-    info, *fields = client.predict("gsd", MODEL, api_name="/select_method")
+    info, note, *fields = client.predict("gsd", MODEL, api_name="/select_method")
+    assert note.startswith("**gsd** is lossy: it trades exactness")
     assert "gsd" in info and "lossy (exact when group_size=1)" in info
     shown = [(f["label"], f["value"]) for f in fields if f["visible"]]
     assert shown == list(default_options("gsd", MODEL).items())
@@ -210,7 +248,9 @@ def test_browser_loads_the_page_clicks_generate_and_sees_the_images(server, tmp_
         )
         browser.evaluate("document.querySelector('button#generate').click()")
         browser.wait_for("document.body.innerText.includes('window must be an integer >= 1')", "the error message", 60)
-    assert "256" in summary and "sjd" in summary
+        # the click cleared the last result before it failed: no image nor figure of it is left
+        cleared = browser.evaluate(f"{images}.length == 0 && !document.querySelector('#summary').innerText.trim()")
+    assert "256" in summary and "sjd" in summary and cleared
     picture = np.asarray(Image.open(shot).convert("RGB"))
     assert picture.shape[0] >= 1000 and picture.shape[1] == 1400
     assert picture.std() > 10  # the page drew something, not a blank screen

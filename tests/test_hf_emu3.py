@@ -227,6 +227,17 @@ def test_a_per_call_negative_prompt_equals_transformers(emu3_folder, reference, 
     assert not torch.equal(default.tokens, expected)
 
 
+def test_a_draft_model_is_guided_by_the_same_negative_prompt(pipe, emu3_folder):
+    """spec with a draft of the same weights: the call's negative prompt is held on the draft too, so every
+    draft is accepted (greedy); a draft left on its own negative prompt passed 30% of them when this was
+    checked. The tokens are AR's either way (spec is lossless)."""
+    draft = visar.load(emu3_folder, device="cpu", model_args=OPTIONS).model
+    kwargs = dict(prompts=PROMPTS, negative_prompt="the red dog", top_k=1, output_type="tokens")
+    out = pipe.generate(method="spec", draft=draft, **kwargs)
+    assert torch.equal(out.tokens, pipe.generate(method="ar", **kwargs).tokens)
+    assert out.stats["acceptance_rate"] == 1.0 and draft.negative is None and pipe.model.negative is None
+
+
 def test_the_saved_tokenizer_pads_on_the_left(reference):
     """As transformers' convert_emu3_weights_to_hf.py saves Emu3-Gen-hf's tokenizer: a batch padded with the
     folder's own settings is left-padded, which generate needs (its positions and the prefix constraint)."""
@@ -339,6 +350,8 @@ def test_the_grid_is_the_one_the_folders_processor_writes(emu3_folder, reference
 def test_load_options_are_checked(emu3_folder, reference):
     with pytest.raises(VisarError, match=r"unknown model_args \['guidance'\] for an Emu3 folder"):
         visar.load(emu3_folder, device="cpu", model_args={**OPTIONS, "guidance": 3})
+    with pytest.raises(VisarError, match="negative_prompt_format 'repo': expected 'text'"):
+        visar.load(emu3_folder, device="cpu", model_args={**OPTIONS, "negative_prompt_format": "repo"})
     with pytest.raises(VisarError, match="ratio 'square'"):
         visar.load(emu3_folder, device="cpu", model_args={**OPTIONS, "ratio": "square"})
     wide = visar.load(emu3_folder, device="cpu", model_args={**OPTIONS, "image_area": 32 * 64, "ratio": "2:1"})
@@ -354,6 +367,9 @@ def test_load_options_are_checked(emu3_folder, reference):
 def test_prompt_too_long_and_foreign_draft(pipe):
     with pytest.raises(VisarError, match="more than this model's 16 condition positions"):
         pipe.generate(prompts=["a red circle on the green square of the blue dog in a"], output_type="tokens")
+    long_negative = "the red circle on the green square of the blue dog in a red triangle of a dog"
+    with pytest.raises(VisarError, match="a negative prompt takes 19 tokens .* more than this model's 16"):
+        pipe.generate(prompts=PROMPTS, negative_prompt=long_negative, output_type="tokens")
     with pytest.raises(VisarError, match="condition"):
         pipe.generate(prompts=PROMPTS[:1], method="spec", draft=tiny_llamagen(vocab=16, block_size=16), top_k=1)
 

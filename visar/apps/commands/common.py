@@ -123,8 +123,8 @@ def add_negative_prompt_arg(parser: argparse.ArgumentParser):
         "--negative-prompt",
         metavar="TEXT",
         help="text-conditional models: the unconditional branch of guidance for every prompt, in place of the "
-        "model's own (LlamaGen t2i: its null caption; Emu3: its load-time negative prompt; aMUSEd: the empty "
-        "prompt; Janus: the padded prompt); used when --guidance-scale is not 1",
+        "model's own (LlamaGen t2i: its null caption; Emu3 and aMUSEd: their load-time negative prompt; Janus: "
+        "the padded prompt); used under guidance (a guidance scale other than 1: the model's default or --cfg)",
     )
 
 

@@ -55,7 +55,8 @@ def add_parser(subparsers):
         "--prompts-file",
         metavar="FILE",
         help='prompts, one a line (.txt), or .jsonl: one JSON string a line or {"prompt": TEXT, "folder": '
-        "SUBFOLDER}; --n images per line",
+        'SUBFOLDER, "negative_prompt": TEXT} (both optional; the line\'s negative prompt before '
+        "--negative-prompt); --n images per line",
     )
     parser.add_argument(
         "-n",
@@ -106,7 +107,7 @@ def read_command_items(pipe, args):
 
 
 def run(args) -> int:
-    from ..batch import run_batch, start_processes
+    from ..batch import check_negative_prompts, run_batch, start_processes
 
     if args.n is not None and args.n < 1:  # before loading anything
         raise VisarError("--n must be >= 1")
@@ -117,6 +118,7 @@ def run(args) -> int:
         pipe = load_pipeline(args)
         items, total = read_command_items(pipe, args)
         check_negative_prompt(pipe, args)
+        check_negative_prompts(pipe, items)
         identity = run_settings(pipe, args)
         stats = run_batch(
             pipe,

@@ -22,7 +22,7 @@ from scipy.stats import chisquare
 
 import visar
 from visar.accel import Request, get_method
-from visar.accel.sampling import SamplingParams, logits_to_probs, make_generators, split_cfg
+from visar.accel.sampling import SamplingParams, cfg_mix, logits_to_probs, make_generators, split_cfg
 from visar.families import FAMILIES
 from visar.loading import resolve_dtype, seeded_init
 from visar.models.llamagen import LlamaGen, LlamaGenConfig
@@ -233,6 +233,14 @@ def draw(method, model, label, params, n, seed=0, **options):
     """n images of class `label` from a registered method, image i seeded with seed + i."""
     cond = torch.full((n,), label, device=model.device)
     return get_method(method).fn(Request(model, cond, params, make_generators(n, seed)), **options)
+
+
+def greedy_under_guidance(pipe, tokens: torch.Tensor, prompts, unconditional_prompts, scale: float) -> bool:
+    """Are tokens [B, H, W] greedy under CFG at `scale` with these prompts as the unconditional branch
+    (encoded as prompts are)? Teacher-forced: each token is the argmax of uncond + scale * (cond - uncond)."""
+    flat = tokens.reshape(len(prompts), -1)
+    cond, uncond = pipe.logits(flat, prompts=prompts), pipe.logits(flat, prompts=unconditional_prompts)
+    return torch.equal(cfg_mix(cond, uncond, scale).argmax(-1), flat)
 
 
 @torch.no_grad()

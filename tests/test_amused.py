@@ -98,6 +98,36 @@ def test_a_batch_is_each_image_alone_with_its_seed(pipe, reference):
     assert not torch.equal(batch.images, out.tokens)
 
 
+NEGATIVE_CASES = [  # prompts, negative_prompt (one for all, one per prompt, AmusedPipeline's own empty one)
+    pytest.param([PROMPT, "the blue dog"], "lowres blurry", id="one-for-all"),
+    pytest.param([PROMPT, "the blue dog"], ["lowres", "a green square"], id="one-per-prompt"),
+    pytest.param([PROMPT], [""], id="empty"),
+]
+
+
+@pytest.mark.parametrize("prompts, negative", NEGATIVE_CASES)
+def test_a_negative_prompt_is_amused_pipelines(pipe, reference, prompts, negative):
+    """negative_prompt= per call gives AmusedPipeline's tokens for the same negative_prompt, image by image."""
+    negatives = [negative] * len(prompts) if isinstance(negative, str) else negative
+    out = pipe.generate(
+        prompts=prompts, negative_prompt=negative, method="maskgit", steps=6, seed=3, output_type="tokens"
+    )
+    for i, prompt in enumerate(prompts):
+        expected = reference_tokens(reference, prompt, 3 + i, num_inference_steps=6, negative_prompt=negatives[i])
+        assert torch.equal(out.tokens[i], expected[0]), prompt
+    # the empty negative prompt is the model's own unconditional branch; another one reaches the image
+    default = pipe.generate(prompts=prompts, method="maskgit", steps=6, seed=3, output_type="tokens")
+    assert torch.equal(default.tokens, out.tokens) == (negatives == [""] * len(prompts))
+
+
+def test_a_negative_prompt_is_held_for_its_call_only(pipe):
+    negative = pipe.generate(prompts=[PROMPT], negative_prompt="lowres", method="maskgit", steps=4, seed=1)
+    assert pipe.model.negative is None  # the load-time negative prompt again afterwards
+    with pytest.raises(VisarError, match="got 3 negative prompts for 2 prompts"):
+        pipe.generate(prompts=[PROMPT, "a dog"], negative_prompt=["a", "b", "c"], output_type="tokens")
+    assert pipe.model.negative is None and negative.images
+
+
 @pytest.mark.parametrize("method", ["halton", "lpd-order", "lpd-confidence"])
 def test_other_schedules_run_on_amused(pipe, method):
     out = pipe.generate(prompts=[PROMPT], method=method, steps=5, seed=0, output_type="np")

@@ -4,8 +4,10 @@ Hypothesis draws a tiny random model of every registered family (every kind: ras
 next-scale, continuous; the Hugging Face ones where transformers / diffusers are installed), a
 method name (the model's own, another kind's, or made up), options (the method's names and made-up
 ones, with ints, floats, NaN, infinities, huge and negative numbers, strings, None, lists), sampling
-settings and conditions (empty, out of range, of the wrong kind or type). Each call must either
-return one image per condition or raise visar's own `VisarError` with a one-line message: never
+settings, conditions (empty, out of range, of the wrong kind or type), negative prompts (one, one
+per prompt, a list of the wrong length, empty, anything; on class models too) and images per
+condition. Each call must either return num_images_per_prompt images per condition or raise visar's
+own `VisarError` with a one-line message: never
 another exception type, never an empty result. The quick tier runs 40 examples,
 derandomized; the slow tier 1,000. No example database is kept (`database=None`).
 """
@@ -82,7 +84,9 @@ DRAFTS = st.one_of(
 )
 
 
-PARTS = ("method", "option names", "sampling", "condition", "seed")
+PARTS = ("method", "option names", "sampling", "condition", "seed", "images per condition")
+# a negative prompt: one for all, a list of one, two or three, the empty one, or anything
+NEGATIVES = st.one_of(st.sampled_from(["blurry", "", "a red circle", ["blurry"], ["a", "b"], ["a", "b", "c"]]), VALUES)
 GOOD_SAMPLING = {
     "guidance_scale": st.sampled_from([1.0, 2.0, 4]),
     "temperature": st.sampled_from([0.5, 1.0, 2]),
@@ -137,6 +141,12 @@ def calls(draw):
         )
     if key != "nothing":
         kwargs[key] = value
+    if draw(st.integers(0, 3)) == 0:  # any family, class-conditional ones included (they refuse it)
+        kwargs["negative_prompt"] = draw(NEGATIVES)
+    if "images per condition" in bad:
+        kwargs["num_images_per_prompt"] = draw(st.one_of(st.integers(-1, 3), VALUES))
+    elif draw(st.integers(0, 3)) == 0:
+        kwargs["num_images_per_prompt"] = 2
     if "seed" in bad:
         kwargs["seed"] = draw(st.one_of(st.sampled_from([-1, 2**64, 2**64 - 1]), VALUES))
     elif draw(st.booleans()):
@@ -156,12 +166,14 @@ def tiny_pipeline_draft(pipe):
 
 
 def expected_count(kwargs) -> int | None:
+    """Images a successful call returns: conditions times num_images_per_prompt (None: not known)."""
+    copies = kwargs.get("num_images_per_prompt", 1)
     for key in ("class_labels", "prompts"):
         value = kwargs.get(key)
         if isinstance(value, str):
-            return 1
+            return copies
         if isinstance(value, (list, tuple)):
-            return len(value)
+            return len(value) * copies
     return None
 
 

@@ -14,10 +14,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from PIL import Image
 
+import visar
 import visar.eval.samples
 from visar.apps.cli import main
+from visar.eval.samples import decode_alone
 
 MODEL = ["--model", "visar-tiny-random"]
 
@@ -64,6 +69,94 @@ def test_items_file_layout_records_and_settings(reference):
     assert settings["items"] == [{"condition": 7}, {"condition": 12}, {"condition": 0}] and settings["seed"] == 10
     stats = json.loads((reference / "stats.json").read_text())
     assert stats["n"] == 6 and stats["generated"] == 6 and stats["images"] == records
+
+
+def cli_image(folder: Path, g: int) -> np.ndarray:
+    return np.asarray(Image.open(folder / f"{g:05d}.png").convert("RGB"))
+
+
+def test_num_images_per_prompt_gives_the_cli_s_images(reference):
+    """Pipeline.generate(num_images_per_prompt=2) on the reference's 3 class items: its image j of item i
+    (at i * 2 + j) is the CLI's image g = j * 3 + i, same seed, same pixels."""
+    pipe = visar.load("visar-tiny-random", device="cpu")
+    labels = [7, 12, 0]
+    out = pipe.generate(class_labels=labels, num_images_per_prompt=2, seed=10, method="ar", output_type="tokens")
+    records = [json.loads(line) for line in (reference / "images.jsonl").read_text().splitlines()]
+    for i, label in enumerate(labels):
+        for j in range(2):
+            g = j * 3 + i
+            assert records[g]["class_label"] == label and records[g]["seed"] == 10 + g
+            assert np.array_equal(decode_alone(pipe, out.tokens[i * 2 + j]), cli_image(reference, g)), (i, j)
+    # negative control: the first item's two images differ (each has its own seed)
+    assert not np.array_equal(cli_image(reference, 0), cli_image(reference, 3))
+
+
+def test_a_negative_prompt_through_the_cli(tmp_path):
+    """--negative-prompt reaches every image (recorded in settings.json and each record), and the CLI's image
+    j of prompt i is Pipeline.generate's with the same negative prompt and num_images_per_prompt."""
+    prompts, negative, out = ["a red circle", "two blue squares"], "green triangle", tmp_path / "t2i"
+    args = ["generate", "--model", "visar-tiny-t2i", "--quiet", "--out", str(out), "--method", "ar", "-n", "4"]
+    args += ["--prompt", prompts[0], "--prompt", prompts[1], "--seed", "5", "--negative-prompt", negative]
+    assert main(args) == 0
+    records = [json.loads(line) for line in (out / "images.jsonl").read_text().splitlines()]
+    assert [r["negative_prompt"] for r in records] == [negative] * 4
+    assert json.loads((out / "settings.json").read_text())["negative_prompt"] == negative
+    pipe = visar.load("visar-tiny-t2i", device="cpu")
+    kwargs = dict(num_images_per_prompt=2, seed=5, method="ar", output_type="tokens")
+    with_negative = pipe.generate(prompts=prompts, negative_prompt=negative, **kwargs)
+    for i in range(2):
+        for j in range(2):
+            image = decode_alone(pipe, with_negative.tokens[i * 2 + j])
+            assert np.array_equal(image, cli_image(out, j * 2 + i)), (i, j)
+    # negative control: the model's own null caption gives other images
+    assert not torch.equal(pipe.generate(prompts=prompts, **kwargs).tokens, with_negative.tokens)
+
+
+def test_a_prompts_file_gives_each_line_its_own_negative_prompt(tmp_path):
+    """jsonl "negative_prompt": that line's images are made with it, the others with --negative-prompt (or
+    the model's own); a batch never mixes images with and without one, each image is what generate makes
+    alone with its seed and negative prompt, and the records and settings.json name them."""
+    lines = [
+        {"prompt": "a red circle", "negative_prompt": "green"},
+        "two blue squares",
+        {"prompt": "a red circle", "negative_prompt": "blue triangle", "folder": "blue"},
+    ]
+    items = tmp_path / "prompts.jsonl"
+    items.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "own"
+    args = ["generate", "--model", "visar-tiny-t2i", "--quiet", "--out", str(out), "--method", "ar"]
+    assert main([*args, "--prompts-file", str(items), "-n", "2", "--seed", "2", "--batch-size", "4"]) == 0
+    records = [json.loads(line) for line in (out / "images.jsonl").read_text().splitlines()]
+    negatives = ["green", None, "blue triangle"] * 2
+    assert [r.get("negative_prompt") for r in records] == negatives
+    settings = json.loads((out / "settings.json").read_text())
+    assert [item.get("negative_prompt") for item in settings["items"]] == negatives[:3]
+    pipe = visar.load("visar-tiny-t2i", device="cpu")
+    for record, negative in zip(records, negatives, strict=True):
+        own = {} if negative is None else {"negative_prompt": negative}
+        generator = torch.Generator().manual_seed(record["seed"])
+        alone = pipe.generate(prompts=[record["prompt"]], generator=generator, method="ar", output_type="tokens", **own)
+        image = np.asarray(Image.open(out / record["file"]).convert("RGB"))
+        assert np.array_equal(decode_alone(pipe, alone.tokens[0]), image), record["file"]
+    # --negative-prompt serves the line without one; the lines' own come first
+    both = tmp_path / "both"
+    run = [*args[:5], str(both), *args[6:], "--prompts-file", str(items), "--negative-prompt", "white"]
+    assert main(run) == 0
+    records = [json.loads(line) for line in (both / "images.jsonl").read_text().splitlines()]
+    assert [r["negative_prompt"] for r in records] == ["green", "white", "blue triangle"]
+
+
+def test_a_negative_prompt_on_a_class_model_is_refused_before_anything_is_written(tmp_path, capsys):
+    out = tmp_path / "refused"
+    assert generate(out, "--class", "3", "--negative-prompt", "blurry") == 2
+    assert "is class-conditional: a negative prompt replaces the unconditional prompt" in last_error(capsys)
+    assert not out.exists()
+    items = tmp_path / "prompts.jsonl"  # a line's own empty negative prompt: visar's caption encoder has no words
+    items.write_text(json.dumps({"prompt": "a red circle", "negative_prompt": " "}) + "\n")
+    args = ["generate", "--model", "visar-tiny-t2i", "--quiet", "--out", str(out), "--prompts-file", str(items)]
+    assert main(args) == 2
+    assert "an empty negative prompt cannot be encoded by this model's caption encoder" in last_error(capsys)
+    assert not out.exists()
 
 
 def test_same_files_for_any_batch_size_and_for_inline_items(reference, tmp_path):
@@ -123,6 +216,7 @@ def test_class_names_and_text_items(tmp_path):
         ("3\n40\n", ".txt", "line 2: class id 40 out of range"),
         ('3\n{"class": 2\n', ".jsonl", "line 2: not valid JSON"),
         ('{"klass": 2}\n', ".jsonl", 'line 1: expected {"class"'),
+        ('3\n{"class": 2, "negative_prompt": "blurry"}\n', ".jsonl", 'line 2: expected {"class": ..., "folder"'),
         ("[1, 2]\n", ".jsonl", "line 1: expected a class id or class name"),
         ('{"class": 1, "folder": "../escape"}\n', ".jsonl", "line 1: folder '../escape' would write outside"),
         ('{"class": 1, "folder": "/tmp/abs"}\n', ".jsonl", "line 1: folder '/tmp/abs' is not a relative path"),

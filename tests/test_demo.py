@@ -23,9 +23,11 @@ from visar.apps.demo import (
     commit_heatmap,
     compare,
     default_options,
+    guarantee_note,
     page_handlers,
     parse_options,
 )
+from visar.errors import VisarError
 from visar.registry import embedded_models
 
 MODEL = "visar-tiny-random"
@@ -47,7 +49,7 @@ def option_texts(method: str, **values) -> list[str]:
 
 def test_compare_runs_ar_and_the_method_on_one_seed(cache):
     ar, fast, summary, heatmap, commit_pass, stats = compare(
-        cache, MODEL, "3", "", "sjd", 5, 1.0, 1.0, 0, 1.0, option_texts("sjd", window=8)
+        cache, MODEL, "3", "", "", "sjd", 5, 1.0, 1.0, 0, 1.0, option_texts("sjd", window=8)
     )
     pipe = cache.get(MODEL)
     reference = pipe.generate(class_labels=[3], method="ar", seed=5)  # image 0 draws from seed 5
@@ -70,10 +72,38 @@ def _rest(method):
 
 
 def test_lossy_method_says_so(cache):
-    *_, stats = compare(cache, MODEL, "1", "", "zipar", 0, 1.0, 1.0, 0, 1.0, option_texts("zipar", s=4))
+    *_, stats = compare(cache, MODEL, "1", "", "", "zipar", 0, 1.0, 1.0, 0, 1.0, option_texts("zipar", s=4))
     assert stats["method"]["lossless"] is False and stats["method"]["forward_passes"] == 16 + 15 * 4
-    *_, stats = compare(cache, MODEL, "1", "", "zipar", 0, 1.0, 1.0, 0, 1.0, option_texts("zipar", s=16))
+    *_, stats = compare(cache, MODEL, "1", "", "", "zipar", 0, 1.0, 1.0, 0, 1.0, option_texts("zipar", s=16))
     assert stats["method"]["lossless"] is True  # s >= the grid width is plain raster order
+
+
+def test_the_note_says_what_the_chosen_method_guarantees():
+    """Lossless methods: the model's own distribution; lossy ones say so, what they trade and when they are exact."""
+    assert "**mc-sjd** is lossless: it samples the model's own distribution" in guarantee_note("mc-sjd")
+    zipar = guarantee_note("zipar")
+    assert "**zipar** is lossy: it trades exactness for fewer forward passes" in zipar
+    assert METHODS["zipar"].description in zipar and "exact when s >= the grid width" in zipar
+    assert "lossless" not in guarantee_note("halton") and "is lossy" in guarantee_note("halton")
+    assert {guarantee_note(name) for name in METHODS}.isdisjoint({""})  # every method has its note
+
+
+def test_the_negative_prompt_field_reaches_both_sides(cache):
+    """The field under the prompt: both images are generated with it (same seed); empty is the model's own."""
+    args = ("visar-tiny-t2i", None, "a red circle")
+    tail = (0, 3.0, 1.0, 0, 1.0, option_texts("sjd"))
+    ar, fast, *_, stats = compare(cache, *args, "green triangle", "sjd", *tail)
+    pipe = cache.get("visar-tiny-t2i")
+    kwargs = dict(prompts=["a red circle"], guidance_scale=3.0, seed=0, method="ar")
+    expected = pipe.generate(negative_prompt="green triangle", **kwargs).images[0]
+    assert np.array_equal(np.asarray(ar.resize(expected.size, Image.NEAREST)), np.asarray(expected))
+    assert stats["negative_prompt"] == "green triangle" and stats["method"]["lossless"] is True
+    ar_plain, *_, plain_stats = compare(cache, *args, "  ", "sjd", *tail)
+    own = pipe.generate(**kwargs).images[0]  # an empty field: the null caption
+    assert np.array_equal(np.asarray(ar_plain.resize(own.size, Image.NEAREST)), np.asarray(own))
+    assert "negative_prompt" not in plain_stats and not np.array_equal(np.asarray(own), np.asarray(expected))
+    with pytest.raises(VisarError, match="class-conditional: a negative prompt replaces"):
+        compare(cache, MODEL, "3", "", "blurry", "sjd", *tail)
 
 
 def test_options_are_the_methods_own_with_their_defaults():
@@ -105,7 +135,7 @@ def test_every_model_is_shown_with_a_method_other_than_its_reference(cache):
     for name in GENERATORS:
         reference = reference_method(cache.get(name).model)
         for held in ("auto", "ar", "var", "maskgit", "mar", "sjd"):
-            method = select_model(name, held)[2]["value"]
+            method = select_model(name, held)[3]["value"]  # after the class, prompt and negative prompt
             assert method != reference, (name, held)
             expected = {"ar": "auto", "var": "var-prune", "maskgit": "halton", "mar": "mar-cache"}[reference]
             assert method == (held if held == "sjd" and reference == "ar" else expected), (name, held)
@@ -116,13 +146,13 @@ def test_every_model_is_shown_with_a_method_other_than_its_reference(cache):
 
 @pytest.mark.parametrize("model, method", [(MODEL, "ar"), ("visar-tiny-var-c2i", "var")])
 def test_the_reference_against_itself_reports_no_speedup(cache, model, method):
-    *_, summary, _, _, stats = compare(cache, model, "3", "", method, 0, 1.0, 1.0, 0, 1.0, [""] * MAX_OPTIONS)
+    *_, summary, _, _, stats = compare(cache, model, "3", "", "", method, 0, 1.0, 1.0, 0, 1.0, [""] * MAX_OPTIONS)
     assert stats["speedup"] is None
     assert "| measured speed-up | 1.00x | - (the same decoding) |" in summary and "**" not in summary
 
 
 def test_auto_reports_what_it_ran_and_a_speedup_only_over_other_work(cache):
-    *_, summary, _, _, stats = compare(cache, MODEL, "3", "", "auto", 0, 1.0, 1.0, 0, 1.0, [""] * MAX_OPTIONS)
+    *_, summary, _, _, stats = compare(cache, MODEL, "3", "", "", "auto", 0, 1.0, 1.0, 0, 1.0, [""] * MAX_OPTIONS)
     ran = stats["method"]["ran"]
     assert ran in ("ar", "mc-sjd", "tree-mc-sjd") and f"| auto (ran {ran}) |" in summary
     assert (stats["speedup"] is None) == (ran == "ar")
@@ -136,7 +166,7 @@ def test_a_next_scale_heatmap_is_about_square_and_names_its_reference(cache):
     last_pass = (np.asarray(picture) == (253, 231, 37)).all(-1).sum()  # viridis' end: the 16 x 16 scale's colour
     assert last_pass >= 256 * 256  # the largest scale at least as large as a raster grid's heatmap
     _, _, summary, heatmap, commit_pass, stats = compare(
-        cache, "visar-tiny-var-c2i", "3", "", "var-prune", 0, 1.0, 1.0, 0, 1.0, [""] * MAX_OPTIONS
+        cache, "visar-tiny-var-c2i", "3", "", "", "var-prune", 0, 1.0, 1.0, 0, 1.0, [""] * MAX_OPTIONS
     )
     assert 0.5 <= heatmap.width / (heatmap.height - 34) <= 2, heatmap.size
     assert "| var (the reference) | var-prune |" in summary and stats["speedup"] is not None
@@ -178,11 +208,11 @@ def client(server):
     return gradio_client.Client(server["url"], verbose=False)
 
 
-def generate_args(method="sjd", model=MODEL, class_value="3", prompt="", seed=0, **options):
+def generate_args(method="sjd", model=MODEL, class_value="3", prompt="", seed=0, negative_prompt="", **options):
     texts = default_options(method, model) if method in METHODS else {}
     texts.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in options.items()})
     texts = list(texts.values()) + [""] * (MAX_OPTIONS - len(texts))
-    return (model, class_value, prompt, method, seed, 1.0, 1.0, 0, 1.0, *texts)
+    return (model, class_value, prompt, negative_prompt, method, seed, 1.0, 1.0, 0, 1.0, *texts)
 
 
 @pytest.mark.slow  # starts a server (about 10 s)
@@ -210,7 +240,8 @@ def test_client_gets_two_images_and_the_figures(client):
 
 @pytest.mark.slow
 def test_method_choice_shows_its_options_with_defaults(client):
-    info, *fields = client.predict("gsd", MODEL, api_name="/select_method")
+    info, note, *fields = client.predict("gsd", MODEL, api_name="/select_method")
+    assert note.startswith("**gsd** is lossy: it trades exactness")
     assert "gsd" in info and "lossy (exact when group_size=1)" in info
     shown = [(f["label"], f["value"]) for f in fields if f["visible"]]
     assert shown == list(default_options("gsd", MODEL).items())
@@ -267,7 +298,9 @@ def test_browser_loads_the_page_clicks_generate_and_sees_the_images(server, tmp_
         )
         browser.evaluate("document.querySelector('button#generate').click()")
         browser.wait_for("document.body.innerText.includes('window must be an integer >= 1')", "the error message", 60)
-    assert "256" in summary and "sjd" in summary
+        # the click cleared the last result before it failed: no image nor figure of it is left
+        cleared = browser.evaluate(f"{images}.length == 0 && !document.querySelector('#summary').innerText.trim()")
+    assert "256" in summary and "sjd" in summary and cleared
     picture = np.asarray(Image.open(shot).convert("RGB"))
     assert picture.shape[0] >= 1000 and picture.shape[1] == 1400
     assert picture.std() > 10  # the page drew something, not a blank screen

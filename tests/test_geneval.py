@@ -170,6 +170,28 @@ def test_layout_seeds_resume_and_score(t2i, tmp_path, monkeypatch, capsys):
         evaluate_geneval(t2i, out, metadata=other, n_samples=2, seed=10, progress=False)
 
 
+def test_a_negative_prompt_reaches_every_image_and_the_run_config(t2i, tmp_path, capsys):
+    """--negative-prompt: every image is generated with it (image j of prompt i alone, same seed), the run's
+    config.json records it, and resuming without it into the same folder is refused."""
+    meta = write_jsonl(tmp_path / "meta.jsonl", ONE_PER_TASK[:2])
+    out, negative = tmp_path / "geneval", "green triangle"
+    args = ["eval", "geneval", "--model", "visar-tiny-t2i", "--metadata", str(meta), "--out", str(out), "--no-score"]
+    args += ["--n-samples", "2", "--seed", "3", "--batch-size", "1", "--device", "cpu", "--guidance-scale", "4"]
+    assert main([*args, "--negative-prompt", negative]) == 0
+    assert json.loads((out / "config.json").read_text())["negative_prompt"] == negative
+    prompt, seed = ONE_PER_TASK[1]["prompt"], 3 + 1 * 2 + 0
+    kwargs = dict(prompts=[prompt], guidance_scale=4.0, output_type="np")
+    with one_cpu_thread():
+        alone = t2i.generate(negative_prompt=negative, generator=torch.Generator().manual_seed(seed), **kwargs)
+        plain = t2i.generate(generator=torch.Generator().manual_seed(seed), **kwargs)
+    image = np.asarray(Image.open(out / "00001" / "samples" / "00000.png"))
+    np.testing.assert_array_equal(image, alone.images[0])
+    assert not np.array_equal(image, plain.images[0])  # negative control: the null caption's image
+    capsys.readouterr()
+    assert main(args) == 2  # the same folder without the negative prompt: another run's images
+    assert "negative_prompt" in capsys.readouterr().err
+
+
 def test_scorer_on_ground_truth_renders(tmp_path):
     """Ground truth written into the layout scores 100% on every task; a blank image fails its prompt."""
     for i, entry in enumerate(ONE_PER_TASK):

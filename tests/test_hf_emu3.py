@@ -139,19 +139,21 @@ THREE_PROMPTS = ["dog", "a red circle", "the blue dog on a green square of 1 2"]
 LONG_NEGATIVE = "lowres , blurry . the red square of a green triangle in 1 2 3"  # longer than two of them
 
 
-def user_generate(reference, prompts, guidance_scale, size, negative):
+def user_generate(reference, prompts, guidance_scale, size, negative, negative_header=True):
     """transformers' image generation run as its Emu3 docs run it, from the folder's saved processor alone:
     the processor pads the batch with its saved tokenizer's settings (`padding=True`), writes the size into
-    the prompt and gives the grid (`image_sizes`). The negative prompt is formatted for image generation, as
-    baaivision/Emu3's image_generation.py does (the processor's mode 'G'; transformers' docs leave the size
-    prefix off it, another unconditional branch). -> image tokens [B, H, W] and the grid (H, W)."""
+    the prompt and gives the grid (`image_sizes`). negative: one for all prompts or a list of one per prompt.
+    With negative_header, the negative prompt is formatted for image generation, as baaivision/Emu3's
+    image_generation.py does (the processor's mode 'G'); without, as transformers' docs format it
+    (`processor(text=[negative])`: BOS and the text, no size prefix). -> image tokens [B, H, W], grid (H, W)."""
     model, processor = reference
     inputs = processor(text=prompts, padding=True, return_tensors="pt", return_for_image_generation=True, **size)
     height, width = (int(n) for n in inputs.pop("image_sizes")[0])
     guidance = {}
     if guidance_scale != 1:
-        texts = [negative] * len(prompts)
-        neg = processor(text=texts, padding=True, return_tensors="pt", return_for_image_generation=True, **size)
+        texts = [negative] * len(prompts) if isinstance(negative, str) else negative
+        header = dict(return_for_image_generation=True, **size) if negative_header else {}
+        neg = processor(text=texts, padding=True, return_tensors="pt", **header)
         guidance = dict(negative_prompt_ids=neg["input_ids"], negative_prompt_attention_mask=neg["attention_mask"])
     out = model.generate(
         **inputs,
@@ -195,6 +197,45 @@ def test_greedy_equals_transformers_from_the_saved_processor(
             prompts=prompts, method=method, top_k=1, guidance_scale=guidance_scale, output_type="tokens"
         )
         assert torch.equal(out.tokens, expected), method
+
+
+PER_CALL_CASES = [  # prompts, negative_prompt of the call, negative_prompt_format (None: the default, "text")
+    pytest.param(THREE_PROMPTS, LONG_NEGATIVE, None, id="one-for-all"),
+    pytest.param(THREE_PROMPTS, ["lowres", LONG_NEGATIVE, "blurry . dog"], None, id="one-per-prompt"),
+    pytest.param(PROMPTS, "", None, id="empty-is-bos"),
+    pytest.param(THREE_PROMPTS, ["lowres", LONG_NEGATIVE, "blurry . dog"], "generation", id="with-the-header"),
+]
+
+
+@pytest.mark.parametrize("prompts, negative, negative_format", PER_CALL_CASES)
+def test_a_per_call_negative_prompt_equals_transformers(emu3_folder, reference, prompts, negative, negative_format):
+    """At Emu3's default CFG (3), negative_prompt= per call gives transformers' greedy generate with the same
+    negative_prompt_ids (formatted as its docs do, or with the image header under negative_prompt_format
+    'generation'), with no reload: one pipeline serves every negative prompt."""
+    size = {"image_area": 32 * 32}
+    options = {"max_prompt_tokens": 64, **size}
+    if negative_format is not None:
+        options["negative_prompt_format"] = negative_format
+    pipe = visar.load(emu3_folder, device="cpu", model_args=options)
+    header = negative_format == "generation"
+    expected, _ = user_generate(reference, prompts, 3.0, size, negative, negative_header=header)
+    for method in ("ar", "mc-sjd"):
+        out = pipe.generate(prompts=prompts, negative_prompt=negative, method=method, top_k=1, output_type="tokens")
+        assert out.stats["batch_size"] == len(prompts) and torch.equal(out.tokens, expected), method
+    # negative control: the load-time negative prompt (Emu3's own) gives other tokens
+    default = pipe.generate(prompts=prompts, method="ar", top_k=1, output_type="tokens")
+    assert not torch.equal(default.tokens, expected)
+
+
+def test_a_draft_model_is_guided_by_the_same_negative_prompt(pipe, emu3_folder):
+    """spec with a draft of the same weights: the call's negative prompt is held on the draft too, so every
+    draft is accepted (greedy); a draft left on its own negative prompt passed 30% of them when this was
+    checked. The tokens are AR's either way (spec is lossless)."""
+    draft = visar.load(emu3_folder, device="cpu", model_args=OPTIONS).model
+    kwargs = dict(prompts=PROMPTS, negative_prompt="the red dog", top_k=1, output_type="tokens")
+    out = pipe.generate(method="spec", draft=draft, **kwargs)
+    assert torch.equal(out.tokens, pipe.generate(method="ar", **kwargs).tokens)
+    assert out.stats["acceptance_rate"] == 1.0 and draft.negative is None and pipe.model.negative is None
 
 
 def test_the_saved_tokenizer_pads_on_the_left(reference):
@@ -309,6 +350,8 @@ def test_the_grid_is_the_one_the_folders_processor_writes(emu3_folder, reference
 def test_load_options_are_checked(emu3_folder, reference):
     with pytest.raises(VisarError, match=r"unknown model_args \['guidance'\] for an Emu3 folder"):
         visar.load(emu3_folder, device="cpu", model_args={**OPTIONS, "guidance": 3})
+    with pytest.raises(VisarError, match="negative_prompt_format 'repo': expected 'text'"):
+        visar.load(emu3_folder, device="cpu", model_args={**OPTIONS, "negative_prompt_format": "repo"})
     with pytest.raises(VisarError, match="ratio 'square'"):
         visar.load(emu3_folder, device="cpu", model_args={**OPTIONS, "ratio": "square"})
     wide = visar.load(emu3_folder, device="cpu", model_args={**OPTIONS, "image_area": 32 * 64, "ratio": "2:1"})
@@ -324,6 +367,9 @@ def test_load_options_are_checked(emu3_folder, reference):
 def test_prompt_too_long_and_foreign_draft(pipe):
     with pytest.raises(VisarError, match="more than this model's 16 condition positions"):
         pipe.generate(prompts=["a red circle on the green square of the blue dog in a"], output_type="tokens")
+    long_negative = "the red circle on the green square of the blue dog in a red triangle of a dog"
+    with pytest.raises(VisarError, match="a negative prompt takes 19 tokens .* more than this model's 16"):
+        pipe.generate(prompts=PROMPTS, negative_prompt=long_negative, output_type="tokens")
     with pytest.raises(VisarError, match="condition"):
         pipe.generate(prompts=PROMPTS[:1], method="spec", draft=tiny_llamagen(vocab=16, block_size=16), top_k=1)
 

@@ -18,7 +18,14 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from laws import prompt_law, random_janus, sample_each_prompt_s_law, save_janus_folder, tiny_llamagen  # noqa: E402
+from laws import (  # noqa: E402
+    greedy_under_guidance,
+    prompt_law,
+    random_janus,
+    sample_each_prompt_s_law,
+    save_janus_folder,
+    tiny_llamagen,
+)
 
 import visar  # noqa: E402
 from visar.accel import Request, get_method  # noqa: E402
@@ -81,6 +88,22 @@ def test_greedy_equals_transformers(pipe, reference, guidance_scale):
         greedy = dict(top_k=1, guidance_scale=guidance_scale, output_type="tokens")
         out = pipe.generate(prompts=PROMPTS, method=method, **greedy)
         assert torch.equal(out.tokens.flatten(1), expected), method
+
+
+@pytest.mark.parametrize("negative", ["the blue dog", ["the blue dog", "a green square"]])
+def test_a_negative_prompt_is_the_unconditional_context(pipe, negative):
+    """visar's extension (transformers' and deepseek-ai/Janus's image generation take no negative prompt): the
+    negative prompt, formatted as a prompt (chat template, <begin_of_image>) with its own padding, replaces the
+    padded prompt as the unconditional context: greedy tokens under CFG 5 are the argmax of the mix of the
+    prompt's and the negative prompt's teacher-forced logits, for lossless methods alike."""
+    negatives = [negative] * 2 if isinstance(negative, str) else negative
+    greedy = dict(top_k=1, output_type="tokens")  # the folder's guidance, 5
+    out = pipe.generate(prompts=PROMPTS, negative_prompt=negative, **greedy)
+    assert greedy_under_guidance(pipe, out.tokens, PROMPTS, negatives, 5.0)
+    fast = pipe.generate(prompts=PROMPTS, negative_prompt=negative, method="mc-sjd", **greedy)
+    assert torch.equal(fast.tokens, out.tokens)
+    default = pipe.generate(prompts=PROMPTS, **greedy)  # negative control: Janus's own padded prompt
+    assert not torch.equal(default.tokens, out.tokens) and pipe.model.negative is None
 
 
 def test_teacher_forced_logits_equal_transformers(pipe, reference):

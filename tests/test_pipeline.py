@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from laws import greedy_under_guidance
 from PIL import Image
 
 import visar
@@ -110,11 +111,67 @@ def test_load_default_alias_and_dtype():
         (dict(prompts=["a photo of a cat"]), "class-conditional"),
         (dict(), "nothing to condition"),
         (dict(class_labels=[0], output_type="jpg"), "output_type"),
+        (dict(class_labels=[0], negative_prompt="blurry"), "class-conditional: a negative prompt replaces"),
+        (dict(class_labels=[0], num_images_per_prompt=0), "num_images_per_prompt must be at least 1, got 0"),
+        (dict(class_labels=[0], num_images_per_prompt=1.5), "num_images_per_prompt must be a whole number"),
+        (dict(class_labels=[0, 1], num_images_per_prompt=2, generator=[torch.Generator()]), "1 generators for 4"),
     ],
 )
 def test_bad_input(pipe, kwargs, match):
     with pytest.raises(VisarError, match=match):
         pipe.generate(**kwargs)
+
+
+@pytest.fixture(scope="module")
+def t2i():
+    return visar.load("visar-tiny-t2i", device="cpu")
+
+
+T2I_PROMPTS = ["a red circle", "two blue squares above a green triangle"]
+
+
+@pytest.mark.parametrize("negative", ["green triangle", ["green triangle", "a photo of four pink crosses"]])
+def test_a_negative_caption_replaces_the_null_caption(t2i, negative):
+    """LlamaGen t2i: under guidance the unconditional branch is the negative caption (its embeddings and
+    own padding), for every method; the null caption otherwise."""
+    negatives = [negative] * 2 if isinstance(negative, str) else negative
+    kwargs = dict(guidance_scale=3.0, top_k=1, output_type="tokens")
+    out = t2i.generate(prompts=T2I_PROMPTS, negative_prompt=negative, **kwargs)
+    assert greedy_under_guidance(t2i, out.tokens, T2I_PROMPTS, negatives, 3.0)
+    for method in ("sjd", "mc-sjd"):  # lossless: the same greedy tokens
+        fast = t2i.generate(prompts=T2I_PROMPTS, negative_prompt=negative, method=method, **kwargs)
+        assert torch.equal(fast.tokens, out.tokens), method
+    default = t2i.generate(prompts=T2I_PROMPTS, **kwargs)  # negative control: the null caption
+    assert not torch.equal(default.tokens, out.tokens) and t2i.model.negative is None
+    assert not greedy_under_guidance(t2i, default.tokens, T2I_PROMPTS, negatives, 3.0)
+
+
+def test_num_images_per_prompt_is_item_major_with_the_batch_tool_s_seeds(t2i):
+    out = t2i.generate(prompts=T2I_PROMPTS, num_images_per_prompt=3, seed=4, output_type="tokens")
+    assert out.tokens.shape[0] == 6 and out.stats["batch_size"] == 6
+    for i, prompt in enumerate(T2I_PROMPTS):
+        for j in range(3):  # image j of prompt i: seed 4 + j * 2 + i, as `visar generate` seeds image j * 2 + i
+            alone = t2i.generate(prompts=[prompt], seed=4 + j * 2 + i, output_type="tokens")
+            assert torch.equal(out.tokens[i * 3 + j], alone.tokens[0]), (i, j)
+    once = t2i.generate(prompts=T2I_PROMPTS, seed=4, output_type="tokens")  # 1 per prompt: seed + i, as before
+    assert torch.equal(once.tokens, out.tokens[::3])
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(negative_prompt=["a", "b", "c"]), "got 3 negative prompts for 2 prompts: give one for every prompt"),
+        (dict(negative_prompt=[]), "got 0 negative prompts for 2 prompts"),
+        (dict(negative_prompt=3), "negative_prompt must be a string or a list of strings, got int"),
+        (dict(negative_prompt=" "), "an empty negative prompt cannot be encoded by this model's caption encoder"),
+        (dict(num_images_per_prompt=-1), "num_images_per_prompt must be at least 1, got -1"),
+        (dict(num_images_per_prompt=True), "num_images_per_prompt must be a whole number"),
+    ],
+)
+def test_bad_negative_prompts_and_image_counts(t2i, kwargs, match):
+    with pytest.raises(VisarError, match=match):
+        t2i.generate(prompts=T2I_PROMPTS, output_type="tokens", **kwargs)
+    assert t2i.model.negative is None
 
 
 def test_unknown_model_and_missing_paths():

@@ -103,8 +103,9 @@ def load(
     - `visar.load(FOLDER)`: a visar folder, or a transformers `save_pretrained` folder of a supported
       architecture (Janus-Pro: JanusForConditionalGeneration; Emu3-Gen: Emu3ForConditionalGeneration),
       offline; `model_args=` then takes its loading options (Janus: `max_prompt_tokens`; Emu3:
-      `image_area`, `ratio`, `negative_prompt`, `max_prompt_tokens`). A diffusers `AmusedPipeline`
-      folder (model_index.json) loads as a masked model (`model_args`: `negative_prompt`,
+      `image_area`, `ratio`, `negative_prompt`, `negative_prompt_format`, `max_prompt_tokens`; a
+      negative prompt can also be given per call: `Pipeline.generate(negative_prompt=...)`). A diffusers
+      `AmusedPipeline` folder (model_index.json) loads as a masked model (`model_args`: `negative_prompt`,
       `aesthetic_score`, `crop_coord`).
     - `visar.load("llamagen-gpt-b-c2i-256", checkpoint="c2i_B_256.pt", vq_checkpoint="vq_ds16_c2i.pt")`:
       files on disk (with checkpoint= and no vq_checkpoint=, no tokenizer: tokens only)

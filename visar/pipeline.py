@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ from PIL import Image
 from torch import Tensor
 
 from .accel import Request, get_method, reference_method
-from .accel.sampling import MAX_SEED, SamplingParams, make_generators
+from .accel.sampling import MAX_SEED, SamplingParams
 from .accel.timing import synchronized_clock
 from .errors import VisarError
 from .models.base import MaskedModel, NextScaleModel, RasterModel, model_kind
@@ -216,6 +217,26 @@ class Pipeline:
         embeds = embeds.to(self.device, self.dtype) if embeds.is_floating_point() else embeds.to(self.device)
         return embeds, mask.to(self.device)
 
+    def negative_condition(self, negative_prompt, num_items: int) -> tuple[Tensor, Tensor]:
+        """generate's negative_prompt= (one for every item, or one per item) -> the encoded negative prompt
+        of each item: the condition [num_items, T, ...] the model's null_condition returns in its place,
+        and its valid positions [num_items, T]."""
+        if self.is_class_conditional:
+            raise VisarError(
+                f"{self.name} is class-conditional: a negative prompt replaces the unconditional prompt of a "
+                "text-conditional model, and this one has no prompt (its null class is its unconditional branch)"
+            )
+        negatives = negative_prompt_list(negative_prompt, num_items)
+        if self.text_encoder is None:
+            raise VisarError(
+                f"{self.name} has no text encoder to encode negative_prompt= with: load it with text_encoder= (a T5 "
+                "folder or Hub name)"
+            )
+        embeds, mask = self.text_encoder.encode_negative(negatives)
+        embeds = embeds.to(self.device, self.dtype) if embeds.is_floating_point() else embeds.to(self.device)
+        # one negative prompt for every item is encoded once
+        return embeds.expand(num_items, *embeds.shape[1:]), mask.to(self.device).expand(num_items, -1)
+
     def condition(self, class_labels=None, prompts=None, caption_embeds=None, caption_mask=None):
         if class_labels is not None:
             return self.class_condition(class_labels), None
@@ -237,6 +258,8 @@ class Pipeline:
         class_labels=None,
         prompts=None,
         *,
+        negative_prompt: str | list[str] | None = None,
+        num_images_per_prompt: int = 1,
         method: str | None = None,
         seed: int = 0,
         generator: torch.Generator | list[torch.Generator] | None = None,
@@ -250,19 +273,34 @@ class Pipeline:
         progress: bool = False,
         **method_options,
     ) -> GenerationOutput:
-        """Generate one image per class label / prompt.
+        """Generate `num_images_per_prompt` images (default 1) per class label / prompt.
+
+        negative_prompt (text-conditional models): the unconditional branch of classifier-free guidance
+        for this call, in place of the model's own (None): one string for every prompt, or a list of
+        one per prompt. It is encoded as the model's prompts are and used only under guidance
+        (guidance_scale != 1). Per family: LlamaGen t2i, the negative caption's embeddings in place of
+        the null caption; Emu3, the negative prompt's ids as transformers' docs format
+        `negative_prompt_ids` (load option `negative_prompt_format`); aMUSEd, as AmusedPipeline's
+        `negative_prompt`; Janus, visar's extension (upstream has none): the negative prompt formatted
+        as a prompt, in place of the padded prompt. A class-conditional model refuses it.
+        num_images_per_prompt: the images are item-major (those of item 0, then those of item 1, ...),
+        and image j of item i (of P items) draws from a generator seeded `seed + j * P + i`, the seed
+        `visar generate` gives its image g = j * P + i (item g mod P), so both give the same images.
 
         method: a registered method of the model's kind (`visar methods`); None: plain sampling of
         that kind ("ar" for raster models, "var" for next-scale models); "auto": the fastest lossless
         method for this model, device and batch (raster models: AR, mc-sjd or tree-mc-sjd with
         measured budgets, `visar.accel.auto`; other kinds: their plain sampling).
         Anything else than this describes (no or empty conditions, class labels that are not integer
-        ids, prompts that are not non-empty strings, a seed outside 0..2**64 - 1 - (B - 1), settings out
+        ids, prompts that are not non-empty strings, negative prompts neither one nor one per prompt,
+        an empty negative prompt the model's encoder cannot encode, num_images_per_prompt < 1, a
+        seed outside 0..2**64 - 1 - (B - 1), settings out
         of range: guidance_scale 0..1e4, temperature 1e-4..1e4, top_k >= 1, top_p in (0, 1], an unknown
         method or option, an option value its method refuses) raises one VisarError.
         Sampling settings left None take the model's defaults (`self.defaults`). Image i of the
-        batch draws from its own generator, seeded `seed + i` unless `generator` (one per image,
-        or a single one for a single image) is given. output_type: "pil" (list of PIL images),
+        batch draws from its own generator, seeded `seed + i` (one image per item; see
+        num_images_per_prompt otherwise) unless `generator` (one per image, or a single one for a
+        single image) is given. output_type: "pil" (list of PIL images),
         "pt" (float tensor [B, 3, H, W] in [0, 1]), "np" (uint8 [B, H, W, 3]) or "tokens".
         A method's second model (option `draft`, or `refiner` for code) may be a registered name or
         folder (loaded once per process), a Pipeline, or a model; its tokenizer must be this pipeline's.
@@ -282,13 +320,19 @@ class Pipeline:
         decoding_method.check_options(method_options)
         decoding_method.check_model(self.model)
         params = self.sampling_params(guidance_scale, temperature, top_k, top_p)
+        copies = check_images_per_item(num_images_per_prompt)
         cond, cond_mask = self.condition(class_labels, prompts, caption_embeds, caption_mask)
-        batch = cond.shape[0]
-        if batch == 0:
+        num_items = cond.shape[0]
+        if num_items == 0:
             raise VisarError("nothing to generate: the class labels or prompts are empty (one image per entry)")
+        negative = None if negative_prompt is None else self.negative_condition(negative_prompt, num_items)
+        if copies > 1:  # item i's images next to each other, as diffusers lays out num_images_per_prompt
+            cond, cond_mask = repeat_items(cond, copies), repeat_items(cond_mask, copies)
+            negative = None if negative is None else tuple(repeat_items(part, copies) for part in negative)
+        batch = cond.shape[0]
         if generator is None:
             check_seed(seed, batch)
-            generators = make_generators(batch, seed)
+            generators = [torch.Generator().manual_seed(s) for s in item_seeds(num_items, copies, seed)]
         else:
             generators = [generator] if isinstance(generator, torch.Generator) else list(generator)
             if not all(isinstance(g, torch.Generator) for g in generators):
@@ -300,7 +344,11 @@ class Pipeline:
             method_options[second_model] = self.resolve_draft(method_options[second_model])
         request = Request(self.model, cond, params, generators, cond_mask, progress, tokenizer=self.tokenizer)
         try:
-            tokens, stats = decoding_method.fn(request, **method_options)
+            with ExitStack() as held:
+                if negative is not None:  # the model's (and its draft's) null_condition returns it meanwhile
+                    for model in text_models(self.model, method_options.get(second_model)):
+                        held.enter_context(model.negative_prompt(*negative))
+                tokens, stats = decoding_method.fn(request, **method_options)
         except torch.OutOfMemoryError as err:
             raise out_of_memory(err, batch, method, self.device) from err
         tokens, stats["commit_pass"] = output_maps(self.model, tokens, stats["commit_pass"])
@@ -417,6 +465,47 @@ def prompt_list(prompts) -> list[str]:
         if not prompt.strip():
             raise VisarError("a prompt is empty: give every image a prompt with some text")
     return list(prompts)
+
+
+def negative_prompt_list(negative_prompt, num_prompts: int) -> list[str]:
+    """negative_prompt= -> a list of one string (for every prompt) or of one per prompt; anything else
+    is a VisarError. An empty string passes: whether it can be encoded is the model's encoder's call."""
+    negatives = [negative_prompt] if isinstance(negative_prompt, str) else negative_prompt
+    if not isinstance(negatives, (list, tuple)) or not all(isinstance(n, str) for n in negatives):
+        raise VisarError(f"negative_prompt must be a string or a list of strings, got {type(negative_prompt).__name__}")
+    if len(negatives) not in (1, num_prompts):
+        raise VisarError(
+            f"got {len(negatives)} negative prompts for {num_prompts} prompts: give one for every prompt, or one "
+            "per prompt"
+        )
+    return list(negatives)
+
+
+def check_images_per_item(num_images_per_prompt) -> int:
+    if isinstance(num_images_per_prompt, (bool, np.bool_)) or not isinstance(num_images_per_prompt, (int, np.integer)):
+        raise VisarError(f"num_images_per_prompt must be a whole number >= 1, got {num_images_per_prompt!r}")
+    if num_images_per_prompt < 1:
+        raise VisarError(f"num_images_per_prompt must be at least 1, got {num_images_per_prompt}")
+    return int(num_images_per_prompt)
+
+
+def repeat_items(x: Tensor | None, copies: int) -> Tensor | None:
+    """[P, ...] -> [P * copies, ...]: row i repeated `copies` times in place (item-major)."""
+    return None if x is None else x.repeat_interleave(copies, dim=0)
+
+
+def item_seeds(num_items: int, copies: int, seed: int) -> list[int]:
+    """The seed of each image of an item-major batch: image j of item i (at i * copies + j) gets
+    seed + j * num_items + i, the batch tool's image g = j * P + i (item g mod P, seed SEED + g)."""
+    return [seed + j * num_items + i for i in range(num_items) for j in range(copies)]
+
+
+def text_models(model, draft) -> list:
+    """The models a negative prompt is held on: the target, and a draft that reads the same prompts."""
+    models = [model]
+    if draft is not None and hasattr(draft, "negative_prompt") and draft.condition_layout.kind == "text":
+        models.append(draft)
+    return models
 
 
 def check_seed(seed, batch: int):

@@ -10,9 +10,9 @@ Files. Every PNG is written through a temporary file renamed into place (`eval.s
 `settings.json` records what decides the pixels, and a rerun with other settings is refused (unless
 the run it records finished no image); each process appends one JSON line per finished image to its
 own `.records-*.jsonl` as it goes, and when all images are done the first process writes
-`images.jsonl` (one record per image, in index order: index, file, condition, seed, method, forward
-passes) and `stats.json` (this run's counts and timings, the only file that differs between runs),
-then removes the partial records.
+`images.jsonl` (one record per image, in index order: index, file, condition (and negative prompt),
+seed, method, forward passes) and `stats.json` (this run's counts and timings, the only file that
+differs between runs), then removes the partial records.
 An image is finished when its PNG is complete and its record is written: a rerun of the same
 command generates only the others, and ends with the same files as an uninterrupted run.
 
@@ -50,6 +50,8 @@ STATS_FILE = "stats.json"
 RESERVED = {SETTINGS_FILE, RECORDS_FILE, STATS_FILE}
 PARTIAL_RECORDS = ".records-*.jsonl"  # one per process and run, merged into images.jsonl at the end
 ITEM_KEYS = {"class": ("class", "class_label", "class_id"), "prompt": ("prompt", "text")}
+# what an item object may hold besides its condition (a prompt's own negative prompt: prompts only)
+ITEM_EXTRAS = {"class": ("folder",), "prompt": ("folder", "negative_prompt")}
 
 
 # -- items -------------------------------------------------------------------------------------------
@@ -62,6 +64,7 @@ class Item:
     condition: int | str
     class_name: str | None = None
     folder: str | None = None  # subfolder of OUT for this item's images (jsonl "folder")
+    negative_prompt: str | None = None  # a prompt's own (jsonl "negative_prompt"), before --negative-prompt
 
 
 def resolve_class(pipe, value, where: str = "") -> Item:
@@ -83,6 +86,15 @@ def resolve_class(pipe, value, where: str = "") -> Item:
     return Item(index, names[index])
 
 
+def check_negative_prompts(pipe, items: list[Item]):
+    """The items' own negative prompts refused (on a class model, too long, an empty one the model's encoder
+    cannot encode) before a run writes anything: each distinct one is encoded once, as generate would."""
+    distinct = sorted({item.negative_prompt for item in items if item.negative_prompt is not None})
+    for first in range(0, len(distinct), 64):
+        group = distinct[first : first + 64]
+        pipe.negative_condition(group, len(group))
+
+
 def check_folder(folder, where: str) -> str:
     """A per-item subfolder must stay inside the output folder: relative, no '..', no hidden parts."""
     if not isinstance(folder, str) or not folder.strip():
@@ -100,8 +112,8 @@ def check_folder(folder, where: str) -> str:
 
 def read_items(path: str | os.PathLike, kind: str, pipe) -> list[Item]:
     """A file of items, kind "class" or "prompt": .jsonl (one JSON value per line: an id, a name, a
-    prompt, or {"class": ..., "folder": ...} / {"prompt": ..., "folder": ...}) or text (one item per
-    line). Blank lines are skipped; errors name the line."""
+    prompt, or {"class": ..., "folder": ...} / {"prompt": ..., "folder": ..., "negative_prompt": ...})
+    or text (one item per line). Blank lines are skipped; errors name the line."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -115,35 +127,41 @@ def read_items(path: str | os.PathLike, kind: str, pipe) -> list[Item]:
         if not line.strip():
             continue
         where = f"{path} line {number}: "
-        value, folder = line.strip(), None
+        value, extras = line.strip(), {}
         if jsonl:
             try:
                 value = json.loads(line)
             except json.JSONDecodeError as err:
                 raise VisarError(f"{where}not valid JSON ({err.msg})") from None
             if isinstance(value, dict):
-                value, folder = item_from_object(value, kind, where)
+                value, extras = item_from_object(value, kind, where)
         if kind == "class":
             item = resolve_class(pipe, value, where)
         else:
             if not isinstance(value, str) or not value.strip():
                 raise VisarError(f"{where}expected a non-empty prompt, got {value!r}")
             item = Item(value.strip())
-        if folder is not None:
-            item = Item(item.condition, item.class_name, check_folder(folder, where))
+        folder, negative = extras.get("folder"), extras.get("negative_prompt")
+        if negative is not None and not isinstance(negative, str):
+            raise VisarError(f'{where}"negative_prompt" must be a string, got {negative!r}')
+        if folder is not None or negative is not None:
+            folder = None if folder is None else check_folder(folder, where)
+            item = Item(item.condition, item.class_name, folder, negative)
         items.append(item)
     if not items:
         raise VisarError(f"{path} holds no items (one {'class id or name' if kind == 'class' else 'prompt'} a line)")
     return items
 
 
-def item_from_object(entry: dict, kind: str, where: str) -> tuple[Any, str | None]:
+def item_from_object(entry: dict, kind: str, where: str) -> tuple[Any, dict]:
+    """A jsonl item object -> (its condition, its extras: folder, and a prompt's negative_prompt)."""
     keys = [key for key in ITEM_KEYS[kind] if key in entry]
-    unknown = sorted(set(entry) - set(ITEM_KEYS[kind]) - {"folder"})
+    unknown = sorted(set(entry) - set(ITEM_KEYS[kind]) - set(ITEM_EXTRAS[kind]))
     if len(keys) != 1 or unknown:
-        expected = f'{{"{ITEM_KEYS[kind][0]}": ..., "folder": optional subfolder}}'
+        optional = ", ".join(f'"{extra}": optional' for extra in ITEM_EXTRAS[kind])
+        expected = f'{{"{ITEM_KEYS[kind][0]}": ..., {optional}}}'
         raise VisarError(f"{where}expected {expected}, got keys {sorted(entry)}")
-    return entry[keys[0]], entry.get("folder")
+    return entry[keys[0]], {extra: entry[extra] for extra in ITEM_EXTRAS[kind] if extra in entry}
 
 
 # -- processes ---------------------------------------------------------------------------------------
@@ -192,18 +210,23 @@ def start_processes(device: str | None) -> tuple[Processes, str | None]:
 # -- the run -----------------------------------------------------------------------------------------
 
 
-def image_jobs(out: Path, items: list[Item], total: int, seed: int) -> tuple[list[SampleJob], list[dict]]:
-    """Image g: item g mod P, seed SEED + g, file OUT/[folder/]{g:05d}.png; with its record's fixed part."""
+def image_jobs(
+    out: Path, items: list[Item], total: int, seed: int, negative_prompt: str | None = None
+) -> tuple[list[SampleJob], list[dict]]:
+    """Image g: item g mod P, seed SEED + g, file OUT/[folder/]{g:05d}.png, negative prompt the item's own,
+    else the run's (None: the model's); with its record's fixed part (naming the negative prompt, if any)."""
     jobs, records = [], []
     for g in range(total):
         item = items[g % len(items)]
         file = f"{item.folder}/{g:05d}.png" if item.folder else f"{g:05d}.png"
-        jobs.append(SampleJob(out / file, item.condition, seed + g))
+        own = item.negative_prompt if item.negative_prompt is not None else negative_prompt
+        negative = {} if own is None else {"negative_prompt": own}
+        jobs.append(SampleJob(out / file, item.condition, seed + g, own))
         if isinstance(item.condition, str):
             condition = {"prompt": item.condition}
         else:
             condition = {"class_label": item.condition, **({"class_name": item.class_name} if item.class_name else {})}
-        records.append({"index": g, "file": file, **condition, "seed": seed + g})
+        records.append({"index": g, "file": file, **condition, **negative, "seed": seed + g})
     return jobs, records
 
 
@@ -295,7 +318,9 @@ def run_batch(
     if batch_size < 1:
         raise VisarError("--batch-size must be >= 1")
     out = Path(out)
-    jobs, fixed = image_jobs(out, items, total, seed)
+    # the run's negative prompt goes with each job (an item's own comes first), not to every call
+    generate_kwargs = dict(generate_kwargs)
+    jobs, fixed = image_jobs(out, items, total, seed, generate_kwargs.pop("negative_prompt", None))
     settings = batch_settings(pipe, items, method, seed, identity)
     prepare_output(out, jobs, settings, processes)
     counts = generate_share(
@@ -318,8 +343,18 @@ def batch_settings(pipe, items: list[Item], method: str, seed: int, identity: di
         "seed": seed,
         "dtype": str(pipe.dtype).removeprefix("torch."),
         **identity,
-        "items": [{"condition": item.condition, **({"folder": item.folder} if item.folder else {})} for item in items],
+        "items": [item_settings(item) for item in items],
     }
+
+
+def item_settings(item: Item) -> dict:
+    """An item as settings.json records it: its condition, and its folder and own negative prompt if it has them."""
+    settings = {"condition": item.condition}
+    if item.folder:
+        settings["folder"] = item.folder
+    if item.negative_prompt is not None:
+        settings["negative_prompt"] = item.negative_prompt
+    return settings
 
 
 def prepare_output(out: Path, jobs: list[SampleJob], settings: dict, processes: Processes):

@@ -1,12 +1,14 @@
 """`visar demo`: a model's reference decoding and an accelerated method side by side, on one seed.
 
-One click samples the chosen class or prompt twice, with the reference of the model's kind (`ar` for
-raster models) and with the chosen method, each image from one `torch.Generator` seeded with the
-seed, and shows both images, their forward passes, step compression (image tokens / forward
-passes), wall time, the measured speed-up (none for the reference against itself) and whether the
-method is lossless at these options; then how the method decoded: a heatmap over the token grid of
-the forward pass that committed each token (`stats["commit_pass"]`; for a next-scale model every
-scale's map, in lines) and the tokens committed per pass.
+One click samples the chosen class or prompt (with its negative prompt, if one is given) twice,
+with the reference of the model's kind (`ar` for raster models) and with the chosen method, each
+image from one `torch.Generator` seeded with the seed, and shows both images, their forward passes,
+step compression (image tokens / forward passes), wall time, the measured speed-up (none for the
+reference against itself) and whether the method is lossless at these options; then how the method
+decoded: a heatmap over the token grid of the forward pass that committed each token
+(`stats["commit_pass"]`; for a next-scale model every scale's map, in lines) and the tokens
+committed per pass. The note under the images says what the chosen method guarantees (lossless, or
+lossy and what it trades); a click clears the previous result before generating.
 
 Sessions share nothing but the loaded models (one per name and device, never changed after
 loading). A model keeps its KV cache between the forward passes of one generation, so the
@@ -279,6 +281,15 @@ def condition_of(pipe, class_value, prompt) -> dict:
     return {"prompts": [str(prompt).strip()]}
 
 
+def negative_of(pipe, negative_prompt) -> dict:
+    """The negative prompt field -> generate's keyword (empty: none, the model's own unconditional branch)."""
+    if negative_prompt is None or not str(negative_prompt).strip():
+        return {}
+    if len(negative_prompt) > 1000:
+        raise VisarError("the negative prompt is longer than 1,000 characters")
+    return {"negative_prompt": str(negative_prompt).strip()}
+
+
 def run_side(pipe, method: str, seed: int, condition: dict, sampling: dict, options: dict) -> dict:
     start = time.perf_counter()
     out = pipe.generate(
@@ -308,7 +319,20 @@ def run_side(pipe, method: str, seed: int, condition: dict, sampling: dict, opti
     }
 
 
-def compare(cache: ModelCache, model_name, class_value, prompt, method, seed, cfg, temperature, top_k, top_p, texts):
+def compare(
+    cache: ModelCache,
+    model_name,
+    class_value,
+    prompt,
+    negative_prompt,
+    method,
+    seed,
+    cfg,
+    temperature,
+    top_k,
+    top_p,
+    texts,
+):
     """AR and `method` on one seed -> (AR image, method image, summary markdown, heatmap, per-pass table, stats)."""
     pipe = cache.get(model_name)
     if method not in METHODS:
@@ -318,7 +342,7 @@ def compare(cache: ModelCache, model_name, class_value, prompt, method, seed, cf
     check_number("temperature", temperature, 1e-3, 100)
     check_number("top-k", top_k, 0, getattr(pipe.model, "vocab_size", 0), integer=True)
     check_number("top-p", top_p, 1e-6, 1)
-    condition = condition_of(pipe, class_value, prompt)
+    condition = {**condition_of(pipe, class_value, prompt), **negative_of(pipe, negative_prompt)}
     options = parse_options(method, texts)
     check_sizes(pipe, options)
     sampling = {"guidance_scale": float(cfg), "temperature": float(temperature), "top_k": int(top_k) or None}
@@ -337,6 +361,8 @@ def compare(cache: ModelCache, model_name, class_value, prompt, method, seed, cf
         "speedup": None if same_work else ar["summary"]["wall_s"] / fast["summary"]["wall_s"],
     }
     stats["model"], stats["seed"], stats["sampling"] = pipe.name, int(seed), sampling
+    if "negative_prompt" in condition:
+        stats["negative_prompt"] = condition["negative_prompt"]
     heatmap = commit_heatmap(fast["commit_pass"])
     return upscale(ar["image"]), upscale(fast["image"]), summary_markdown(stats), heatmap, fast["commit_pass"], stats
 
@@ -398,7 +424,7 @@ def build_demo(
             with gr.Column(scale=1, min_width=320):
                 controls = input_controls(gr, first, methods, method, allow_folders)
             with gr.Column(scale=2):
-                views = output_views(gr, reference_label(reference_method(first.model)))
+                views, controls["note"] = output_views(gr, reference_label(reference_method(first.model)), method)
         connect_events(controls, views, handlers, concurrency)
     demo.queue(max_size=max_queue)
     return demo
@@ -410,6 +436,24 @@ def method_info(method_name) -> str:
     if method is None:
         return ""
     return f"**{method.name}** ({method.lossless_label}): {method.description}"
+
+
+def guarantee_note(method_name) -> str:
+    """The note under the images: what the chosen method guarantees, at its default options."""
+    method = METHODS.get(method_name)
+    if method is None:
+        return ""
+    if method.lossless:
+        return (
+            f"**{method.name}** is lossless: it samples the model's own distribution, as plain AR does; it spends "
+            "the random numbers differently, so on one seed the two images may still differ."
+        )
+    exact = f" It is exact when {method.exact_when_text}." if method.exact_when_text else ""
+    return (
+        f"**{method.name}** is lossy: it trades exactness for fewer forward passes ({method.description}), so "
+        f"its images come from another distribution than the model's own, not only other random draws.{exact} "
+        "The table says whether it was exact at the options you gave."
+    )
 
 
 def option_updates(gr, method_name, model_name) -> list:
@@ -432,14 +476,16 @@ def page_handlers(gr, cache: ModelCache) -> dict:
             pipe = cache.get(model_name)
         except VisarError as err:
             gr.Warning(str(err))
-            return [gr.update()] * (9 + MAX_OPTIONS)
+            return [gr.update()] * (10 + MAX_OPTIONS)
         usable = method_choices(pipe)
         method_name = preselected_method(pipe, usable, method_name)
         names = class_choices(pipe)
         d = pipe.defaults
+        text = not pipe.is_class_conditional
         return [
             gr.update(choices=names, value=names[0] if names else None, visible=pipe.is_class_conditional),
-            gr.update(visible=not pipe.is_class_conditional),
+            gr.update(visible=text),
+            gr.update(visible=text, value=None if text else ""),  # the negative prompt: kept for a text model
             gr.update(choices=usable, value=method_name),
             gr.update(value=d["guidance_scale"]),
             gr.update(value=d["temperature"]),
@@ -452,14 +498,21 @@ def page_handlers(gr, cache: ModelCache) -> dict:
 
     def select_method(method_name, model_name):
         if method_name not in METHODS:
-            return [""] + [gr.update()] * MAX_OPTIONS
-        return [method_info(method_name), *option_updates(gr, method_name, model_name)]
+            return ["", ""] + [gr.update()] * MAX_OPTIONS
+        return [method_info(method_name), guarantee_note(method_name), *option_updates(gr, method_name, model_name)]
 
-    def generate(model_name, class_value, prompt, method_name, seed, cfg, temperature, top_k, top_p, *texts):
+    def clear_result():
+        """The page's result emptied when a generation starts, so no figure of the last one stays up."""
+        return [None, None, "", None, None, None, "generating ..."]
+
+    def generate(
+        model_name, class_value, prompt, negative_prompt, method_name, seed, cfg, temperature, top_k, top_p, *texts
+    ):
         try:
             ar, fast, summary, heatmap, commit_pass, stats = compare(
-                cache, model_name, class_value, prompt, method_name, seed, cfg, temperature, top_k, top_p, texts
-            )
+                cache, model_name, class_value, prompt, negative_prompt, method_name, seed, cfg, temperature, top_k,
+                top_p, texts,
+            )  # fmt: skip
         except VisarError as err:
             raise gr.Error(str(err), print_exception=False) from None
         except Exception as err:  # a bug, or the machine (out of memory): logged here, one line in the page
@@ -474,13 +527,19 @@ def page_handlers(gr, cache: ModelCache) -> dict:
         """Gradio finds its progress tracker by a parameter's default (see the signature below): the last value."""
         return generate(*values[:-1])
 
-    names = ["model", "class_name", "prompt", "method", "seed", "guidance_scale", "temperature", "top_k", "top_p"]
+    names = ["model", "class_name", "prompt", "negative_prompt", "method", "seed", "guidance_scale", "temperature"]
+    names += ["top_k", "top_p"]
     names += [f"option_{i + 1}" for i in range(MAX_OPTIONS)]  # the method's options, in `visar methods` order
     generate_with_progress.__signature__ = inspect.Signature(
         [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names]
         + [inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress(track_tqdm=True))]
     )
-    return {"select_model": select_model, "select_method": select_method, "generate": generate_with_progress}
+    return {
+        "select_model": select_model,
+        "select_method": select_method,
+        "clear_result": clear_result,
+        "generate": generate_with_progress,
+    }
 
 
 def input_controls(gr, first, methods: list[str], method: str, allow_folders: bool) -> dict:
@@ -506,6 +565,11 @@ def input_controls(gr, first, methods: list[str], method: str, allow_folders: bo
         elem_id="class",
     )
     prompt_box = gr.Textbox(label="prompt", visible=not first.is_class_conditional, elem_id="prompt")
+    negative_box = gr.Textbox(
+        label="negative prompt (empty: the model's own unconditional branch; used when guidance is not 1)",
+        visible=not first.is_class_conditional,
+        elem_id="negative-prompt",
+    )
     method_box = gr.Dropdown(choices=methods, value=method, label="method", elem_id="method")
     about = gr.Markdown(method_info(method))
     with gr.Accordion("method options (empty: the method's default; JSON or text)", open=True):
@@ -532,6 +596,7 @@ def input_controls(gr, first, methods: list[str], method: str, allow_folders: bo
         "info": info,
         "class": class_box,
         "prompt": prompt_box,
+        "negative_prompt": negative_box,
         "method": method_box,
         "about": about,
         "options": option_boxes,
@@ -544,19 +609,16 @@ def input_controls(gr, first, methods: list[str], method: str, allow_folders: bo
     }
 
 
-def output_views(gr, reference: str) -> list:
-    """The right column: the two images (the left one labelled `reference`), the figures, the heatmap
-    and the tokens committed per pass; returned in the order `generate` fills them."""
+def output_views(gr, reference: str, method: str) -> tuple[list, object]:
+    """The right column: the two images (the left one labelled `reference`), the note on the chosen
+    method, the figures, the heatmap and the tokens committed per pass; returned as the views in the
+    order `generate` fills them, and the note."""
     with gr.Row():
         ar_image = gr.Image(label=reference, format="png", interactive=False, elem_id="ar-image")
         fast_image = gr.Image(
             label="the chosen method, same seed", format="png", interactive=False, elem_id="method-image"
         )
-    gr.Markdown(
-        "A lossless method samples the model's own distribution, as plain AR does; it spends the random "
-        "numbers differently, so on one seed the two images may still differ.",
-        elem_id="note",
-    )
+    note = gr.Markdown(guarantee_note(method), elem_id="note")
     summary = gr.Markdown(elem_id="summary")
     status = gr.Markdown(elem_id="status")
     with gr.Row():
@@ -569,24 +631,31 @@ def output_views(gr, reference: str) -> list:
         )
     with gr.Accordion("all figures (JSON)", open=False):
         stats_box = gr.JSON()
-    return [ar_image, fast_image, summary, heatmap, per_pass, stats_box, status]
+    return [ar_image, fast_image, summary, heatmap, per_pass, stats_box, status], note
 
 
 def connect_events(controls: dict, views: list, handlers: dict, concurrency: int):
-    """Choosing a model refills the page from its defaults, choosing a method shows its options, and the
-    button generates (each with an API name, for gradio_client)."""
+    """Choosing a model refills the page from its defaults, choosing a method shows its options and what it
+    guarantees, and the button clears the last result, then generates (each with an API name, for
+    gradio_client; the clearing has none)."""
     model, method, options = controls["model"], controls["method"], controls["options"]
     sampling = [controls[name] for name in ("cfg", "temperature", "top_k", "top_p")]
+    condition = [controls["class"], controls["prompt"], controls["negative_prompt"]]
     model.change(
         handlers["select_model"],
         [model, method],
-        [controls["class"], controls["prompt"], method, *sampling, controls["info"], *options, views[0]],
+        [*condition, method, *sampling, controls["info"], *options, views[0]],
         api_name="select_model",
     )
-    method.change(handlers["select_method"], [method, model], [controls["about"], *options], api_name="select_method")
-    controls["button"].click(
+    method.change(
+        handlers["select_method"],
+        [method, model],
+        [controls["about"], controls["note"], *options],
+        api_name="select_method",
+    )
+    controls["button"].click(handlers["clear_result"], None, views, queue=False, api_visibility="private").then(
         handlers["generate"],
-        [model, controls["class"], controls["prompt"], method, controls["seed"], *sampling, *options],
+        [model, *condition, method, controls["seed"], *sampling, *options],
         views,
         api_name="generate",
         concurrency_limit=concurrency,

@@ -48,6 +48,7 @@ class SampleJob:
     path: Path
     condition: Any  # class id (int) or prompt (str)
     seed: int
+    negative_prompt: str | None = None  # a prompt's own negative prompt (None: generate_kwargs' or the model's)
 
 
 def is_complete_png(path: Path) -> bool:
@@ -175,8 +176,16 @@ def decode_alone(pipe, tokens) -> np.ndarray:
 
 
 def _batches(jobs: list[SampleJob], size: int) -> Iterator[list[SampleJob]]:
-    for first in range(0, len(jobs), size):
-        yield jobs[first : first + size]
+    """Consecutive jobs, `size` at most, split where jobs with and without their own negative prompt meet
+    (a call gives every image one, or none: None is the model's own, which has no text to pass)."""
+    chunk = []
+    for job in jobs:
+        if chunk and (len(chunk) == size or (job.negative_prompt is None) != (chunk[0].negative_prompt is None)):
+            yield chunk
+            chunk = []
+        chunk.append(job)
+    if chunk:
+        yield chunk
 
 
 def generate_missing(
@@ -194,7 +203,8 @@ def generate_missing(
     """Generate the jobs whose file is missing or incomplete; returns {"generated", "reused", stats}.
 
     Class-conditional models take each job's condition as a class id, text-conditional ones as a
-    prompt. generate_kwargs go to `Pipeline.generate` (sampling settings, method options).
+    prompt, with the job's own negative prompt where it has one. generate_kwargs go to
+    `Pipeline.generate` (sampling settings, method options, a negative prompt for the other jobs).
     is_done(job): whether a job is finished (default: its PNG is complete); on_image(job, stats):
     called once its PNG is in place, with that image's {"forward_passes"}.
     """
@@ -214,12 +224,13 @@ def generate_missing(
     with progress_bar(total=len(missing), enabled=progress, desc=desc, unit="img", leave=True) as bar:
         for chunk in _batches(missing, batch_size):
             generators = [torch.Generator().manual_seed(job.seed) for job in chunk]
+            own = {} if chunk[0].negative_prompt is None else {"negative_prompt": [j.negative_prompt for j in chunk]}
             out = pipe.generate(
                 **{key: [job.condition for job in chunk]},
                 method=method,
                 generator=generators,
                 output_type="tokens",
-                **generate_kwargs,
+                **{**generate_kwargs, **own},
             )
             start = time.perf_counter()
             for i, (job, tokens) in enumerate(zip(chunk, per_image(out.tokens), strict=True)):

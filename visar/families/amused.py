@@ -9,9 +9,10 @@ A folder written by `AmusedPipeline.save_pretrained` (model_index.json with "_cl
 
 Sampling defaults: AmusedPipeline's (guidance scale 10, softmax temperature 1, no top-k / top-p;
 12 steps and the Gumbel annealing (2, 0) are the maskgit method's defaults). Loading options
-(`model_args`): `negative_prompt` (""), `aesthetic_score` (6), `crop_coord` ([0, 0]), the
-pipeline's micro-conditioning. A scheduler saved with masking_schedule "linear" is run as such with
-`--opt mask_schedule=linear`.
+(`model_args`): `negative_prompt` ("", the default unconditional branch; a call's own is
+`Pipeline.generate(negative_prompt=...)`, as AmusedPipeline takes it), `aesthetic_score` (6),
+`crop_coord` ([0, 0]), the pipeline's micro-conditioning. A scheduler saved with masking_schedule
+"linear" is run as such with `--opt mask_schedule=linear`.
 """
 
 from __future__ import annotations

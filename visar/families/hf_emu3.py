@@ -4,7 +4,8 @@ A transformers `save_pretrained` folder (config.json with "architectures":
 ["Emu3ForConditionalGeneration"], the safetensors, the processor and tokenizer files) loads with
 `visar.load(FOLDER)`, offline; transformers is an optional dependency (`pip install "visar-ar[hf]"`).
 Load options (`model_args`): `image_area` and `ratio` (the image size, as Emu3's processor takes
-them), `negative_prompt` (Emu3's own negative prompt by default), `max_prompt_tokens`. The token grid
+them), `negative_prompt` (Emu3's own negative prompt by default), `negative_prompt_format`,
+`max_prompt_tokens`. The token grid
 is the one the folder's processor writes into an image-generation prompt (`<|image start|>H*W...`, its
 `image_sizes`) for those options, or, without them, for the model config's saved `image_area` (the
 original Emu3 configs carry one) and else the processor's own defaults (transformers 5.24: 518400
@@ -14,6 +15,13 @@ Sampling defaults, from baaivision/Emu3 `image_generation.py`: guidance 3 with t
 as the unconditional branch, top-k 2048, temperature 1. That script also appends
 " masterpiece, film grained, best quality." to each prompt; visar leaves prompts as given.
 Only an Emu3-Gen checkpoint is trained to generate images (Emu3-Chat shares the architecture).
+
+Two layouts of a negative prompt. The load-time one (`negative_prompt`) is formatted as that script
+formats it, like a prompt: BOS, the text, then the image header `<|image start|>H*W<|image token|>`.
+A negative prompt given for one call (`Pipeline.generate(negative_prompt=...)`) is formatted by
+`negative_prompt_format`: "text" (the default), as transformers' Emu3 docs build the
+`negative_prompt_ids` of `generate` (`processor(text=[negative])`: BOS and the text, no header); or
+"generation", the script's layout with the header (the same tokens as the load-time one).
 """
 
 from __future__ import annotations
@@ -36,15 +44,25 @@ NEGATIVE_PROMPT = (
     "quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, blurry."
 )
 DEFAULTS = {"guidance_scale": 3.0, "temperature": 1.0, "top_k": 2048, "top_p": 1.0}
-LOAD_OPTIONS = ("image_area", "max_prompt_tokens", "negative_prompt", "ratio")
+LOAD_OPTIONS = ("image_area", "max_prompt_tokens", "negative_prompt", "negative_prompt_format", "ratio")
+# How a per-call negative prompt is formatted (see the module docstring): transformers' docs, or baaivision/Emu3's.
+NEGATIVE_PROMPT_FORMATS = ("text", "generation")
 
 
-def prompt_encoder(processor, max_prompt_tokens: int, size: dict) -> HFPromptEncoder:
+def prompt_encoder(processor, max_prompt_tokens: int, size: dict, negative_format: str = "text") -> HFPromptEncoder:
     """Prompts as Emu3's processor formats them for image generation: BOS, the prompt, then
     `<|image start|>H*W<|image token|>` (no chat template), left-padded; size: ratio / image_area
-    options for the processor (none: its own)."""
+    options for the processor (none: its own). Per-call negative prompts per `negative_format`."""
+    if negative_format not in NEGATIVE_PROMPT_FORMATS:
+        raise VisarError(
+            f"negative_prompt_format {negative_format!r}: expected 'text' (transformers' docs: BOS and the text) or "
+            "'generation' (baaivision/Emu3's: with the image header, as the load-time negative prompt)"
+        )
     call_kwargs = {"return_for_image_generation": True, **size}
-    return HFPromptEncoder(processor, max_prompt_tokens, processor.tokenizer.pad_token_id, call_kwargs, chat=False)
+    negative_kwargs = {} if negative_format == "text" else call_kwargs
+    return HFPromptEncoder(
+        processor, max_prompt_tokens, processor.tokenizer.pad_token_id, call_kwargs, False, negative_kwargs
+    )
 
 
 def generation_grid(processor, size: dict) -> tuple[int, int]:
@@ -73,7 +91,7 @@ def build_emu3(hf_model, processor, options: dict) -> tuple[HFEmu3, HFPromptEnco
     if "image_area" in size:
         size["image_area"] = int(size["image_area"])
     grid = generation_grid(processor, size)
-    encoder = prompt_encoder(processor, max_prompt_tokens, size)
+    encoder = prompt_encoder(processor, max_prompt_tokens, size, options.get("negative_prompt_format", "text"))
     negative_ids, negative_mask = encoder.encode([options.get("negative_prompt", NEGATIVE_PROMPT)])
     model = HFEmu3(
         hf_model.eval(),

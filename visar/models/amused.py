@@ -5,8 +5,10 @@ its U-ViT on a CLIP text encoder's penultimate hidden states (cross-attention) a
 projected embedding plus micro-conditions (image size, crop, aesthetic score) through adaptive
 norms. Here the condition is the prompt's CLIP token ids [B, T] (T = the tokenizer's
 model_max_length, padded to it as aMUSEd pads; `ConditionLayout` kind "text", embed_dim 0) and
-the null condition the empty prompt's ids (aMUSEd's default negative prompt); the model runs the
-text encoder itself, once per distinct batch of ids (every step of a decode reuses it).
+the null condition the load-time negative prompt's ids (AmusedPipeline's default: the empty
+prompt), or those of a negative prompt given for one call (`negative_prompt`,
+`visar.models.negative_prompt`); the model runs the text encoder itself, once per distinct batch of
+ids (every step of a decode reuses it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import ConditionLayout
+from .negative_prompt import NegativePrompt, holding
 
 
 class ClipPromptIds:
@@ -35,6 +38,11 @@ class ClipPromptIds:
     def encode(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
         ids = self.ids(prompts)
         return ids, torch.ones_like(ids, dtype=torch.bool)
+
+    def encode_negative(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+        """Negative prompts, tokenized as AmusedPipeline tokenizes `negative_prompt` (the empty one, its
+        default, included)."""
+        return self.encode(prompts)
 
     def to(self, *args, **kwargs) -> ClipPromptIds:
         return self
@@ -69,6 +77,7 @@ class AmusedTransformer(nn.Module):
         # (width px, height px, crop top, crop left, aesthetic score): aMUSEd's micro-conditioning, in its order
         self.micro_conds = tuple(float(v) for v in micro_conds)
         self._encoded: tuple[Tensor, Tensor, Tensor] | None = None  # (ids, pooled, hidden) of the last call
+        self.negative: NegativePrompt | None = None  # the negative prompt of the call under way, if it has one
 
     @property
     def device(self) -> torch.device:
@@ -101,10 +110,18 @@ class AmusedTransformer(nn.Module):
         return ConditionLayout("text", len(self.negative_ids))
 
     def null_condition(self, cond: Tensor) -> Tensor:
+        """The negative prompt's ids [B, T]: the call's (`negative_prompt`), else the load-time one."""
+        if self.negative is not None:
+            return self.negative.condition(cond)
         return self.negative_ids.to(cond.device).expand(cond.shape[0], -1)
 
     def null_condition_mask(self, cond_mask: Tensor | None) -> Tensor | None:
-        return cond_mask
+        return cond_mask  # CLIP sees every position, padding included, as aMUSEd runs it
+
+    def negative_prompt(self, cond: Tensor, mask: Tensor):
+        """A block in which the unconditional branch is this negative prompt: CLIP ids [B, T] padded as
+        prompts are (mask [B, T], all True: the text encoder sees every position)."""
+        return holding(self, cond, mask)
 
     def encode_prompts(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """ids [B, T] -> (pooled projected embedding [B, P], penultimate hidden states [B, T, D]), as

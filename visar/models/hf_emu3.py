@@ -18,7 +18,8 @@ What differs from a plain raster model, and where it is handled:
   (see `Emu3Layout`). No method sees any of this.
 - Positions start at 0 at each prompt's first real token (transformers counts positions from the
   attention mask), and the unconditional half is the negative prompt with its own padding
-  (`null_condition` / `null_condition_mask`), as Emu3's guidance runs it.
+  (`null_condition` / `null_condition_mask`), as Emu3's guidance runs it: the load-time one, or the
+  one given for the call (`negative_prompt`, `HFRasterAdapter`).
 - The VQ (`model.vqmodel`) lives in the tokenizer (`visar.tokenizers.hf_vq.Emu3VQTokenizer`).
 """
 
@@ -124,11 +125,11 @@ class HFEmu3(HFRasterAdapter):
     def vocab_size(self) -> int:
         return len(self.visual_ids)
 
-    def null_condition(self, cond: Tensor) -> Tensor:
-        """Emu3's unconditional prompt: the negative prompt, for every sample."""
+    def default_null_condition(self, cond: Tensor) -> Tensor:
+        """Emu3's unconditional prompt: the load-time negative prompt, for every sample."""
         return self.negative_ids.to(cond.device).expand(cond.shape[0], -1)
 
-    def null_condition_mask(self, cond_mask: Tensor | None) -> Tensor:
+    def default_null_condition_mask(self, cond_mask: Tensor | None) -> Tensor:
         """The negative prompt's own padding ([B, T], or [1, T] without a cond_mask to match)."""
         return self.negative_mask.expand(1 if cond_mask is None else cond_mask.shape[0], -1)
 

@@ -71,7 +71,7 @@ class HFJanus(HFRasterAdapter):
     def vocab_size(self) -> int:
         return self._vocab_size
 
-    def null_condition(self, cond: Tensor) -> Tensor:
+    def default_null_condition(self, cond: Tensor) -> Tensor:
         """Janus's unconditional prompt: every token but BOS and <begin_of_image> becomes the pad token."""
         keep = (cond == self.bos_token_id) | (cond == self.boi_token_id)
         return torch.where(keep, cond, torch.full_like(cond, self.pad_token_id))

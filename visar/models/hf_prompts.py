@@ -18,16 +18,25 @@ from ..errors import VisarError
 
 class HFPromptEncoder:
     """processor: a transformers processor or tokenizer; call_kwargs: what its image-generation call takes;
-    chat: format prompts with the processor's chat template (Janus) or pass them as they are (Emu3-Gen)."""
+    chat: format prompts with the processor's chat template (Janus) or pass them as they are (Emu3-Gen);
+    negative_call_kwargs: what the processor's call takes for a negative prompt (None: a prompt's own,
+    template included; Emu3 as transformers' docs format `negative_prompt_ids`: {}, BOS and the text)."""
 
     def __init__(
-        self, processor, max_tokens: int, pad_token_id: int, call_kwargs: dict | None = None, chat: bool = True
+        self,
+        processor,
+        max_tokens: int,
+        pad_token_id: int,
+        call_kwargs: dict | None = None,
+        chat: bool = True,
+        negative_call_kwargs: dict | None = None,
     ):
         self.processor = processor
         self.chat = chat
         self.max_tokens = max_tokens
         self.pad_token_id = pad_token_id
         self.call_kwargs = dict(call_kwargs or {})
+        self.negative_call_kwargs = None if negative_call_kwargs is None else dict(negative_call_kwargs)
 
     def format(self, prompt: str) -> str:
         if not self.chat or getattr(self.processor, "chat_template", None) is None:
@@ -39,18 +48,24 @@ class HFPromptEncoder:
         """prompts -> (token ids [B, T], validity mask [B, T]), left-padded to T = max_tokens."""
         if any(not p.strip() for p in prompts):
             raise VisarError("empty prompt")
-        batch = self.processor(
-            text=[self.format(p) for p in prompts],
-            padding="longest",
-            padding_side="left",
-            return_tensors="pt",
-            **self.call_kwargs,
-        )
+        return self.tokenize([self.format(p) for p in prompts], self.call_kwargs, "a prompt")
+
+    def encode_negative(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+        """Negative prompts -> (token ids [B, T], validity mask [B, T]), formatted as the model's
+        unconditional branch (see negative_call_kwargs), left-padded like prompts. An empty one is
+        what its format leaves: BOS alone (Emu3), the chat template around nothing (Janus)."""
+        if self.negative_call_kwargs is None:
+            return self.tokenize([self.format(p) for p in prompts], self.call_kwargs, "a negative prompt")
+        return self.tokenize(list(prompts), self.negative_call_kwargs, "a negative prompt")
+
+    def tokenize(self, texts: list[str], call_kwargs: dict, what: str) -> tuple[Tensor, Tensor]:
+        """Formatted texts -> ids and mask [B, T], left-padded to T = max_tokens, through the processor."""
+        batch = self.processor(text=texts, padding="longest", padding_side="left", return_tensors="pt", **call_kwargs)
         ids, mask = batch["input_ids"], batch["attention_mask"].bool()
         lengths = mask.sum(1)
         if int(lengths.max()) > self.max_tokens:
             raise VisarError(
-                f"a prompt takes {int(lengths.max())} tokens (formatted for image generation), more than this model's "
+                f"{what} takes {int(lengths.max())} tokens (formatted for image generation), more than this model's "
                 f"{self.max_tokens} condition positions: shorten it, or load with model_args={{'max_prompt_tokens': N}}"
             )
         ids, mask = ids[:, -self.max_tokens :], mask[:, -self.max_tokens :]  # drops padding only

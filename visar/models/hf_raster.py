@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from .base import ConditionLayout
 from .kv_cache import CacheKeys, causal_visibility, condition_validity
+from .negative_prompt import NegativePrompt, holding
 
 
 class SlotCache:
@@ -60,7 +61,9 @@ class HFRasterAdapter(nn.Module):
     hidden from every query). Image token i sits at position T + i; positions are also the cache
     slots and the RoPE positions (transformers' image generation counts positions over the padded
     prompt the same way). Subclasses give `embed_condition`, `embed_image_tokens`, `image_logits`,
-    `null_condition`, `decoder` (the transformers decoder module) and the grid and vocabulary.
+    `default_null_condition` (the family's unconditional branch), `decoder` (the transformers decoder
+    module) and the grid and vocabulary. A negative prompt given for one call (`negative_prompt`)
+    replaces the family's unconditional branch for that call (`visar.models.negative_prompt`).
     """
 
     model_kind = "raster"
@@ -70,6 +73,7 @@ class HFRasterAdapter(nn.Module):
         self.max_prompt_tokens = max_prompt_tokens
         self.cache: SlotCache | None = None
         self.cache_keys: CacheKeys | None = None  # the slots a query may see, set by setup_cache
+        self.negative: NegativePrompt | None = None  # the negative prompt of the call under way, if it has one
 
     # -- what a family gives -----------------------------------------------------------------
     @property
@@ -84,6 +88,13 @@ class HFRasterAdapter(nn.Module):
 
     def image_logits(self, hidden: Tensor) -> Tensor:
         raise NotImplementedError
+
+    def default_null_condition(self, cond: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def default_null_condition_mask(self, cond_mask: Tensor | None) -> Tensor | None:
+        """The valid positions of the family's unconditional prompt: the prompt's, unless it has its own."""
+        return cond_mask
 
     # -- the RasterModel interface ------------------------------------------------------------
     @property
@@ -111,8 +122,17 @@ class HFRasterAdapter(nn.Module):
     def max_seq_len(self) -> int:
         return self.num_condition_tokens + self.num_image_tokens
 
+    def null_condition(self, cond: Tensor) -> Tensor:
+        """The unconditional prompt [B, T]: the call's negative prompt, else the family's own."""
+        return self.default_null_condition(cond) if self.negative is None else self.negative.condition(cond)
+
     def null_condition_mask(self, cond_mask: Tensor | None) -> Tensor | None:
-        return cond_mask
+        return self.default_null_condition_mask(cond_mask) if self.negative is None else self.negative.mask
+
+    def negative_prompt(self, cond: Tensor, mask: Tensor):
+        """A block in which the unconditional prompt is this negative prompt: ids [B, T] of the model's
+        tokenizer, left-padded as prompts are, and their valid positions mask [B, T]."""
+        return holding(self, cond, mask)
 
     def setup_cache(self, batch_size: int, max_seq_len: int | None = None, cond_mask: Tensor | None = None):
         max_seq_len = max_seq_len or self.max_seq_len

@@ -30,6 +30,7 @@ from ..configs import config_from_dict
 from ..errors import VisarError
 from .base import ConditionLayout
 from .kv_cache import CacheKeys, causal_visibility, condition_validity
+from .negative_prompt import NegativePrompt, holding
 
 
 @dataclass(frozen=True)
@@ -303,6 +304,7 @@ class LlamaGen(nn.Module):
             config.grid_size, config.dim // config.n_head, config.rope_base, config.cls_token_num
         )
         self.cache_keys: CacheKeys | None = None  # the slots a query may see, set by setup_cache
+        self.negative: NegativePrompt | None = None  # t2i: the negative caption of the call under way, if any
 
     # -- the RasterModel interface ----------------------------------------------------------
     @property
@@ -341,10 +343,20 @@ class LlamaGen(nn.Module):
         return self.num_condition_tokens + self.num_image_tokens
 
     def null_condition(self, cond: Tensor) -> Tensor:
+        """The null class, or (t2i) the call's negative caption embeddings, else the null caption."""
+        if self.negative is not None:
+            return self.negative.condition(cond).to(cond.dtype)
         return self.cls_embedding.null_condition(cond)
 
     def null_condition_mask(self, cond_mask: Tensor | None) -> Tensor | None:
+        if self.negative is not None:
+            return self.negative.mask  # a negative caption has its own padding
         return cond_mask  # the null caption keeps the caption's padding
+
+    def negative_prompt(self, cond: Tensor, mask: Tensor):
+        """t2i: a block in which the unconditional branch is this negative caption: embeddings
+        [B, T, caption_dim], left-padded as captions are, with their valid positions mask [B, T]."""
+        return holding(self, cond, mask)
 
     # -- KV cache ---------------------------------------------------------------------------
     def setup_cache(self, batch_size: int, max_seq_len: int | None = None, cond_mask: Tensor | None = None):

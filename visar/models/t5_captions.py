@@ -59,6 +59,10 @@ class T5CaptionEncoder:
         hidden = self.encoder(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state.float()
         return left_pad(hidden, mask.to(device))
 
+    def encode_negative(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+        """Negative prompts, encoded as prompts are (an empty one is T5's end-of-sequence token alone)."""
+        return self.encode(prompts)
+
 
 def left_pad(hidden: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """Right-padded encoder states and mask -> LlamaGen's left-padded, zero-padded embeddings and mask."""
@@ -81,11 +85,18 @@ class LazyTextEncoder:
         return self
 
     def encode(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+        return self.encoder().encode(prompts)
+
+    def encode_negative(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+        return self.encoder().encode_negative(prompts)
+
+    def encoder(self):
+        """The encoder, loaded (and moved to the asked device) on the first call."""
         if self.loaded is None:
             self.loaded = self.load()
             if self.device is not None:
                 self.loaded.to(self.device)
-        return self.loaded.encode(prompts)
+        return self.loaded
 
 
 def check_caption_width(encoder: T5CaptionEncoder, embed_dim: int, name: str):

@@ -96,6 +96,16 @@ class CaptionEncoder(nn.Module):
         h = self.layers(h, src_key_padding_mask=~mask)
         return self.norm(h) * mask[..., None]
 
+    def encode_negative(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+        """Negative prompts, encoded as prompts are; an empty one has no words to encode (all padding would
+        leave the unconditional branch nothing to attend to), so it is refused."""
+        if any(not p.split() for p in prompts):
+            raise VisarError(
+                "an empty negative prompt cannot be encoded by this model's caption encoder (it has no words): give "
+                "it some words, or leave negative_prompt=None for the model's own null caption"
+            )
+        return self.encode(prompts)
+
     def encode(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
         device = self.position_embedding.device
         ids, mask = self.tokenize(prompts)

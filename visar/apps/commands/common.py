@@ -43,8 +43,9 @@ def add_model_args(parser: argparse.ArgumentParser):
         default=[],
         metavar="KEY=VALUE",
         help="a load option, repeatable (values read as JSON when they parse): for an Emu3 folder image_area, "
-        "ratio, negative_prompt, max_prompt_tokens; for a Janus folder max_prompt_tokens; with --checkpoint "
-        "and `llamagen`, the model's constructor arguments",
+        "ratio, negative_prompt, negative_prompt_format (text or generation), max_prompt_tokens; for a Janus "
+        "folder max_prompt_tokens; for an aMUSEd folder negative_prompt, aesthetic_score, crop_coord; with "
+        "--checkpoint and `llamagen`, the model's constructor arguments",
     )
     group.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
     group.add_argument("--dtype", default="fp32", help="generator dtype: fp32, bf16 or fp16 (default fp32)")
@@ -117,6 +118,23 @@ def add_sampling_args(parser: argparse.ArgumentParser, default_method: str | Non
     )
 
 
+def add_negative_prompt_arg(parser: argparse.ArgumentParser):
+    parser.add_argument(
+        "--negative-prompt",
+        metavar="TEXT",
+        help="text-conditional models: the unconditional branch of guidance for every prompt, in place of the "
+        "model's own (LlamaGen t2i: its null caption; Emu3 and aMUSEd: their load-time negative prompt; Janus: "
+        "the padded prompt); used under guidance (a guidance scale other than 1: the model's default or --cfg)",
+    )
+
+
+def check_negative_prompt(pipe, args):
+    """--negative-prompt refused (class-conditional model, an empty one the encoder cannot encode, too long)
+    before a run writes anything, with the sentence generate would raise."""
+    if getattr(args, "negative_prompt", None) is not None:
+        pipe.negative_condition(args.negative_prompt, 1)
+
+
 def run_settings(pipe, args) -> dict:
     """What of the command line decides a run's pixels besides model, method and seed (recorded for resuming):
     checkpoint files, method options and the resolved sampling settings (unset: the model's defaults)."""
@@ -126,7 +144,13 @@ def run_settings(pipe, args) -> dict:
         "vq_checkpoint": args.vq_checkpoint,
         "options": dict(parse_option(o) for o in args.opt),
         "sampling": {k: getattr(params, k) for k in ("guidance_scale", "temperature", "top_k", "top_p")},
+        **negative_prompt_kwargs(args),  # only when given: runs without one keep their settings
     }
+
+
+def negative_prompt_kwargs(args) -> dict:
+    negative = getattr(args, "negative_prompt", None)
+    return {} if negative is None else {"negative_prompt": negative}
 
 
 def generate_kwargs(args) -> dict:
@@ -135,5 +159,6 @@ def generate_kwargs(args) -> dict:
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
+        **negative_prompt_kwargs(args),
         **dict(parse_option(o) for o in args.opt),
     )

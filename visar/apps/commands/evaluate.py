@@ -10,7 +10,16 @@ import sys
 from pathlib import Path
 
 from ...errors import VisarError
-from .common import add_model_args, add_sampling_args, generate_kwargs, load_pipeline, parse_option, run_settings
+from .common import (
+    add_model_args,
+    add_negative_prompt_arg,
+    add_sampling_args,
+    check_negative_prompt,
+    generate_kwargs,
+    load_pipeline,
+    parse_option,
+    run_settings,
+)
 
 
 def add_parser(subparsers):
@@ -245,6 +254,7 @@ def add_geneval_parser(subparsers):
     )
     add_model_args(parser)
     add_sampling_args(parser)
+    add_negative_prompt_arg(parser)
     parser.add_argument("--metadata", help="evaluation_metadata.jsonl (default: the shipped shapes-world prompts)")
     parser.add_argument("--out", required=True, help="output folder (GenEval's layout)")
     parser.add_argument("--n-samples", type=int, default=4, help="images per prompt (default 4, GenEval's)")
@@ -263,6 +273,7 @@ def run_geneval(args) -> int:
     from ...registry import embedded_models
 
     pipe = load_pipeline(args)
+    check_negative_prompt(pipe, args)
     score = args.score if args.score is not None else pipe.name in embedded_models()
     record = evaluate_geneval(
         pipe,

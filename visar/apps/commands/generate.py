@@ -6,13 +6,22 @@ The work is done by `visar.apps.batch`; this module reads the command line into 
 from __future__ import annotations
 
 from ...errors import VisarError
-from .common import add_model_args, add_sampling_args, generate_kwargs, load_pipeline, run_settings
+from .common import (
+    add_model_args,
+    add_negative_prompt_arg,
+    add_sampling_args,
+    check_negative_prompt,
+    generate_kwargs,
+    load_pipeline,
+    run_settings,
+)
 
 DESCRIPTION = """Generate images with a model and decoding method into OUT: OUT/00000.png ...,
 OUT/images.jsonl (one record per image: index, file, class or prompt, seed, method, forward passes),
 OUT/settings.json (what decides the pixels) and OUT/stats.json (this run's counts and timings).
 Image g has item g mod P of the P items and seed SEED + g, so a set does not depend on the batch
-size or the number of processes. Rerunning the same command resumes: finished images are kept,
+size or the number of processes (image j of item i is Pipeline.generate's image j of item i under
+num_images_per_prompt, same seed). Rerunning the same command resumes: finished images are kept,
 the others generated; a rerun with other settings into the same folder is refused.
 Many processes: torchrun --nproc_per_node K -m visar generate -n N ... (each takes the images g
 with g mod K = its rank; NCCL on GPUs, one per process, gloo on CPU)."""
@@ -35,6 +44,7 @@ def add_parser(subparsers):
         help="class ids or class names (see `visar models -v`) for class-conditional models, cycled over --n images",
     )
     items.add_argument("--prompt", action="append", help="prompt for text-conditional models (repeatable, cycled)")
+    add_negative_prompt_arg(items)
     items.add_argument(
         "--classes-file",
         metavar="FILE",
@@ -45,7 +55,8 @@ def add_parser(subparsers):
         "--prompts-file",
         metavar="FILE",
         help='prompts, one a line (.txt), or .jsonl: one JSON string a line or {"prompt": TEXT, "folder": '
-        "SUBFOLDER}; --n images per line",
+        'SUBFOLDER, "negative_prompt": TEXT} (both optional; the line\'s negative prompt before '
+        "--negative-prompt); --n images per line",
     )
     parser.add_argument(
         "-n",
@@ -96,7 +107,7 @@ def read_command_items(pipe, args):
 
 
 def run(args) -> int:
-    from ..batch import run_batch, start_processes
+    from ..batch import check_negative_prompts, run_batch, start_processes
 
     if args.n is not None and args.n < 1:  # before loading anything
         raise VisarError("--n must be >= 1")
@@ -106,6 +117,8 @@ def run(args) -> int:
     try:
         pipe = load_pipeline(args)
         items, total = read_command_items(pipe, args)
+        check_negative_prompt(pipe, args)
+        check_negative_prompts(pipe, items)
         identity = run_settings(pipe, args)
         stats = run_batch(
             pipe,

@@ -224,7 +224,7 @@ class ChainPasses:
         # (the buffer has `window` spare columns, and what lies past `committed` is scratch).
         slots = self.slot_range[: plan.max_drafts + 1]
         state.tokens.scatter_(1, state.committed[:, None] + slots, verdict.slot_tokens)
-        self.record.write(state.committed, plan.num_drafts, verdict.num_accepted, self.scorer.forward_passes)
+        self.record.write(state.committed, plan.num_drafts, verdict.num_accepted)
         if self.budget is not None:
             active = plan.window_len > 0
             self.budget.count(verdict.num_accepted, plan.num_drafts, active, self.proposer.draft_age, state.committed)

@@ -100,35 +100,37 @@ class DecodeLog:
 class ChainRecord:
     """What a chain decode (each pass verifies one window right after each image's committed prefix)
     records a pass: where each image's window started, how many drafts it held and how many of them
-    it accepted, copied into a preallocated device buffer ([passes, 3, B], one copy a pass). The
-    COMMON_STATS follow from these once, at the end (`log`): the draft in slot j is for image index
-    committed + j, tested when j <= accepted, accepted when j < accepted, and every active image
-    commits accepted + 1 tokens."""
+    it accepted, copied into a preallocated device buffer ([passes, 3, B]) at a cursor kept on the
+    device, so that writing a pass depends on no host number (a compiled pass need not be traced
+    again for each pass). The COMMON_STATS follow from these once, at the end (`stats`): the draft
+    in slot j is for image index committed + j, tested when j <= accepted, accepted when j <
+    accepted; every active image commits accepted + 1 tokens; pass p is forward pass p + 1 (one
+    target call a pass, the first with the condition)."""
 
     def __init__(self, batch: int, grid_size: tuple[int, int], max_slots: int, device: torch.device):
         self.log = DecodeLog(batch, grid_size, max_slots, device)  # starts the clock
         # each active pass commits at least one token of every image it works for: at most N passes
         self.records = torch.zeros(self.log.num_tokens, 3, batch, dtype=torch.long, device=device)
-        self.forward_pass: list[int] = []  # each record's forward pass number (host ints)
+        self.cursor = torch.zeros(1, dtype=torch.long, device=device)  # the next pass's row
 
-    def write(self, committed: Tensor, num_drafts: Tensor, num_accepted: Tensor, forward_pass: int):
+    def write(self, committed: Tensor, num_drafts: Tensor, num_accepted: Tensor):
         """committed [B]: the image's committed tokens before the pass (N: done); num_drafts [B]: its
         drafts (0 for a done image); num_accepted [B]: its leading accepted drafts."""
-        self.records[len(self.forward_pass)].copy_(torch.stack([committed, num_drafts, num_accepted]))
-        self.forward_pass.append(forward_pass)
+        self.records.index_copy_(0, self.cursor, torch.stack([committed, num_drafts, num_accepted])[None])
+        self.cursor += 1
 
     def stats(self, forward_passes: int, draft_forward_passes: int = 0) -> dict:
         log, num_tokens = self.log, self.log.num_tokens
-        committed, num_drafts, num_accepted = self.records[: len(self.forward_pass)].unbind(1)  # [P, B]
+        passes = int(self.cursor)
+        committed, num_drafts, num_accepted = self.records[:passes].unbind(1)  # [P, B]
         active = committed < num_tokens
         log.count_pass(active.sum(0))
         slots = torch.arange(len(log.tested_by_slot), device=committed.device)
         tested = (slots < num_drafts[..., None]) & (slots <= num_accepted[..., None])  # [P, B, S]
         log.drafts(committed[..., None] + slots, slots.expand_as(tested), tested, slots < num_accepted[..., None])
-        # token i of image b came in the first pass whose commit reached past i
+        # token i of image b came in the first pass whose commit reached past i (pass p: forward pass p + 1)
         reached = (committed + torch.where(active, num_accepted + 1, 0)).T.contiguous()  # [B, P]
         index = torch.arange(num_tokens, device=committed.device).expand(len(reached), -1).contiguous()
         first = torch.searchsorted(reached, index, right=True)  # P where no pass reached it (a stopped probe)
-        passes = torch.tensor([*self.forward_pass, 0], dtype=torch.long, device=committed.device)
-        log.commit_pass[:, :num_tokens] = passes[first]
+        log.commit_pass[:, :num_tokens] = torch.where(first < passes, first + 1, 0)
         return log.stats(forward_passes, draft_forward_passes)

@@ -367,7 +367,7 @@ def test_demo_starts_with_the_model_and_method_and_generates(kind):
             key, value = option.split("=", 1)
             texts[key] = value
         fields = list(texts.values()) + [""] * (MAX_OPTIONS - len(texts))
-        condition = ("", PROMPTS[0]) if is_text(model) else ("1", "")
+        condition = ("", PROMPTS[0], "") if is_text(model) else ("1", "", "")  # class, prompt, negative prompt
         pipe = visar.load(model, device="cpu")
         d = pipe.defaults
         sampling = (d["guidance_scale"], d["temperature"], d["top_k"] or 0, d["top_p"])
@@ -422,7 +422,7 @@ def test_the_demo_compares_on_every_kind(kind_name, request):
     texts = default_options(fast, model)
     texts.update(dict(option.split("=", 1) for option in cheap + own))
     fields = list(texts.values()) + [""] * (MAX_OPTIONS - len(texts))
-    condition = ("", PROMPTS[0]) if is_text(model) else ("1", "")
+    condition = ("", PROMPTS[0], "") if is_text(model) else ("1", "", "")  # class, prompt, negative prompt
     d = pipe.defaults
     sampling = (d["guidance_scale"], d["temperature"], d["top_k"] or 0, d["top_p"])
     ar, fast_image, summary, heatmap, commit_pass, stats = compare(cache, model, *condition, fast, 3, *sampling, fields)

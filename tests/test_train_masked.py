@@ -82,9 +82,9 @@ def test_generate_command_and_demo_take_a_masked_model(quick_run, tmp_path, caps
     pipe = cache.get(str(export))
     assert method_choices(pipe) == ["maskgit", "halton", "lpd-order", "lpd-confidence"]
     texts = ["8"] + [""] * 10  # halton's steps
-    *_, summary, _, _, stats = compare(cache, str(export), "red circle", "", "halton", 0, 2.0, 1.0, 0, 1.0, texts)
+    *_, summary, _, _, stats = compare(cache, str(export), "red circle", "", "", "halton", 0, 2.0, 1.0, 0, 1.0, texts)
     assert stats["ar"]["method"] == "maskgit" and stats["method"]["forward_passes"] == 8
-    assert "| maskgit | halton |" in summary
+    assert "| maskgit (the reference) | halton |" in summary
 
 
 @pytest.mark.slow

@@ -471,15 +471,16 @@ def test_demo_compares_a_next_scale_model_and_draws_its_scales():
     assert texts["refiner"] == "visar-tiny-var-c2i-refiner"
     fields = [texts.get(name, "") for name in ("refiner", "draft_scales", "keep_fraction", "prune_scales")]
     *_, summary, heatmap, commit_pass, stats = compare(
-        cache, "visar-tiny-var-c2i", "red circle", "", "code", 0, 3.0, 1.0, 0, 1.0, fields + [""] * 7
+        cache, "visar-tiny-var-c2i", "red circle", "", "", "code", 0, 3.0, 1.0, 0, 1.0, fields + [""] * 7
     )
     assert stats["ar"]["method"] == "var" and stats["method"]["forward_passes"] == 9
-    assert "| var | code |" in summary
+    assert "| var (the reference) | code |" in summary
     per_pass = tokens_per_pass(commit_pass)  # what the page's bar plot shows
     assert list(per_pass["tokens committed"]) == [side * side for side in pipe.model.scale_sizes]
-    assert heatmap.size[1] == 16 * 16 + 34  # the last scale sets the height: 16 cells of 16 px
+    # the scales in lines (about square, over the colour bar): the last one, 16 cells of 16 px, is a line's height
+    assert heatmap.size[1] >= 16 * 16 + 34 and 0.5 <= heatmap.size[0] / (heatmap.size[1] - 34) <= 2
     picture = commit_heatmap([torch.full((s, s), k + 1) for k, s in enumerate((1, 2, 3))])
-    assert picture.size[0] > picture.size[1] - 34  # the scales side by side, over the colour bar
+    assert picture.size[0] < picture.size[1] - 34  # three small maps: one to a line, stacked
 
 
 def test_vocabulary_and_latent_width_come_from_the_vqvae_arguments():

@@ -111,7 +111,7 @@ def test_tree_layout():
         (dict(window=8, branch=3, depth=3), "13 nodes, more than the window of 8"),
         (dict(budget="fast"), "budget for tree-mc-sjd must be 'auto', a whole number of rows"),
         (dict(budget=0), "budget for tree-mc-sjd must be 'auto'"),
-        (dict(budget=4), "7 nodes, more than the window of 4"),
+        (dict(budget=4), "a tree of branch 6 and depth 2 needs 7 or more, got 4"),
         (dict(depth=18, branch=1, window=40), "branches past the image's 16 tokens"),
         (dict(neighbours="left,below"), "unknown neighbour 'below'"),
         (dict(neighbours=["left"]), "neighbours must be a comma-separated string"),

@@ -20,6 +20,7 @@ from PIL import Image
 from torch import Tensor
 
 from .accel import Request, get_method, reference_method
+from .accel.passes import compile_failure
 from .accel.sampling import MAX_SEED, SamplingParams
 from .accel.timing import synchronized_clock
 from .errors import VisarError
@@ -73,15 +74,8 @@ COMPILED_SHAPES = 32
 
 
 def warn_eager(module: torch.nn.Module, err: Exception):
-    root = err
-    while isinstance(inner := root.__cause__ or getattr(root, "inner_exception", None), Exception):
-        root = inner  # torch wraps the compiler's own error (BackendCompilerFailed.inner_exception)
-    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
-    reason = f"{type(root).__name__}: {lines[0][:300] if lines else ''}"
-    if root is not err:
-        reason = f"{type(err).__name__}, {reason}"
     warnings.warn(
-        f"torch.compile failed on this platform ({reason}); {type(module).__name__} runs "
+        f"torch.compile failed on this platform ({compile_failure(err)}); {type(module).__name__} runs "
         "eagerly instead (the same outputs, without the compiled speed-up)",
         RuntimeWarning,
         stacklevel=3,
@@ -151,10 +145,15 @@ class Pipeline:
         1, 2, 4, 8 or 16 slots); zipar's passes vary in width and recompile per width up to
         `COMPILED_SHAPES`, then run eagerly. Outputs match eager mode up to kernel numerics.
         compile_kwargs go to torch.compile (e.g. mode="reduce-overhead" for CUDA graphs on a GPU).
+        The raster engines that draft (the chain and tree engines of `visar.accel.passes`) then run
+        each whole pass, their bookkeeping with the model call, under torch.compile with the same
+        options: one graph a pass (tests/test_compile.py), a few shapes (windows padded to powers of
+        two), so on a GPU a pass can replay as one CUDA graph.
         Where compiling fails (no C++ compiler, an unsupported platform or Python), the generator
         runs eagerly from that call on, rerunning it, with one warning saying why (`EagerFallback`).
         """
         compile_kwargs.setdefault("dynamic", False)
+        self.compile_options = dict(compile_kwargs)  # each pass of a pass-loop engine runs under them too
         dynamo = torch._dynamo.config
         limit = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"
         setattr(dynamo, limit, max(getattr(dynamo, limit), COMPILED_SHAPES))
@@ -342,7 +341,10 @@ class Pipeline:
         second_model = decoding_method.draft_option  # "draft", or code's "refiner"
         if method_options.get(second_model) is not None:
             method_options[second_model] = self.resolve_draft(method_options[second_model])
-        request = Request(self.model, cond, params, generators, cond_mask, progress, tokenizer=self.tokenizer)
+        passes = self.compile_options if self.is_compiled else None  # eager again after a compile failure
+        request = Request(
+            self.model, cond, params, generators, cond_mask, progress, tokenizer=self.tokenizer, compile_passes=passes
+        )
         try:
             with ExitStack() as held:
                 if negative is not None:  # the model's (and its draft's) null_condition returns it meanwhile

@@ -183,6 +183,9 @@ class ChainPasses:
         self.slot_range = torch.arange(self.window, device=self.device)
         self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
         self.sizes_chosen: dict[int, int] = {}  # window -> passes
+        # Compiled passes draft padded windows: slots past an image's window are padding (never
+        # tested, after every real slot, forgotten with the cache), so the tokens are the same.
+        self.compiled = request.compile_passes is not None
 
     def __enter__(self):
         self.scorer.open_cache(self.num_cond + self.total)
@@ -204,6 +207,8 @@ class ChainPasses:
         num_slots = int(window_len.max())  # the one host sync of the loop the engine needs
         if num_slots == 0:
             return None
+        if self.compiled:  # a power of two of slots, as scoring pads anyway: a few shapes to compile
+            num_slots = min(1 << (num_slots - 1).bit_length(), self.window)
         self.sizes_chosen[pass_size] = self.sizes_chosen.get(pass_size, 0) + 1
         uniforms = self.uniforms.take(NUM_PURPOSES * self.window).view(self.batch, NUM_PURPOSES, self.window)
         return Window(window_len, (window_len - 1).clamp(min=0), uniforms, num_slots - 1)
@@ -255,7 +260,7 @@ def speculative_decode(
     """Propose, score, verify, commit (ragged), truncate, carry over, pass after pass
     (`ChainPasses` on the pass loop). -> (tokens [B, N], stats)."""
     engine = ChainPasses(request, proposer, window, warmup, tail, rule, budget)
-    return decode_passes(engine, request.progress)
+    return decode_passes(engine, request.progress, request.compile_passes)
 
 
 # -- budgets: the window of each pass matched to the device --------------------------------------------

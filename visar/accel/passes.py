@@ -13,6 +13,8 @@ the engine and then stops it (`visar.accel.budget`).
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -65,16 +67,65 @@ def run_pass(engine: PassEngine, plan) -> None:
     engine.commit(plan, drafts, probs, verdict)
 
 
+# compile options -> run_pass under torch.compile (False once compiling failed on this platform): one
+# compiled function for every engine and decode, so a later decode reuses the code compiled for its shapes
+COMPILED_PASSES: dict[tuple, Callable | bool] = {}
+
+
+def pass_runner(compile_options: dict | None) -> Callable:
+    """run_pass, or run_pass under torch.compile with these options (Pipeline.compile's)."""
+    if compile_options is None:
+        return run_pass
+    key = tuple(sorted(compile_options.items()))
+    if key not in COMPILED_PASSES:
+        COMPILED_PASSES[key] = torch.compile(run_pass, **compile_options)
+    return COMPILED_PASSES[key] or run_pass
+
+
 @torch.no_grad()
-def decode_passes(engine: PassEngine, progress: bool = False) -> tuple[Tensor, dict]:
-    """Run `engine`'s passes until its plan says stop."""
+def decode_passes(
+    engine: PassEngine, progress: bool = False, compile_options: dict | None = None
+) -> tuple[Tensor, dict]:
+    """Run `engine`'s passes until its plan says stop; compile_options (a compiled pipeline's): each
+    pass, bookkeeping and model call, under torch.compile (on a GPU with mode="reduce-overhead", one
+    CUDA graph per shape of pass). Where compiling fails, the pass runs eagerly from then on, with one
+    warning (torch.compile fails before it runs anything, so the pass is not run twice)."""
+    step = pass_runner(compile_options)
     bar = progress_bar(total=engine.total, enabled=progress, desc=engine.desc)
     try:
         with engine:
             while (plan := engine.plan()) is not None:
-                run_pass(engine, plan)
+                try:
+                    step(engine, plan)
+                except Exception as err:
+                    if step is run_pass:
+                        raise
+                    run_pass(engine, plan)  # an error of the pass itself is raised here, as eagerly
+                    COMPILED_PASSES[tuple(sorted(compile_options.items()))] = False
+                    step = run_pass
+                    warn_compile_failed(err)
                 if progress:  # a read-back, so only when a bar shows
                     bar.update(int(engine.least_done()) - bar.n)
     finally:
         bar.close()
     return engine.finish()
+
+
+def compile_failure(err: Exception) -> str:
+    """What made torch.compile fail, in one line: torch wraps the compiler's own error
+    (BackendCompilerFailed.inner_exception), which is the one worth reading."""
+    root = err
+    while isinstance(inner := root.__cause__ or getattr(root, "inner_exception", None), Exception):
+        root = inner
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    reason = f"{type(root).__name__}: {lines[0][:300] if lines else ''}"
+    return reason if root is err else f"{type(err).__name__}, {reason}"
+
+
+def warn_compile_failed(err: Exception):
+    warnings.warn(
+        f"torch.compile failed on this platform ({compile_failure(err)}); a decode's passes run eagerly "
+        "instead (the same outputs, without the compiled speed-up)",
+        RuntimeWarning,
+        stacklevel=3,
+    )

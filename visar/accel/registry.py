@@ -42,6 +42,9 @@ class Request:
     # The pipeline's tokenizer, which some methods need: next-scale methods build each scale's input
     # with it, gsd and lantern compare tokens by its code vectors (a codebook [V, C] may stand in).
     tokenizer: object | None = None
+    # torch.compile options a compiled pipeline runs each pass of a pass-loop engine under
+    # (`passes.decode_passes`); None: eager passes
+    compile_passes: dict | None = None
 
 
 @dataclass(frozen=True)

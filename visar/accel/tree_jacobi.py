@@ -181,7 +181,8 @@ def tree_jacobi_decode(
 ) -> tuple[Tensor, dict]:
     """Propose a tree, score it in one pass, verify every node, commit, carry over, pass after pass
     (`TreePasses` on the pass loop). -> (tokens [B, N], stats)."""
-    return decode_passes(TreePasses(request, layouts, initialiser, neighbours, budget), request.progress)
+    engine = TreePasses(request, layouts, initialiser, neighbours, budget)
+    return decode_passes(engine, request.progress, request.compile_passes)
 
 
 def tree_costs(request: Request, layouts: dict[int, DraftTree], initialiser, neighbours) -> PassCosts | None:

@@ -10,9 +10,11 @@ trees") has the iteration and why each candidate is drawn from the law it is ver
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import VisarError
@@ -20,7 +22,7 @@ from .acceptance import speculative_residual
 from .checks import check_number
 from .drafts import DecodeState
 from .proposers import DRAFT, JacobiProposer, Window
-from .sampling import UniformStream, sample_from_probs
+from .sampling import UniformStream, draw_index, sample_from_probs
 from .scoring import GuidedScorer
 from .tree import CacheSlots, StaticTree
 
@@ -113,9 +115,19 @@ NEIGHBOURS = ("left", "above", "above-left", "above-right")
 def neighbour_candidates(canvas: Tensor, index: Tensor, width: int, names: tuple[str, ...]) -> Tensor:
     """The known neighbours of each position, in the order named ("left", "above"): [B, P, len(names)], -1 unknown.
 
-    canvas [B, C] committed tokens and carried drafts, -1 elsewhere; index [B, P] image-token indices.
+    canvas [B, C] committed tokens and carried drafts, -1 elsewhere; index [B, P] image-token indices (< C).
     """
-    last = canvas.shape[1] - 1
+    batch, num_positions = index.shape
+    at = neighbour_table(canvas.shape[1], width, names, canvas.device)[index]  # [B, P, J]
+    token = canvas.gather(1, at.clamp(min=0).view(batch, -1)).view(at.shape)
+    return torch.where(at >= 0, token, -1)
+
+
+@functools.lru_cache(maxsize=16)
+def neighbour_table(length: int, width: int, names: tuple[str, ...], device) -> Tensor:
+    """[C, J] the canvas index of each position's named neighbours (-1 off the grid's edge), made once
+    per canvas length, width and names: a pass then reads the neighbours with one lookup."""
+    index = torch.arange(length)
     column = index % width
     offsets = {
         "left": (1, column > 0),
@@ -123,12 +135,8 @@ def neighbour_candidates(canvas: Tensor, index: Tensor, width: int, names: tuple
         "above-left": (width + 1, (index >= width) & (column > 0)),
         "above-right": (width - 1, (index >= width) & (column < width - 1)),
     }
-    found = []
-    for name in names:
-        offset, ok = offsets[name]
-        token = canvas.gather(1, (index - offset).clamp(0, last))
-        found.append(torch.where(ok, token, -1))
-    return torch.stack(found, -1)
+    found = [torch.where(ok, (index - offset).clamp(0, length - 1), -1) for offset, ok in map(offsets.get, names)]
+    return torch.stack(found, -1).to(device)
 
 
 def without_replacement(
@@ -144,27 +152,61 @@ def without_replacement(
     the verifier's uniforms are independent of, as recursive rejection needs.
     -> tokens [B, P, K], laws [B, P, K, V]: each candidate's law given those before it.
     """
-    used = torch.zeros_like(base, dtype=torch.bool).scatter_(-1, first[..., None], True)
-    tokens, laws = [first], [base]
-    for k in range(1, branch):
-        remaining = torch.where(used, 0.0, base)
+    first = first[..., None]  # [B, P, 1]
+    if branch == 1:
+        return first, base[..., None, :]
+    if fixed is None:
+        tokens, laws = draws_without_replacement(base, first, uniforms)
+    else:
+        tokens, laws = neighbours_then_draws(base, first, uniforms, fixed)
+    return torch.cat([first, tokens], -1), torch.cat([base[..., None, :], laws], -2)
+
+
+def neighbours_then_draws(base: Tensor, first: Tensor, uniforms: Tensor, fixed: Tensor) -> tuple[Tensor, Tensor]:
+    """Candidates 1 .. K - 1 when known neighbours come first: the n distinct neighbours that are not
+    candidate 0 take ranks 1 .. n in their order, and draws without replacement (from base without
+    candidate 0 and those neighbours) the ranks after, rank k's draw with rank k's uniform. This is
+    rank by rank picking "the first known neighbour not tried yet, else a draw": once none is left
+    none comes back, so every pick precedes every draw. -> tokens [B, P, K - 1], laws [B, P, K - 1, V]."""
+    num_ranks = uniforms.shape[-1]
+    same = fixed[..., :, None] == fixed[..., None, :]  # [B, P, J, J]
+    earlier = torch.ones(same.shape[-2:], dtype=torch.bool, device=same.device).tril(-1)
+    repeat = (same & earlier).any(-1)  # an earlier neighbour is the same token
+    fresh = (fixed >= 0) & (fixed != first) & ~repeat  # [B, P, J]
+    num_picked = fresh.sum(-1, keepdim=True)  # [B, P, 1] n (may exceed K - 1: no draw is then used)
+    picked = fixed.gather(-1, fresh.sort(dim=-1, descending=True, stable=True).indices)  # the fresh ones first
+    picked = F.pad(picked, (0, max(num_ranks - picked.shape[-1], 0)))[..., :num_ranks]
+    ranks = torch.arange(num_ranks, device=base.device)
+    draw = (ranks - num_picked).clamp(min=0)  # rank k's draw: the (k - n)-th
+    known = torch.cat([first, torch.where(fresh, fixed, first)], -1)
+    drawn, drawn_laws = draws_without_replacement(
+        base, known, uniforms.gather(-1, (ranks + num_picked).clamp(max=num_ranks - 1))
+    )
+    is_pick = ranks < num_picked  # [B, P, K - 1]
+    tokens = torch.where(is_pick, picked, drawn.gather(-1, draw))
+    one_hot = (torch.arange(base.shape[-1], device=base.device) == picked[..., None]).to(base.dtype)
+    drawn_laws = drawn_laws.gather(-2, draw[..., None].expand(*draw.shape, base.shape[-1]))
+    return tokens, torch.where(is_pick[..., None], one_hot, drawn_laws)
+
+
+def draws_without_replacement(base: Tensor, known: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+    """Draws from base without replacement after the `known` tokens [B, P, J'] (candidate 0, picked
+    neighbours): draw j from norm(base without the known and draws 0 .. j - 1), uniformly from the
+    unused tokens where that has no mass. uniforms [B, P, D] -> tokens [B, P, D], laws [B, P, D, V]."""
+    remaining = base.scatter(-1, known, 0.0)
+    unused = torch.ones_like(base).scatter_(-1, known, 0.0)
+    tokens, laws = [], []
+    for j in range(uniforms.shape[-1]):
         mass = remaining.sum(-1, keepdim=True)
-        unused = (~used).to(base.dtype)
         spread = remaining / mass.clamp(min=torch.finfo(mass.dtype).tiny)
         law = torch.where(mass > 0, spread, unused / unused.sum(-1, keepdim=True).clamp(min=1))
-        token = sample_from_probs(law, uniforms[..., k - 1])
-        if fixed is not None:  # the first known neighbour not tried yet, with a one-hot law
-            fresh = (fixed >= 0) & ~used.gather(-1, fixed.clamp(min=0))  # [B, P, J]
-            pick = fixed.gather(-1, fresh.long().argmax(-1, keepdim=True))[..., 0]
-            has = fresh.any(-1)
-            token = torch.where(has, pick, token)
-            law = torch.where(
-                has[..., None], torch.zeros_like(law).scatter_(-1, pick.clamp(min=0)[..., None], 1.0), law
-            )
-        used.scatter_(-1, token[..., None], True)
+        token = draw_index(law, uniforms[..., j : j + 1])  # [B, P, 1]
+        if j + 1 < uniforms.shape[-1]:
+            remaining.scatter_(-1, token, 0.0)
+            unused.scatter_(-1, token, 0.0)
         tokens.append(token)
         laws.append(law)
-    return torch.stack(tokens, 2), torch.stack(laws, 2)
+    return torch.cat(tokens, -1), torch.stack(laws, -2)
 
 
 # The residual after a rejected candidate; tests replace it to show that the law test catches its absence.
@@ -327,7 +369,7 @@ def draft_tree(
         fixed = None
         if neighbours:
             position = state.committed[:, None] + torch.arange(num_branching, device=device)
-            fixed = neighbour_candidates(proposer.canvas(state), position, state.grid_size[1], neighbours)
+            fixed = neighbour_candidates(proposer.proposal_canvas(state), position, state.grid_size[1], neighbours)
         extra_tokens, extra_laws = without_replacement(
             first_q[:, :num_branching],
             first_tokens[:, :num_branching],

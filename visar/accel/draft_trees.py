@@ -4,7 +4,7 @@
 goes on as a chain (the main path). `draft_tree`: every node's token and the law it was drawn
 from (candidate 0 from the proposer, then known neighbours and draws without replacement).
 `TreePass`: the inputs, cache slots and mask of one target pass over the tree. `verify_tree`:
-every node at once by recursive rejection over the `residual_ladder`. docs/RASTER.md ("Draft
+every node at once by recursive rejection (`tree_verify`, the one verifier of every draft tree). docs/RASTER.md ("Draft
 trees") has the iteration and why each candidate is drawn from the law it is verified under.
 """
 
@@ -18,13 +18,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import VisarError
-from .acceptance import speculative_residual
+from . import tree_verify
 from .checks import check_number
 from .drafts import DecodeState
 from .proposers import DRAFT, JacobiProposer, Window
 from .sampling import UniformStream, draw_index, sample_from_probs
 from .scoring import GuidedScorer
 from .tree import CacheSlots, StaticTree
+from .tree_verify import TreeIndex
 
 
 @dataclass(frozen=True)
@@ -39,14 +40,15 @@ class DraftTree:
     tree: StaticTree
     branch: int  # K, candidates at each branching position
     depth: int  # D: positions 1 .. D - 1 branch
-    rank: Tensor  # [T] the node's rank among its siblings (0 for the root)
+    index: TreeIndex  # what `tree_verify.verify_tree` reads
     main: Tensor  # [M] node id of the main path at depth 0 .. M - 1
     on_main: Tensor  # [T] bool
     side_slot: Tensor  # [T] scratch index of a side node (-1 on the main path)
     main_depth: Tensor  # [T] depth of the deepest main-path node among the node and its ancestors
     candidate: Tensor  # [T] index (d - 1) * K + rank of the node's candidate (0 for the root)
-    earlier: Tensor  # [T, T] float: column j is a sibling of row i of a lower rank
     main_child: Tensor  # [M] the rank-0 child of each main-path node (the last node: itself)
+    main_has_child: Tensor  # [M] bool: all but the last
+    main_second_row: Tensor  # [M] each main node's law row (TreeIndex) after its rank-0 child is rejected
 
     def to(self, device) -> DraftTree:
         """The same tree with every index on `device` (moved once per decode, not per pass)."""
@@ -54,7 +56,7 @@ class DraftTree:
             f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)
         }
         tree = StaticTree(**{f.name: _to(getattr(self.tree, f.name), device) for f in fields(self.tree)})
-        return replace(self, tree=tree, **moved)
+        return replace(self, tree=tree, index=self.index.to(device), **moved)
 
     @property
     def num_nodes(self) -> int:
@@ -81,7 +83,6 @@ class DraftTree:
             )
         paths += [(0,) * d for d in range(depth, window - tree_nodes + depth)]
         tree = StaticTree.from_paths(paths)
-        rank = torch.tensor([0] + [p[-1] for p in tree.paths])
         main_nodes = [True] + [max(p) == 0 for p in tree.paths]
         on_main = torch.tensor(main_nodes)
         main = torch.tensor([i for i, is_main in enumerate(main_nodes) if is_main])
@@ -90,12 +91,21 @@ class DraftTree:
         main_depth = torch.tensor([0] + [next((i for i, r in enumerate(p) if r), len(p)) for p in tree.paths])
         main_depth = torch.minimum(main_depth, tree.depth)
         candidate = torch.tensor([0] + [(len(p) - 1) * branch + p[-1] for p in tree.paths])
-        parent = tree.parent.clamp(min=0)
-        siblings = (parent[:, None] == parent[None]) & (tree.depth[:, None] > 0) & (tree.depth[None] > 0)
-        earlier = siblings & (rank[None] < rank[:, None])
+        index = tree.verify_index()
         main_child = torch.cat([main[1:], main[-1:]])
         return cls(
-            tree, branch, depth, rank, main, on_main, side_slot, main_depth, candidate, earlier.float(), main_child
+            tree,
+            branch,
+            depth,
+            index,
+            main,
+            on_main,
+            side_slot,
+            main_depth,
+            candidate,
+            main_child,
+            main_child != main,
+            index.second_row[main],
         )
 
 
@@ -209,26 +219,8 @@ def draws_without_replacement(base: Tensor, known: Tensor, uniforms: Tensor) -> 
     return torch.cat(tokens, -1), torch.stack(laws, -2)
 
 
-# The residual after a rejected candidate; tests replace it to show that the law test catches its absence.
-ladder_residual = speculative_residual
-
-
-def residual_ladder(probs: Tensor, candidate_q: Tensor, exists: Tensor | None = None) -> Tensor:
-    """The law each candidate of a position is tested against: R_0 = p, R_k = norm((R_{k-1} - q_{k-1})+),
-    q_{k-1} the law candidate k - 1 was drawn from; R_C is what is drawn after the last rejection.
-
-    probs [..., V]; candidate_q [..., C, V]; exists [..., C] (optional, broadcast): where candidate k
-    does not exist, R_{k+1} = R_k. -> [..., C + 1, V].
-    """
-    ladder = [probs]
-    for k in range(candidate_q.shape[-2]):
-        rung = ladder_residual(ladder[-1], candidate_q[..., k, :])
-        ladder.append(rung if exists is None else torch.where(exists[..., k, None], rung, ladder[-1]))
-    return torch.stack(ladder, -2)
-
-
 @dataclass
-class TreeVerdict:
+class WindowVerdict:
     accepted: Tensor  # [B] accepted depth a: the pass commits a + 1 tokens
     path: Tensor  # [B, M + 1] column d: the token at depth d of the reached path, column a + 1 the final draw
     main_reached: Tensor  # [B] main-path nodes reached (depth >= 1): their cache slots stay valid
@@ -239,49 +231,24 @@ class TreeVerdict:
 
 def verify_tree(
     layout: DraftTree, probs: Tensor, node_tokens: Tensor, node_q: Tensor, valid: Tensor, uniforms: Tensor
-) -> TreeVerdict:
-    """Verify every node of every image at once (no loop over depth).
+) -> WindowVerdict:
+    """Verify every node of every image at once (`tree_verify.verify_tree`), and draw the main path's
+    slot outputs, which the next pass's drafts are coupled to.
 
     probs [B, T, V] the target at every node; node_q [B, T, V] the law each node's token was
     drawn from (given its earlier siblings); valid [B, T] nodes inside the image; uniforms
     [B, T + M + 1]: the nodes' tests, the main path's residual draws, the final draw.
     """
-    tree = layout.tree  # indices already on the device (DraftTree.to)
     num_nodes, main_len = layout.num_nodes, layout.main_length
-    children, parent, depth = tree.children, tree.parent.clamp(min=0), tree.depth
-    child_q = node_q[:, children.clamp(min=0)]  # [B, T, C, V]
-    ladder = residual_ladder(probs, child_q, (children >= 0)[None])  # [B, T, C + 1, V]
-    # Each node's test against its parent's rung for its rank.
-    rung = ladder[:, parent, layout.rank]  # [B, T, V]
-    x = node_tokens[..., None]
-    accept = (uniforms[:, :num_nodes] * node_q.gather(-1, x)[..., 0] < rung.gather(-1, x)[..., 0]) & valid
-    # A test decides only when no earlier sibling passed; the first that passes is taken.
-    blocked = (accept.float() @ layout.earlier.T) > 0
-    taken = (accept & ~blocked) | (depth == 0)
-    # Reached: the node and every ancestor taken (one node per depth at most).
-    reached = ((~taken).float() @ tree.ancestors.float().T) == 0
-    accepted = (reached * depth).amax(-1)
-    end = (reached * (depth + 1)).argmax(-1)  # the deepest reached node
-    # The final token: the end node's last rung (all its children rejected), or p at a leaf.
-    num_children = (children >= 0).sum(-1)
-    final_law = ladder.gather(1, end[:, None, None, None].expand(-1, 1, *ladder.shape[2:]))[:, 0]  # [B, C + 1, V]
-    final_law = final_law.gather(1, num_children[end][:, None, None].expand(-1, 1, ladder.shape[-1]))[:, 0]
-    final = sample_from_probs(final_law, uniforms[:, -1])
-    path = torch.where(reached, depth, main_len).clamp(max=main_len)
-    # M + 1 columns whatever the tree's size (a chain, K = 1, has only M nodes); unreached nodes write to column M
-    path = node_tokens.new_zeros(node_tokens.shape[0], main_len + 1).scatter_(
-        1, path, torch.where(reached, node_tokens, 0)
+    verdict = tree_verify.verify_tree(
+        layout.index, probs, node_tokens, node_q, uniforms[:, :num_nodes], uniforms[:, -1], valid
     )
-    path.scatter_(1, (accepted + 1)[:, None], final[:, None])
-    main_reached = (reached & layout.on_main).sum(-1) - 1
-    tried = reached[:, parent] & ~blocked & valid & (depth > 0)
+    main_reached = (verdict.reached & layout.on_main).sum(-1) - 1
     # Main-path slot outputs: the rank-0 child's draft if it passed, else a draw from R_1 (p at the last node).
-    has_child = layout.main_child != layout.main
-    draw_law = ladder[:, layout.main, has_child.long()]  # [B, M, V]
-    drawn = sample_from_probs(draw_law, uniforms[:, num_nodes : num_nodes + main_len])
-    kept = accept[:, layout.main_child] & has_child
+    drawn = sample_from_probs(verdict.laws[:, layout.main_second_row], uniforms[:, num_nodes : num_nodes + main_len])
+    kept = verdict.accept[:, layout.main_child] & layout.main_has_child
     main_outputs = torch.where(kept, node_tokens[:, layout.main_child], drawn)
-    return TreeVerdict(accepted, path, main_reached, tried, accept, main_outputs)
+    return WindowVerdict(verdict.accepted, verdict.path, main_reached, verdict.tried, verdict.accept, main_outputs)
 
 
 class TreePass(CacheSlots):
@@ -408,7 +375,7 @@ def tree_randomness(stream: UniformStream, layout: DraftTree, active: Tensor) ->
     return Window(length, (length - 1).clamp(min=0), window_u, main_len - 1), extra_u, test_u
 
 
-def commit_path(state: DecodeState, layout: DraftTree, verdict: TreeVerdict, commit_count: Tensor) -> Tensor:
+def commit_path(state: DecodeState, layout: DraftTree, verdict: WindowVerdict, commit_count: Tensor) -> Tensor:
     """Write the reached path and the token after it past each image's commit; -> the image index
     of every path column [B, M] (column d holds index committed - 1 + d)."""
     columns = torch.arange(1, layout.main_length + 1, device=commit_count.device)

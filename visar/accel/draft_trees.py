@@ -271,17 +271,18 @@ class TreePass(CacheSlots):
         self.main_depth = layout.main_depth[1:].to(device)
         self.on_main = layout.on_main[1:].to(device)
         self.side_slot = (self.scratch + layout.side_slot[1:]).to(device)
+        self.slot_row = self.slots[None, None]  # [1, 1, S]
+        self.true_slots = (self.slots < self.scratch)[None, None]  # [1, 1, S] condition and image slots
 
     def nodes(self, committed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Nodes 1 .. T - 1 of every image -> (input_pos, cache_pos, mask), each [B, T - 1(, S)]."""
         root = self.num_cond + committed - 1  # [B] the root's position (the last condition slot at first)
-        position = root[:, None] + self.depth[None]
+        position = root[:, None] + self.depth
         cache_pos = torch.where(
             self.on_main, torch.where(position <= self.max_pos, position, self.trash), self.side_slot
         )
-        seen = root[:, None] + self.main_depth[None]  # [B, T - 1] the last true slot each node sees
-        true_slots = (self.slots < self.scratch)[None, None]
-        mask = (true_slots & (self.slots[None, None] <= seen[..., None])) | self.side_visible[None]
+        seen = root[:, None] + self.main_depth  # [B, T - 1] the last true slot each node sees
+        mask = (self.true_slots & (self.slot_row <= seen[..., None])) | self.side_visible
         return position.clamp(max=self.max_pos), cache_pos, mask
 
     def probs(self, tokens: Tensor, fed: Tensor, committed: Tensor, node_tokens: Tensor, first: bool) -> Tensor:

@@ -88,9 +88,10 @@ class StaticTree:
         children = torch.full((size, width), -1)
         for p in paths:
             children[index[p[:-1]], p[-1]] = index[p]
-        ancestors = torch.eye(size, dtype=torch.bool)
+        lineage = [{0}]  # each node and its ancestors, built in Python: a tree of T nodes costs one tensor
         for i in range(1, size):
-            ancestors[i] |= ancestors[parents[i]]
+            lineage.append(lineage[parents[i]] | {i})
+        ancestors = torch.tensor([[j in line for j in range(size)] for line in lineage])
         return cls(tuple(paths), parent, depth, children, ancestors)
 
 

@@ -21,7 +21,7 @@ from laws import (
     tiny_llamagen,
 )
 
-from visar.accel import METHODS, Request, ar, draft_trees, get_method
+from visar.accel import METHODS, Request, ar, draft_trees, get_method, tree_verify
 from visar.accel.sampling import SamplingParams, make_generators
 from visar.accel.stats import COMMON_STATS
 from visar.errors import VisarError
@@ -63,7 +63,7 @@ def test_joint_law_is_exact(model, name, options, params):
 @pytest.mark.slow
 def test_dropping_the_residual_after_a_rejected_candidate_is_detected(model, monkeypatch):
     """Negative control: each candidate tested against p rather than the residual its earlier siblings left."""
-    monkeypatch.setattr(draft_trees, "ladder_residual", lambda target, draft: target)
+    monkeypatch.setattr(tree_verify, "ladder_residual", lambda target, draft: target)
     tokens, _ = draw("tree-mc-sjd", model, 1, TOPP_TEMP, SAMPLES, 4100, window=6, branch=3, depth=2, init="random")
     pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(model, 1, TOPP_TEMP))
     print(f"no residual: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")

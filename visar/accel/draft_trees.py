@@ -4,25 +4,28 @@
 goes on as a chain (the main path). `draft_tree`: every node's token and the law it was drawn
 from (candidate 0 from the proposer, then known neighbours and draws without replacement).
 `TreePass`: the inputs, cache slots and mask of one target pass over the tree. `verify_tree`:
-every node at once by recursive rejection over the `residual_ladder`. docs/RASTER.md ("Draft
+every node at once by recursive rejection (`tree_verify`, the one verifier of every draft tree). docs/RASTER.md ("Draft
 trees") has the iteration and why each candidate is drawn from the law it is verified under.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import VisarError
-from .acceptance import speculative_residual
+from . import tree_verify
 from .checks import check_number
 from .drafts import DecodeState
 from .proposers import DRAFT, JacobiProposer, Window
-from .sampling import UniformStream, sample_from_probs
+from .sampling import UniformStream, draw_index, sample_from_probs
 from .scoring import GuidedScorer
 from .tree import CacheSlots, StaticTree
+from .tree_verify import TreeIndex
 
 
 @dataclass(frozen=True)
@@ -37,14 +40,15 @@ class DraftTree:
     tree: StaticTree
     branch: int  # K, candidates at each branching position
     depth: int  # D: positions 1 .. D - 1 branch
-    rank: Tensor  # [T] the node's rank among its siblings (0 for the root)
+    index: TreeIndex  # what `tree_verify.verify_tree` reads
     main: Tensor  # [M] node id of the main path at depth 0 .. M - 1
     on_main: Tensor  # [T] bool
     side_slot: Tensor  # [T] scratch index of a side node (-1 on the main path)
     main_depth: Tensor  # [T] depth of the deepest main-path node among the node and its ancestors
     candidate: Tensor  # [T] index (d - 1) * K + rank of the node's candidate (0 for the root)
-    earlier: Tensor  # [T, T] float: column j is a sibling of row i of a lower rank
     main_child: Tensor  # [M] the rank-0 child of each main-path node (the last node: itself)
+    main_has_child: Tensor  # [M] bool: all but the last
+    main_second_row: Tensor  # [M] each main node's law row (TreeIndex) after its rank-0 child is rejected
 
     def to(self, device) -> DraftTree:
         """The same tree with every index on `device` (moved once per decode, not per pass)."""
@@ -52,7 +56,7 @@ class DraftTree:
             f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)
         }
         tree = StaticTree(**{f.name: _to(getattr(self.tree, f.name), device) for f in fields(self.tree)})
-        return replace(self, tree=tree, **moved)
+        return replace(self, tree=tree, index=self.index.to(device), **moved)
 
     @property
     def num_nodes(self) -> int:
@@ -79,7 +83,6 @@ class DraftTree:
             )
         paths += [(0,) * d for d in range(depth, window - tree_nodes + depth)]
         tree = StaticTree.from_paths(paths)
-        rank = torch.tensor([0] + [p[-1] for p in tree.paths])
         main_nodes = [True] + [max(p) == 0 for p in tree.paths]
         on_main = torch.tensor(main_nodes)
         main = torch.tensor([i for i, is_main in enumerate(main_nodes) if is_main])
@@ -88,12 +91,21 @@ class DraftTree:
         main_depth = torch.tensor([0] + [next((i for i, r in enumerate(p) if r), len(p)) for p in tree.paths])
         main_depth = torch.minimum(main_depth, tree.depth)
         candidate = torch.tensor([0] + [(len(p) - 1) * branch + p[-1] for p in tree.paths])
-        parent = tree.parent.clamp(min=0)
-        siblings = (parent[:, None] == parent[None]) & (tree.depth[:, None] > 0) & (tree.depth[None] > 0)
-        earlier = siblings & (rank[None] < rank[:, None])
+        index = tree.verify_index()
         main_child = torch.cat([main[1:], main[-1:]])
         return cls(
-            tree, branch, depth, rank, main, on_main, side_slot, main_depth, candidate, earlier.float(), main_child
+            tree,
+            branch,
+            depth,
+            index,
+            main,
+            on_main,
+            side_slot,
+            main_depth,
+            candidate,
+            main_child,
+            main_child != main,
+            index.second_row[main],
         )
 
 
@@ -113,9 +125,19 @@ NEIGHBOURS = ("left", "above", "above-left", "above-right")
 def neighbour_candidates(canvas: Tensor, index: Tensor, width: int, names: tuple[str, ...]) -> Tensor:
     """The known neighbours of each position, in the order named ("left", "above"): [B, P, len(names)], -1 unknown.
 
-    canvas [B, C] committed tokens and carried drafts, -1 elsewhere; index [B, P] image-token indices.
+    canvas [B, C] committed tokens and carried drafts, -1 elsewhere; index [B, P] image-token indices (< C).
     """
-    last = canvas.shape[1] - 1
+    batch, num_positions = index.shape
+    at = neighbour_table(canvas.shape[1], width, names, canvas.device)[index]  # [B, P, J]
+    token = canvas.gather(1, at.clamp(min=0).view(batch, -1)).view(at.shape)
+    return torch.where(at >= 0, token, -1)
+
+
+@functools.lru_cache(maxsize=16)
+def neighbour_table(length: int, width: int, names: tuple[str, ...], device) -> Tensor:
+    """[C, J] the canvas index of each position's named neighbours (-1 off the grid's edge), made once
+    per canvas length, width and names: a pass then reads the neighbours with one lookup."""
+    index = torch.arange(length)
     column = index % width
     offsets = {
         "left": (1, column > 0),
@@ -123,12 +145,8 @@ def neighbour_candidates(canvas: Tensor, index: Tensor, width: int, names: tuple
         "above-left": (width + 1, (index >= width) & (column > 0)),
         "above-right": (width - 1, (index >= width) & (column < width - 1)),
     }
-    found = []
-    for name in names:
-        offset, ok = offsets[name]
-        token = canvas.gather(1, (index - offset).clamp(0, last))
-        found.append(torch.where(ok, token, -1))
-    return torch.stack(found, -1)
+    found = [torch.where(ok, (index - offset).clamp(0, length - 1), -1) for offset, ok in map(offsets.get, names)]
+    return torch.stack(found, -1).to(device)
 
 
 def without_replacement(
@@ -144,49 +162,65 @@ def without_replacement(
     the verifier's uniforms are independent of, as recursive rejection needs.
     -> tokens [B, P, K], laws [B, P, K, V]: each candidate's law given those before it.
     """
-    used = torch.zeros_like(base, dtype=torch.bool).scatter_(-1, first[..., None], True)
-    tokens, laws = [first], [base]
-    for k in range(1, branch):
-        remaining = torch.where(used, 0.0, base)
+    first = first[..., None]  # [B, P, 1]
+    if branch == 1:
+        return first, base[..., None, :]
+    if fixed is None:
+        tokens, laws = draws_without_replacement(base, first, uniforms)
+    else:
+        tokens, laws = neighbours_then_draws(base, first, uniforms, fixed)
+    return torch.cat([first, tokens], -1), torch.cat([base[..., None, :], laws], -2)
+
+
+def neighbours_then_draws(base: Tensor, first: Tensor, uniforms: Tensor, fixed: Tensor) -> tuple[Tensor, Tensor]:
+    """Candidates 1 .. K - 1 when known neighbours come first: the n distinct neighbours that are not
+    candidate 0 take ranks 1 .. n in their order, and draws without replacement (from base without
+    candidate 0 and those neighbours) the ranks after, rank k's draw with rank k's uniform. This is
+    rank by rank picking "the first known neighbour not tried yet, else a draw": once none is left
+    none comes back, so every pick precedes every draw. -> tokens [B, P, K - 1], laws [B, P, K - 1, V]."""
+    num_ranks = uniforms.shape[-1]
+    same = fixed[..., :, None] == fixed[..., None, :]  # [B, P, J, J]
+    earlier = torch.ones(same.shape[-2:], dtype=torch.bool, device=same.device).tril(-1)
+    repeat = (same & earlier).any(-1)  # an earlier neighbour is the same token
+    fresh = (fixed >= 0) & (fixed != first) & ~repeat  # [B, P, J]
+    num_picked = fresh.sum(-1, keepdim=True)  # [B, P, 1] n (may exceed K - 1: no draw is then used)
+    picked = fixed.gather(-1, fresh.sort(dim=-1, descending=True, stable=True).indices)  # the fresh ones first
+    picked = F.pad(picked, (0, max(num_ranks - picked.shape[-1], 0)))[..., :num_ranks]
+    ranks = torch.arange(num_ranks, device=base.device)
+    draw = (ranks - num_picked).clamp(min=0)  # rank k's draw: the (k - n)-th
+    known = torch.cat([first, torch.where(fresh, fixed, first)], -1)
+    drawn, drawn_laws = draws_without_replacement(
+        base, known, uniforms.gather(-1, (ranks + num_picked).clamp(max=num_ranks - 1))
+    )
+    is_pick = ranks < num_picked  # [B, P, K - 1]
+    tokens = torch.where(is_pick, picked, drawn.gather(-1, draw))
+    one_hot = (torch.arange(base.shape[-1], device=base.device) == picked[..., None]).to(base.dtype)
+    drawn_laws = drawn_laws.gather(-2, draw[..., None].expand(*draw.shape, base.shape[-1]))
+    return tokens, torch.where(is_pick[..., None], one_hot, drawn_laws)
+
+
+def draws_without_replacement(base: Tensor, known: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+    """Draws from base without replacement after the `known` tokens [B, P, J'] (candidate 0, picked
+    neighbours): draw j from norm(base without the known and draws 0 .. j - 1), uniformly from the
+    unused tokens where that has no mass. uniforms [B, P, D] -> tokens [B, P, D], laws [B, P, D, V]."""
+    remaining = base.scatter(-1, known, 0.0)
+    unused = torch.ones_like(base).scatter_(-1, known, 0.0)
+    tokens, laws = [], []
+    for j in range(uniforms.shape[-1]):
         mass = remaining.sum(-1, keepdim=True)
-        unused = (~used).to(base.dtype)
         spread = remaining / mass.clamp(min=torch.finfo(mass.dtype).tiny)
         law = torch.where(mass > 0, spread, unused / unused.sum(-1, keepdim=True).clamp(min=1))
-        token = sample_from_probs(law, uniforms[..., k - 1])
-        if fixed is not None:  # the first known neighbour not tried yet, with a one-hot law
-            fresh = (fixed >= 0) & ~used.gather(-1, fixed.clamp(min=0))  # [B, P, J]
-            pick = fixed.gather(-1, fresh.long().argmax(-1, keepdim=True))[..., 0]
-            has = fresh.any(-1)
-            token = torch.where(has, pick, token)
-            law = torch.where(
-                has[..., None], torch.zeros_like(law).scatter_(-1, pick.clamp(min=0)[..., None], 1.0), law
-            )
-        used.scatter_(-1, token[..., None], True)
+        token = draw_index(law, uniforms[..., j : j + 1])  # [B, P, 1]
+        if j + 1 < uniforms.shape[-1]:
+            remaining.scatter_(-1, token, 0.0)
+            unused.scatter_(-1, token, 0.0)
         tokens.append(token)
         laws.append(law)
-    return torch.stack(tokens, 2), torch.stack(laws, 2)
-
-
-# The residual after a rejected candidate; tests replace it to show that the law test catches its absence.
-ladder_residual = speculative_residual
-
-
-def residual_ladder(probs: Tensor, candidate_q: Tensor, exists: Tensor | None = None) -> Tensor:
-    """The law each candidate of a position is tested against: R_0 = p, R_k = norm((R_{k-1} - q_{k-1})+),
-    q_{k-1} the law candidate k - 1 was drawn from; R_C is what is drawn after the last rejection.
-
-    probs [..., V]; candidate_q [..., C, V]; exists [..., C] (optional, broadcast): where candidate k
-    does not exist, R_{k+1} = R_k. -> [..., C + 1, V].
-    """
-    ladder = [probs]
-    for k in range(candidate_q.shape[-2]):
-        rung = ladder_residual(ladder[-1], candidate_q[..., k, :])
-        ladder.append(rung if exists is None else torch.where(exists[..., k, None], rung, ladder[-1]))
-    return torch.stack(ladder, -2)
+    return torch.cat(tokens, -1), torch.stack(laws, -2)
 
 
 @dataclass
-class TreeVerdict:
+class WindowVerdict:
     accepted: Tensor  # [B] accepted depth a: the pass commits a + 1 tokens
     path: Tensor  # [B, M + 1] column d: the token at depth d of the reached path, column a + 1 the final draw
     main_reached: Tensor  # [B] main-path nodes reached (depth >= 1): their cache slots stay valid
@@ -197,49 +231,24 @@ class TreeVerdict:
 
 def verify_tree(
     layout: DraftTree, probs: Tensor, node_tokens: Tensor, node_q: Tensor, valid: Tensor, uniforms: Tensor
-) -> TreeVerdict:
-    """Verify every node of every image at once (no loop over depth).
+) -> WindowVerdict:
+    """Verify every node of every image at once (`tree_verify.verify_tree`), and draw the main path's
+    slot outputs, which the next pass's drafts are coupled to.
 
     probs [B, T, V] the target at every node; node_q [B, T, V] the law each node's token was
     drawn from (given its earlier siblings); valid [B, T] nodes inside the image; uniforms
     [B, T + M + 1]: the nodes' tests, the main path's residual draws, the final draw.
     """
-    tree = layout.tree  # indices already on the device (DraftTree.to)
     num_nodes, main_len = layout.num_nodes, layout.main_length
-    children, parent, depth = tree.children, tree.parent.clamp(min=0), tree.depth
-    child_q = node_q[:, children.clamp(min=0)]  # [B, T, C, V]
-    ladder = residual_ladder(probs, child_q, (children >= 0)[None])  # [B, T, C + 1, V]
-    # Each node's test against its parent's rung for its rank.
-    rung = ladder[:, parent, layout.rank]  # [B, T, V]
-    x = node_tokens[..., None]
-    accept = (uniforms[:, :num_nodes] * node_q.gather(-1, x)[..., 0] < rung.gather(-1, x)[..., 0]) & valid
-    # A test decides only when no earlier sibling passed; the first that passes is taken.
-    blocked = (accept.float() @ layout.earlier.T) > 0
-    taken = (accept & ~blocked) | (depth == 0)
-    # Reached: the node and every ancestor taken (one node per depth at most).
-    reached = ((~taken).float() @ tree.ancestors.float().T) == 0
-    accepted = (reached * depth).amax(-1)
-    end = (reached * (depth + 1)).argmax(-1)  # the deepest reached node
-    # The final token: the end node's last rung (all its children rejected), or p at a leaf.
-    num_children = (children >= 0).sum(-1)
-    final_law = ladder.gather(1, end[:, None, None, None].expand(-1, 1, *ladder.shape[2:]))[:, 0]  # [B, C + 1, V]
-    final_law = final_law.gather(1, num_children[end][:, None, None].expand(-1, 1, ladder.shape[-1]))[:, 0]
-    final = sample_from_probs(final_law, uniforms[:, -1])
-    path = torch.where(reached, depth, main_len).clamp(max=main_len)
-    # M + 1 columns whatever the tree's size (a chain, K = 1, has only M nodes); unreached nodes write to column M
-    path = node_tokens.new_zeros(node_tokens.shape[0], main_len + 1).scatter_(
-        1, path, torch.where(reached, node_tokens, 0)
+    verdict = tree_verify.verify_tree(
+        layout.index, probs, node_tokens, node_q, uniforms[:, :num_nodes], uniforms[:, -1], valid
     )
-    path.scatter_(1, (accepted + 1)[:, None], final[:, None])
-    main_reached = (reached & layout.on_main).sum(-1) - 1
-    tried = reached[:, parent] & ~blocked & valid & (depth > 0)
+    main_reached = (verdict.reached & layout.on_main).sum(-1) - 1
     # Main-path slot outputs: the rank-0 child's draft if it passed, else a draw from R_1 (p at the last node).
-    has_child = layout.main_child != layout.main
-    draw_law = ladder[:, layout.main, has_child.long()]  # [B, M, V]
-    drawn = sample_from_probs(draw_law, uniforms[:, num_nodes : num_nodes + main_len])
-    kept = accept[:, layout.main_child] & has_child
+    drawn = sample_from_probs(verdict.laws[:, layout.main_second_row], uniforms[:, num_nodes : num_nodes + main_len])
+    kept = verdict.accept[:, layout.main_child] & layout.main_has_child
     main_outputs = torch.where(kept, node_tokens[:, layout.main_child], drawn)
-    return TreeVerdict(accepted, path, main_reached, tried, accept, main_outputs)
+    return WindowVerdict(verdict.accepted, verdict.path, main_reached, verdict.tried, verdict.accept, main_outputs)
 
 
 class TreePass(CacheSlots):
@@ -262,17 +271,18 @@ class TreePass(CacheSlots):
         self.main_depth = layout.main_depth[1:].to(device)
         self.on_main = layout.on_main[1:].to(device)
         self.side_slot = (self.scratch + layout.side_slot[1:]).to(device)
+        self.slot_row = self.slots[None, None]  # [1, 1, S]
+        self.true_slots = (self.slots < self.scratch)[None, None]  # [1, 1, S] condition and image slots
 
     def nodes(self, committed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Nodes 1 .. T - 1 of every image -> (input_pos, cache_pos, mask), each [B, T - 1(, S)]."""
         root = self.num_cond + committed - 1  # [B] the root's position (the last condition slot at first)
-        position = root[:, None] + self.depth[None]
+        position = root[:, None] + self.depth
         cache_pos = torch.where(
             self.on_main, torch.where(position <= self.max_pos, position, self.trash), self.side_slot
         )
-        seen = root[:, None] + self.main_depth[None]  # [B, T - 1] the last true slot each node sees
-        true_slots = (self.slots < self.scratch)[None, None]
-        mask = (true_slots & (self.slots[None, None] <= seen[..., None])) | self.side_visible[None]
+        seen = root[:, None] + self.main_depth  # [B, T - 1] the last true slot each node sees
+        mask = (self.true_slots & (self.slot_row <= seen[..., None])) | self.side_visible
         return position.clamp(max=self.max_pos), cache_pos, mask
 
     def probs(self, tokens: Tensor, fed: Tensor, committed: Tensor, node_tokens: Tensor, first: bool) -> Tensor:
@@ -327,7 +337,7 @@ def draft_tree(
         fixed = None
         if neighbours:
             position = state.committed[:, None] + torch.arange(num_branching, device=device)
-            fixed = neighbour_candidates(proposer.canvas(state), position, state.grid_size[1], neighbours)
+            fixed = neighbour_candidates(proposer.proposal_canvas(state), position, state.grid_size[1], neighbours)
         extra_tokens, extra_laws = without_replacement(
             first_q[:, :num_branching],
             first_tokens[:, :num_branching],
@@ -366,7 +376,7 @@ def tree_randomness(stream: UniformStream, layout: DraftTree, active: Tensor) ->
     return Window(length, (length - 1).clamp(min=0), window_u, main_len - 1), extra_u, test_u
 
 
-def commit_path(state: DecodeState, layout: DraftTree, verdict: TreeVerdict, commit_count: Tensor) -> Tensor:
+def commit_path(state: DecodeState, layout: DraftTree, verdict: WindowVerdict, commit_count: Tensor) -> Tensor:
     """Write the reached path and the token after it past each image's commit; -> the image index
     of every path column [B, M] (column d holds index committed - 1 + d)."""
     columns = torch.arange(1, layout.main_length + 1, device=commit_count.device)

@@ -152,6 +152,8 @@ class JacobiProposer:
         batch, vocab, device = state.tokens.shape[0], state.vocab_size, state.tokens.device
         self.window = state.window
         self.slots = torch.arange(self.window, device=device)  # sliced each pass rather than made again
+        self.canvas_slots = torch.arange(state.tokens.shape[1], device=device)
+        self.last_canvas: Tensor | None = None  # this pass's canvas, once built (`proposal_canvas`)
         self.carry_tokens = torch.zeros(batch, self.window, dtype=torch.long, device=device)
         self.carry_probs = torch.zeros(batch, self.window, vocab, device=device)
         self.carry_count = torch.zeros(batch, dtype=torch.long, device=device)
@@ -160,13 +162,21 @@ class JacobiProposer:
         self.draft_age = None if self.carry_age is None else self.carry_age[:, :0]  # [B, G] of the last proposal
 
     def canvas(self, state: DecodeState) -> Tensor:
-        slots = torch.arange(state.tokens.shape[1], device=state.tokens.device)
-        canvas = torch.where(slots < state.committed[:, None], state.tokens, -1)
+        """[B, N + window] committed tokens and carried drafts at their indices, -1 elsewhere."""
+        canvas = torch.where(self.canvas_slots < state.committed[:, None], state.tokens, -1)
         index = state.committed[:, None] + self.slots  # < N + window
         carried = self.slots < self.carry_count[:, None]
         return canvas.scatter(1, index, torch.where(carried, self.carry_tokens, canvas.gather(1, index)))
 
+    def proposal_canvas(self, state: DecodeState) -> Tensor:
+        """`canvas` as the last `propose` saw it (the carry-over moves only after the commit): built
+        once a pass, by whichever of the initialiser and the caller asks first."""
+        if self.last_canvas is None:
+            self.last_canvas = self.canvas(state)
+        return self.last_canvas
+
     def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
+        self.last_canvas = None
         num_slots = window.max_drafts
         draft_tokens = self.carry_tokens[:, :num_slots]
         draft_probs = self.carry_probs[:, :num_slots]
@@ -185,7 +195,7 @@ class JacobiProposer:
             state,
             state.committed[:, None] + slots,
             window.uniforms[:, DRAFT, :num_slots],
-            lambda: self.canvas(state),
+            lambda: self.proposal_canvas(state),
             above_committed=num_slots <= state.grid_size[1],
         )
         fill_tokens, fill_probs = self.initialiser(request)

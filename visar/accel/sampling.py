@@ -88,14 +88,19 @@ def sample_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:
     Deterministic given the uniforms, so randomness is owned by per-image generators; a token
     of probability 0 is never returned.
     """
-    cdf = probs.float().cumsum(-1)
-    target = (to_device(uniforms, cdf.device) * cdf[..., -1]).unsqueeze(-1)
-    tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    # Rounding can push the target past the last bin that adds mass (the search then returns V);
-    # fall back to that bin: the first whose cumulative sum reaches the total (a binary search per
-    # row, where a scan for the last non-zero probability would cost as much as the draw).
-    last_bin = torch.searchsorted(cdf, cdf[..., -1:].contiguous()).squeeze(-1)
-    return torch.minimum(tokens, last_bin)
+    probs = probs.float()
+    return draw_index(probs, to_device(uniforms, probs.device).unsqueeze(-1)).squeeze(-1)
+
+
+def draw_index(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """`sample_from_probs` keeping the last dimension: probs [..., V] float32, uniforms [..., 1] on
+    its device -> token ids [..., 1] (the index shape `gather` and `scatter` take)."""
+    cdf = probs.cumsum(-1)
+    total = cdf[..., -1:]
+    # Rounding can push u * total up to the total, past the last bin that adds mass: searching at
+    # most the largest float below the total finds that bin (the first whose cumsum reaches it).
+    below_total = torch.nextafter(total, cdf.new_full((), -math.inf))
+    return torch.searchsorted(cdf, torch.minimum(uniforms * total, below_total), right=True)
 
 
 MAX_SEED = 2**64 - 1  # the largest seed torch.Generator.manual_seed takes

@@ -23,11 +23,11 @@ from torch import Tensor
 from ..errors import VisarError
 from ..models.base import RasterModel
 from ..progress import progress_bar
-from .acceptance import speculative_residual
 from .registry import Request
 from .sampling import SamplingParams, draw_uniforms, sample_from_probs
 from .scoring import GuidedScorer
 from .stats import DecodeLog
+from .tree_verify import TreeIndex, verify_tree
 
 # Each path lists child ranks from the root: [0] is the root's first child, [0, 1] that child's second.
 NAIVE_EXTEND_57 = (
@@ -61,6 +61,10 @@ class StaticTree:
     def max_depth(self) -> int:
         return int(self.depth.max())
 
+    def verify_index(self) -> TreeIndex:
+        """The index tensors `tree_verify.verify_tree` reads (made once per tree)."""
+        return TreeIndex.build(self.parent.tolist(), [0] + [p[-1] for p in self.paths])
+
     @classmethod
     def from_paths(cls, paths) -> StaticTree:
         """Paths of child ranks, e.g. [[0], [1], [0, 0]]: every parent present, sibling ranks 0, 1, ..."""
@@ -84,9 +88,10 @@ class StaticTree:
         children = torch.full((size, width), -1)
         for p in paths:
             children[index[p[:-1]], p[-1]] = index[p]
-        ancestors = torch.eye(size, dtype=torch.bool)
+        lineage = [{0}]  # each node and its ancestors, built in Python: a tree of T nodes costs one tensor
         for i in range(1, size):
-            ancestors[i] |= ancestors[parents[i]]
+            lineage.append(lineage[parents[i]] | {i})
+        ancestors = torch.tensor([[j in line for j in range(size)] for line in lineage])
         return cls(tuple(paths), parent, depth, children, ancestors)
 
 
@@ -241,43 +246,17 @@ class TreeWalk:
 
 
 def walk_tree(
-    tree: StaticTree, probs: Tensor, node_tokens, node_q, node_ok, accept_u, final_u, active, relax
+    index: TreeIndex, probs: Tensor, node_tokens, node_q, node_ok, accept_u, final_u, active, relax
 ) -> TreeWalk:
     """Try each node's children in rank order with the (relaxed) speculative test, follow the first
     accepted one; after all are rejected, or at a leaf, draw one more token from the current
-    residual (or p). probs [B, T + 1, V]: the target at every node; accept_u [B, D, C]; final_u [B]."""
-    batch, device = probs.shape[0], probs.device
-    rows = torch.arange(batch, device=device)
-    children = tree.children.to(device)
-    max_depth, width = tree.max_depth, children.shape[1]
-    node = torch.zeros(batch, dtype=torch.long, device=device)
-    current = probs[:, 0]
-    alive = active.clone()
-    path = torch.zeros(batch, max_depth + 1, dtype=torch.long, device=device)
-    accepted = torch.zeros(batch, dtype=torch.long, device=device)
-    tried_at = torch.zeros(batch, max_depth, dtype=torch.bool, device=device)
-    for depth in range(max_depth):
-        moved = torch.zeros(batch, dtype=torch.bool, device=device)
-        for rank in range(width):
-            kid = children[node, rank]  # [B]
-            kid_id = kid.clamp(min=0)
-            tried = alive & ~moved & (kid >= 0) & node_ok[rows, kid_id]
-            if not bool(tried.any()):
-                continue
-            tried_at[:, depth] |= tried
-            x, q = node_tokens[rows, kid_id], node_q[rows, kid_id]
-            goal = current if relax is None else relax(current, q, x)
-            p_x, q_x = goal.gather(1, x[:, None])[:, 0], q.gather(1, x[:, None])[:, 0]
-            ok = tried & (accept_u[:, depth, rank] * q_x < p_x)
-            current = torch.where((tried & ~ok)[:, None], speculative_residual(goal, q), current)
-            node = torch.where(ok, kid, node)
-            moved |= ok
-        path[:, depth] = torch.where(moved, node_tokens[rows, node], 0)
-        accepted += moved.long()
-        alive &= moved
-        current = torch.where(moved[:, None], probs[rows, node], current)
-    path.scatter_(1, accepted[:, None], sample_from_probs(current, final_u)[:, None])
-    return TreeWalk(path, accepted, tried_at)
+    residual (or p): `tree_verify.verify_tree`, every node at once, a child the draft could not
+    draw (node_ok False) skipped. probs [B, T + 1, V]: the target at every node; accept_u [B, D, C]
+    (a child's test: its depth's and rank's); final_u [B]."""
+    present = node_ok & active[:, None]
+    test_u = accept_u.flatten(1)[:, index.depth_rank]
+    verdict = verify_tree(index, probs, node_tokens, node_q, test_u, final_u, present, present, relax)
+    return TreeWalk(verdict.path[:, 1:], verdict.accepted, (verdict.tried.float() @ index.at_depth) > 0)
 
 
 @torch.no_grad()
@@ -299,6 +278,7 @@ def tree_decode(
     drafter = TreeDrafter(draft, tree, cond, cond_mask, params)
     size, max_depth, width = tree.num_nodes + 1, tree.max_depth, tree.children.shape[1]
     depths = tree.depth.to(device)
+    index = tree.verify_index().to(device)
     tokens = torch.zeros(batch, num_tokens + max_depth + 1, dtype=torch.long, device=device)
     log = DecodeLog(batch, model.grid_size, max_depth, device)
     log.count_pass(torch.ones(batch, dtype=torch.bool, device=device))  # the prefill
@@ -323,7 +303,7 @@ def tree_decode(
             logits = target.run(*(torch.cat([a, b], 1) for a, b in zip(chain, nodes, strict=True)))
             fed = committed.clone()
             probs = target.scorer.target_probs(logits[:, chain[0].shape[1] - 1 :])  # [B, T + 1, V]
-            walk = walk_tree(tree, probs, node_tokens, node_q, node_ok, accept_u, uniforms[:, -1], active, relax)
+            walk = walk_tree(index, probs, node_tokens, node_q, node_ok, accept_u, uniforms[:, -1], active, relax)
             depth = torch.arange(max_depth + 1, device=device)
             tokens.scatter_(1, committed[:, None] + depth, walk.path)
             kept = active[:, None] & (depth <= walk.accepted[:, None]) & (committed[:, None] + depth < num_tokens)

@@ -45,7 +45,7 @@ from .draft_trees import (
     NEIGHBOURS,
     DraftTree,
     TreePass,
-    TreeVerdict,
+    WindowVerdict,
     commit_path,
     draft_tree,
     tree_randomness,
@@ -132,12 +132,12 @@ class TreePasses:
         first = self.scorer.forward_passes == 0
         return plan.tree_pass.probs(self.state.tokens, self.fed, self.state.committed, drafts[0], first)  # [B, T, V]
 
-    def verify(self, plan: TreePlan, drafts, probs: Tensor) -> TreeVerdict:
+    def verify(self, plan: TreePlan, drafts, probs: Tensor) -> WindowVerdict:
         node_depth = plan.layout.tree.depth
         valid = plan.active[:, None] & (node_depth[None] <= (self.total - self.state.committed)[:, None])
         return verify_tree(plan.layout, probs, *drafts, valid, plan.test_u)
 
-    def commit(self, plan: TreePlan, drafts, probs: Tensor, verdict: TreeVerdict):
+    def commit(self, plan: TreePlan, drafts, probs: Tensor, verdict: WindowVerdict):
         state, layout, active, log = self.state, plan.layout, plan.active, self.log
         commit_count = torch.where(active, verdict.accepted + 1, 0)  # the reached path and one token more
         index = commit_path(state, layout, verdict, commit_count)

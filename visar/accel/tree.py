@@ -16,15 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..errors import VisarError
 from ..models.base import RasterModel
-from ..progress import progress_bar
+from .passes import decode_passes
 from .registry import Request
-from .sampling import SamplingParams, draw_uniforms, sample_from_probs
+from .sampling import SamplingParams, UniformStream, sample_from_probs
 from .scoring import GuidedScorer
 from .stats import DecodeLog
 from .tree_verify import TreeIndex, verify_tree
@@ -259,64 +260,104 @@ def walk_tree(
     return TreeWalk(verdict.path[:, 1:], verdict.accepted, (verdict.tried.float() @ index.at_depth) > 0)
 
 
-@torch.no_grad()
+class StaticTreePlan(NamedTuple):
+    active: Tensor  # [B] images not done
+    uniforms: Tensor  # [B, T + 1 + D * C + 1]: draft draws, accept tests, the final draw
+
+
+class StaticTreePasses:
+    """lantern++'s passes: a draft model proposes a static tree after each image's committed prefix,
+    the target scores it in one pass (tree nodes in scratch cache slots), the (relaxed) speculative
+    test walks it, and the accepted path plus one token commits.
+
+    relax(p, q, x) -> p~: the target each child is tested against (None: p itself, lossless); a
+    rejection continues from norm((p~ - q)+).
+    """
+
+    desc = "tree"
+
+    def __init__(self, request: Request, draft: RasterModel, tree: StaticTree, relax):
+        model, cond, cond_mask, params = request.model, request.cond, request.cond_mask, request.params
+        self.tree, self.relax, self.device = tree, relax, model.device
+        self.batch, self.total = cond.shape[0], model.num_image_tokens
+        self.target = TreeAttention(GuidedScorer(model, cond, cond_mask, params), tree)
+        self.drafter = TreeDrafter(draft, tree, cond, cond_mask, params)
+        self.size, self.max_depth = tree.num_nodes + 1, tree.max_depth
+        self.block = self.size + self.max_depth * tree.children.shape[1] + 1  # uniforms an image draws a pass
+        self.depths = tree.depth.to(self.device)
+        self.index = tree.verify_index().to(self.device)
+        self.node_range = torch.arange(1, self.size, device=self.device)
+        self.depth_range = torch.arange(self.max_depth + 1, device=self.device)
+        self.tokens = torch.zeros(self.batch, self.total + self.max_depth + 1, dtype=torch.long, device=self.device)
+        self.committed = torch.ones(self.batch, dtype=torch.long, device=self.device)
+        self.fed = torch.zeros(self.batch, dtype=torch.long, device=self.device)
+        self.log = DecodeLog(self.batch, model.grid_size, self.max_depth, self.device)
+        # the same numbers as a draw per pass, drawn 16 passes at a time
+        self.uniforms = UniformStream(request.generators, self.device, block=16 * self.block)
+
+    def __enter__(self):
+        # token 0 from the condition alone: a plain AR step (the first tree grows from it)
+        self.log.count_pass(torch.ones(self.batch, dtype=torch.bool, device=self.device))  # the prefill
+        first_u = self.uniforms.take(1)[:, 0]
+        self.tokens[:, 0] = sample_from_probs(self.target.scorer.prefill(), first_u)
+        self.log.commit_pass[:, 0] = 1
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.target.close()
+        finally:
+            self.drafter.close()
+
+    def plan(self) -> StaticTreePlan | None:
+        active = self.committed < self.total
+        if not bool(active.any()):  # the one read-back of the loop
+            return None
+        return StaticTreePlan(active, self.uniforms.take(self.block))
+
+    def propose(self, plan: StaticTreePlan) -> tuple[Tensor, Tensor, Tensor]:
+        node_tokens, node_q, node_ok = self.drafter.propose(self.tokens, self.committed, plan.uniforms[:, : self.size])
+        # nodes past the image's end are never verified: the deepest usable depth leaves room for one more token
+        return node_tokens, node_q, node_ok & (self.depths[None] <= (self.total - 1 - self.committed)[:, None])
+
+    def score(self, plan: StaticTreePlan, drafts) -> Tensor:
+        chain = self.target.committed_chain(self.tokens, self.fed, self.committed)
+        nodes = self.target.nodes(self.node_range, drafts[0][:, 1:], self.committed)
+        logits = self.target.run(*(torch.cat([a, b], 1) for a, b in zip(chain, nodes, strict=True)))
+        self.fed = self.committed.clone()
+        return self.target.scorer.target_probs(logits[:, chain[0].shape[1] - 1 :])  # [B, T + 1, V]
+
+    def verify(self, plan: StaticTreePlan, drafts, probs: Tensor) -> TreeWalk:
+        max_depth, width = self.max_depth, self.tree.children.shape[1]
+        accept_u = plan.uniforms[:, self.size : self.size + max_depth * width].view(self.batch, max_depth, width)
+        final_u = plan.uniforms[:, -1]
+        return walk_tree(self.index, probs, *drafts, accept_u, final_u, plan.active, self.relax)
+
+    def commit(self, plan: StaticTreePlan, drafts, probs: Tensor, walk: TreeWalk):
+        committed, depth, log, active = self.committed, self.depth_range, self.log, plan.active
+        self.tokens.scatter_(1, committed[:, None] + depth, walk.path)
+        kept = active[:, None] & (depth <= walk.accepted[:, None]) & (committed[:, None] + depth < self.total)
+        log.commit(committed[:, None] + depth, kept, self.target.forward_passes)
+        slot = depth[:-1].expand(self.batch, -1)
+        log.drafts(committed[:, None] + slot, slot, walk.tried_at, slot < walk.accepted[:, None])
+        log.count_pass(active)
+        self.committed = committed + torch.where(active, walk.accepted + 1, 0)
+
+    def least_done(self) -> Tensor:
+        return self.committed.clamp(max=self.total).min()
+
+    def finish(self) -> tuple[Tensor, dict]:
+        log = self.log
+        stats = log.stats(int(log.passes_per_image.max()), draft_forward_passes=self.drafter.forward_passes)
+        return self.tokens[:, : self.total], {**stats, "tree_nodes": self.tree.num_nodes, "tree_depth": self.max_depth}
+
+
 def tree_decode(
     request: Request,
     draft: RasterModel,
     tree: StaticTree,
     relax: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, dict]:
-    """Draft a static tree, verify it in one target pass, commit the accepted path + 1. -> (tokens [B, N], stats).
-
-    relax(p, q, x) -> p~: the target each child is tested against (None: p itself, lossless);
-    a rejection continues from norm((p~ - q)+).
-    """
-    model, cond, cond_mask, params = request.model, request.cond, request.cond_mask, request.params
-    device, generators, progress = model.device, request.generators, request.progress
-    batch, num_tokens = cond.shape[0], model.num_image_tokens
-    target = TreeAttention(GuidedScorer(model, cond, cond_mask, params), tree)
-    drafter = TreeDrafter(draft, tree, cond, cond_mask, params)
-    size, max_depth, width = tree.num_nodes + 1, tree.max_depth, tree.children.shape[1]
-    depths = tree.depth.to(device)
-    index = tree.verify_index().to(device)
-    tokens = torch.zeros(batch, num_tokens + max_depth + 1, dtype=torch.long, device=device)
-    log = DecodeLog(batch, model.grid_size, max_depth, device)
-    log.count_pass(torch.ones(batch, dtype=torch.bool, device=device))  # the prefill
-    bar = progress_bar(total=num_tokens, enabled=progress, desc="tree")
-    try:
-        # token 0 from the condition alone: a plain AR step (the first tree grows from it)
-        tokens[:, 0] = sample_from_probs(target.scorer.prefill(), draw_uniforms(generators, 1)[:, 0].to(device))
-        committed = torch.ones(batch, dtype=torch.long, device=device)
-        log.commit_pass[:, 0] = 1
-        fed = torch.zeros(batch, dtype=torch.long, device=device)
-        while bool((committed < num_tokens).any()):
-            active = committed < num_tokens
-            # one fixed-size block per image: draft draws, accept tests, the final draw
-            uniforms = draw_uniforms(generators, size + max_depth * width + 1).to(device)
-            node_tokens, node_q, node_ok = drafter.propose(tokens, committed, uniforms[:, :size])
-            accept_u = uniforms[:, size : size + max_depth * width].view(batch, max_depth, width)
-            # nodes past the image's end are never verified: the deepest usable depth leaves room for one more token
-            node_ok &= depths[None] <= (num_tokens - 1 - committed)[:, None]
-
-            chain = target.committed_chain(tokens, fed, committed)
-            nodes = target.nodes(torch.arange(1, size, device=device), node_tokens[:, 1:], committed)
-            logits = target.run(*(torch.cat([a, b], 1) for a, b in zip(chain, nodes, strict=True)))
-            fed = committed.clone()
-            probs = target.scorer.target_probs(logits[:, chain[0].shape[1] - 1 :])  # [B, T + 1, V]
-            walk = walk_tree(index, probs, node_tokens, node_q, node_ok, accept_u, uniforms[:, -1], active, relax)
-            depth = torch.arange(max_depth + 1, device=device)
-            tokens.scatter_(1, committed[:, None] + depth, walk.path)
-            kept = active[:, None] & (depth <= walk.accepted[:, None]) & (committed[:, None] + depth < num_tokens)
-            log.commit(committed[:, None] + depth, kept, target.forward_passes)
-            slot = torch.arange(max_depth, device=device).expand(batch, -1)
-            log.drafts(committed[:, None] + slot, slot, walk.tried_at, slot < walk.accepted[:, None])
-            log.count_pass(active)
-            committed = committed + torch.where(active, walk.accepted + 1, 0)
-            if progress:
-                bar.update(int(committed.clamp(max=num_tokens).min()) - bar.n)
-    finally:
-        bar.close()
-        target.close()
-        drafter.close()
-    stats = log.stats(int(log.passes_per_image.max()), draft_forward_passes=drafter.forward_passes)
-    return tokens[:, :num_tokens], {**stats, "tree_nodes": tree.num_nodes, "tree_depth": max_depth}
+    """Draft a static tree, verify it in one target pass, commit the accepted path + 1, pass after
+    pass (`StaticTreePasses` on the pass loop). -> (tokens [B, N], stats)."""
+    return decode_passes(StaticTreePasses(request, draft, tree, relax), request.progress)

@@ -123,13 +123,11 @@ def above_fill(request: FillRequest) -> tuple[Tensor, Tensor]:
     """
     width = request.state.grid_size[1]
     index = request.draft_index  # [B, G]
+    if request.above_committed:  # every source committed: no canvas to build, no chain to follow
+        return above_committed_fill(request, index - width)
     tokens, probs = random_init(request)
     source = index - width
     has_source = (index >= 0) & (source >= 0)
-    if request.above_committed:  # every source committed: no canvas to build, no chain to follow
-        committed = request.state.tokens
-        up = torch.where(has_source, committed.gather(1, source.clamp(0, committed.shape[1] - 1)), -1)
-        return one_hot_or(up, tokens, probs)
     last = request.canvas.shape[1] - 1
     known = torch.where(has_source, request.canvas.gather(1, source.clamp(0, last)), -1)  # [B, G]
     # the earlier slot (in pass order, as neighbour_fill visits them) that drafts the source index
@@ -143,6 +141,17 @@ def above_fill(request: FillRequest) -> tuple[Tensor, Tensor]:
     for _ in range((index.shape[1] - 1).bit_length()):
         root = root.gather(1, root)
     return one_hot_or(known.gather(1, root), tokens, probs)
+
+
+def above_committed_fill(request: FillRequest, source: Tensor) -> tuple[Tensor, Tensor]:
+    """`above_fill` where every slot is real and its source, when inside the image, is committed:
+    the committed token there (q one-hot), else a uniform token (q uniform), in a few ops."""
+    vocab, committed = request.state.vocab_size, request.state.tokens
+    has_source = source >= 0
+    up = committed.gather(1, source.clamp(min=0))
+    tokens = torch.where(has_source, up, (request.uniforms * vocab).long().clamp(max=vocab - 1))
+    one_hot = torch.arange(vocab, device=up.device) == up[..., None]  # [B, G, V]
+    return tokens, torch.where(has_source[..., None], one_hot, 1.0 / vocab)
 
 
 def one_hot_or(copies: Tensor, tokens: Tensor, probs: Tensor) -> tuple[Tensor, Tensor]:

@@ -81,7 +81,9 @@ def window_lengths(committed: Tensor, window: int, warmup: int, tail: int, num_t
     return torch.where(committed >= warmup, jacobi, 1).minimum(remaining)
 
 
-def score_window(scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor, first: bool) -> Tensor:
+def score_window(
+    scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor, first: bool, offsets: Tensor | None = None
+) -> Tensor:
     """One target forward over [last committed token, drafts] for every image -> target probs [B, G + 1, V].
 
     Slot j predicts image index committed + j. The first pass (nothing committed yet) feeds the
@@ -90,21 +92,25 @@ def score_window(scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor,
     truncation after the pass forgets them. The pass is padded to a power of two of slots (at
     most `state.window`), so a compiled model meets a handful of shapes (1, 2, 4, 8, 16 for a
     16-slot window) instead of one per length the end of an image leaves; the padding's
-    outputs are dropped.
+    outputs are dropped. offsets: num_cond - 1 + arange(window), made once per decode (else here).
     """
     num_cond = scorer.model.num_condition_tokens
     needed = draft_tokens.shape[1] + 1
     num_slots = min(1 << (needed - 1).bit_length(), max(state.window, needed))
-    draft_tokens = F.pad(draft_tokens, (0, num_slots - needed))
+    if num_slots > needed:
+        draft_tokens = F.pad(draft_tokens, (0, num_slots - needed))
     device = draft_tokens.device
     if first:
         input_pos = torch.arange(num_cond + num_slots - 1, device=device)
         tokens = draft_tokens if num_slots > 1 else None
         logits = scorer.logits(tokens, input_pos, with_condition=True)[:, num_cond - 1 :]
     else:
-        last = state.tokens.gather(1, (state.committed - 1).clamp(min=0)[:, None])
+        # every image has committed a token since the first pass (a done one all N): committed - 1 >= 0
+        last = state.tokens.gather(1, (state.committed - 1)[:, None])
         tokens = torch.cat([last, draft_tokens], 1)  # [B, L]
-        input_pos = (num_cond + state.committed - 1)[:, None] + torch.arange(num_slots, device=device)
+        if offsets is None:
+            offsets = num_cond - 1 + torch.arange(max(state.window, num_slots), device=device)
+        input_pos = state.committed[:, None] + offsets[:num_slots]
         logits = scorer.logits(tokens, input_pos.clamp(max=num_cond + state.num_tokens - 1))
     return scorer.target_probs(logits[:, :needed])
 
@@ -181,6 +187,7 @@ class ChainPasses:
         # each pass's uniforms, the same numbers as a draw per pass, drawn 16 passes at a time
         self.uniforms = UniformStream(generators, self.device, block=16 * NUM_PURPOSES * self.window)
         self.slot_range = torch.arange(self.window, device=self.device)
+        self.position_offsets = self.num_cond - 1 + self.slot_range  # slot j's position past the commit
         self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
         self.sizes_chosen: dict[int, int] = {}  # window -> passes
         # Compiled passes draft padded windows: slots past an image's window are padding (never
@@ -217,7 +224,8 @@ class ChainPasses:
         return self.proposer.propose(self.state, plan)  # [B, G], [B, G, V]
 
     def score(self, plan: Window, drafts) -> Tensor:
-        return score_window(self.scorer, self.state, drafts[0], first=self.scorer.forward_passes == 0)
+        first = self.scorer.forward_passes == 0
+        return score_window(self.scorer, self.state, drafts[0], first, self.position_offsets)
 
     def verify(self, plan: Window, drafts, probs: Tensor) -> Verdict:
         return verify_window(self.rule, probs, *drafts, plan)
@@ -236,7 +244,7 @@ class ChainPasses:
         self.proposer.after_commit(state, plan, probs, verdict.slot_tokens, commit_count, verdict.slot_laws)
         state.committed = state.committed + commit_count
         # The cache keeps every committed token but the newest, which the next window feeds.
-        self.scorer.truncate_cache(self.num_cond + state.committed - 1)
+        self.scorer.truncate_cache(state.committed + (self.num_cond - 1))
 
     def least_done(self) -> Tensor:
         return self.state.committed.min()

@@ -81,8 +81,22 @@ class CarryRequest:
     target_probs: Tensor  # [B, L, V] this pass's p at every slot
     slot_tokens: Tensor  # [B, L] the verified-or-resampled token of every slot (maximal coupling of (q, p))
     slot_laws: Tensor  # [B, L, V] the law each slot token follows: p, or LANTERN's p~ at a verified draft
-    slot_index: Tensor  # [B, L] absolute image-token index each slot predicts
-    uniforms: Tensor  # [B, L] this iteration's carry uniforms of each image
+    # [B, L] the absolute image-token index each slot predicts, and this iteration's carry uniforms of
+    # each image; or functions that make them, called only by an updater that reads them
+    index_source: Tensor | Callable[[], Tensor]
+    uniform_source: Tensor | Callable[[], Tensor]
+
+    @property
+    def slot_index(self) -> Tensor:
+        if callable(self.index_source):
+            self.index_source = self.index_source()
+        return self.index_source
+
+    @property
+    def uniforms(self) -> Tensor:
+        if callable(self.uniform_source):
+            self.uniform_source = self.uniform_source()
+        return self.uniform_source
 
 
 # An updater returns the next drafts [B, L] and the law each was drawn from [B, L, V]: the next
@@ -164,8 +178,9 @@ class JacobiProposer:
     def canvas(self, state: DecodeState) -> Tensor:
         """[B, N + window] committed tokens and carried drafts at their indices, -1 elsewhere."""
         canvas = torch.where(self.canvas_slots < state.committed[:, None], state.tokens, -1)
-        index = state.committed[:, None] + self.slots  # < N + window
-        carried = self.slots < self.carry_count[:, None]
+        slots = self.slots[: self.carry_tokens.shape[1]]  # the last pass's slots: every carried draft
+        index = state.committed[:, None] + slots  # < N + window
+        carried = slots < self.carry_count[:, None]
         return canvas.scatter(1, index, torch.where(carried, self.carry_tokens, canvas.gather(1, index)))
 
     def proposal_canvas(self, state: DecodeState) -> Tensor:
@@ -178,6 +193,12 @@ class JacobiProposer:
     def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
         self.last_canvas = None
         num_slots = window.max_drafts
+        if num_slots > self.carry_tokens.shape[1]:  # more slots than the last pass had (a budget's choice)
+            more = num_slots - self.carry_tokens.shape[1]
+            self.carry_tokens, self.carry_probs = (
+                F.pad(self.carry_tokens, (0, more)),
+                F.pad(self.carry_probs, (0, 0, 0, more)),
+            )
         draft_tokens = self.carry_tokens[:, :num_slots]
         draft_probs = self.carry_probs[:, :num_slots]
         if num_slots == 0:  # a pass of plain AR steps: no draft slots
@@ -206,14 +227,16 @@ class JacobiProposer:
     def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws):
         length = target_probs.shape[1]
         slots = self.slots[:length]
-        slot_index = state.committed[:, None] + slots
-        uniforms = window.uniforms[:, CARRY, :length]
+        slot_index = lambda: state.committed[:, None] + slots  # noqa: E731 (read by the Gumbel coupling only)
+        uniforms = lambda: window.uniforms[:, CARRY, :length]  # noqa: E731 (read by SJD's fresh draws only)
         carry, law = self.updater(CarryRequest(state, target_probs, slot_tokens, slot_laws, slot_index, uniforms))
-        # Slots commit_count .. window_len - 1 become drafts for the indices right after the new commit.
+        # Slots commit_count .. window_len - 1 become drafts for the indices right after the new commit
+        # (new tensors of this pass's length, not copies into the window's: the next pass has no more
+        # slots unless a budget chooses more, and `propose` pads for those).
         shift = (commit_count[:, None] + slots).clamp(max=length - 1)
-        self.carry_tokens[:, :length] = carry.gather(1, shift)
+        self.carry_tokens = carry.gather(1, shift)
         vocab = target_probs.shape[-1]
-        self.carry_probs[:, :length] = law.gather(1, shift[..., None].expand(-1, -1, vocab))
+        self.carry_probs = law.gather(1, shift[..., None].expand(-1, -1, vocab))
         self.carry_count = (window.window_len - commit_count).clamp(min=0)
         if self.carry_age is not None:
             slot_age = F.pad(self.draft_age, (0, length - self.draft_age.shape[1])) + 1  # the bonus slot: a new draw

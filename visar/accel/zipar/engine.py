@@ -108,13 +108,16 @@ class CarriedDrafts:
         index = target.clamp(max=self.num_tokens - 1)
         # no relaxed rule on fronts: every slot token follows p
         next_drafts, laws = updater(CarryRequest(state, target_probs, slot_tokens, target_probs, index, uniforms))
-        after = plan.predicts & ~plan.leans & (plan.slot >= lane_commits)
+        after = plan.predicts & (plan.slot >= lane_commits)
+        if plan.leans is not None:
+            after &= ~plan.leans
         stored = torch.where(after, target, self.num_tokens)  # [B, M] (N: nowhere)
         self.tokens.scatter_(1, stored, next_drafts)
         if age is not None:
             self.age.scatter_(1, stored, age + 1)
-        self.valid.scatter_(1, stored, torch.ones_like(plan.leans))
-        self.valid.scatter_(1, torch.where(plan.leans, target, self.num_tokens), torch.zeros_like(plan.leans))
+        self.valid.scatter_(1, stored, True)
+        if plan.leans is not None:
+            self.valid.scatter_(1, torch.where(plan.leans, target, self.num_tokens), False)
         self.valid[:, : self.num_tokens] &= ~generated
         self.valid[:, self.num_tokens] = False
         self.pack(stored, laws)

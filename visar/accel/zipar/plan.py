@@ -50,7 +50,7 @@ class PassPlan:
     true_start: Tensor  # [B, H] bool: the row starts, and row r - 1 is complete (its true last token is fed)
     # Cross-row speculation: an input predicting (r, c) also sees the row above's drafts of this pass
     # at image indices above_start .. above_start + c + s - 1 - count[r - 1] (an empty range when
-    # its prediction needs no draft, or for row 0 and row starts).
+    # its prediction needs no draft, or for row 0 and row starts). All three None without cross-row drafts.
     above_start: Tensor | None = None  # [B, M] image index of row r - 1's first draft (N when none)
     above_drafts: Tensor | None = None  # [B, H] drafts row r - 1 feeds in this pass
     leans: Tensor | None = None  # [B, M] bool: predicts (r, c) with c + s - 1 past row r - 1's generated tokens
@@ -61,34 +61,60 @@ def capped(length: Tensor, window: int | Tensor) -> Tensor:
     return length.clamp(min=0, max=window) if isinstance(window, int) else length.clamp(min=0).minimum(window)
 
 
+def compose_down(table: Tensor) -> Tensor:
+    """Values that depend on the row above, top-down: table [B, H, D] holds each row's value as a
+    function of the value of the row above (row r's entry x: its value when row r - 1's is x, every
+    entry in 0 .. D - 1; row 0's a constant) -> [B, H], each row's value.
+
+    Replaces the loop `value[r] = table[r, value[r - 1]]` over rows 1 .. H - 1 with ceil(log2 H)
+    compositions, however the data looks (a Hillis-Steele scan): after the step of offset d, row r
+    holds its function composed with the 2d - 1 above it. Rows r < d already hold the chain down to
+    row 0's constant, and a constant composed with anything is itself, so the rows `roll` wraps
+    around to them leave them as they are.
+    """
+    offset = 1
+    while offset < table.shape[1]:
+        table = table.gather(2, table.roll(offset, 1))
+        offset *= 2
+    return table[..., 0]
+
+
 def windows_past_reach(
-    count: Tensor, above: Tensor, reach: Tensor, window_len: Tensor, width: int, window: int | Tensor
+    count: Tensor, above: Tensor, plain_window: Tensor, width: int, s: int, cap: int | Tensor
 ) -> tuple[Tensor, Tensor]:
     """Cross-row windows: a started row's reach also counts the drafts the row above feeds in this
     pass, top-down (the row above's window is final before this row's is set). -> (window_len,
-    above_drafts), both [B, H]; window: an int, or one per image [B]."""
-    window_len, above_drafts = window_len.clone(), torch.zeros_like(count)
-    for r in range(1, count.shape[1]):
-        drafts = (window_len[:, r - 1] - 1).clamp(min=0)
-        leans = (count[:, r] > 0) & (above[:, r] < width)  # row starts keep the plain rule
-        above_drafts[:, r] = torch.where(leans, drafts, 0)
-        window_len[:, r] = capped(reach[:, r] + above_drafts[:, r] - count[:, r], window)
+    above_drafts), both [B, H]; plain_window: the windows without cross-row drafts; cap: the window,
+    an int or [B, 1, 1].
+
+    A leaning row's window is capped(reach + max(window_len[r - 1] - 1, 0) - count[r]), a function of
+    the window above, 0 .. W (a front's window never passes its row's end); `compose_down` chains
+    those functions instead of a loop over the rows. Their entries are capped at W too, which changes
+    none a chain reaches and keeps them inside 0 .. W.
+    """
+    leans = (count > 0) & (above < width)  # row starts (and row 0) keep the plain rule
+    drafts = torch.arange(-1, width, device=count.device).clamp(min=0)  # [W + 1] drafts of an above window 0 .. W
+    reach_past_count = above - s + 1 - count  # reach - count where the row leans (above < W)
+    leaning = capped(reach_past_count[..., None] + drafts, cap).clamp(max=width)  # [B, H, W + 1]
+    window_len = compose_down(torch.where(leans[..., None], leaning, plain_window[..., None]))
+    above_drafts = (window_len.roll(1, 1) - 1).clamp(min=0) * leans  # row 0 never leans: roll's wrap is unread
     return window_len, above_drafts
 
 
 def front_windows(
     count: Tensor, width: int, s: int, window: int | Tensor, cross_row: bool
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """Each row's predicting window at this count -> (window_len, above, above_drafts), [B, H] each:
     the slots from its count to its reach (at most `window`, an int or one per image [B]; 0 for a
-    complete row or one the lag holds), above: the row above's count (W for row 0). See `plan_pass`."""
+    complete row or one the lag holds), above: the row above's count (W for row 0); above_drafts
+    None without cross-row drafts. See `plan_pass`."""
     above = torch.cat([torch.full_like(count[:, :1], width), count[:, :-1]], 1)  # [B, H]
     reach = torch.where(above >= width, width, above - s + 1)
-    cap = window if isinstance(window, int) else window[:, None]
-    window_len = capped(reach - count, cap)  # 0 for a complete row, as reach <= W
-    above_drafts = torch.zeros_like(count)
-    if cross_row:
-        window_len, above_drafts = windows_past_reach(count, above, reach, window_len, width, window)
+    window_len = capped(reach - count, window if isinstance(window, int) else window[:, None])  # 0 when complete
+    if not cross_row:
+        return window_len, above, None
+    table_cap = window if isinstance(window, int) else window[:, None, None]
+    window_len, above_drafts = windows_past_reach(count, above, window_len, width, s, table_cap)
     return window_len, above, above_drafts
 
 
@@ -130,11 +156,9 @@ def plan_pass(
     predicts = real & (length > 0)
     has_draft = predicts & (slot < length - 1)
     draft_start = torch.where(predicts, row * width + done, num_tokens)
-    above_count = above.gather(1, row)
-    above_start = torch.where(
-        predicts & (row > 0) & (above_drafts.gather(1, row) > 0), (row - 1) * width + above_count, num_tokens
-    )
-    leans = predicts & (above_count < width) & ((input_index + 1) % width + s > above_count)
+    above_start = leans = None  # without cross-row drafts no slot leans on the row above
+    if cross_row:
+        above_start, leans = leaning_slots(above, above_drafts, row, input_index, predicts, width, s)
     return PassPlan(
         row,
         slot,
@@ -150,6 +174,20 @@ def plan_pass(
         above_drafts,
         leans,
     )
+
+
+def leaning_slots(
+    above: Tensor, above_drafts: Tensor, row: Tensor, input_index: Tensor, predicts: Tensor, width: int, s: int
+) -> tuple[Tensor, Tensor]:
+    """Cross-row fronts: each input's above_start (image index of the row above's first draft of this
+    pass, N when it feeds none) and whether it leans (predicts (r, c) with c + s - 1 past the row
+    above's generated tokens) -> two [B, M]."""
+    num_tokens = above.shape[1] * width
+    above_count = above.gather(1, row)
+    leans_on_drafts = predicts & (row > 0) & (above_drafts.gather(1, row) > 0)
+    above_start = torch.where(leans_on_drafts, (row - 1) * width + above_count, num_tokens)
+    leans = predicts & (above_count < width) & ((input_index + 1) % width + s > above_count)
+    return above_start, leans
 
 
 def generated_mask(count: Tensor, width: int) -> Tensor:
@@ -207,12 +245,12 @@ def valid_commits(
 
     cross_row: whether the plan was made with cross-row drafts; without them no slot leans on the
     row above's drafts (a plain front stops at its reach), which the host knows without asking the
-    device. With them the rows are checked one by one even when no slot happens to lean (the same
-    result as the shortcut then, without reading the device back to find out).
+    device. With them the rows are checked link by link even when no slot happens to lean (the same
+    result as the shortcut then, without reading the device back to find out), in a fixed number of
+    steps (`compose_down`).
 
     -> valid [B, M], commits [B, H], good [B, H] (leading accepted slots that hold, per row).
     """
-    batch, height = count.shape
     never = plan.slot.shape[1] + 1
     if plan.leans is None or not cross_row:  # no slot leans on the row above's drafts
         stop = plan.predicts & ~accept
@@ -221,22 +259,35 @@ def valid_commits(
         )
         good = torch.where(plan.window_len > 0, first, 0)
         return plan.predicts, torch.where(plan.window_len > 0, first + 1, 0), good
-    column = (plan.input_index + 1) % width  # the column each slot predicts
-    valid = plan.predicts.clone()
-    good = torch.zeros_like(count)
-    stop_holds = torch.zeros_like(count, dtype=torch.bool)
-    for r in range(height):
-        lane = plan.row == r
-        if r > 0:
-            held = count[:, r - 1] + good[:, r - 1]  # row r - 1's columns known after this pass, as fed
-            holds = ~plan.leans | (column + s <= held[:, None])
-            valid &= ~lane | holds
-        stop = lane & plan.predicts & ~(accept & valid)
-        first = torch.where(stop, plan.slot, never).amin(1)  # [B]
-        good[:, r] = torch.where(plan.window_len[:, r] > 0, first, 0)
-        stop_holds[:, r] = (stop & valid & (plan.slot == first[:, None])).any(1)
-    commits = torch.where(plan.window_len > 0, good + stop_holds.long(), 0)
+    # A leaning slot predicting (r, c) holds when the row above's columns known after this pass reach
+    # c + s - 1: count[r - 1] + good[r - 1] >= need = c + s - count[r - 1], i.e. good[r - 1] >= need.
+    above_count = count.roll(1, 1).gather(1, plan.row)  # row 0 never leans: roll's wrap is unread
+    need = (plan.input_index + 1) % width + s - above_count  # [B, M]
+    good = compose_down(leading_held_table(plan, accept, need, never))  # [B, H]
+    holds = ~plan.leans | (good.roll(1, 1).gather(1, plan.row) >= need)
+    valid = plan.predicts & holds
+    stop = plan.predicts & ~(accept & valid)
+    # the first stop held (a rejected draft, not a slot whose context failed): it commits its output too
+    stop_held = stop & valid & (plan.slot == good.gather(1, plan.row))
+    stop_holds = torch.zeros_like(count, dtype=torch.bool).scatter_reduce(1, plan.row, stop_held, reduce="amax")
+    commits = (good + stop_holds) * (plan.window_len > 0)
     return valid, commits, good
+
+
+def leading_held_table(plan: PassPlan, accept: Tensor, need: Tensor, never: int) -> Tensor:
+    """Each row's leading accepted slots that hold, as a function of the row above's (`compose_down`'s
+    table): entry y of row r is good[r] when good[r - 1] = y, for y in 0 .. never (never = M + 1: no
+    stop) -> [B, H, never + 1]. The loop it replaces, for each row top-down: a slot stops the commit
+    if it is not accepted or leans with good[r - 1] < need; good[r] = its first stop (0 for a row that
+    does not predict). Row 0 leans on nothing, so its entries are one constant."""
+    batch, height = plan.window_len.shape
+    above_good = torch.arange(never + 1, device=need.device)  # [D] every value good[r - 1] may take
+    fails = plan.leans[..., None] & (above_good < need[..., None])  # [B, M, D]
+    stop = (plan.predicts & ~accept)[..., None] | fails  # leaning slots predict
+    first = torch.where(stop, plan.slot[..., None], never)
+    table = torch.full((batch, height, never + 1), never, dtype=torch.long, device=need.device)
+    table.scatter_reduce_(1, plan.row[..., None].expand_as(first), first, reduce="amin")
+    return table * (plan.window_len > 0)[..., None]
 
 
 def front_outputs(

@@ -24,7 +24,6 @@ from ..proposers import CARRY, DRAFT, NUM_PURPOSES, RESIDUAL, CarryRequest, inde
 from ..registry import Request
 from ..sampling import draw_uniforms, to_device
 from ..scoring import GuidedScorer
-from ..stats import DecodeLog
 from .plan import (
     PassPlan,
     fed_after_pass,
@@ -36,6 +35,7 @@ from .plan import (
     valid_commits,
     visibility,
 )
+from .record import FrontRecord
 from .tree_fronts import FrontTrees, tree_pass
 
 
@@ -238,27 +238,24 @@ def score_and_verify(
 
 
 def commit_fronts(
-    fronts: Fronts, plan: PassPlan, accept: Tensor, slot_tokens: Tensor, log: DecodeLog, forward_pass: int, rules
+    fronts: Fronts, plan: PassPlan, accept: Tensor, slot_tokens: Tensor, log: FrontRecord, forward_pass: int, rules
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Write each front's commit (its leading accepted drafts and one token more) into the tokens
-    and the log -> commits [B, H], each input's front's commits [B, M], and each front's leading
+    and the record -> commits [B, H], each input's front's commits [B, M], and each front's leading
     accepted drafts that held [B, H]. rules: (s, whether the plan has cross-row drafts, the fronts'
     trees or None)."""
     s, cross_row, trees = rules
     count, num_tokens = fronts.count, fronts.state.num_tokens
     width = num_tokens // count.shape[1]
     valid, commits, good = valid_commits(plan, accept, count, width, s, cross_row)
-    if trees is not None:  # a taken side candidate commits its side node's draw too
-        commits = trees.extend(plan, valid, commits, count, width)
-    lane_commits, lane_good = commits.gather(1, plan.row), good.gather(1, plan.row)
-    target = plan.input_index + 1
+    extended = commits  # a taken side candidate commits its side node's draw too
+    if trees is not None:
+        extended = trees.extend(plan, valid, commits, count, width)
+    log.write(count, extended, commits, good, plan.window_len, forward_pass)
+    lane_commits = extended.gather(1, plan.row)
     keep = plan.predicts & (plan.slot < lane_commits)
-    fronts.tokens.scatter_(1, torch.where(keep, target, num_tokens), slot_tokens)
-    log.commit(target, keep, forward_pass)
-    tested = plan.has_draft & valid & (plan.slot <= lane_good)
-    log.drafts(target, plan.slot, tested, plan.has_draft & (plan.slot < lane_good))
-    log.count_pass(count[:, -1] < width)
-    return commits, lane_commits, good
+    fronts.tokens.scatter_(1, torch.where(keep, plan.input_index + 1, num_tokens), slot_tokens)
+    return extended, lane_commits, good
 
 
 @torch.no_grad()
@@ -290,8 +287,7 @@ def decode_fronts(
     window, speculative = min(window, width), window > 1
     fronts = Fronts.start(model, generators, speculative)
     scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
-    log = DecodeLog(len(generators), (height, width), window, model.device)
-    max_fronts = torch.zeros((), dtype=torch.long, device=model.device)
+    log = FrontRecord(len(generators), (height, width), window, model.device)
     bar = progress_bar(total=model.num_image_tokens, enabled=progress, desc=method)
     scratch = 0 if trees is None else trees.scratch(height)
     sizes_chosen: dict[int, int] = {}  # window -> passes (under a budget)
@@ -306,7 +302,6 @@ def decode_fronts(
                 break
             if budget is not None and not first:
                 sizes_chosen[pass_window] = sizes_chosen.get(pass_window, 0) + 1
-            max_fronts = torch.maximum(max_fronts, (plan.window_len > 0).sum(1).max())
             generated = generated_mask(count, width)
             fronts.state.committed = count.sum(1)
             block = window if budget is None else pass_window  # each pass's uniforms: [4, H, block] an image
@@ -338,7 +333,7 @@ def decode_fronts(
                 bar.update(int(fronts.count.sum(1).min()) - bar.n)
     bar.close()
     stats = log.stats(scorer.forward_passes)
-    stats.update(s=s, max_fronts=int(max_fronts))
+    stats.update(s=s, max_fronts=log.max_fronts())
     if speculative:
         stats.update(window=window, cross_row=cross_row)
     if budget is not None:

@@ -235,7 +235,7 @@ def test_plan_of_jacobi_fronts():
     # row 3's start sits at (2, 5) with a stand-in: it sees row 2's generated tokens, not row 1's drafts
     assert rows[4] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 17]
     tokens = torch.arange(24)[None] + 100
-    fed_tokens = zipar.plan.pass_inputs(plan, tokens, count, generated, 6, torch.tensor([[0, 7, 8, 0, 0]]))
+    fed_tokens = zipar.plan.pass_inputs(plan, tokens, torch.tensor([[0, 7, 8, 0, 0]]))
     assert fed_tokens.tolist() == [[105, 108, 7, 8, 113]]  # the stand-in is row 2's newest token, 13
 
 

@@ -160,8 +160,7 @@ def score_fronts(
     prefill, which predicts token 0: [B, 1, V])."""
     if first:
         return scorer.prefill()[:, None]
-    width = generated.shape[1] // count.shape[1]
-    feed = pass_inputs(plan, tokens, count, generated, width, drafts)
+    feed = pass_inputs(plan, tokens, drafts)
     visible = visibility(plan, generated, s)  # [B, M, N]
     num_cond = scorer.model.num_condition_tokens
     condition = torch.ones(*visible.shape[:2], num_cond, dtype=torch.bool, device=visible.device)
@@ -253,8 +252,8 @@ def commit_fronts(
         extended = trees.extend(plan, valid, commits, count, width)
     log.write(count, extended, commits, good, plan.window_len, forward_pass)
     lane_commits = extended.gather(1, plan.row)
-    keep = plan.predicts & (plan.slot < lane_commits)
-    fronts.tokens.scatter_(1, torch.where(keep, plan.input_index + 1, num_tokens), slot_tokens)
+    skip = plan.slot >= lane_commits  # a front commits at most its window: every slot kept predicts
+    fronts.tokens.scatter_(1, (plan.input_index + 1).masked_fill(skip, num_tokens), slot_tokens)
     return extended, lane_commits, good
 
 

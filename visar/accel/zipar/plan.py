@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ...errors import VisarError
@@ -45,9 +46,12 @@ class PassPlan:
     has_draft: Tensor  # [B, M] bool: the next input is a draft for input_index + 1
     draft_start: Tensor  # [B, M] first draft index of its front (N when it has none)
     real: Tensor  # [B, M] bool, False for padding
+    source: Tensor  # [B, M] image index of the token its input feeds (slot 0's: see `plan_pass`; others feed drafts)
     window_len: Tensor  # [B, H] slots of each row's predicting window, 0 = the row does not predict
     feed_only: Tensor  # [B, H] bool: the row only feeds its newest token (for its KV)
-    true_start: Tensor  # [B, H] bool: the row starts, and row r - 1 is complete (its true last token is fed)
+    fed_by_next: (
+        Tensor  # [B, H] bool: the row is complete and row r + 1 starts: that start's input feeds its last token
+    )
     # Cross-row speculation: an input predicting (r, c) also sees the row above's drafts of this pass
     # at image indices above_start .. above_start + c + s - 1 - count[r - 1] (an empty range when
     # its prediction needs no draft, or for row 0 and row starts). All three None without cross-row drafts.
@@ -108,8 +112,8 @@ def front_windows(
     the slots from its count to its reach (at most `window`, an int or one per image [B]; 0 for a
     complete row or one the lag holds), above: the row above's count (W for row 0); above_drafts
     None without cross-row drafts. See `plan_pass`."""
-    above = torch.cat([torch.full_like(count[:, :1], width), count[:, :-1]], 1)  # [B, H]
-    reach = torch.where(above >= width, width, above - s + 1)
+    above = F.pad(count[:, :-1], (1, 0), value=width)  # [B, H]
+    reach = above - (s - 1) * (above < width)  # W once the row above is complete
     window_len = capped(reach - count, window if isinstance(window, int) else window[:, None])  # 0 when complete
     if not cross_row:
         return window_len, above, None
@@ -134,28 +138,25 @@ def plan_pass(
     batch, height = count.shape
     width = grid[1]
     num_tokens = height * width
-    device = count.device
-    rows = torch.arange(height, device=device)
     window_len, above, above_drafts = front_windows(count, width, s, window, cross_row)
-    true_start = (window_len > 0) & (count == 0) & (rows > 0) & (above >= width)
-    fed_by_next = torch.cat([true_start[:, 1:], torch.zeros_like(true_start[:, :1])], 1)
-    unfinished = count[:, -1:] < width  # the last row finishes last
-    needs_kv = (fed < count) & unfinished & ~((rows == height - 1) & (count == width))
-    feed_only = needs_kv & (window_len == 0) & ~fed_by_next
-    inputs = window_len + feed_only.long()  # [B, H] inputs of each row's front
+    feed_only, fed_by_next = fed_alone(count, fed, window_len, width)
+    inputs = window_len + feed_only  # [B, H] inputs of each row's front
     ends = inputs.cumsum(1)
     num_inputs = int(ends[:, -1].max())  # the pass width (a host sync)
-    m = torch.arange(num_inputs, device=device).expand(batch, -1).contiguous()
+    m = torch.arange(num_inputs, device=count.device).expand(batch, -1).contiguous()
     row = torch.searchsorted(ends, m, right=True)  # [B, M]
     real = row < height
     row = row.clamp(max=height - 1)
-    slot = m - (ends - inputs).gather(1, row)
-    done = count.gather(1, row)
-    length = window_len.gather(1, row)
-    input_index = torch.where(real, row * width + done - 1 + slot, num_tokens - 1)
-    predicts = real & (length > 0)
-    has_draft = predicts & (slot < length - 1)
-    draft_start = torch.where(predicts, row * width + done, num_tokens)
+    slot = m - (ends - inputs).gather(1, row)  # padding: past its row's inputs, so past its window
+    newest = count + torch.arange(-1, num_tokens - 1, width, device=count.device)  # [B, H] each row's newest token
+    # a front's slot 0 feeds the row's newest token; a row start sits at row r - 1's last column and
+    # feeds row r - 1's newest token there (its true last token once the row is complete, else a stand-in)
+    source = torch.where(count > 0, newest, F.pad(newest[:, :-1], (1, 0))).clamp(min=0).gather(1, row)
+    lane_newest, length = newest.gather(1, row), window_len.gather(1, row)
+    input_index = torch.where(real, lane_newest + slot, num_tokens - 1)
+    predicts = slot < length
+    has_draft = slot + 1 < length
+    draft_start = (lane_newest + 1).masked_fill(~predicts, num_tokens)
     above_start = leans = None  # without cross-row drafts no slot leans on the row above
     if cross_row:
         above_start, leans = leaning_slots(above, above_drafts, row, input_index, predicts, width, s)
@@ -167,13 +168,25 @@ def plan_pass(
         has_draft,
         draft_start,
         real,
+        source,
         window_len,
         feed_only,
-        true_start,
+        fed_by_next,
         above_start,
         above_drafts,
         leans,
     )
+
+
+def fed_alone(count: Tensor, fed: Tensor, window_len: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """-> feed_only [B, H] (the row feeds its newest token alone: it has no KV yet and the row does not
+    predict), fed_by_next [B, H] (the row is complete and row r + 1 starts: that start's input sits
+    at the row's last token and feeds it). Nothing is fed once the last row, which finishes last, is."""
+    next_starts = F.pad(count[:, 1:] == 0, (0, 1))  # row H - 1 has no next row
+    fed_by_next = (count == width) & next_starts
+    unfinished = count[:, -1:] < width
+    feed_only = (fed < count) & (window_len == 0) & ~fed_by_next & unfinished
+    return feed_only, fed_by_next
 
 
 def leaning_slots(
@@ -193,7 +206,7 @@ def leaning_slots(
 def generated_mask(count: Tensor, width: int) -> Tensor:
     """count [B, H] -> [B, N] bool: image tokens generated so far."""
     columns = torch.arange(width, device=count.device)
-    return (columns[None, None, :] < count[:, :, None]).flatten(1)
+    return (columns < count[..., None]).flatten(1)
 
 
 def visibility(plan: PassPlan, generated: Tensor, s: int | None = None) -> Tensor:
@@ -205,9 +218,9 @@ def visibility(plan: PassPlan, generated: Tensor, s: int | None = None) -> Tenso
     """
     slots = torch.arange(generated.shape[1], device=generated.device)
     k = plan.input_index[..., None]  # [B, M, 1]
-    earlier = (slots <= k) & generated[:, None, :] & plan.real[..., None]
-    own_drafts = (slots >= plan.draft_start[..., None]) & (slots <= k)
-    visible = earlier | own_drafts | (slots == k)
+    # (j <= k and generated, for a real input) or (j <= k and j >= draft_start): j <= k taken out
+    earlier_or_own = (generated[:, None, :] & plan.real[..., None]) | (slots >= plan.draft_start[..., None])
+    visible = (slots <= k) & earlier_or_own | (slots == k)
     if plan.above_start is not None and s is not None:
         width = generated.shape[1] // plan.window_len.shape[1]
         last_needed = k - width + s  # (r - 1, c + s - 1) for k + 1 = (r, c)
@@ -216,15 +229,9 @@ def visibility(plan: PassPlan, generated: Tensor, s: int | None = None) -> Tenso
     return visible
 
 
-def pass_inputs(
-    plan: PassPlan, tokens: Tensor, count: Tensor, generated: Tensor, width: int, drafts: Tensor | None
-) -> Tensor:
+def pass_inputs(plan: PassPlan, tokens: Tensor, drafts: Tensor | None) -> Tensor:
     """The token fed at every input [B, M]: a generated token, a row start's stand-in, or a draft."""
-    k = plan.input_index.clamp(min=0)
-    row_above = (plan.row - 1).clamp(min=0)
-    stand_in = row_above * width + count.gather(1, row_above) - 1  # row r - 1's last generated token
-    source = torch.where(generated.gather(1, k), k, stand_in.clamp(min=0))
-    fed = tokens.gather(1, source)
+    fed = tokens.gather(1, plan.source)
     if drafts is not None:  # slot i > 0 feeds the draft made for the slot before it
         previous = torch.cat([drafts[:, :1], drafts[:, :-1]], 1)
         fed = torch.where(plan.slot > 0, previous, fed)
@@ -232,7 +239,7 @@ def pass_inputs(
 
 
 def valid_commits(
-    plan: PassPlan, accept: Tensor, count: Tensor, width: int, s: int, cross_row: bool = True
+    plan: PassPlan, accept: Tensor | None, count: Tensor, width: int, s: int, cross_row: bool = True
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Which slots' outputs hold, and how many tokens each front commits.
 
@@ -249,8 +256,11 @@ def valid_commits(
     result as the shortcut then, without reading the device back to find out), in a fixed number of
     steps (`compose_down`).
 
+    accept: [B, M], None when no slot had a draft (`front_outputs`).
     -> valid [B, M], commits [B, H], good [B, H] (leading accepted slots that hold, per row).
     """
+    if accept is None:  # no slot had a draft: every front predicts one slot, which commits its output
+        return plan.predicts, (plan.window_len > 0).long(), torch.zeros_like(count)
     never = plan.slot.shape[1] + 1
     if plan.leans is None or not cross_row:  # no slot leans on the row above's drafts
         stop = plan.predicts & ~accept
@@ -294,9 +304,9 @@ def front_outputs(
     rule: AcceptanceRule, plan: PassPlan, target_probs: Tensor, draft_tokens, draft_probs, uniforms, draws
 ) -> tuple[Tensor, Tensor]:
     """Every predicting slot's output: its draft if the test accepts it, else a draw from the
-    residual (from p where no draft follows). -> (slot_tokens [B, M], accept [B, M])."""
+    residual (from p where no draft follows). -> (slot_tokens [B, M], accept [B, M], None without drafts)."""
     if draft_tokens is None:  # plain fronts, or no slot with a draft: a draw with each input's uniform
-        return sample_from_probs(target_probs, draws), torch.zeros_like(plan.predicts)
+        return sample_from_probs(target_probs, draws), None
     verdict = verify_slots(
         rule, target_probs, draft_tokens, draft_probs, plan.has_draft, uniforms[:, ACCEPT], uniforms[:, RESIDUAL]
     )
@@ -305,8 +315,7 @@ def front_outputs(
 
 def fed_after_pass(plan: PassPlan, fed: Tensor, count: Tensor, commits: Tensor, width: int) -> Tensor:
     """[B, H] tokens of each row with their KV cached after this pass: a front's input and its
-    accepted drafts, a fed-only newest token, a row's true last token fed by the next row's start."""
-    fed = torch.where(plan.window_len > 0, count + commits - 1, fed)
-    fed = torch.where(plan.feed_only, count, fed)
-    fed_by_next = torch.cat([plan.true_start[:, 1:], torch.zeros_like(plan.true_start[:, :1])], 1)
-    return torch.where(fed_by_next, width, fed)
+    accepted drafts (all it commits but the newest), a fed-only newest token, a row's true last token
+    fed by the next row's start (those two rows commit nothing, and have all their tokens cached)."""
+    fed = torch.where(plan.feed_only | plan.fed_by_next, count, fed)
+    return torch.where(plan.window_len > 0, count + commits - 1, fed)

@@ -123,7 +123,7 @@ def score_with_sides(
     tokens, count, generated, s = context
     num_cond, num_tokens, device = scorer.model.num_condition_tokens, generated.shape[1], generated.device
     batch, num_inputs, num_sides = plan.slot.shape[0], plan.slot.shape[1], sides.row.shape[1]
-    feed = pass_inputs(plan, tokens, count, generated, num_tokens // count.shape[1], drafts)
+    feed = pass_inputs(plan, tokens, drafts)
     visible = visibility(plan, generated, s)  # [B, M, N]
     slots = torch.arange(num_tokens, device=device)
     twin = (sides.first_input + 1).gather(1, sides.row).clamp(max=num_inputs - 1)  # [B, S] its slot 1

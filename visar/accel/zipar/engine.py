@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ...models.base import RasterModel
@@ -25,10 +26,12 @@ from ..registry import Request
 from ..sampling import draw_uniforms, to_device
 from ..scoring import GuidedScorer
 from .plan import (
+    GridIndex,
     PassPlan,
     fed_after_pass,
     front_outputs,
     generated_mask,
+    grid_index,
     pass_inputs,
     plan_pass,
     token_grid,
@@ -154,17 +157,16 @@ def pass_uniforms(generators: list[torch.Generator], plan: PassPlan, height: int
 
 
 def score_fronts(
-    scorer: GuidedScorer, plan: PassPlan, tokens: Tensor, count: Tensor, generated: Tensor, s: int, drafts, first: bool
+    scorer: GuidedScorer, plan: PassPlan, tokens: Tensor, generated: Tensor, s: int, drafts, first: bool, index
 ) -> Tensor:
     """One pass over every front's inputs -> target probs [B, M, V] (the first pass: the condition
-    prefill, which predicts token 0: [B, 1, V])."""
+    prefill, which predicts token 0: [B, 1, V]); index: the grid's `GridIndex`."""
     if first:
         return scorer.prefill()[:, None]
     feed = pass_inputs(plan, tokens, drafts)
-    visible = visibility(plan, generated, s)  # [B, M, N]
+    visible = visibility(plan, generated, s, index)  # [B, M, N]
     num_cond = scorer.model.num_condition_tokens
-    condition = torch.ones(*visible.shape[:2], num_cond, dtype=torch.bool, device=visible.device)
-    mask = torch.cat([condition, visible], -1)
+    mask = F.pad(visible, (num_cond, 0), value=True)  # every input sees the condition
     return scorer.target_probs(scorer.logits(feed, num_cond + plan.input_index, mask=mask))
 
 
@@ -176,8 +178,9 @@ class Fronts:
     count: Tensor  # [B, H] generated tokens of each row
     fed: Tensor  # [B, H] of those, how many have their KV cached
     state: DecodeState  # what initialisers and updaters read
+    index: GridIndex  # the grid's index tensors
     carried: CarriedDrafts | None  # Jacobi fronts: the drafts of earlier passes
-    position_uniforms: Tensor | None  # plain fronts: ar.py's draws [B, N], token i uses uniform i
+    position_uniforms: Tensor | None  # plain fronts: ar.py's draws [B, N + 1], token i uses uniform i (N: padding's)
 
     @classmethod
     def start(cls, model: RasterModel, generators: list[torch.Generator], speculative: bool) -> Fronts:
@@ -190,11 +193,13 @@ class Fronts:
         else:
             keys = torch.zeros(batch, dtype=torch.long, device=device)
             position_uniforms = to_device(draw_uniforms(generators, num_tokens), device)
+            position_uniforms = torch.cat([position_uniforms, position_uniforms[:, -1:]], 1)
         tokens = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
         count = torch.zeros(batch, height, dtype=torch.long, device=device)
         # window = N in the state because one pass spans up to the whole grid
         state = DecodeState(tokens, count.sum(1), keys, num_tokens, vocab, (height, width), num_tokens)
-        return cls(tokens, count, torch.zeros_like(count), state, carried, position_uniforms)
+        index = grid_index((height, width), device)
+        return cls(tokens, count, torch.zeros_like(count), state, index, carried, position_uniforms)
 
 
 class PassDraft(NamedTuple):
@@ -210,8 +215,7 @@ class PassDraft(NamedTuple):
 def pass_drafts(fronts: Fronts, generators, plan: PassPlan, generated: Tensor, initialiser, window: int, trees):
     """This pass's randomness and drafts -> PassDraft."""
     if fronts.carried is None:
-        target = (plan.input_index + 1).clamp(max=fronts.state.num_tokens - 1)  # N: scratch
-        return PassDraft(None, None, None, None, fronts.position_uniforms.gather(1, target))
+        return PassDraft(None, None, None, None, fronts.position_uniforms.gather(1, plan.input_index + 1))
     height = fronts.count.shape[1]
     uniforms = pass_uniforms(generators, plan, height, window)
     tree_u = None if trees is None else trees.uniforms(generators, height, plan.row.device)
@@ -229,7 +233,7 @@ def score_and_verify(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One pass -> target probs [B, M, V], slot tokens [B, M], accept [B, M]; draft: `pass_drafts`' PassDraft."""
     if trees is None or first:
-        target_probs = score_fronts(scorer, plan, fronts.tokens, fronts.count, generated, s, draft.tokens, first)
+        target_probs = score_fronts(scorer, plan, fronts.tokens, generated, s, draft.tokens, first, fronts.index)
         outputs = front_outputs(rule, plan, target_probs, draft.tokens, draft.probs, draft.uniforms, draft.draws)
         return target_probs, *outputs
     context = (fronts.tokens, fronts.count, generated, s)
@@ -296,12 +300,12 @@ def decode_fronts(
             pass_window = 1 if first else window if budget is None else budget.size(count)
             if pass_window is None:  # a probe's last timed pass
                 break
-            plan = plan_pass(count, fronts.fed, (height, width), s, pass_window, cross_row and not first)
+            plan = plan_pass(count, fronts.fed, (height, width), s, pass_window, cross_row and not first, fronts.index)
             if plan.row.shape[1] == 0:
                 break
             if budget is not None and not first:
                 sizes_chosen[pass_window] = sizes_chosen.get(pass_window, 0) + 1
-            generated = generated_mask(count, width)
+            generated = generated_mask(count, width, fronts.index)
             fronts.state.committed = count.sum(1)
             block = window if budget is None else pass_window  # each pass's uniforms: [4, H, block] an image
             draft = pass_drafts(fronts, generators, plan, generated, initialiser, block, trees)
@@ -321,7 +325,7 @@ def decode_fronts(
             # slot per front leaves none; the drafts of indices it generated stay flagged until the next
             # carry-over clears them, and nothing reads a generated index's draft.
             if speculative and not (budget is not None and pass_window == 1):
-                after_pass = generated_mask(count + commits, width)
+                after_pass = generated_mask(count + commits, width, fronts.index)
                 carry_u = draft.uniforms[:, CARRY]
                 fronts.carried.carry_over(
                     updater, plan, fronts.state, target_probs, slot_tokens, lane_commits, carry_u, after_pass, age

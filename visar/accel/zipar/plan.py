@@ -7,6 +7,7 @@ KV cached after it (`fed_after_pass`). The rules are in docs/RASTER.md (ZipAR se
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,23 @@ def token_grid(model, method: str) -> tuple[int, int]:
     return height, width
 
 
+@dataclass(frozen=True)
+class GridIndex:
+    """The index tensors of an H x W grid that every pass reads, made once per decode (`grid_index`)."""
+
+    height: int
+    width: int
+    positions: Tensor  # [N] image-token indices
+    columns: Tensor  # [W]
+    before_rows: Tensor  # [H] r * W - 1: the index before each row's first token
+
+
+def grid_index(grid: tuple[int, int], device) -> GridIndex:
+    height, width = grid
+    positions = torch.arange(height * width, device=device)
+    return GridIndex(height, width, positions, positions[:width], positions[::width] - 1)
+
+
 @dataclass
 class PassPlan:
     """The inputs of one pass for every image b, packed front by front (rows in order), M = the
@@ -43,21 +61,31 @@ class PassPlan:
     slot: Tensor  # [B, M] its place in the front's window: 0 = the front's last token (or a row start's input)
     input_index: Tensor  # [B, M] image-token index of the position it sits at (N - 1 for padding)
     predicts: Tensor  # [B, M] bool: its logits predict input_index + 1 (False: fed for its KV only, or padding)
-    has_draft: Tensor  # [B, M] bool: the next input is a draft for input_index + 1
-    draft_start: Tensor  # [B, M] first draft index of its front (N when it has none)
-    real: Tensor  # [B, M] bool, False for padding
+    length: Tensor  # [B, M] its front's window (0: a row that only feeds; padding sits past its row's window)
+    padding: Tensor  # [B, M] bool: no input (the image has fewer than M)
     source: Tensor  # [B, M] image index of the token its input feeds (slot 0's: see `plan_pass`; others feed drafts)
     window_len: Tensor  # [B, H] slots of each row's predicting window, 0 = the row does not predict
     feed_only: Tensor  # [B, H] bool: the row only feeds its newest token (for its KV)
-    fed_by_next: (
-        Tensor  # [B, H] bool: the row is complete and row r + 1 starts: that start's input feeds its last token
-    )
+    # [B, H] bool: the row is complete and row r + 1 starts, whose input feeds its last token (or the
+    # last row is complete: its last token is never read)
+    fed_by_next: Tensor
     # Cross-row speculation: an input predicting (r, c) also sees the row above's drafts of this pass
     # at image indices above_start .. above_start + c + s - 1 - count[r - 1] (an empty range when
     # its prediction needs no draft, or for row 0 and row starts). All three None without cross-row drafts.
     above_start: Tensor | None = None  # [B, M] image index of row r - 1's first draft (N when none)
     above_drafts: Tensor | None = None  # [B, H] drafts row r - 1 feeds in this pass
     leans: Tensor | None = None  # [B, M] bool: predicts (r, c) with c + s - 1 past row r - 1's generated tokens
+
+    @property
+    def real(self) -> Tensor:
+        """[B, M] bool, False for padding."""
+        return ~self.padding
+
+    @cached_property
+    def has_draft(self) -> Tensor:
+        """[B, M] bool: the next input is a draft for input_index + 1 (made on first use: a pass of
+        plain fronts never reads it)."""
+        return self.slot + 1 < self.length
 
 
 def capped(length: Tensor, window: int | Tensor) -> Tensor:
@@ -123,9 +151,16 @@ def front_windows(
 
 
 def plan_pass(
-    count: Tensor, fed: Tensor, grid: tuple[int, int], s: int, window: int, cross_row: bool = False
+    count: Tensor,
+    fed: Tensor,
+    grid: tuple[int, int],
+    s: int,
+    window: int,
+    cross_row: bool = False,
+    index: GridIndex | None = None,
 ) -> PassPlan:
-    """count [B, H]: generated tokens of each row; fed [B, H]: how many of them have their KV cached.
+    """count [B, H]: generated tokens of each row; fed [B, H]: how many of them have their KV cached;
+    index: the grid's `GridIndex` (made here when None).
 
     A row predicts columns count .. reach - 1 (at most `window` of them), where reach is the first
     column not yet allowed: W once the row above is complete, else (row above's count) - s + 1.
@@ -138,25 +173,24 @@ def plan_pass(
     batch, height = count.shape
     width = grid[1]
     num_tokens = height * width
+    index = grid_index(grid, count.device) if index is None else index
     window_len, above, above_drafts = front_windows(count, width, s, window, cross_row)
     feed_only, fed_by_next = fed_alone(count, fed, window_len, width)
     inputs = window_len + feed_only  # [B, H] inputs of each row's front
     ends = inputs.cumsum(1)
-    num_inputs = int(ends[:, -1].max())  # the pass width (a host sync)
+    num_inputs = int(ends.max())  # the pass width (a host sync)
     m = torch.arange(num_inputs, device=count.device).expand(batch, -1).contiguous()
     row = torch.searchsorted(ends, m, right=True)  # [B, M]
-    real = row < height
+    padding = row >= height
     row = row.clamp(max=height - 1)
     slot = m - (ends - inputs).gather(1, row)  # padding: past its row's inputs, so past its window
-    newest = count + torch.arange(-1, num_tokens - 1, width, device=count.device)  # [B, H] each row's newest token
+    newest = count + index.before_rows  # [B, H] each row's newest token
     # a front's slot 0 feeds the row's newest token; a row start sits at row r - 1's last column and
     # feeds row r - 1's newest token there (its true last token once the row is complete, else a stand-in)
     source = torch.where(count > 0, newest, F.pad(newest[:, :-1], (1, 0))).clamp(min=0).gather(1, row)
-    lane_newest, length = newest.gather(1, row), window_len.gather(1, row)
-    input_index = torch.where(real, lane_newest + slot, num_tokens - 1)
+    length = window_len.gather(1, row)
+    input_index = (newest.gather(1, row) + slot).masked_fill(padding, num_tokens - 1)
     predicts = slot < length
-    has_draft = slot + 1 < length
-    draft_start = (lane_newest + 1).masked_fill(~predicts, num_tokens)
     above_start = leans = None  # without cross-row drafts no slot leans on the row above
     if cross_row:
         above_start, leans = leaning_slots(above, above_drafts, row, input_index, predicts, width, s)
@@ -165,9 +199,8 @@ def plan_pass(
         slot,
         input_index,
         predicts,
-        has_draft,
-        draft_start,
-        real,
+        length,
+        padding,
         source,
         window_len,
         feed_only,
@@ -181,11 +214,12 @@ def plan_pass(
 def fed_alone(count: Tensor, fed: Tensor, window_len: Tensor, width: int) -> tuple[Tensor, Tensor]:
     """-> feed_only [B, H] (the row feeds its newest token alone: it has no KV yet and the row does not
     predict), fed_by_next [B, H] (the row is complete and row r + 1 starts: that start's input sits
-    at the row's last token and feeds it). Nothing is fed once the last row, which finishes last, is."""
-    next_starts = F.pad(count[:, 1:] == 0, (0, 1))  # row H - 1 has no next row
-    fed_by_next = (count == width) & next_starts
-    unfinished = count[:, -1:] < width
-    feed_only = (fed < count) & (window_len == 0) & ~fed_by_next & unfinished
+    at the row's last token and feeds it; or the row is the last one, complete)."""
+    # row r complete and row r + 1 not started: count[r] - count[r + 1] = W, as counts lie in 0 .. W
+    fed_by_next = count - F.pad(count[:, 1:], (0, 1)) == width
+    # The last row, compared with a count of 0, is "fed by next" once complete: its last token is never
+    # read. Every row above is fed by then (the last row's queries saw them), so no other row feeds.
+    feed_only = (fed < count) & (window_len + fed_by_next == 0)  # neither predicts nor is fed by the next row
     return feed_only, fed_by_next
 
 
@@ -203,23 +237,24 @@ def leaning_slots(
     return above_start, leans
 
 
-def generated_mask(count: Tensor, width: int) -> Tensor:
-    """count [B, H] -> [B, N] bool: image tokens generated so far."""
-    columns = torch.arange(width, device=count.device)
+def generated_mask(count: Tensor, width: int, index: GridIndex | None = None) -> Tensor:
+    """count [B, H] -> [B, N] bool: image tokens generated so far (index: the grid's, or None)."""
+    columns = torch.arange(width, device=count.device) if index is None else index.columns
     return (columns < count[..., None]).flatten(1)
 
 
-def visibility(plan: PassPlan, generated: Tensor, s: int | None = None) -> Tensor:
+def visibility(plan: PassPlan, generated: Tensor, s: int | None = None, index: GridIndex | None = None) -> Tensor:
     """Image-token slots each input may attend to: [B, M, N] bool.
 
     Input at index k sees (j <= k and j generated before this pass) or (j one of its front's
     drafts up to k) or j = k (its own input, a stand-in included); with cross-row speculation,
     also the row above's drafts of this pass that (r, c) = k + 1 needs: columns up to c + s - 1.
     """
-    slots = torch.arange(generated.shape[1], device=generated.device)
+    slots = torch.arange(generated.shape[1], device=generated.device) if index is None else index.positions
     k = plan.input_index[..., None]  # [B, M, 1]
-    # (j <= k and generated, for a real input) or (j <= k and j >= draft_start): j <= k taken out
-    earlier_or_own = (generated[:, None, :] & plan.real[..., None]) | (slots >= plan.draft_start[..., None])
+    # (j <= k and generated) or (j <= k and j one of its front's drafts, which start at k - slot + 1);
+    # padding (k = N - 1) sees what it may: nothing reads its outputs, and its KV goes to slot N - 1
+    earlier_or_own = generated[:, None, :] | (slots > (plan.input_index - plan.slot)[..., None])
     visible = (slots <= k) & earlier_or_own | (slots == k)
     if plan.above_start is not None and s is not None:
         width = generated.shape[1] // plan.window_len.shape[1]
@@ -260,7 +295,7 @@ def valid_commits(
     -> valid [B, M], commits [B, H], good [B, H] (leading accepted slots that hold, per row).
     """
     if accept is None:  # no slot had a draft: every front predicts one slot, which commits its output
-        return plan.predicts, (plan.window_len > 0).long(), torch.zeros_like(count)
+        return plan.predicts, plan.window_len, torch.zeros_like(count)  # window_len: 0 or 1
     never = plan.slot.shape[1] + 1
     if plan.leans is None or not cross_row:  # no slot leans on the row above's drafts
         stop = plan.predicts & ~accept

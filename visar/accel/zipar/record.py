@@ -36,7 +36,7 @@ class FrontRecord:
         slot = len(self.forward_pass) % PASSES_PER_BLOCK
         if slot == 0:
             self.blocks.append(torch.empty(self.shape, dtype=torch.long, device=count.device))
-        self.blocks[-1][slot].copy_(torch.stack([count, commits, base_commits, good, window_len]))
+        torch.stack([count, commits, base_commits, good, window_len], out=self.blocks[-1][slot])
         self.forward_pass.append(forward_pass)
 
     def max_fronts(self) -> int:

@@ -104,7 +104,7 @@ def front_candidates(
     base = draft_q.gather(1, first[..., None].expand(-1, -1, draft_q.shape[-1]))
     fixed = None
     if trees.neighbours:
-        index = plan.draft_start.gather(1, first).clamp(max=canvas.shape[1] - 2)
+        index = (plan.input_index + 1).gather(1, first).clamp(max=canvas.shape[1] - 2)  # rows without trees: unread
         fixed = neighbour_candidates(canvas, index, width, trees.neighbours)
     return without_replacement(base, drafts.gather(1, first), trees.branch, uniforms, fixed)
 

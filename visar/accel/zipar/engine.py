@@ -23,7 +23,7 @@ from ..drafts import DecodeState, FillRequest, random_init
 from ..jacobi import check_spans, image_keys
 from ..proposers import CARRY, DRAFT, NUM_PURPOSES, RESIDUAL, CarryRequest, independent_carry
 from ..registry import Request
-from ..sampling import draw_uniforms, to_device
+from ..sampling import UniformStream, draw_uniforms, to_device
 from ..scoring import GuidedScorer
 from .plan import (
     GridIndex,
@@ -145,13 +145,10 @@ class CarriedDrafts:
         self.probs = packed
 
 
-def pass_uniforms(generators: list[torch.Generator], plan: PassPlan, height: int, window: int) -> Tensor:
+def pass_uniforms(draws: UniformStream, plan: PassPlan, height: int, window: int) -> Tensor:
     """Jacobi fronts: each image's block [4, H, window] for this pass, read at (purpose, row, slot) of
     every input -> [B, 4, M]."""
-    device = plan.row.device
-    block = to_device(draw_uniforms(generators, NUM_PURPOSES * height * window), device).view(
-        len(generators), NUM_PURPOSES, -1
-    )
+    block = draws.take(NUM_PURPOSES * height * window).view(plan.row.shape[0], NUM_PURPOSES, -1)
     lane = (plan.row * window + plan.slot.clamp(max=window - 1))[:, None].expand(-1, NUM_PURPOSES, -1)
     return block.gather(2, lane)
 
@@ -180,16 +177,21 @@ class Fronts:
     state: DecodeState  # what initialisers and updaters read
     index: GridIndex  # the grid's index tensors
     carried: CarriedDrafts | None  # Jacobi fronts: the drafts of earlier passes
+    draws: UniformStream | None  # Jacobi fronts: each image's uniforms, pass after pass
     position_uniforms: Tensor | None  # plain fronts: ar.py's draws [B, N + 1], token i uses uniform i (N: padding's)
 
     @classmethod
-    def start(cls, model: RasterModel, generators: list[torch.Generator], speculative: bool) -> Fronts:
+    def start(cls, model: RasterModel, generators: list[torch.Generator], window: int, trees) -> Fronts:
+        """window: slots per front (1: plain fronts); trees: the fronts' `FrontTrees`, or None."""
         height, width = model.grid_size
         batch, num_tokens, vocab, device = len(generators), model.num_image_tokens, model.vocab_size, model.device
-        carried = position_uniforms = None
-        if speculative:
+        carried = position_uniforms = draws = None
+        if window > 1:
             keys = image_keys(generators, device)
             carried = CarriedDrafts(batch, num_tokens, vocab, device)
+            # each pass's uniforms, the same numbers as a draw per pass, drawn 16 of the largest passes at a time
+            per_pass = NUM_PURPOSES * height * window + (0 if trees is None else trees.draws_per_pass(height))
+            draws = UniformStream(generators, device, block=16 * per_pass)
         else:
             keys = torch.zeros(batch, dtype=torch.long, device=device)
             position_uniforms = to_device(draw_uniforms(generators, num_tokens), device)
@@ -199,7 +201,7 @@ class Fronts:
         # window = N in the state because one pass spans up to the whole grid
         state = DecodeState(tokens, count.sum(1), keys, num_tokens, vocab, (height, width), num_tokens)
         index = grid_index((height, width), device)
-        return cls(tokens, count, torch.zeros_like(count), state, index, carried, position_uniforms)
+        return cls(tokens, count, torch.zeros_like(count), state, index, carried, draws, position_uniforms)
 
 
 class PassDraft(NamedTuple):
@@ -212,13 +214,13 @@ class PassDraft(NamedTuple):
     draws: Tensor  # [B, M] each slot's draw: ar.py's uniform of its index (plain fronts), else the residual's
 
 
-def pass_drafts(fronts: Fronts, generators, plan: PassPlan, generated: Tensor, initialiser, window: int, trees):
+def pass_drafts(fronts: Fronts, plan: PassPlan, generated: Tensor, initialiser, window: int, trees):
     """This pass's randomness and drafts -> PassDraft."""
     if fronts.carried is None:
         return PassDraft(None, None, None, None, fronts.position_uniforms.gather(1, plan.input_index + 1))
     height = fronts.count.shape[1]
-    uniforms = pass_uniforms(generators, plan, height, window)
-    tree_u = None if trees is None else trees.uniforms(generators, height, plan.row.device)
+    uniforms = pass_uniforms(fronts.draws, plan, height, window)
+    tree_u = None if trees is None else trees.uniforms(fronts.draws, height)
     if window == 1 or not bool(plan.has_draft.any()):  # a pass of one slot per front has no drafts
         return PassDraft(None, None, uniforms, tree_u, uniforms[:, RESIDUAL])
     target = plan.input_index + 1
@@ -288,7 +290,7 @@ def decode_fronts(
     check_lag(s)
     check_spans(window, 0, 0)
     window, speculative = min(window, width), window > 1
-    fronts = Fronts.start(model, generators, speculative)
+    fronts = Fronts.start(model, generators, window, trees)
     scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
     log = FrontRecord(len(generators), (height, width), window, model.device)
     bar = progress_bar(total=model.num_image_tokens, enabled=progress, desc=method)
@@ -308,7 +310,7 @@ def decode_fronts(
             generated = generated_mask(count, width, fronts.index)
             fronts.state.committed = count.sum(1)
             block = window if budget is None else pass_window  # each pass's uniforms: [4, H, block] an image
-            draft = pass_drafts(fronts, generators, plan, generated, initialiser, block, trees)
+            draft = pass_drafts(fronts, plan, generated, initialiser, block, trees)
             target_probs, slot_tokens, accept = score_and_verify(
                 fronts, scorer, plan, generated, s, rule, trees, first, draft
             )

@@ -18,7 +18,7 @@ from torch import Tensor
 from ..acceptance import AcceptanceRule
 from ..draft_trees import neighbour_candidates, residual_ladder, without_replacement
 from ..proposers import RESIDUAL
-from ..sampling import draw_uniforms, sample_from_probs, to_device
+from ..sampling import UniformStream, sample_from_probs
 from ..scoring import GuidedScorer
 from .plan import PassPlan, front_outputs, pass_inputs, visibility
 
@@ -58,11 +58,15 @@ class FrontTrees:
         self.side = None
         return commits + extended.long()
 
-    def uniforms(self, generators: list[torch.Generator], height: int, device) -> Tensor:
+    def draws_per_pass(self, height: int) -> int:
+        """The uniforms `uniforms` takes a pass, per image."""
+        return height * 2 * self.branch
+
+    def uniforms(self, draws: UniformStream, height: int) -> Tensor:
         """Each image's block for this pass [B, H, 2K]: per row, K - 1 candidate draws, K - 1 candidate
         tests, the draw after the last rejection, the side node's draw."""
-        block = draw_uniforms(generators, height * 2 * self.branch)
-        return to_device(block, device).view(len(generators), height, 2 * self.branch)
+        block = draws.take(self.draws_per_pass(height))
+        return block.view(block.shape[0], height, 2 * self.branch)
 
 
 @dataclass

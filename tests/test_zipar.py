@@ -292,12 +292,12 @@ def test_plan_and_commits_of_cross_row_fronts():
     # row 0 accepts its first draft only: it commits columns 3 (draft) and 4 (residual); the
     # row-0 columns known as fed are 0..3, so row 1 keeps (1, 1) and (1, 2), not (1, 3)
     accept = torch.tensor([[True, False, False, True, True, False]])
-    valid, commits, good = zipar.plan.valid_commits(plan, accept, count, 6, 2)
+    valid, commits, good = zipar.plan.valid_commits(plan, accept, count)
     assert valid.tolist() == [[True, True, True, True, True, False]]
     assert good.tolist() == [[1, 2, 0, 0]]
     assert commits.tolist() == [[2, 2, 0, 0]]  # row 1: two accepted drafts, no extra token after an invalid slot
     # without leaning fronts the plain rule: leading accepts + 1
-    valid, commits, _ = zipar.plan.valid_commits(plain, torch.tensor([[True, False, False, False]]), count, 6, 2)
+    valid, commits, _ = zipar.plan.valid_commits(plain, torch.tensor([[True, False, False, False]]), count)
     assert commits.tolist() == [[2, 1, 0, 0]] and valid.all()
 
 
@@ -351,7 +351,7 @@ def test_cross_row_windows_and_commits_equal_the_row_loops():
         accept = plan.has_draft & (torch.rand(plan.slot.shape, generator=gen) < 0.7)
         if trial % 3 == 0:  # any accept, the last slot of a front included
             accept = torch.rand(plan.slot.shape, generator=gen) < 0.7
-        fast = zipar.plan.valid_commits(plan, accept, count, width, s)
+        fast = zipar.plan.valid_commits(plan, accept, count)
         loop = commits_row_by_row(plan, accept, count, width, s)
         assert all(torch.equal(a, b) for a, b in zip(fast, loop, strict=True)), trial
     assert chains > 50  # fronts leaning on fronts that lean: the case the loops chained

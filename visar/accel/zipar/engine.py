@@ -121,8 +121,7 @@ class CarriedDrafts:
         self.valid.scatter_(1, stored, True)
         if plan.leans is not None:
             self.valid.scatter_(1, torch.where(plan.leans, target, self.num_tokens), False)
-        self.valid[:, : self.num_tokens] &= ~generated
-        self.valid[:, self.num_tokens] = False
+        self.valid &= F.pad(~generated, (0, 1))  # generated indices, and the scratch column N, hold no draft
         self.pack(stored, laws)
 
     def pack(self, stored: Tensor, laws: Tensor):
@@ -136,11 +135,12 @@ class CarriedDrafts:
         source = torch.full_like(self.tokens, -1)
         source.scatter_(1, stored, torch.arange(stored.shape[1], device=device).expand(batch, -1))
         new_slot = source.gather(1, index)  # [B, K]: the input of this pass that stored it, -1 for older
-        packed = laws.gather(1, new_slot.clamp(min=0)[..., None].expand(-1, -1, vocab))
-        older = (new_slot < 0) & live.gather(1, index)
-        if bool(older.any()):
-            b, k = older.nonzero(as_tuple=True)
-            packed[b, k] = self.probs[b, self.entry[b, index[b, k]]]
+        # one gather from [earlier laws | this pass's]: an older live draft's law sits at its entry, which
+        # is below the earlier K (an index not live may keep a stale entry: clamped, its row is unread)
+        earlier = self.probs.shape[1]
+        older_entry = self.entry.gather(1, index).clamp(max=max(earlier - 1, 0))
+        law_row = torch.where(new_slot >= 0, new_slot + earlier, older_entry)  # [B, K]
+        packed = torch.cat([self.probs, laws], 1).gather(1, law_row[..., None].expand(-1, -1, vocab))
         self.entry.scatter_(1, index, torch.arange(size, device=device).expand(batch, -1))
         self.probs = packed
 
@@ -248,11 +248,11 @@ def commit_fronts(
     """Write each front's commit (its leading accepted drafts and one token more) into the tokens
     and the record -> commits [B, H], each input's front's commits [B, M], and each front's leading
     accepted drafts that held [B, H]. rules: (s, whether the plan has cross-row drafts, the fronts'
-    trees or None)."""
-    s, cross_row, trees = rules
+    trees or None); the plan carries what the cross-row checks need of s."""
+    _, cross_row, trees = rules
     count, num_tokens = fronts.count, fronts.state.num_tokens
     width = num_tokens // count.shape[1]
-    valid, commits, good = valid_commits(plan, accept, count, width, s, cross_row)
+    valid, commits, good = valid_commits(plan, accept, count, cross_row)
     extended = commits  # a taken side candidate commits its side node's draw too
     if trees is not None:
         extended = trees.extend(plan, valid, commits, count, width)

@@ -75,6 +75,7 @@ class PassPlan:
     above_start: Tensor | None = None  # [B, M] image index of row r - 1's first draft (N when none)
     above_drafts: Tensor | None = None  # [B, H] drafts row r - 1 feeds in this pass
     leans: Tensor | None = None  # [B, M] bool: predicts (r, c) with c + s - 1 past row r - 1's generated tokens
+    need: Tensor | None = None  # [B, M] c + s - count[r - 1]: of row r - 1's drafts, how many it needs to hold
 
     @property
     def real(self) -> Tensor:
@@ -191,9 +192,9 @@ def plan_pass(
     length = window_len.gather(1, row)
     input_index = (newest.gather(1, row) + slot).masked_fill(padding, num_tokens - 1)
     predicts = slot < length
-    above_start = leans = None  # without cross-row drafts no slot leans on the row above
+    above_start = leans = need = None  # without cross-row drafts no slot leans on the row above
     if cross_row:
-        above_start, leans = leaning_slots(above, above_drafts, row, input_index, predicts, width, s)
+        above_start, leans, need = leaning_slots(above, above_drafts, row, input_index, predicts, width, s)
     return PassPlan(
         row,
         slot,
@@ -208,6 +209,7 @@ def plan_pass(
         above_start,
         above_drafts,
         leans,
+        need,
     )
 
 
@@ -225,16 +227,18 @@ def fed_alone(count: Tensor, fed: Tensor, window_len: Tensor, width: int) -> tup
 
 def leaning_slots(
     above: Tensor, above_drafts: Tensor, row: Tensor, input_index: Tensor, predicts: Tensor, width: int, s: int
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor]:
     """Cross-row fronts: each input's above_start (image index of the row above's first draft of this
-    pass, N when it feeds none) and whether it leans (predicts (r, c) with c + s - 1 past the row
-    above's generated tokens) -> two [B, M]."""
+    pass, N when it feeds none), whether it leans (predicts (r, c) with c + s - 1 past the row above's
+    generated tokens) and its need (c + s - count[r - 1]: the row above's drafts it needs) -> three
+    [B, M]. Row 0 has no drafts above (above_drafts 0)."""
     num_tokens = above.shape[1] * width
     above_count = above.gather(1, row)
-    leans_on_drafts = predicts & (row > 0) & (above_drafts.gather(1, row) > 0)
-    above_start = torch.where(leans_on_drafts, (row - 1) * width + above_count, num_tokens)
-    leans = predicts & (above_count < width) & ((input_index + 1) % width + s > above_count)
-    return above_start, leans
+    need = (input_index + 1) % width + s - above_count
+    leans = predicts & (above_count < width) & (need > 0)
+    sees_drafts = predicts & (above_drafts.gather(1, row) > 0)
+    above_start = torch.where(sees_drafts, (row - 1) * width + above_count, num_tokens)
+    return above_start, leans, need
 
 
 def generated_mask(count: Tensor, width: int, index: GridIndex | None = None) -> Tensor:
@@ -274,7 +278,7 @@ def pass_inputs(plan: PassPlan, tokens: Tensor, drafts: Tensor | None) -> Tensor
 
 
 def valid_commits(
-    plan: PassPlan, accept: Tensor | None, count: Tensor, width: int, s: int, cross_row: bool = True
+    plan: PassPlan, accept: Tensor | None, count: Tensor, cross_row: bool = True
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Which slots' outputs hold, and how many tokens each front commits.
 
@@ -305,11 +309,9 @@ def valid_commits(
         good = torch.where(plan.window_len > 0, first, 0)
         return plan.predicts, torch.where(plan.window_len > 0, first + 1, 0), good
     # A leaning slot predicting (r, c) holds when the row above's columns known after this pass reach
-    # c + s - 1: count[r - 1] + good[r - 1] >= need = c + s - count[r - 1], i.e. good[r - 1] >= need.
-    above_count = count.roll(1, 1).gather(1, plan.row)  # row 0 never leans: roll's wrap is unread
-    need = (plan.input_index + 1) % width + s - above_count  # [B, M]
-    good = compose_down(leading_held_table(plan, accept, need, never))  # [B, H]
-    holds = ~plan.leans | (good.roll(1, 1).gather(1, plan.row) >= need)
+    # c + s - 1: count[r - 1] + good[r - 1] >= c + s, i.e. good[r - 1] >= need.
+    good = compose_down(leading_held_table(plan, accept, plan.need, never))  # [B, H]
+    holds = ~plan.leans | (good.roll(1, 1).gather(1, plan.row) >= plan.need)  # row 0 never leans: roll's wrap unread
     valid = plan.predicts & holds
     stop = plan.predicts & ~(accept & valid)
     # the first stop held (a rejected draft, not a slot whose context failed): it commits its output too

@@ -127,8 +127,9 @@ def windows_past_reach(
     """
     leans = (count > 0) & (above < width)  # row starts (and row 0) keep the plain rule
     drafts = torch.arange(-1, width, device=count.device).clamp(min=0)  # [W + 1] drafts of an above window 0 .. W
-    reach_past_count = above - s + 1 - count  # reach - count where the row leans (above < W)
-    leaning = capped(reach_past_count[..., None] + drafts, cap).clamp(max=width)  # [B, H, W + 1]
+    reach_past_count = above - count - (s - 1)  # reach - count where the row leans (above < W)
+    cap = min(cap, width) if isinstance(cap, int) else cap.clamp(max=width)
+    leaning = capped(reach_past_count[..., None] + drafts, cap)  # [B, H, W + 1]
     window_len = compose_down(torch.where(leans[..., None], leaning, plain_window[..., None]))
     above_drafts = (window_len.roll(1, 1) - 1).clamp(min=0) * leans  # row 0 never leans: roll's wrap is unread
     return window_len, above_drafts
@@ -262,9 +263,10 @@ def visibility(plan: PassPlan, generated: Tensor, s: int | None = None, index: G
     visible = (slots <= k) & earlier_or_own | (slots == k)
     if plan.above_start is not None and s is not None:
         width = generated.shape[1] // plan.window_len.shape[1]
-        last_needed = k - width + s  # (r - 1, c + s - 1) for k + 1 = (r, c)
-        drafts_end = plan.above_start[..., None] + plan.above_drafts.gather(1, plan.row)[..., None]
-        visible |= (slots >= plan.above_start[..., None]) & (slots <= last_needed) & (slots < drafts_end)
+        # up to (r - 1, c + s - 1) for k + 1 = (r, c), and up to the last draft the row above feeds
+        drafts_end = plan.above_start + plan.above_drafts.gather(1, plan.row)
+        end = torch.minimum(plan.input_index + (s + 1 - width), drafts_end)  # [B, M], exclusive
+        visible |= (slots >= plan.above_start[..., None]) & (slots < end[..., None])
     return visible
 
 
@@ -272,8 +274,7 @@ def pass_inputs(plan: PassPlan, tokens: Tensor, drafts: Tensor | None) -> Tensor
     """The token fed at every input [B, M]: a generated token, a row start's stand-in, or a draft."""
     fed = tokens.gather(1, plan.source)
     if drafts is not None:  # slot i > 0 feeds the draft made for the slot before it
-        previous = torch.cat([drafts[:, :1], drafts[:, :-1]], 1)
-        fed = torch.where(plan.slot > 0, previous, fed)
+        fed = torch.where(plan.slot > 0, F.pad(drafts[:, :-1], (1, 0)), fed)
     return fed
 
 
@@ -313,9 +314,9 @@ def valid_commits(
     good = compose_down(leading_held_table(plan, accept, plan.need, never))  # [B, H]
     holds = ~plan.leans | (good.roll(1, 1).gather(1, plan.row) >= plan.need)  # row 0 never leans: roll's wrap unread
     valid = plan.predicts & holds
-    stop = plan.predicts & ~(accept & valid)
-    # the first stop held (a rejected draft, not a slot whose context failed): it commits its output too
-    stop_held = stop & valid & (plan.slot == good.gather(1, plan.row))
+    # the first stop held (a rejected draft, not a slot whose context failed): it commits its output too;
+    # a stop that holds is a valid slot not accepted
+    stop_held = valid & ~accept & (plan.slot == good.gather(1, plan.row))
     stop_holds = torch.zeros_like(count, dtype=torch.bool).scatter_reduce(1, plan.row, stop_held, reduce="amax")
     commits = (good + stop_holds) * (plan.window_len > 0)
     return valid, commits, good

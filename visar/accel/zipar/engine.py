@@ -221,7 +221,7 @@ def pass_drafts(fronts: Fronts, plan: PassPlan, generated: Tensor, initialiser, 
     height = fronts.count.shape[1]
     uniforms = pass_uniforms(fronts.draws, plan, height, window)
     tree_u = None if trees is None else trees.uniforms(fronts.draws, height)
-    if window == 1 or not bool(plan.has_draft.any()):  # a pass of one slot per front has no drafts
+    if not plan.drafts:  # a pass of one slot per front has no drafts
         return PassDraft(None, None, uniforms, tree_u, uniforms[:, RESIDUAL])
     target = plan.input_index + 1
     draft_tokens, draft_probs = fronts.carried.propose(

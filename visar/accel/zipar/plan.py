@@ -63,6 +63,7 @@ class PassPlan:
     predicts: Tensor  # [B, M] bool: its logits predict input_index + 1 (False: fed for its KV only, or padding)
     length: Tensor  # [B, M] its front's window (0: a row that only feeds; padding sits past its row's window)
     padding: Tensor  # [B, M] bool: no input (the image has fewer than M)
+    drafts: bool  # some slot has a draft (some front's window has 2 slots or more)
     source: Tensor  # [B, M] image index of the token its input feeds (slot 0's: see `plan_pass`; others feed drafts)
     window_len: Tensor  # [B, H] slots of each row's predicting window, 0 = the row does not predict
     feed_only: Tensor  # [B, H] bool: the row only feeds its newest token (for its KV)
@@ -180,7 +181,7 @@ def plan_pass(
     feed_only, fed_by_next = fed_alone(count, fed, window_len, width)
     inputs = window_len + feed_only  # [B, H] inputs of each row's front
     ends = inputs.cumsum(1)
-    num_inputs = int(ends.max())  # the pass width (a host sync)
+    num_inputs, drafts = pass_width(ends, window_len, window)  # a host sync
     m = torch.arange(num_inputs, device=count.device).expand(batch, -1).contiguous()
     row = torch.searchsorted(ends, m, right=True)  # [B, M]
     padding = row >= height
@@ -203,6 +204,7 @@ def plan_pass(
         predicts,
         length,
         padding,
+        drafts,
         source,
         window_len,
         feed_only,
@@ -212,6 +214,15 @@ def plan_pass(
         leans,
         need,
     )
+
+
+def pass_width(ends: Tensor, window_len: Tensor, window: int) -> tuple[int, bool]:
+    """The pass width M (the most inputs of any image, ends [B, H] their cumulative counts by row) and
+    whether any front drafts (a window of 2 slots or more), read back together."""
+    if window == 1:  # a window of one slot has no draft
+        return int(ends.max()), False
+    num_inputs, longest = torch.stack([ends.max(), window_len.max()]).tolist()
+    return num_inputs, longest > 1
 
 
 def fed_alone(count: Tensor, fed: Tensor, window_len: Tensor, width: int) -> tuple[Tensor, Tensor]:

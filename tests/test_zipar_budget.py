@@ -20,8 +20,9 @@ from visar.accel import budget, get_method
 from visar.accel.budget import FrontBudget, PassCosts, SurvivalCounts, pin_costs
 from visar.accel.drafts import resolve_initialiser
 from visar.accel.registry import Request
-from visar.accel.sampling import SamplingParams, make_generators
+from visar.accel.sampling import SamplingParams, UniformStream, make_generators
 from visar.accel.zipar import budgets
+from visar.accel.zipar import engine as zipar_engine
 from visar.accel.zipar.budgets import front_shapes
 from visar.accel.zipar.engine import decode_fronts
 from visar.accel.zipar.plan import plan_pass
@@ -96,17 +97,26 @@ def test_joint_law_is_exact_under_an_auto_budget(model9, choosing_every_pass, na
     assert len([size for size, passes in chosen.items() if passes > SAMPLES // 40 // 10]) >= 2, chosen
 
 
+def upcoming(stream: UniformStream, count: int) -> torch.Tensor:
+    """Image 0's next `count` uniforms from a UniformStream, without taking them: what its buffer
+    holds, then what its generator would draw next (through a copy of its state)."""
+    held = stream.buffer[0, stream.used :][:count].cpu()
+    generator = stream.generators[0]
+    state = generator.get_state()
+    fresh = torch.rand(count - len(held), generator=generator)
+    generator.set_state(state)
+    return torch.cat([held, fresh])
+
+
 class PeekingFronts:
     """Negative control: a budget that reads image 0's next accept uniform for row 1's first slot
-    (through a copy of its generator) and drafts only when that test will pass easily."""
+    (ahead in the decode's UniformStream, `streams[-1]`) and drafts only when that test will pass easily."""
 
-    def __init__(self, generator, height: int):
-        self.generator, self.height = generator, height
+    def __init__(self, streams: list, height: int):
+        self.streams, self.height = streams, height
 
     def size(self, count):
-        state = self.generator.get_state()
-        block = torch.rand(4 * self.height * 2, generator=self.generator).view(4, self.height, 2)
-        self.generator.set_state(state)
+        block = upcoming(self.streams[-1], 4 * self.height * 2).view(4, self.height, 2)
         return 2 if block[0, 1, 0] < 0.5 else 1  # purpose 0 is ACCEPT (jacobi.ACCEPT)
 
     def count(self, *outcome):
@@ -120,12 +130,16 @@ class PeekingFronts:
 
 
 @pytest.mark.slow
-def test_a_front_budget_that_peeks_at_the_next_uniforms_is_detected(model):
+def test_a_front_budget_that_peeks_at_the_next_uniforms_is_detected(model, monkeypatch):
     params, label, tokens = CFG_TOPK, 1, []
+    streams = []  # each decode's UniformStream, caught as the fronts make it
+    monkeypatch.setattr(
+        zipar_engine, "UniformStream", lambda *args, **kw: streams.append(UniformStream(*args, **kw)) or streams[-1]
+    )
     for i in range(3000):
         generators = make_generators(1, 4000 + i)
         request = Request(model, torch.tensor([label]), params, generators)
-        peeking = PeekingFronts(generators[0], 2)
+        peeking = PeekingFronts(streams, 2)
         out, _ = decode_fronts(request, s=2, window=2, initialiser=resolve_initialiser("random"), budget=peeking)
         tokens.append(out)
     pvalue, tv, _ = compare_laws(sequence_index(torch.cat(tokens), VOCAB), exact_law(model, label, params))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ...models.base import RasterModel
@@ -22,20 +23,22 @@ from ..drafts import DecodeState, FillRequest, random_init
 from ..jacobi import check_spans, image_keys
 from ..proposers import CARRY, DRAFT, NUM_PURPOSES, RESIDUAL, CarryRequest, independent_carry
 from ..registry import Request
-from ..sampling import draw_uniforms, to_device
+from ..sampling import UniformStream, draw_uniforms, to_device
 from ..scoring import GuidedScorer
-from ..stats import DecodeLog
 from .plan import (
+    GridIndex,
     PassPlan,
     fed_after_pass,
     front_outputs,
     generated_mask,
+    grid_index,
     pass_inputs,
     plan_pass,
     token_grid,
     valid_commits,
     visibility,
 )
+from .record import FrontRecord
 from .tree_fronts import FrontTrees, tree_pass
 
 
@@ -108,15 +111,17 @@ class CarriedDrafts:
         index = target.clamp(max=self.num_tokens - 1)
         # no relaxed rule on fronts: every slot token follows p
         next_drafts, laws = updater(CarryRequest(state, target_probs, slot_tokens, target_probs, index, uniforms))
-        after = plan.predicts & ~plan.leans & (plan.slot >= lane_commits)
+        after = plan.predicts & (plan.slot >= lane_commits)
+        if plan.leans is not None:
+            after &= ~plan.leans
         stored = torch.where(after, target, self.num_tokens)  # [B, M] (N: nowhere)
         self.tokens.scatter_(1, stored, next_drafts)
         if age is not None:
             self.age.scatter_(1, stored, age + 1)
-        self.valid.scatter_(1, stored, torch.ones_like(plan.leans))
-        self.valid.scatter_(1, torch.where(plan.leans, target, self.num_tokens), torch.zeros_like(plan.leans))
-        self.valid[:, : self.num_tokens] &= ~generated
-        self.valid[:, self.num_tokens] = False
+        self.valid.scatter_(1, stored, True)
+        if plan.leans is not None:
+            self.valid.scatter_(1, torch.where(plan.leans, target, self.num_tokens), False)
+        self.valid &= F.pad(~generated, (0, 1))  # generated indices, and the scratch column N, hold no draft
         self.pack(stored, laws)
 
     def pack(self, stored: Tensor, laws: Tensor):
@@ -130,39 +135,35 @@ class CarriedDrafts:
         source = torch.full_like(self.tokens, -1)
         source.scatter_(1, stored, torch.arange(stored.shape[1], device=device).expand(batch, -1))
         new_slot = source.gather(1, index)  # [B, K]: the input of this pass that stored it, -1 for older
-        packed = laws.gather(1, new_slot.clamp(min=0)[..., None].expand(-1, -1, vocab))
-        older = (new_slot < 0) & live.gather(1, index)
-        if bool(older.any()):
-            b, k = older.nonzero(as_tuple=True)
-            packed[b, k] = self.probs[b, self.entry[b, index[b, k]]]
+        # one gather from [earlier laws | this pass's]: an older live draft's law sits at its entry, which
+        # is below the earlier K (an index not live may keep a stale entry: clamped, its row is unread)
+        earlier = self.probs.shape[1]
+        older_entry = self.entry.gather(1, index).clamp(max=max(earlier - 1, 0))
+        law_row = torch.where(new_slot >= 0, new_slot + earlier, older_entry)  # [B, K]
+        packed = torch.cat([self.probs, laws], 1).gather(1, law_row[..., None].expand(-1, -1, vocab))
         self.entry.scatter_(1, index, torch.arange(size, device=device).expand(batch, -1))
         self.probs = packed
 
 
-def pass_uniforms(generators: list[torch.Generator], plan: PassPlan, height: int, window: int) -> Tensor:
+def pass_uniforms(draws: UniformStream, plan: PassPlan, height: int, window: int) -> Tensor:
     """Jacobi fronts: each image's block [4, H, window] for this pass, read at (purpose, row, slot) of
     every input -> [B, 4, M]."""
-    device = plan.row.device
-    block = to_device(draw_uniforms(generators, NUM_PURPOSES * height * window), device).view(
-        len(generators), NUM_PURPOSES, -1
-    )
+    block = draws.take(NUM_PURPOSES * height * window).view(plan.row.shape[0], NUM_PURPOSES, -1)
     lane = (plan.row * window + plan.slot.clamp(max=window - 1))[:, None].expand(-1, NUM_PURPOSES, -1)
     return block.gather(2, lane)
 
 
 def score_fronts(
-    scorer: GuidedScorer, plan: PassPlan, tokens: Tensor, count: Tensor, generated: Tensor, s: int, drafts, first: bool
+    scorer: GuidedScorer, plan: PassPlan, tokens: Tensor, generated: Tensor, s: int, drafts, first: bool, index
 ) -> Tensor:
     """One pass over every front's inputs -> target probs [B, M, V] (the first pass: the condition
-    prefill, which predicts token 0: [B, 1, V])."""
+    prefill, which predicts token 0: [B, 1, V]); index: the grid's `GridIndex`."""
     if first:
         return scorer.prefill()[:, None]
-    width = generated.shape[1] // count.shape[1]
-    feed = pass_inputs(plan, tokens, count, generated, width, drafts)
-    visible = visibility(plan, generated, s)  # [B, M, N]
+    feed = pass_inputs(plan, tokens, drafts)
+    visible = visibility(plan, generated, s, index)  # [B, M, N]
     num_cond = scorer.model.num_condition_tokens
-    condition = torch.ones(*visible.shape[:2], num_cond, dtype=torch.bool, device=visible.device)
-    mask = torch.cat([condition, visible], -1)
+    mask = F.pad(visible, (num_cond, 0), value=True)  # every input sees the condition
     return scorer.target_probs(scorer.logits(feed, num_cond + plan.input_index, mask=mask))
 
 
@@ -174,25 +175,33 @@ class Fronts:
     count: Tensor  # [B, H] generated tokens of each row
     fed: Tensor  # [B, H] of those, how many have their KV cached
     state: DecodeState  # what initialisers and updaters read
+    index: GridIndex  # the grid's index tensors
     carried: CarriedDrafts | None  # Jacobi fronts: the drafts of earlier passes
-    position_uniforms: Tensor | None  # plain fronts: ar.py's draws [B, N], token i uses uniform i
+    draws: UniformStream | None  # Jacobi fronts: each image's uniforms, pass after pass
+    position_uniforms: Tensor | None  # plain fronts: ar.py's draws [B, N + 1], token i uses uniform i (N: padding's)
 
     @classmethod
-    def start(cls, model: RasterModel, generators: list[torch.Generator], speculative: bool) -> Fronts:
+    def start(cls, model: RasterModel, generators: list[torch.Generator], window: int, trees) -> Fronts:
+        """window: slots per front (1: plain fronts); trees: the fronts' `FrontTrees`, or None."""
         height, width = model.grid_size
         batch, num_tokens, vocab, device = len(generators), model.num_image_tokens, model.vocab_size, model.device
-        carried = position_uniforms = None
-        if speculative:
+        carried = position_uniforms = draws = None
+        if window > 1:
             keys = image_keys(generators, device)
             carried = CarriedDrafts(batch, num_tokens, vocab, device)
+            # each pass's uniforms, the same numbers as a draw per pass, drawn 16 of the largest passes at a time
+            per_pass = NUM_PURPOSES * height * window + (0 if trees is None else trees.draws_per_pass(height))
+            draws = UniformStream(generators, device, block=16 * per_pass)
         else:
             keys = torch.zeros(batch, dtype=torch.long, device=device)
             position_uniforms = to_device(draw_uniforms(generators, num_tokens), device)
+            position_uniforms = torch.cat([position_uniforms, position_uniforms[:, -1:]], 1)
         tokens = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
         count = torch.zeros(batch, height, dtype=torch.long, device=device)
         # window = N in the state because one pass spans up to the whole grid
         state = DecodeState(tokens, count.sum(1), keys, num_tokens, vocab, (height, width), num_tokens)
-        return cls(tokens, count, torch.zeros_like(count), state, carried, position_uniforms)
+        index = grid_index((height, width), device)
+        return cls(tokens, count, torch.zeros_like(count), state, index, carried, draws, position_uniforms)
 
 
 class PassDraft(NamedTuple):
@@ -205,15 +214,14 @@ class PassDraft(NamedTuple):
     draws: Tensor  # [B, M] each slot's draw: ar.py's uniform of its index (plain fronts), else the residual's
 
 
-def pass_drafts(fronts: Fronts, generators, plan: PassPlan, generated: Tensor, initialiser, window: int, trees):
+def pass_drafts(fronts: Fronts, plan: PassPlan, generated: Tensor, initialiser, window: int, trees):
     """This pass's randomness and drafts -> PassDraft."""
     if fronts.carried is None:
-        target = (plan.input_index + 1).clamp(max=fronts.state.num_tokens - 1)  # N: scratch
-        return PassDraft(None, None, None, None, fronts.position_uniforms.gather(1, target))
+        return PassDraft(None, None, None, None, fronts.position_uniforms.gather(1, plan.input_index + 1))
     height = fronts.count.shape[1]
-    uniforms = pass_uniforms(generators, plan, height, window)
-    tree_u = None if trees is None else trees.uniforms(generators, height, plan.row.device)
-    if window == 1 or not bool(plan.has_draft.any()):  # a pass of one slot per front has no drafts
+    uniforms = pass_uniforms(fronts.draws, plan, height, window)
+    tree_u = None if trees is None else trees.uniforms(fronts.draws, height)
+    if not plan.drafts:  # a pass of one slot per front has no drafts
         return PassDraft(None, None, uniforms, tree_u, uniforms[:, RESIDUAL])
     target = plan.input_index + 1
     draft_tokens, draft_probs = fronts.carried.propose(
@@ -227,7 +235,7 @@ def score_and_verify(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One pass -> target probs [B, M, V], slot tokens [B, M], accept [B, M]; draft: `pass_drafts`' PassDraft."""
     if trees is None or first:
-        target_probs = score_fronts(scorer, plan, fronts.tokens, fronts.count, generated, s, draft.tokens, first)
+        target_probs = score_fronts(scorer, plan, fronts.tokens, generated, s, draft.tokens, first, fronts.index)
         outputs = front_outputs(rule, plan, target_probs, draft.tokens, draft.probs, draft.uniforms, draft.draws)
         return target_probs, *outputs
     context = (fronts.tokens, fronts.count, generated, s)
@@ -235,27 +243,24 @@ def score_and_verify(
 
 
 def commit_fronts(
-    fronts: Fronts, plan: PassPlan, accept: Tensor, slot_tokens: Tensor, log: DecodeLog, forward_pass: int, rules
+    fronts: Fronts, plan: PassPlan, accept: Tensor, slot_tokens: Tensor, log: FrontRecord, forward_pass: int, rules
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Write each front's commit (its leading accepted drafts and one token more) into the tokens
-    and the log -> commits [B, H], each input's front's commits [B, M], and each front's leading
+    and the record -> commits [B, H], each input's front's commits [B, M], and each front's leading
     accepted drafts that held [B, H]. rules: (s, whether the plan has cross-row drafts, the fronts'
-    trees or None)."""
-    s, cross_row, trees = rules
+    trees or None); the plan carries what the cross-row checks need of s."""
+    _, cross_row, trees = rules
     count, num_tokens = fronts.count, fronts.state.num_tokens
     width = num_tokens // count.shape[1]
-    valid, commits, good = valid_commits(plan, accept, count, width, s, cross_row)
-    if trees is not None:  # a taken side candidate commits its side node's draw too
-        commits = trees.extend(plan, valid, commits, count, width)
-    lane_commits, lane_good = commits.gather(1, plan.row), good.gather(1, plan.row)
-    target = plan.input_index + 1
-    keep = plan.predicts & (plan.slot < lane_commits)
-    fronts.tokens.scatter_(1, torch.where(keep, target, num_tokens), slot_tokens)
-    log.commit(target, keep, forward_pass)
-    tested = plan.has_draft & valid & (plan.slot <= lane_good)
-    log.drafts(target, plan.slot, tested, plan.has_draft & (plan.slot < lane_good))
-    log.count_pass(count[:, -1] < width)
-    return commits, lane_commits, good
+    valid, commits, good = valid_commits(plan, accept, count, cross_row)
+    extended = commits  # a taken side candidate commits its side node's draw too
+    if trees is not None:
+        extended = trees.extend(plan, valid, commits, count, width)
+    log.write(count, extended, commits, good, plan.window_len, forward_pass)
+    lane_commits = extended.gather(1, plan.row)
+    skip = plan.slot >= lane_commits  # a front commits at most its window: every slot kept predicts
+    fronts.tokens.scatter_(1, (plan.input_index + 1).masked_fill(skip, num_tokens), slot_tokens)
+    return extended, lane_commits, good
 
 
 @torch.no_grad()
@@ -285,10 +290,9 @@ def decode_fronts(
     check_lag(s)
     check_spans(window, 0, 0)
     window, speculative = min(window, width), window > 1
-    fronts = Fronts.start(model, generators, speculative)
+    fronts = Fronts.start(model, generators, window, trees)
     scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
-    log = DecodeLog(len(generators), (height, width), window, model.device)
-    max_fronts = torch.zeros((), dtype=torch.long, device=model.device)
+    log = FrontRecord(len(generators), (height, width), window, model.device)
     bar = progress_bar(total=model.num_image_tokens, enabled=progress, desc=method)
     scratch = 0 if trees is None else trees.scratch(height)
     sizes_chosen: dict[int, int] = {}  # window -> passes (under a budget)
@@ -298,16 +302,15 @@ def decode_fronts(
             pass_window = 1 if first else window if budget is None else budget.size(count)
             if pass_window is None:  # a probe's last timed pass
                 break
-            plan = plan_pass(count, fronts.fed, (height, width), s, pass_window, cross_row and not first)
+            plan = plan_pass(count, fronts.fed, (height, width), s, pass_window, cross_row and not first, fronts.index)
             if plan.row.shape[1] == 0:
                 break
             if budget is not None and not first:
                 sizes_chosen[pass_window] = sizes_chosen.get(pass_window, 0) + 1
-            max_fronts = torch.maximum(max_fronts, (plan.window_len > 0).sum(1).max())
-            generated = generated_mask(count, width)
+            generated = generated_mask(count, width, fronts.index)
             fronts.state.committed = count.sum(1)
             block = window if budget is None else pass_window  # each pass's uniforms: [4, H, block] an image
-            draft = pass_drafts(fronts, generators, plan, generated, initialiser, block, trees)
+            draft = pass_drafts(fronts, plan, generated, initialiser, block, trees)
             target_probs, slot_tokens, accept = score_and_verify(
                 fronts, scorer, plan, generated, s, rule, trees, first, draft
             )
@@ -324,7 +327,7 @@ def decode_fronts(
             # slot per front leaves none; the drafts of indices it generated stay flagged until the next
             # carry-over clears them, and nothing reads a generated index's draft.
             if speculative and not (budget is not None and pass_window == 1):
-                after_pass = generated_mask(count + commits, width)
+                after_pass = generated_mask(count + commits, width, fronts.index)
                 carry_u = draft.uniforms[:, CARRY]
                 fronts.carried.carry_over(
                     updater, plan, fronts.state, target_probs, slot_tokens, lane_commits, carry_u, after_pass, age
@@ -335,7 +338,7 @@ def decode_fronts(
                 bar.update(int(fronts.count.sum(1).min()) - bar.n)
     bar.close()
     stats = log.stats(scorer.forward_passes)
-    stats.update(s=s, max_fronts=int(max_fronts))
+    stats.update(s=s, max_fronts=log.max_fronts())
     if speculative:
         stats.update(window=window, cross_row=cross_row)
     if budget is not None:

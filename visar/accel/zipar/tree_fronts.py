@@ -18,7 +18,7 @@ from torch import Tensor
 from ..acceptance import AcceptanceRule
 from ..draft_trees import neighbour_candidates, without_replacement
 from ..proposers import RESIDUAL
-from ..sampling import draw_uniforms, sample_from_probs, to_device
+from ..sampling import UniformStream, sample_from_probs
 from ..scoring import GuidedScorer
 from ..tree_verify import residual_ladder
 from .plan import PassPlan, front_outputs, pass_inputs, visibility
@@ -59,11 +59,15 @@ class FrontTrees:
         self.side = None
         return commits + extended.long()
 
-    def uniforms(self, generators: list[torch.Generator], height: int, device) -> Tensor:
+    def draws_per_pass(self, height: int) -> int:
+        """The uniforms `uniforms` takes a pass, per image."""
+        return height * 2 * self.branch
+
+    def uniforms(self, draws: UniformStream, height: int) -> Tensor:
         """Each image's block for this pass [B, H, 2K]: per row, K - 1 candidate draws, K - 1 candidate
         tests, the draw after the last rejection, the side node's draw."""
-        block = draw_uniforms(generators, height * 2 * self.branch)
-        return to_device(block, device).view(len(generators), height, 2 * self.branch)
+        block = draws.take(self.draws_per_pass(height))
+        return block.view(block.shape[0], height, 2 * self.branch)
 
 
 @dataclass
@@ -105,7 +109,7 @@ def front_candidates(
     base = draft_q.gather(1, first[..., None].expand(-1, -1, draft_q.shape[-1]))
     fixed = None
     if trees.neighbours:
-        index = plan.draft_start.gather(1, first).clamp(max=canvas.shape[1] - 2)
+        index = (plan.input_index + 1).gather(1, first).clamp(max=canvas.shape[1] - 2)  # rows without trees: unread
         fixed = neighbour_candidates(canvas, index, width, trees.neighbours)
     return without_replacement(base, drafts.gather(1, first), trees.branch, uniforms, fixed)
 
@@ -124,7 +128,7 @@ def score_with_sides(
     tokens, count, generated, s = context
     num_cond, num_tokens, device = scorer.model.num_condition_tokens, generated.shape[1], generated.device
     batch, num_inputs, num_sides = plan.slot.shape[0], plan.slot.shape[1], sides.row.shape[1]
-    feed = pass_inputs(plan, tokens, count, generated, num_tokens // count.shape[1], drafts)
+    feed = pass_inputs(plan, tokens, drafts)
     visible = visibility(plan, generated, s)  # [B, M, N]
     slots = torch.arange(num_tokens, device=device)
     twin = (sides.first_input + 1).gather(1, sides.row).clamp(max=num_inputs - 1)  # [B, S] its slot 1

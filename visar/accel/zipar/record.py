@@ -1,0 +1,71 @@
+"""`FrontRecord`: what a decode of row fronts records a pass, raw, in a device buffer grown a block of
+passes at a time (one copy a pass); the COMMON_STATS follow from it once, at the end.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..stats import DecodeLog
+
+PASSES_PER_BLOCK = 64  # the buffer grows by this many passes (a host-known count: no read-back)
+
+
+class FrontRecord:
+    """Per pass and front (image b, row r): the row's count before the pass, its commits, its commits
+    before a tree's extra token (`valid_commits`' commits), its leading accepted drafts that held
+    (good) and its window; each pass's forward pass number on the host.
+
+    The log follows (`stats`): an image works in a pass while its last row is unfinished; a front's
+    drafts sit in slots 0 .. window - 2 and form prefixes, tested: the first min(commits before the
+    tree, drafts) (its leading accepted drafts and the first stop, if it held), accepted: the first
+    min(good, drafts); the tokens a pass commits are count .. count + commits - 1 of each row.
+    """
+
+    def __init__(self, batch: int, grid_size: tuple[int, int], max_slots: int, device: torch.device):
+        self.log = DecodeLog(batch, grid_size, max_slots, device)  # starts the clock
+        self.shape = (PASSES_PER_BLOCK, 5, batch, grid_size[0])
+        self.blocks: list[Tensor] = []
+        self.forward_pass: list[int] = []  # each record's forward pass number (host ints)
+
+    def write(
+        self, count: Tensor, commits: Tensor, base_commits: Tensor, good: Tensor, window_len: Tensor, forward_pass
+    ):
+        """count, commits, base_commits, good, window_len: [B, H] each; forward_pass: its number (an int)."""
+        slot = len(self.forward_pass) % PASSES_PER_BLOCK
+        if slot == 0:
+            self.blocks.append(torch.empty(self.shape, dtype=torch.long, device=count.device))
+        torch.stack([count, commits, base_commits, good, window_len], out=self.blocks[-1][slot])
+        self.forward_pass.append(forward_pass)
+
+    def max_fronts(self) -> int:
+        """The most fronts that predicted in one pass of one image."""
+        if not self.forward_pass:
+            return 0
+        return int((self.records()[:, 4] > 0).sum(-1).max())
+
+    def records(self) -> Tensor:
+        """[P, 5, B, H] the passes written."""
+        return torch.cat(self.blocks)[: len(self.forward_pass)]
+
+    def stats(self, forward_passes: int) -> dict:
+        log = self.log
+        if not self.forward_pass:
+            return log.stats(forward_passes)
+        count, commits, base_commits, good, window_len = self.records().unbind(1)  # [P, B, H] each
+        log.count_pass((count[..., -1] < log.width).sum(0))
+        drafts = (window_len - 1).clamp(min=0)
+        tested, accepted = base_commits.minimum(drafts), good.minimum(drafts)  # prefix lengths
+        log.tested_by_row += tested.sum((0, 1))
+        log.accepted_by_row += accepted.sum((0, 1))
+        slots = torch.arange(len(log.tested_by_slot), device=count.device)
+        log.tested_by_slot += (tested[..., None] > slots).sum((0, 1, 2))  # fronts whose prefix covers slot j
+        log.accepted_by_slot += (accepted[..., None] > slots).sum((0, 1, 2))
+        # token (r, c) of image b came in the first pass whose commit took row r past c
+        reached = (count + commits).permute(1, 2, 0).flatten(0, 1).contiguous()  # [B * H, P]
+        columns = torch.arange(log.width, device=reached.device).expand(len(reached), -1).contiguous()
+        first = torch.searchsorted(reached, columns, right=True)  # P where no pass reached it
+        passes = torch.tensor([*self.forward_pass, 0], dtype=torch.long, device=reached.device)
+        log.commit_pass[:, : log.num_tokens] = passes[first].view(len(log.commit_pass), -1)
+        return log.stats(forward_passes)

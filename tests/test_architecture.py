@@ -328,3 +328,16 @@ def test_the_test_import_rule_sees_every_form():
     ]:
         assert imported_test_modules(source) == {"test_jacobi"}, source
     assert imported_test_modules("from laws import exact_law\nimport conftest") == set()
+
+
+def test_no_function_in_accel_is_longer_than_60_lines():
+    """A decoding method reads as small parts: a function past 60 lines is a loop or a check that
+    wants a name of its own (the engines' loops are one, `passes.decode_passes`)."""
+    long = []
+    for path in sorted((PACKAGE / "accel").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 60:
+                    long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({lines})")
+    assert not long, long

@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from laws import exact_law, tiny_llamagen
+from laws import LocalLlamaGen, exact_law, tiny_llamagen
 from scipy.stats import chisquare
 
 import visar
@@ -24,7 +24,6 @@ from visar.accel.sampling import SamplingParams, make_generators
 from visar.apps.cli import main
 from visar.errors import VisarError
 from visar.models.lag_mask import lag_training_mask
-from visar.models.llamagen import LlamaGen
 
 SAMPLES = 20_000
 
@@ -630,42 +629,6 @@ def test_initialisers_copy_their_neighbours():
 
 
 # -- wavefront ---------------------------------------------------------------------------------------------
-
-
-class LocalLlamaGen(LlamaGen):
-    """A LlamaGen whose token (r, c) depends only on (r-1, c-1), (r-1, c), (r-1, c+1) and (r, c-1).
-
-    The query predicting (r, c) attends to the condition and to those neighbours only; the query
-    predicting a row start sits at (r - 1, W - 1), whose own input would leak into it, so a row's
-    last token is fed as token 0 (a model that never reads it).
-    """
-
-    dependency_reach = 1
-
-    def forward(self, tokens=None, cond=None, *, input_pos=None, mask=None, cond_mask=None, cache_pos=None):
-        num_cond = self.num_condition_tokens
-        height, width = self.grid_size
-        batch = (tokens if tokens is not None else cond).shape[0]
-        length = (tokens.shape[1] if tokens is not None else 0) + (num_cond if cond is not None else 0)
-        if input_pos is None:
-            start = 0 if cond is not None else num_cond
-            input_pos = torch.arange(start, start + length)
-        if input_pos.dim() == 1:
-            input_pos = input_pos[None].expand(batch, -1)
-        cached = self.layers[0].attention.kv_cache is not None
-        key_pos = torch.arange(self.cache_keys.valid.shape[1])[None].expand(batch, -1) if cached else input_pos
-        if mask is None:
-            mask = self.default_mask(input_pos, key_pos, self.cache_keys.valid if cached else None)
-        target = input_pos - num_cond + 1  # image index each query predicts
-        key = key_pos - num_cond
-        up = target[..., None] // width - key[:, None, :] // width  # rows between target and key
-        side = key[:, None, :] % width - target[..., None] % width
-        neighbour = ((up == 1) & (side.abs() <= 1)) | ((up == 0) & (side == -1))
-        mask = mask & ((key < 0)[:, None, :] | (neighbour & (key >= 0)[:, None, :]))
-        if tokens is not None:
-            token_pos = input_pos[:, -tokens.shape[1] :] - num_cond
-            tokens = torch.where(token_pos % width == width - 1, 0, tokens)
-        return super().forward(tokens, cond, input_pos=input_pos, mask=mask, cache_pos=cache_pos)
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,11 @@ from torch import Tensor
 
 from ...models.base import RasterModel
 from ...models.lag_mask import check_lag
-from ...progress import progress_bar
 from ..acceptance import SPECULATIVE, AcceptanceRule
 from ..budget import FrontBudget, ProbeBudget
 from ..drafts import DecodeState, FillRequest, random_init
 from ..jacobi import check_spans, image_keys
+from ..passes import decode_passes
 from ..proposers import CARRY, DRAFT, NUM_PURPOSES, RESIDUAL, CarryRequest, independent_carry
 from ..registry import Request
 from ..sampling import UniformStream, draw_uniforms, to_device
@@ -263,7 +263,112 @@ def commit_fronts(
     return extended, lane_commits, good
 
 
-@torch.no_grad()
+class FrontPlan(NamedTuple):
+    """One pass of row fronts: its window per front, the plan, and what is generated before it."""
+
+    first: bool  # the condition's prefill, which predicts token 0
+    window: int  # slots per front this pass
+    plan: PassPlan
+    generated: Tensor  # [B, N] the tokens generated before this pass
+
+
+class FrontPasses:
+    """All row fronts of every image, pass after pass; window 1 = plain zipar.
+
+    cross_row (Jacobi fronts only): a front may also predict past its plain reach from the drafts the
+    row above feeds in the same pass (kept only if those drafts are accepted); trees (Jacobi fronts
+    only): each front also drafts K candidates for its first draft (`tree_pass`); budget (Jacobi
+    fronts only): chooses each pass's window per front (at most `window`) from the committed counts
+    (`decode_fronts_under`), or stops a probe that times the engine."""
+
+    def __init__(self, request: Request, s: int, window: int, parts: dict, budget):
+        model = request.model
+        self.desc, self.s, self.budget = parts["method"], s, budget
+        self.grid = token_grid(model, parts["method"])
+        check_lag(s)
+        check_spans(window, 0, 0)
+        self.window, self.speculative = min(window, self.grid[1]), window > 1
+        self.initialiser, self.updater, self.rule = parts["initialiser"], parts["updater"], parts["rule"]
+        self.cross_row, self.trees = parts["cross_row"], parts["trees"]
+        self.total = model.num_image_tokens
+        self.fronts = Fronts.start(model, request.generators, self.window, self.trees)
+        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
+        self.log = FrontRecord(len(request.generators), self.grid, self.window, model.device)
+        scratch = 0 if self.trees is None else self.trees.scratch(self.grid[0])
+        self.cache_length = model.num_condition_tokens + self.total + scratch
+        self.sizes_chosen: dict[int, int] = {}  # window -> passes (under a budget)
+
+    def __enter__(self):
+        self.scorer.open_cache(self.cache_length)
+        return self
+
+    def __exit__(self, *exc):
+        self.scorer.close_cache()
+
+    def plan(self) -> FrontPlan | None:
+        first, count, fronts = self.scorer.forward_passes == 0, self.fronts.count, self.fronts
+        window = 1 if first else self.window if self.budget is None else self.budget.size(count)
+        if window is None:  # a probe's last timed pass
+            return None
+        cross_row = self.cross_row and not first
+        plan = plan_pass(count, fronts.fed, self.grid, self.s, window, cross_row, fronts.index)
+        if plan.row.shape[1] == 0:
+            return None
+        if self.budget is not None and not first:
+            self.sizes_chosen[window] = self.sizes_chosen.get(window, 0) + 1
+        fronts.state.committed = count.sum(1)
+        return FrontPlan(first, window, plan, generated_mask(count, self.grid[1], fronts.index))
+
+    def propose(self, plan: FrontPlan) -> PassDraft:
+        block = self.window if self.budget is None else plan.window  # each pass's uniforms: [4, H, block] an image
+        return pass_drafts(self.fronts, plan.plan, plan.generated, self.initialiser, block, self.trees)
+
+    def score(self, plan: FrontPlan, draft: PassDraft) -> tuple[Tensor, Tensor, Tensor]:
+        # scored and verified in one step: a front's tree (zipar-tree) scores its side nodes in the pass
+        context = (self.scorer, plan.plan, plan.generated, self.s, self.rule, self.trees, plan.first, draft)
+        return score_and_verify(self.fronts, *context)
+
+    def verify(self, plan: FrontPlan, draft: PassDraft, scored) -> tuple[Tensor, Tensor, Tensor]:
+        return scored  # target probs [B, M, V], slot tokens [B, M], accept [B, M] (`score`)
+
+    def commit(self, plan: FrontPlan, draft: PassDraft, scored, verdict):
+        fronts, budget, width = self.fronts, self.budget, self.grid[1]
+        target_probs, slot_tokens, accept = verdict
+        count = fronts.count
+        rules = (self.s, self.cross_row and not plan.first, self.trees)
+        commits, lane_commits, good = commit_fronts(
+            fronts, plan.plan, accept, slot_tokens, self.log, self.scorer.forward_passes, rules
+        )
+        # the ages of this pass's drafts, for a budget's counts and the carry-over (read once, before
+        # the carry-over replaces them; a pass of one slot per front has none)
+        age = fronts.carried.draft_age(plan.plan) if budget is not None and plan.window > 1 else None
+        if budget is not None and not plan.first:
+            count_fronts(budget, plan.plan, good, commits, age, plan.window)
+        # The slots after a front's commit become drafts for the same indices. A budget's pass of one
+        # slot per front leaves none; the drafts of indices it generated stay flagged until the next
+        # carry-over clears them, and nothing reads a generated index's draft.
+        if self.speculative and not (budget is not None and plan.window == 1):
+            after_pass = generated_mask(count + commits, width, fronts.index)
+            carry_u = draft.uniforms[:, CARRY]
+            fronts.carried.carry_over(
+                self.updater, plan.plan, fronts.state, target_probs, slot_tokens, lane_commits, carry_u, after_pass, age
+            )
+        fronts.fed = fed_after_pass(plan.plan, fronts.fed, count, commits, width)
+        fronts.count = count + commits
+
+    def least_done(self) -> Tensor:
+        return self.fronts.count.sum(1).min()
+
+    def finish(self) -> tuple[Tensor, dict]:
+        stats = self.log.stats(self.scorer.forward_passes)
+        stats.update(s=self.s, max_fronts=self.log.max_fronts())
+        if self.speculative:
+            stats.update(window=self.window, cross_row=self.cross_row)
+        if self.budget is not None:
+            stats.update(sizes_chosen=dict(sorted(self.sizes_chosen.items())), **self.budget.stats())
+        return self.fronts.tokens[:, : self.total], stats
+
+
 def decode_fronts(
     request: Request,
     *,
@@ -277,73 +382,17 @@ def decode_fronts(
     trees: FrontTrees | None = None,
     budget: FrontBudget | ProbeBudget | None = None,
 ) -> tuple[Tensor, dict]:
-    """Decode all row fronts of every image together; window 1 = plain zipar. -> (tokens [B, N], stats).
-
-    One pass: plan, draft, score and verify, commit, carry over. cross_row (Jacobi fronts only): a
-    front may also predict past its plain reach from the drafts the row above feeds in the same pass
-    (kept only if those drafts are accepted); trees (Jacobi fronts only): each front also drafts K
-    candidates for its first draft (`tree_pass`); budget (Jacobi fronts only): chooses each pass's
-    window per front (at most `window`) from the committed counts (`decode_fronts_under`), or stops a
-    probe that times the engine."""
-    model, generators, progress = request.model, request.generators, request.progress
-    height, width = token_grid(model, method)
-    check_lag(s)
-    check_spans(window, 0, 0)
-    window, speculative = min(window, width), window > 1
-    fronts = Fronts.start(model, generators, window, trees)
-    scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
-    log = FrontRecord(len(generators), (height, width), window, model.device)
-    bar = progress_bar(total=model.num_image_tokens, enabled=progress, desc=method)
-    scratch = 0 if trees is None else trees.scratch(height)
-    sizes_chosen: dict[int, int] = {}  # window -> passes (under a budget)
-    with scorer.cache(model.num_condition_tokens + model.num_image_tokens + scratch):
-        while True:
-            first, count = scorer.forward_passes == 0, fronts.count
-            pass_window = 1 if first else window if budget is None else budget.size(count)
-            if pass_window is None:  # a probe's last timed pass
-                break
-            plan = plan_pass(count, fronts.fed, (height, width), s, pass_window, cross_row and not first, fronts.index)
-            if plan.row.shape[1] == 0:
-                break
-            if budget is not None and not first:
-                sizes_chosen[pass_window] = sizes_chosen.get(pass_window, 0) + 1
-            generated = generated_mask(count, width, fronts.index)
-            fronts.state.committed = count.sum(1)
-            block = window if budget is None else pass_window  # each pass's uniforms: [4, H, block] an image
-            draft = pass_drafts(fronts, plan, generated, initialiser, block, trees)
-            target_probs, slot_tokens, accept = score_and_verify(
-                fronts, scorer, plan, generated, s, rule, trees, first, draft
-            )
-            rules = (s, cross_row and not first, trees)
-            commits, lane_commits, good = commit_fronts(
-                fronts, plan, accept, slot_tokens, log, scorer.forward_passes, rules
-            )
-            # the ages of this pass's drafts, for a budget's counts and the carry-over (read once, before
-            # the carry-over replaces them; a pass of one slot per front has none)
-            age = fronts.carried.draft_age(plan) if budget is not None and pass_window > 1 else None
-            if budget is not None and not first:
-                count_fronts(budget, plan, good, commits, age, pass_window)
-            # The slots after a front's commit become drafts for the same indices. A budget's pass of one
-            # slot per front leaves none; the drafts of indices it generated stay flagged until the next
-            # carry-over clears them, and nothing reads a generated index's draft.
-            if speculative and not (budget is not None and pass_window == 1):
-                after_pass = generated_mask(count + commits, width, fronts.index)
-                carry_u = draft.uniforms[:, CARRY]
-                fronts.carried.carry_over(
-                    updater, plan, fronts.state, target_probs, slot_tokens, lane_commits, carry_u, after_pass, age
-                )
-            fronts.fed = fed_after_pass(plan, fronts.fed, count, commits, width)
-            fronts.count = count + commits
-            if progress:
-                bar.update(int(fronts.count.sum(1).min()) - bar.n)
-    bar.close()
-    stats = log.stats(scorer.forward_passes)
-    stats.update(s=s, max_fronts=log.max_fronts())
-    if speculative:
-        stats.update(window=window, cross_row=cross_row)
-    if budget is not None:
-        stats.update(sizes_chosen=dict(sorted(sizes_chosen.items())), **budget.stats())
-    return fronts.tokens[:, : model.num_image_tokens], stats
+    """Decode all row fronts of every image together, pass after pass (`FrontPasses` on the pass
+    loop); window 1 = plain zipar. -> (tokens [B, N], stats)."""
+    parts = {
+        "method": method,
+        "initialiser": initialiser,
+        "updater": updater,
+        "rule": rule,
+        "cross_row": cross_row,
+        "trees": trees,
+    }
+    return decode_passes(FrontPasses(request, s, window, parts, budget), request.progress)
 
 
 def count_fronts(

@@ -197,23 +197,8 @@ def plan_pass(
     above_start = leans = need = None  # without cross-row drafts no slot leans on the row above
     if cross_row:
         above_start, leans, need = leaning_slots(above, above_drafts, row, input_index, predicts, width, s)
-    return PassPlan(
-        row,
-        slot,
-        input_index,
-        predicts,
-        length,
-        padding,
-        drafts,
-        source,
-        window_len,
-        feed_only,
-        fed_by_next,
-        above_start,
-        above_drafts,
-        leans,
-        need,
-    )
+    per_input = (row, slot, input_index, predicts, length, padding, drafts, source)
+    return PassPlan(*per_input, window_len, feed_only, fed_by_next, above_start, above_drafts, leans, need)
 
 
 def pass_width(ends: Tensor, window_len: Tensor, window: int) -> tuple[int, bool]:

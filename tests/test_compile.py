@@ -116,3 +116,35 @@ def test_a_whole_pass_traces_as_one_graph(engine):
     explained = pass_graphs(passes)
     assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
     assert explained.graph_count == 1
+
+
+@pytest.mark.slow  # dynamo traces every shape of pass (backend "eager": no code generated)
+def test_whole_passes_under_compile_give_the_eager_tokens():
+    import visar
+    from visar.accel import passes
+
+    pipe = visar.load("visar-tiny-random", device="cpu")
+    eager = {
+        m: pipe.generate(class_labels=[3, 5], seed=1, method=m, output_type="tokens") for m in ("mc-sjd", "sjd-pac")
+    }
+    pipe.compile(backend="eager", whole_passes=True)
+    for method, reference in eager.items():
+        out = pipe.generate(class_labels=[3, 5], seed=1, method=method, output_type="tokens")
+        assert torch.equal(out.tokens, reference.tokens), method
+        assert out.stats["forward_passes"] == reference.stats["forward_passes"]
+    assert any(callable(step) for step in passes.COMPILED_PASSES.values())  # the passes ran compiled
+
+
+@pytest.mark.slow
+def test_whole_passes_fall_back_to_eager_where_compiling_fails():
+    import visar
+
+    def no_compiler(graph_module, example_inputs):
+        raise RuntimeError("no C++ compiler on this platform")
+
+    pipe = visar.load("visar-tiny-random", device="cpu")
+    eager = pipe.generate(class_labels=[3], seed=2, method="mc-sjd", output_type="tokens").tokens
+    pipe.compile(backend=no_compiler, whole_passes=True)
+    with pytest.warns(RuntimeWarning, match="torch.compile failed on this platform.*no C.. compiler"):
+        out = pipe.generate(class_labels=[3], seed=2, method="mc-sjd", output_type="tokens")
+    assert torch.equal(out.tokens, eager)

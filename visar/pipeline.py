@@ -137,7 +137,7 @@ class Pipeline:
         # with its training data; the pipeline itself does not read it.
         self.recipe = dict(recipe or {})
 
-    def compile(self, **compile_kwargs) -> Pipeline:
+    def compile(self, *, whole_passes: bool = False, **compile_kwargs) -> Pipeline:
         """torch.compile the generator's forward in place, so every method's forward passes use it.
 
         Static shapes by default (`dynamic=False`): each input shape compiles once, on its first
@@ -145,15 +145,16 @@ class Pipeline:
         1, 2, 4, 8 or 16 slots); zipar's passes vary in width and recompile per width up to
         `COMPILED_SHAPES`, then run eagerly. Outputs match eager mode up to kernel numerics.
         compile_kwargs go to torch.compile (e.g. mode="reduce-overhead" for CUDA graphs on a GPU).
-        The raster engines that draft (the chain and tree engines of `visar.accel.passes`) then run
-        each whole pass, their bookkeeping with the model call, under torch.compile with the same
-        options: one graph a pass (tests/test_compile.py), a few shapes (windows padded to powers of
-        two), so on a GPU a pass can replay as one CUDA graph.
+        whole_passes: the raster engines that draft (`visar.accel.passes`) also run each whole pass,
+        their bookkeeping with the model call, under torch.compile with these options: one graph a
+        pass (tests/test_compile.py), windows padded to powers of two, so that on a GPU a pass can
+        replay as one CUDA graph. Off by default: on a CPU it measured slower than eager passes
+        (docs/SPEED.md), and it is not yet measured on a GPU.
         Where compiling fails (no C++ compiler, an unsupported platform or Python), the generator
         runs eagerly from that call on, rerunning it, with one warning saying why (`EagerFallback`).
         """
         compile_kwargs.setdefault("dynamic", False)
-        self.compile_options = dict(compile_kwargs)  # each pass of a pass-loop engine runs under them too
+        self.compile_options = dict(compile_kwargs) if whole_passes else None  # what each pass runs under
         dynamo = torch._dynamo.config
         limit = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"
         setattr(dynamo, limit, max(getattr(dynamo, limit), COMPILED_SHAPES))

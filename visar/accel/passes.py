@@ -78,7 +78,10 @@ def pass_runner(compile_options: dict | None) -> Callable:
         return run_pass
     key = tuple(sorted(compile_options.items()))
     if key not in COMPILED_PASSES:
-        COMPILED_PASSES[key] = torch.compile(run_pass, **compile_options)
+        # dynamic=None whatever the model's setting: a Python number a pass reads or counts (the
+        # scorer's forward passes) becomes an input after it first changes, instead of a new graph
+        # for each of its values; the few shapes of pass are still compiled once each
+        COMPILED_PASSES[key] = torch.compile(run_pass, **{**compile_options, "dynamic": None})
     return COMPILED_PASSES[key] or run_pass
 
 

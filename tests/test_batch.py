@@ -91,6 +91,7 @@ def test_num_images_per_prompt_gives_the_cli_s_images(reference):
     assert not np.array_equal(cli_image(reference, 0), cli_image(reference, 3))
 
 
+@pytest.mark.slow  # whole CLI or eval runs: the quick tier keeps to 90 s
 def test_a_negative_prompt_through_the_cli(tmp_path):
     """--negative-prompt reaches every image (recorded in settings.json and each record), and the CLI's image
     j of prompt i is Pipeline.generate's with the same negative prompt and num_images_per_prompt."""
@@ -112,6 +113,7 @@ def test_a_negative_prompt_through_the_cli(tmp_path):
     assert not torch.equal(pipe.generate(prompts=prompts, **kwargs).tokens, with_negative.tokens)
 
 
+@pytest.mark.slow  # whole CLI or eval runs: the quick tier keeps to 90 s
 def test_a_prompts_file_gives_each_line_its_own_negative_prompt(tmp_path):
     """jsonl "negative_prompt": that line's images are made with it, the others with --negative-prompt (or
     the model's own); a batch never mixes images with and without one, each image is what generate makes

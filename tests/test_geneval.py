@@ -170,6 +170,7 @@ def test_layout_seeds_resume_and_score(t2i, tmp_path, monkeypatch, capsys):
         evaluate_geneval(t2i, out, metadata=other, n_samples=2, seed=10, progress=False)
 
 
+@pytest.mark.slow  # whole CLI or eval runs: the quick tier keeps to 90 s
 def test_a_negative_prompt_reaches_every_image_and_the_run_config(t2i, tmp_path, capsys):
     """--negative-prompt: every image is generated with it (image j of prompt i alone, same seed), the run's
     config.json records it, and resuming without it into the same folder is refused."""

@@ -130,6 +130,7 @@ def t2i():
 T2I_PROMPTS = ["a red circle", "two blue squares above a green triangle"]
 
 
+@pytest.mark.slow  # teacher-forced references of a whole decode, twice
 @pytest.mark.parametrize("negative", ["green triangle", ["green triangle", "a photo of four pink crosses"]])
 def test_a_negative_caption_replaces_the_null_caption(t2i, negative):
     """LlamaGen t2i: under guidance the unconditional branch is the negative caption (its embeddings and
@@ -146,6 +147,7 @@ def test_a_negative_caption_replaces_the_null_caption(t2i, negative):
     assert not greedy_under_guidance(t2i, default.tokens, T2I_PROMPTS, negatives, 3.0)
 
 
+@pytest.mark.slow  # whole CLI or eval runs: the quick tier keeps to 90 s
 def test_num_images_per_prompt_is_item_major_with_the_batch_tool_s_seeds(t2i):
     out = t2i.generate(prompts=T2I_PROMPTS, num_images_per_prompt=3, seed=4, output_type="tokens")
     assert out.tokens.shape[0] == 6 and out.stats["batch_size"] == 6

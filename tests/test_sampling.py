@@ -6,7 +6,14 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from visar.accel.sampling import SamplingParams, draw_uniforms, logits_to_probs, make_generators, sample_from_probs
+from visar.accel.sampling import (
+    SamplingParams,
+    UniformStream,
+    draw_uniforms,
+    logits_to_probs,
+    make_generators,
+    sample_from_probs,
+)
 from visar.errors import VisarError
 
 
@@ -79,8 +86,6 @@ def test_bad_sampling_params(kwargs):
 def test_uniform_stream_hands_out_what_a_draw_per_pass_would():
     # a CPU generator's uniforms do not depend on how the draws are split: blocks drawn ahead give
     # every take the numbers a draw of its own would have (counts that cross block ends included)
-    from visar.accel.sampling import UniformStream, draw_uniforms, make_generators
-
     counts = [3, 16, 1, 40, 7, 7, 64, 2]
     stream = UniformStream(make_generators(3, 9), "cpu", block=20)
     taken = [stream.take(count) for count in counts]

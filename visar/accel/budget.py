@@ -170,11 +170,11 @@ def measured_costs(
     cached = _COSTS.setdefault(model, {})
     if key in cached:
         return cached[key]
-    kept = cost_store.load_costs(model, (*key, tuple(sizes)))
+    stored = cost_store.entry_name(model, (*key, tuple(sizes)))  # the model's fingerprint read once
+    kept = cost_store.load_costs(stored)
     if kept is not None:  # measured by an earlier process on this machine
         cached[key] = PassCosts(tuple(kept[0]), tuple(kept[1]))
         return cached[key]
-    asked = tuple(sizes)
     sizes = sorted(sizes)
     best = dict.fromkeys(sizes, float("inf"))
     try:
@@ -196,7 +196,7 @@ def measured_costs(
         return None
     costs = PassCosts(tuple(sizes), tuple(seconds))
     cached[key] = costs
-    cost_store.save_costs(model, (*key, asked), costs.sizes, costs.seconds)
+    cost_store.save_costs(stored, costs.sizes, costs.seconds)
     return costs
 
 

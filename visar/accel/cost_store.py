@@ -57,6 +57,7 @@ def cpu_name() -> str:
 
 
 def entry_name(model, key: tuple) -> str:
+    """The name this model's costs under `key` are kept by on this machine."""
     device = torch.device(str(model.device))
     return json.dumps([model_fingerprint(model), torch.__version__, machine(device), *map(str, key)])
 
@@ -69,9 +70,9 @@ def read_entries(path: Path) -> dict:
     return entries if isinstance(entries, dict) else {}
 
 
-def load_costs(model, key: tuple) -> tuple[list[int], list[float]] | None:
-    """(sizes, seconds) kept for this model and key on this machine, or None."""
-    entry = read_entries(cache_root() / FILE_NAME).get(entry_name(model, key))
+def load_costs(name: str) -> tuple[list[int], list[float]] | None:
+    """(sizes, seconds) kept under `name` (`entry_name`), or None."""
+    entry = read_entries(cache_root() / FILE_NAME).get(name)
     if not (
         isinstance(entry, dict) and isinstance(entry.get("sizes"), list) and isinstance(entry.get("seconds"), list)
     ):
@@ -79,15 +80,15 @@ def load_costs(model, key: tuple) -> tuple[list[int], list[float]] | None:
     return entry["sizes"], entry["seconds"]
 
 
-def save_costs(model, key: tuple, sizes, seconds) -> None:
-    """Keep (sizes, seconds) for this model and key; a folder that cannot be written keeps nothing
+def save_costs(name: str, sizes, seconds) -> None:
+    """Keep (sizes, seconds) under `name` (`entry_name`); a folder that cannot be written keeps nothing
     (the costs are then measured again next time, as before there was a store)."""
     folder = cache_root()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / FILE_NAME
         entries = read_entries(path)
-        entries[entry_name(model, key)] = {"sizes": list(sizes), "seconds": list(seconds)}
+        entries[name] = {"sizes": list(sizes), "seconds": list(seconds)}
         # written whole and renamed into place: a process reading it meanwhile sees the old or the new file
         with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as tmp:
             json.dump(entries, tmp, indent=1)

@@ -177,7 +177,7 @@ class ChainPasses:
     def __init__(self, request: Request, proposer: Proposer, window: int, warmup, tail, rule, budget):
         check_spans(window, warmup, tail)
         model, generators = request.model, request.generators
-        self.request, self.proposer, self.rule, self.budget = request, proposer, rule, budget
+        self.proposer, self.rule, self.budget = proposer, rule, budget
         self.spans = (warmup, tail)  # the plain-AR spans at the start and end
         self.batch, self.device = request.cond.shape[0], model.device
         self.num_cond, self.total = model.num_condition_tokens, model.num_image_tokens

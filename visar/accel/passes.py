@@ -72,11 +72,15 @@ def run_pass(engine: PassEngine, plan) -> None:
 COMPILED_PASSES: dict[tuple, Callable | bool] = {}
 
 
+def options_key(compile_options: dict) -> tuple:
+    return tuple(sorted(compile_options.items()))
+
+
 def pass_runner(compile_options: dict | None) -> Callable:
     """run_pass, or run_pass under torch.compile with these options (Pipeline.compile's)."""
     if compile_options is None:
         return run_pass
-    key = tuple(sorted(compile_options.items()))
+    key = options_key(compile_options)
     if key not in COMPILED_PASSES:
         # dynamic=None whatever the model's setting: a Python number a pass reads or counts (the
         # scorer's forward passes) becomes an input after it first changes, instead of a new graph
@@ -104,7 +108,7 @@ def decode_passes(
                     if step is run_pass:
                         raise
                     run_pass(engine, plan)  # an error of the pass itself is raised here, as eagerly
-                    COMPILED_PASSES[tuple(sorted(compile_options.items()))] = False
+                    COMPILED_PASSES[options_key(compile_options)] = False
                     step = run_pass
                     warn_compile_failed(err)
                 if progress:  # a read-back, so only when a bar shows

@@ -11,7 +11,7 @@ import os
 import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from PIL import Image
 from torch import Tensor
 
 from .accel import Request, get_method, reference_method
+from .accel.stats import merge_batch_stats
 from .accel.passes import compile_failure
 from .accel.sampling import MAX_SEED, SamplingParams
 from .accel.timing import synchronized_clock
@@ -271,6 +272,8 @@ class Pipeline:
         caption_embeds=None,
         caption_mask=None,
         progress: bool = False,
+        batch_size: int | None = None,
+        on_image: Callable[[int, Any], None] | None = None,
         **method_options,
     ) -> GenerationOutput:
         """Generate `num_images_per_prompt` images (default 1) per class label / prompt.
@@ -302,6 +305,13 @@ class Pipeline:
         num_images_per_prompt otherwise) unless `generator` (one per image, or a single one for a
         single image) is given. output_type: "pil" (list of PIL images),
         "pt" (float tensor [B, 3, H, W] in [0, 1]), "np" (uint8 [B, H, W, 3]) or "tokens".
+        batch_size: decode at most this many images at once (None: all of them). A method that
+        refills (`visar methods`: every raster method on the pass loop) runs a running batch: when an
+        image has all its tokens its slot takes the next image, so a slot never feeds padding for a
+        finished image while images are left; the others decode consecutive batches. An image's
+        tokens and passes are those of its decode alone at any batch_size (not under budget="auto",
+        which chooses for the batch). on_image(index, tokens): called with each image's tokens (the
+        shape of `GenerationOutput.tokens`' entries) as soon as it is done, e.g. to save it.
         A method's second model (option `draft`, or `refiner` for code) may be a registered name or
         folder (loaded once per process), a Pipeline, or a model; its tokenizer must be this pipeline's.
         stats (every method, `visar.accel.stats`): forward_passes (the batch's target passes),
@@ -330,6 +340,7 @@ class Pipeline:
             cond, cond_mask = repeat_items(cond, copies), repeat_items(cond_mask, copies)
             negative = None if negative is None else tuple(repeat_items(part, copies) for part in negative)
         batch = cond.shape[0]
+        slots = check_batch_size(batch_size, batch)
         if generator is None:
             check_seed(seed, batch)
             generators = [torch.Generator().manual_seed(s) for s in item_seeds(num_items, copies, seed)]
@@ -346,15 +357,19 @@ class Pipeline:
         request = Request(
             self.model, cond, params, generators, cond_mask, progress, tokenizer=self.tokenizer, compile_passes=passes
         )
+        second = method_options.get(second_model)
         try:
-            with ExitStack() as held:
-                if negative is not None:  # the model's (and its draft's) null_condition returns it meanwhile
-                    for model in text_models(self.model, method_options.get(second_model)):
-                        held.enter_context(model.negative_prompt(*negative))
-                tokens, stats = decoding_method.fn(request, **method_options)
+            if slots is not None and decoding_method.refills:
+                request = replace(request, slots=slots, on_image=self.image_callback(on_image))
+                tokens, stats = self.run_method(decoding_method, request, negative, second, method_options)
+            else:
+                tokens, stats = self.run_batches(decoding_method, request, negative, second, method_options, slots)
         except torch.OutOfMemoryError as err:
-            raise out_of_memory(err, batch, method, self.device) from err
+            raise out_of_memory(err, slots or batch, method, self.device) from err
         tokens, stats["commit_pass"] = output_maps(self.model, tokens, stats["commit_pass"])
+        if on_image is not None and not (slots is not None and decoding_method.refills):
+            for index, image_tokens in enumerate(per_image_tokens(tokens)):
+                on_image(index, image_tokens)
         lossless = decoding_method.is_lossless(method_options, self.model)
         stats = {**stats, "method": method, "lossless": lossless, "batch_size": batch}
         images = None
@@ -363,6 +378,36 @@ class Pipeline:
             images = self.to_output(self.decode(tokens), output_type)
             stats["decode_s"] = synchronized_clock(self.device) - start
         return GenerationOutput(images=images, tokens=tokens, stats=stats)
+
+    def run_method(self, decoding_method, request: Request, negative, second, method_options: dict):
+        """One call of the method, with the negative prompt (if any) held on the model and its draft."""
+        with ExitStack() as held:
+            if negative is not None:  # the model's (and its draft's) null_condition returns it meanwhile
+                for model in text_models(self.model, second):
+                    held.enter_context(model.negative_prompt(*negative))
+            return decoding_method.fn(request, **method_options)
+
+    def run_batches(self, decoding_method, request: Request, negative, second, method_options: dict, size):
+        """The method on consecutive batches of at most `size` images (None: one batch), stats merged."""
+        batch = request.cond.shape[0]
+        if size is None or size >= batch:
+            return self.run_method(decoding_method, request, negative, second, method_options)
+        parts = []
+        for start in range(0, batch, size):
+            part = slice(start, start + size)
+            cond_mask = None if request.cond_mask is None else request.cond_mask[part]
+            chunk = replace(request, cond=request.cond[part], cond_mask=cond_mask, generators=request.generators[part])
+            chunk_negative = None if negative is None else tuple(x[part] for x in negative)
+            parts.append(self.run_method(decoding_method, chunk, chunk_negative, second, method_options))
+        return merge_tokens([tokens for tokens, _ in parts]), merge_batch_stats([stats for _, stats in parts])
+
+    def image_callback(self, on_image):
+        """A running batch's (index, tokens [N], commit_pass [N]) -> on_image(index, the image's output tokens)."""
+        if on_image is None:
+            return None
+        return lambda index, tokens, commit_pass: on_image(
+            index, output_maps(self.model, tokens[None], commit_pass[None])[0][0]
+        )
 
     def resolve_method(self, method: str | None) -> str | None:
         """The method `generate` runs for `method`: None, the model kind's reference; "auto" on a kind
@@ -509,6 +554,33 @@ def text_models(model, draft) -> list:
     if draft is not None and hasattr(draft, "negative_prompt") and draft.condition_layout.kind == "text":
         models.append(draft)
     return models
+
+
+def check_batch_size(batch_size, num_images: int) -> int | None:
+    """batch_size -> the slots to decode at once, None for all; one sentence for a bad value."""
+    if batch_size is None:
+        return None
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise VisarError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+    if batch_size > num_images:
+        raise VisarError(
+            f"batch_size {batch_size} is larger than the {num_images} images asked for: give at most {num_images}"
+        )
+    return batch_size
+
+
+def per_image_tokens(tokens) -> list:
+    """`GenerationOutput.tokens` -> one entry per image ([h, w], a latent, or a next-scale image's maps)."""
+    if isinstance(tokens, (list, tuple)):
+        return [list(maps) for maps in zip(*tokens, strict=True)]
+    return list(tokens)
+
+
+def merge_tokens(parts: list):
+    """Consecutive batches' tokens ([B, ...], or a list of [B, ...] per scale) -> the queue's."""
+    if isinstance(parts[0], (list, tuple)):
+        return [torch.cat(scale) for scale in zip(*parts, strict=True)]
+    return torch.cat(parts)
 
 
 def check_seed(seed, batch: int):

@@ -203,8 +203,13 @@ def measured_costs(
 def scratch_request(request: Request) -> Request:
     """The caller's model and conditions with throwaway generators: a probe draws none of the caller's
     randomness, so what it measures cannot bias the decode."""
-    generators = [torch.Generator().manual_seed(i) for i in range(len(request.generators))]
-    return replace(request, generators=generators, progress=False)
+    batch = request.batch_size  # a running batch's probe: its slots' first images, no queue
+    generators = [torch.Generator().manual_seed(i) for i in range(batch)]
+    cond_mask = None if request.cond_mask is None else request.cond_mask[:batch]
+    return replace(
+        request, cond=request.cond[:batch], cond_mask=cond_mask, generators=generators, progress=False,
+        slots=None, on_image=None,
+    )  # fmt: skip
 
 
 def cost_key(engine: str, model, batch: int, guided: bool, extra: tuple = ()) -> tuple:

@@ -46,7 +46,7 @@ from .budget import (
 )
 from .checks import check_number
 from .drafts import DecodeState, resolve_initialiser
-from .passes import decode_passes
+from .passes import decode_passes, running_batch
 from .proposers import (
     ACCEPT,
     NUM_PURPOSES,
@@ -82,7 +82,12 @@ def window_lengths(committed: Tensor, window: int, warmup: int, tail: int, num_t
 
 
 def score_window(
-    scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor, first: bool, offsets: Tensor | None = None
+    scorer: GuidedScorer,
+    state: DecodeState,
+    draft_tokens: Tensor,
+    first: bool,
+    offsets: Tensor | None = None,
+    fresh: tuple[int, ...] = (),
 ) -> Tensor:
     """One target forward over [last committed token, drafts] for every image -> target probs [B, G + 1, V].
 
@@ -93,6 +98,8 @@ def score_window(
     most `state.window`), so a compiled model meets a handful of shapes (1, 2, 4, 8, 16 for a
     16-slot window) instead of one per length the end of an image leaves; the padding's
     outputs are dropped. offsets: num_cond - 1 + arange(window), made once per decode (else here).
+    fresh: the slots of a running batch whose image has its first pass now (not `first`, the whole
+    batch's): they feed the condition and the others their last token, in one call each.
     """
     num_cond = scorer.model.num_condition_tokens
     needed = draft_tokens.shape[1] + 1
@@ -100,19 +107,40 @@ def score_window(
     if num_slots > needed:
         draft_tokens = F.pad(draft_tokens, (0, num_slots - needed))
     device = draft_tokens.device
+    if offsets is None:
+        offsets = num_cond - 1 + torch.arange(max(state.window, num_slots), device=device)
     if first:
-        input_pos = torch.arange(num_cond + num_slots - 1, device=device)
-        tokens = draft_tokens if num_slots > 1 else None
-        logits = scorer.logits(tokens, input_pos, with_condition=True)[:, num_cond - 1 :]
+        logits = first_window_logits(scorer, draft_tokens, num_slots)
+    elif not fresh:
+        logits = next_window_logits(scorer, state, draft_tokens, offsets[:num_slots])
     else:
-        # every image has committed a token since the first pass (a done one all N): committed - 1 >= 0
-        last = state.tokens.gather(1, (state.committed - 1)[:, None])
-        tokens = torch.cat([last, draft_tokens], 1)  # [B, L]
-        if offsets is None:
-            offsets = num_cond - 1 + torch.arange(max(state.window, num_slots), device=device)
-        input_pos = state.committed[:, None] + offsets[:num_slots]
-        logits = scorer.logits(tokens, input_pos.clamp(max=num_cond + state.num_tokens - 1))
+        new = torch.tensor(fresh, device=device)
+        old = torch.tensor([row for row in range(len(draft_tokens)) if row not in fresh], device=device)
+        new_logits = first_window_logits(scorer, draft_tokens[new], num_slots, new)
+        old_logits = next_window_logits(scorer, state, draft_tokens[old], offsets[:num_slots], old)
+        logits = new_logits.new_empty(len(draft_tokens), *new_logits.shape[1:])
+        logits = logits.index_copy(0, new, new_logits).index_copy(0, old, old_logits)
     return scorer.target_probs(logits[:, :needed])
+
+
+def first_window_logits(scorer: GuidedScorer, draft_tokens: Tensor, num_slots: int, rows=None) -> Tensor:
+    """An image's first window: [condition, drafts] at positions 0 .. -> logits [R, num_slots, V] of
+    the window's slots (the condition's last position predicts token 0)."""
+    num_cond = scorer.model.num_condition_tokens
+    input_pos = torch.arange(num_cond + num_slots - 1, device=draft_tokens.device)
+    tokens = draft_tokens if num_slots > 1 else None
+    return scorer.logits(tokens, input_pos, with_condition=True, rows=rows)[:, num_cond - 1 :]
+
+
+def next_window_logits(scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor, offsets: Tensor, rows=None):
+    """A later window: [last committed token, drafts] right after the commit -> logits [R, num_slots, V]."""
+    committed = state.committed if rows is None else state.committed[rows]
+    tokens = state.tokens if rows is None else state.tokens[rows]
+    # every image has committed a token since its first pass (a done one all N): committed - 1 >= 0
+    last = tokens.gather(1, (committed - 1)[:, None])
+    input_pos = committed[:, None] + offsets
+    fed = torch.cat([last, draft_tokens], 1)  # [R, L]
+    return scorer.logits(fed, input_pos.clamp(max=scorer.model.num_condition_tokens + state.num_tokens - 1), rows=rows)
 
 
 @dataclass
@@ -169,26 +197,32 @@ class ChainPasses:
     accepted ones and one token more (ragged), and carries the rest over (`Proposer`).
 
     budget: chooses each pass's window (at most `window`) from what earlier passes committed, or
-    stops a probe (`budget.size()` None); None: every pass has `window` slots.
+    stops a probe (`budget.size()` None); None: every pass has `window` slots. A running batch
+    (`request.slots`) refills a slot between passes (`admit`); the slot's state is then what a decode
+    of the new image alone starts with.
     """
 
     desc = "speculative"
 
     def __init__(self, request: Request, proposer: Proposer, window: int, warmup, tail, rule, budget):
         check_spans(window, warmup, tail)
-        model, generators = request.model, request.generators
+        model, self.generators = request.model, request.generators
         self.proposer, self.rule, self.budget = proposer, rule, budget
         self.spans = (warmup, tail)  # the plain-AR spans at the start and end
-        self.batch, self.device = request.cond.shape[0], model.device
+        self.batch, self.device = request.batch_size, model.device
         self.num_cond, self.total = model.num_condition_tokens, model.num_image_tokens
         self.window = min(window, self.total)  # a longer window is clipped, here once and for all
         self.record = ChainRecord(self.batch, model.grid_size, self.window, self.device)
+        generators = self.generators[: self.batch]
         self.state = new_state(model, generators, self.window, spare=self.window)
         # each pass's uniforms, the same numbers as a draw per pass, drawn 16 passes at a time
         self.uniforms = UniformStream(generators, self.device, block=16 * NUM_PURPOSES * self.window)
         self.slot_range = torch.arange(self.window, device=self.device)
         self.position_offsets = self.num_cond - 1 + self.slot_range  # slot j's position past the commit
-        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
+        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params, slots=request.slots)
+        self.passes = 0  # passes planned
+        self.fresh = tuple(range(self.batch))  # slots whose image has not had its first pass
+        self.start_pass = [0] * self.batch  # the pass at which each slot's image started
         self.sizes_chosen: dict[int, int] = {}  # window -> passes
         # Compiled passes draft padded windows: slots past an image's window are padding (never
         # tested, after every real slot, forgotten with the cache), so the tokens are the same.
@@ -218,14 +252,17 @@ class ChainPasses:
             num_slots = min(1 << (num_slots - 1).bit_length(), self.window)
         self.sizes_chosen[pass_size] = self.sizes_chosen.get(pass_size, 0) + 1
         uniforms = self.uniforms.take(NUM_PURPOSES * self.window).view(self.batch, NUM_PURPOSES, self.window)
-        return Window(window_len, (window_len - 1).clamp(min=0), uniforms, num_slots - 1)
+        fresh, self.fresh = self.fresh, ()
+        self.passes += 1
+        self.record.reserve(self.passes)
+        return Window(window_len, (window_len - 1).clamp(min=0), uniforms, num_slots - 1, fresh)
 
     def propose(self, plan: Window) -> tuple[Tensor, Tensor]:
         return self.proposer.propose(self.state, plan)  # [B, G], [B, G, V]
 
     def score(self, plan: Window, drafts) -> Tensor:
-        first = self.scorer.forward_passes == 0
-        return score_window(self.scorer, self.state, drafts[0], first, self.position_offsets)
+        first = len(plan.fresh) == self.batch
+        return score_window(self.scorer, self.state, drafts[0], first, self.position_offsets, plan.fresh)
 
     def verify(self, plan: Window, drafts, probs: Tensor) -> Verdict:
         return verify_window(self.rule, probs, *drafts, plan)
@@ -254,6 +291,27 @@ class ChainPasses:
         sizes = dict(sorted(self.sizes_chosen.items()))
         return self.state.tokens[:, : self.total], {**stats, "window": self.window, "sizes_chosen": sizes}
 
+    def done(self) -> Tensor:
+        return self.state.committed >= self.total
+
+    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        commits = [self.record.image_commits(row, self.start_pass[row], self.passes) for row in rows]
+        passes, commit_pass = (torch.stack(part) for part in zip(*commits, strict=True))
+        return self.state.tokens[rows, : self.total], passes, commit_pass
+
+    def admit(self, rows: list[int], images: list[int]):
+        generators = [self.generators[image] for image in images]
+        index, image_index = (torch.tensor(x, device=self.device) for x in (rows, images))
+        state = self.state
+        state.committed[index] = 0
+        state.keys[index] = image_keys(generators, self.device)  # its generator's first draw, as in new_state
+        self.uniforms.replace(rows, generators)
+        self.scorer.admit(index, image_index)
+        self.proposer.admit(index, image_index)
+        for row in rows:
+            self.start_pass[row] = self.passes
+        self.fresh = tuple(sorted(rows))
+
 
 def speculative_decode(
     request: Request,
@@ -268,7 +326,7 @@ def speculative_decode(
     """Propose, score, verify, commit (ragged), truncate, carry over, pass after pass
     (`ChainPasses` on the pass loop). -> (tokens [B, N], stats)."""
     engine = ChainPasses(request, proposer, window, warmup, tail, rule, budget)
-    return decode_passes(engine, request.progress, request.compile_passes)
+    return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))
 
 
 # -- budgets: the window of each pass matched to the device --------------------------------------------
@@ -281,7 +339,7 @@ def chain_costs(request: Request, make_proposer: Callable[[], Proposer]) -> Pass
     engine's bookkeeping, which an AR step does not."""
     model = request.model
     sizes = (0, *(s for s in CHAIN_SIZES if s <= model.num_image_tokens))
-    key = cost_key("chain", model, request.cond.shape[0], request.params.uses_cfg, (model.num_condition_tokens,))
+    key = cost_key("chain", model, request.batch_size, request.params.uses_cfg, (model.num_condition_tokens,))
 
     def probe(budget: ProbeBudget):
         if budget.fixed == 0:
@@ -337,6 +395,7 @@ def decode_with_budget(
     "sjd",
     lossless=True,
     description="speculative Jacobi decoding (Teng et al. 2024), per-image commits, exact at any batch size",
+    refills=True,
 )
 def sjd(
     request: Request,
@@ -373,6 +432,7 @@ def sjd(
     "mc-sjd",
     lossless=True,
     description="coupled speculative Jacobi decoding (So et al. 2025): maximal or Gumbel coupling of drafts",
+    refills=True,
 )
 def mc_sjd(
     request: Request,
@@ -445,6 +505,7 @@ def check_draft(model: RasterModel, draft, method: str = "spec") -> RasterModel:
     lossless=True,
     description="speculative sampling with a draft model of the same family (draft=name, folder or model)",
     needs_draft=True,
+    refills=True,
 )
 def spec(
     request: Request,
@@ -462,5 +523,6 @@ def spec(
     temperature / top-k / top-p).
     """
     check_spans(window, warmup, tail)
-    proposer = DraftModelProposer(check_draft(request.model, draft), request.cond, request.cond_mask, request.params)
+    draft = check_draft(request.model, draft)
+    proposer = DraftModelProposer(draft, request.cond, request.cond_mask, request.params, slots=request.slots)
     return speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail)

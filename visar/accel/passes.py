@@ -9,6 +9,10 @@ tree-mc-sjd), `StaticTreePasses` (tree.py: lantern++) and `FrontPasses` (zipar/e
 family, wavefront). The pass policy is the `budget` an engine is handed: None for its fixed size,
 a budget that chooses each pass's size from what earlier passes committed, or a probe that times
 the engine and then stops it (`visar.accel.budget`).
+
+A running batch (`Request.slots`): the engine decodes `slots` images of a longer queue at once; when a
+slot's image has all its tokens it leaves, and the next image of the queue takes the slot before the
+next pass (`RunningBatch`), so no slot feeds padding for a finished image while the queue lasts.
 """
 
 from __future__ import annotations
@@ -57,6 +61,22 @@ class PassEngine(Protocol):
         """-> (tokens [B, N], stats)."""
         ...
 
+    # -- a running batch (only a refilling decode calls these) --
+
+    def done(self) -> Tensor:
+        """[B] bool: the slot's image has all its tokens."""
+        ...
+
+    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        """The finished images in slots `rows` -> (tokens [R, N], their passes [R], commit_pass [R, N]
+        counted from each image's own first pass, 1 = that pass), before the slots are reused."""
+        ...
+
+    def admit(self, rows: list[int], images: list[int]) -> None:
+        """Slots `rows` start queue images `images` (their conditions and generators): every state of
+        the slot made as a decode of that image alone starts it, its first pass the next."""
+        ...
+
 
 def run_pass(engine: PassEngine, plan) -> None:
     """One pass of a planned shape: propose, score, verify, commit. Only `plan` reads the device
@@ -89,19 +109,99 @@ def pass_runner(compile_options: dict | None) -> Callable:
     return COMPILED_PASSES[key] or run_pass
 
 
+class RunningBatch:
+    """A queue of `num_images` images decoded `slots` at a time. Between passes, the slots whose image
+    is done give it up (`PassEngine.release`: its tokens and per-image statistics, handed to
+    `on_image(index, tokens [N], commit_pass [N])` at once, so a caller can save it) and take the next images of
+    the queue (`PassEngine.admit`); a slot left when the queue is empty idles (an engine gives a
+    finished image no slots). An image's passes and commit_pass are counted from its own first pass,
+    so at a fixed budget they, like its tokens, are those of its decode alone."""
+
+    def __init__(self, num_images: int, slots: int, on_image: Callable | None = None):
+        self.num_images, self.on_image = num_images, on_image
+        self.holds: list[int | None] = list(range(slots))  # the queue image in each slot
+        self.next = slots  # the next image to admit
+        self.tokens: list[Tensor | None] = [None] * num_images
+        self.passes = [0] * num_images
+        self.commit_pass: list[Tensor | None] = [None] * num_images
+        self.finished = 0
+
+    def collect(self, engine: PassEngine, rows: list[int]):
+        tokens, passes, commit_pass = engine.release(rows)
+        for row, image_tokens, image_passes, image_commits in zip(rows, tokens, passes.tolist(), commit_pass):
+            image = self.holds[row]
+            self.tokens[image], self.passes[image], self.commit_pass[image] = image_tokens, image_passes, image_commits
+            self.holds[row] = None
+            self.finished += 1
+            if self.on_image is not None:
+                self.on_image(image, image_tokens, image_commits)
+
+    def refill(self, engine: PassEngine):
+        """Slots whose image is done: release it, admit the next images (one read-back a pass, only
+        while the queue lasts)."""
+        if self.next >= self.num_images:
+            return
+        done = engine.done().tolist()
+        rows = [row for row, image in enumerate(self.holds) if image is not None and done[row]]
+        if not rows:
+            return
+        self.collect(engine, rows)
+        rows = rows[: self.num_images - self.next]
+        images = list(range(self.next, self.next + len(rows)))
+        engine.admit(rows, images)
+        for row, image in zip(rows, images):
+            self.holds[row] = image
+        self.next += len(rows)
+
+    def finish(self, engine: PassEngine) -> tuple[Tensor, dict]:
+        """After the last pass: the images still in slots, then every image's tokens [Q, N] and the
+        engine's statistics with the per-image ones of the whole queue."""
+        self.collect(engine, [row for row, image in enumerate(self.holds) if image is not None])
+        _, stats = engine.finish()
+        tokens = torch.stack(self.tokens)
+        num_tokens = tokens.shape[1]
+        passes = self.passes
+        return tokens, {
+            **stats,
+            "forward_passes_per_image": passes,
+            "tokens_per_forward": sum(num_tokens / max(p, 1) for p in passes) / len(passes),
+            "commit_pass": torch.stack(self.commit_pass).cpu(),
+            "slots": len(self.holds),
+            "refills": self.num_images - len(self.holds),
+        }
+
+
+def running_batch(request) -> RunningBatch | None:
+    """The running batch a request asks for (`Request.slots`), or None."""
+    if request.slots is None:
+        return None
+    return RunningBatch(request.cond.shape[0], request.slots, request.on_image)
+
+
 @torch.no_grad()
 def decode_passes(
-    engine: PassEngine, progress: bool = False, compile_options: dict | None = None
+    engine: PassEngine,
+    progress: bool = False,
+    compile_options: dict | None = None,
+    queue: RunningBatch | None = None,
 ) -> tuple[Tensor, dict]:
     """Run `engine`'s passes until its plan says stop; compile_options (a compiled pipeline's): each
     pass, bookkeeping and model call, under torch.compile (on a GPU with mode="reduce-overhead", one
     CUDA graph per shape of pass). Where compiling fails, the pass runs eagerly from then on, with one
-    warning (torch.compile fails before it runs anything, so the pass is not run twice)."""
+    warning (torch.compile fails before it runs anything, so the pass is not run twice).
+    queue: a running batch, refilled before each pass (the bar then counts finished images)."""
     step = pass_runner(compile_options)
-    bar = progress_bar(total=engine.total, enabled=progress, desc=engine.desc)
+    if queue is None:
+        bar = progress_bar(total=engine.total, enabled=progress, desc=engine.desc)
+    else:
+        bar = progress_bar(total=queue.num_images, enabled=progress, desc=engine.desc, unit="img")
     try:
         with engine:
-            while (plan := engine.plan()) is not None:
+            while True:
+                if queue is not None:
+                    queue.refill(engine)
+                if (plan := engine.plan()) is None:
+                    break
                 try:
                     step(engine, plan)
                 except Exception as err:
@@ -112,7 +212,9 @@ def decode_passes(
                     step = run_pass
                     warn_compile_failed(err)
                 if progress:  # a read-back, so only when a bar shows
-                    bar.update(int(engine.least_done()) - bar.n)
+                    bar.update((queue.finished if queue is not None else int(engine.least_done())) - bar.n)
+            if queue is not None:
+                return queue.finish(engine)
     finally:
         bar.close()
     return engine.finish()

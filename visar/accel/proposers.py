@@ -39,6 +39,9 @@ class Window:
     num_drafts: Tensor  # [B] window_len - 1 (0 for done images)
     uniforms: Tensor  # [B, 4, window]: rows ACCEPT, RESIDUAL, CARRY, DRAFT
     max_drafts: int  # G, the draft slots of the pass (padding past an image's own num_drafts)
+    # the slots whose image has its first pass now (its condition is fed): every slot at a decode's
+    # first pass, a running batch's new images later (`passes.RunningBatch`)
+    fresh: tuple[int, ...] = ()
 
 
 class Proposer(Protocol):
@@ -67,6 +70,10 @@ class Proposer(Protocol):
         """Called with the pass's p [B, L, V], the output token of every slot [B, L], the commits [B]
         and the law each slot token follows [B, L, V] (p, or a relaxed rule's p~ at a verified draft),
         before `state.committed` moves on."""
+        ...
+
+    def admit(self, rows: Tensor, images: Tensor) -> None:
+        """Slots `rows` start queue images `images` (a running batch): nothing of their old images kept."""
         ...
 
     def close(self) -> None: ...
@@ -140,6 +147,11 @@ class GumbelCarry:
             noise = torch.where(fresh[..., None], rows, noise)
         self.noise, self.row_position = noise, positions
         return gumbel_coupling(request.target_probs, noise), request.target_probs
+
+    def admit(self, rows: Tensor):
+        """Slots `rows` start new images (other keys): none of their held rows match a position."""
+        if self.row_position is not None:
+            self.row_position[rows] = -1
 
 
 COUPLINGS = {"maximal": maximal_coupling_carry, "gumbel": GumbelCarry}
@@ -242,6 +254,14 @@ class JacobiProposer:
             slot_age = F.pad(self.draft_age, (0, length - self.draft_age.shape[1])) + 1  # the bonus slot: a new draw
             self.carry_age[:, :length] = slot_age.gather(1, shift)
 
+    def admit(self, rows: Tensor, images: Tensor):
+        """Slots `rows` start new images: nothing carried over, no ages."""
+        self.carry_count[rows] = 0
+        if self.carry_age is not None:
+            self.carry_age[rows] = 0
+        if hasattr(self.updater, "admit"):
+            self.updater.admit(rows)
+
     def close(self):
         pass
 
@@ -253,8 +273,10 @@ class DraftModelProposer:
     that were committed, and the next proposal first feeds it what it has not seen.
     """
 
-    def __init__(self, draft: RasterModel, cond: Tensor, cond_mask: Tensor | None, params: SamplingParams):
-        self.scorer = GuidedScorer(draft, cond, cond_mask, params)
+    def __init__(
+        self, draft: RasterModel, cond: Tensor, cond_mask: Tensor | None, params: SamplingParams, slots=None
+    ):
+        self.scorer = GuidedScorer(draft, cond, cond_mask, params, slots=slots)
         self.num_cond = draft.num_condition_tokens
 
     draft_age = None  # a draft model's drafts are new every pass
@@ -314,6 +336,13 @@ class DraftModelProposer:
         valid = self.num_cond + self.base + accepted
         self.draft_len = torch.where(commit_count > 0, valid, self.draft_len)
         self.scorer.truncate_cache(self.draft_len)
+
+    def admit(self, rows: Tensor, images: Tensor):
+        """Slots `rows` start queue images `images`: their conditions prefilled into the draft's cache."""
+        self.scorer.admit(rows, images)
+        if self.draft_len is not None:  # else the first proposal prefills every slot
+            self.pending[rows] = self.scorer.prefill(rows)
+            self.draft_len[rows] = self.num_cond
 
     def close(self):
         self.scorer.close_cache()

@@ -45,6 +45,18 @@ class Request:
     # torch.compile options a compiled pipeline runs each pass of a pass-loop engine under
     # (`passes.decode_passes`); None: eager passes
     compile_passes: dict | None = None
+    # A running batch (`passes.RunningBatch`): cond and generators hold a queue of images, `slots` of
+    # them decoded at once, each finished image's slot taken by the next; None: all at once. Only a
+    # method registered `refills=True` is handed one (`Pipeline.generate` cuts the queue into
+    # batches for the others).
+    slots: int | None = None
+    # called (image index, tokens [N], commit_pass [N]) as each image of a running batch finishes
+    on_image: Callable | None = None
+
+    @property
+    def batch_size(self) -> int:
+        """The images decoded at once: the slots of a running batch, else every image."""
+        return self.slots if self.slots is not None else self.cond.shape[0]
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,8 @@ class Method:
     # an image's tokens do not depend on the rest of its batch (False for `auto`, whose choices are
     # made for the batch size: the same law, other random numbers)
     batch_invariant: bool = True
+    # decodes a running batch (`Request.slots`): a finished image's slot is refilled from the queue
+    refills: bool = False
 
     @property
     def options(self) -> list[str]:

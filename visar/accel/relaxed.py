@@ -162,7 +162,7 @@ def jacobi_or_draft_proposer(request: Request, draft, init, coupling=None):
     if coupling is not None:
         raise VisarError("coupling applies to Jacobi drafts (carried over between passes); a draft model drafts afresh")
     draft_model = check_draft(request.model, draft, "lantern")
-    return DraftModelProposer(draft_model, request.cond, request.cond_mask, request.params)
+    return DraftModelProposer(draft_model, request.cond, request.cond_mask, request.params, slots=request.slots)
 
 
 # -- the registered methods -----------------------------------------------------------------------------
@@ -181,6 +181,7 @@ def gsd_is_exact(options: dict, model) -> bool:
     exact_when=gsd_is_exact,
     exact_when_text="group_size=1",
     exact_example={"group_size": 1},
+    refills=True,
 )
 def gsd(
     request: Request,
@@ -222,6 +223,7 @@ def lantern_is_exact(options: dict, model) -> bool:
     exact_when=lantern_is_exact,
     exact_when_text="delta=0",
     exact_example={"delta": 0.0},
+    refills=True,
 )
 def lantern(
     request: Request,

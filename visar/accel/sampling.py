@@ -124,7 +124,7 @@ class UniformStream:
     at its end is never read: the generators are the decode's own."""
 
     def __init__(self, generators: list[torch.Generator], device, block: int):
-        self.generators, self.device, self.block = generators, device, block
+        self.generators, self.device, self.block = list(generators), device, block
         self.buffer = to_device(torch.zeros(len(generators), 0), device)
         self.used = 0
 
@@ -136,6 +136,17 @@ class UniformStream:
             self.used = 0
         self.used += count
         return self.buffer[:, self.used - count : self.used]
+
+    def replace(self, rows: list[int], generators: list[torch.Generator]):
+        """Rows `rows` draw from these generators from now on (a running batch's new images): their
+        uniforms not yet taken are drawn afresh, so each new image's takes start with its generator's
+        next numbers, as in a stream of its own."""
+        for row, generator in zip(rows, generators, strict=True):
+            self.generators[row] = generator
+        left = self.buffer.shape[1] - self.used
+        if left:
+            index = torch.tensor(rows, device=self.buffer.device)
+            self.buffer[index, self.used :] = to_device(draw_uniforms(generators, left), self.device)
 
 
 def to_device(x: Tensor, device) -> Tensor:

@@ -119,6 +119,22 @@ class ChainRecord:
         self.records.index_copy_(0, self.cursor, torch.stack([committed, num_drafts, num_accepted])[None])
         self.cursor += 1
 
+    def reserve(self, passes: int):
+        """Room for `passes` passes (a running batch decodes more than N; grown by doubling)."""
+        if passes > len(self.records):
+            more = max(passes, 2 * len(self.records)) - len(self.records)
+            self.records = torch.cat([self.records, self.records.new_zeros(more, *self.records.shape[1:])])
+
+    def image_commits(self, row: int, start: int, end: int) -> tuple[Tensor, Tensor]:
+        """The image slot `row` decoded in passes start .. end - 1 -> (its passes, 0-d; the pass of its
+        own that committed each token [N], 1 = its first)."""
+        num_tokens = self.log.num_tokens
+        committed, _, num_accepted = self.records[start:end, :, row].unbind(1)  # [P]
+        active = committed < num_tokens
+        reached = committed + torch.where(active, num_accepted + 1, 0)
+        first = torch.searchsorted(reached, torch.arange(num_tokens, device=reached.device), right=True)
+        return active.sum(), first + 1
+
     def stats(self, forward_passes: int, draft_forward_passes: int = 0) -> dict:
         log, num_tokens = self.log, self.log.num_tokens
         passes = int(self.cursor)
@@ -134,3 +150,48 @@ class ChainRecord:
         first = torch.searchsorted(reached, index, right=True)  # P where no pass reached it (a stopped probe)
         log.commit_pass[:, :num_tokens] = torch.where(first < passes, first + 1, 0)
         return log.stats(forward_passes, draft_forward_passes)
+
+
+SUMMED_STATS = ("forward_passes", "latency_s", "draft_tokens", "accepted_tokens", "draft_forward_passes")
+PER_ROW_STATS = ("draft_tokens_by_row", "accepted_tokens_by_row", "draft_tokens_by_slot", "accepted_tokens_by_slot")
+
+
+def add_lists(lists: list[list]) -> list:
+    """Element-wise sums of count lists that may differ in length (an empty one: no drafts)."""
+    length = max(len(x) for x in lists)
+    return [sum(x[i] for x in lists if i < len(x)) for i in range(length)]
+
+
+def same_value(a, b) -> bool:
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape == b.shape and torch.equal(a, b)
+    return a == b
+
+
+def merge_batch_stats(parts: list[dict]) -> dict:
+    """The stats of consecutive batches of one call's images -> the call's: counts summed, per-image
+    entries in image order, rates recomputed; another entry is kept where every batch has the same,
+    else listed per batch (e.g. what `auto` chose for each)."""
+    merged = {}
+    for key in parts[0]:
+        values = [part[key] for part in parts]
+        if key in SUMMED_STATS:
+            merged[key] = sum(values)
+        elif key in PER_ROW_STATS:
+            merged[key] = add_lists(values)
+        elif key == "forward_passes_per_image":
+            merged[key] = [passes for value in values for passes in value]
+        elif key == "commit_pass":  # [B, ...], or a list of [B, pn, pn] per scale
+            if isinstance(values[0], (list, tuple)):
+                merged[key] = [torch.cat(scale) for scale in zip(*values, strict=True)]
+            else:
+                merged[key] = torch.cat(values)
+        elif key == "tokens_per_forward":  # a mean over images
+            sizes = [len(part["forward_passes_per_image"]) for part in parts]
+            merged[key] = sum(v * n for v, n in zip(values, sizes, strict=True)) / sum(sizes)
+        else:
+            merged[key] = values[0] if all(same_value(v, values[0]) for v in values) else values
+    tested = merged.get("draft_tokens", 0)
+    if "acceptance_rate" in merged:
+        merged["acceptance_rate"] = merged["accepted_tokens"] / tested if tested else None
+    return merged

@@ -55,7 +55,7 @@ def front_costs(request: Request, s: int, method: str, engine: dict) -> PassCost
     if chain is None:
         return None
     model = request.model
-    key = cost_key("fronts", model, request.cond.shape[0], request.params.uses_cfg, (model.num_condition_tokens, s))
+    key = cost_key("fronts", model, request.batch_size, request.params.uses_cfg, (model.num_condition_tokens, s))
     probe_engine = {**engine, "trees": None}  # one slot per front drafts no tree
 
     def probe(budget: ProbeBudget):

@@ -273,7 +273,7 @@ class Pipeline:
         caption_mask=None,
         progress: bool = False,
         batch_size: int | None = None,
-        on_image: Callable[[int, Any], None] | None = None,
+        on_image: Callable[[int, Any, int], None] | None = None,
         **method_options,
     ) -> GenerationOutput:
         """Generate `num_images_per_prompt` images (default 1) per class label / prompt.
@@ -310,8 +310,9 @@ class Pipeline:
         image has all its tokens its slot takes the next image, so a slot never feeds padding for a
         finished image while images are left; the others decode consecutive batches. An image's
         tokens and passes are those of its decode alone at any batch_size (not under budget="auto",
-        which chooses for the batch). on_image(index, tokens): called with each image's tokens (the
-        shape of `GenerationOutput.tokens`' entries) as soon as it is done, e.g. to save it.
+        which chooses for the batch). on_image(index, tokens, passes): called with each image's tokens
+        (the shape of `GenerationOutput.tokens`' entries) and forward passes as soon as it is done
+        (a running batch) or its batch is, e.g. to save it.
         A method's second model (option `draft`, or `refiner` for code) may be a registered name or
         folder (loaded once per process), a Pipeline, or a model; its tokenizer must be this pipeline's.
         stats (every method, `visar.accel.stats`): forward_passes (the batch's target passes),
@@ -369,7 +370,7 @@ class Pipeline:
         tokens, stats["commit_pass"] = output_maps(self.model, tokens, stats["commit_pass"])
         if on_image is not None and not (slots is not None and decoding_method.refills):
             for index, image_tokens in enumerate(per_image_tokens(tokens)):
-                on_image(index, image_tokens)
+                on_image(index, image_tokens, stats["forward_passes_per_image"][index])
         lossless = decoding_method.is_lossless(method_options, self.model)
         stats = {**stats, "method": method, "lossless": lossless, "batch_size": batch}
         images = None
@@ -402,11 +403,12 @@ class Pipeline:
         return merge_tokens([tokens for tokens, _ in parts]), merge_batch_stats([stats for _, stats in parts])
 
     def image_callback(self, on_image):
-        """A running batch's (index, tokens [N], commit_pass [N]) -> on_image(index, the image's output tokens)."""
+        """A running batch's (index, tokens [N], passes, commit_pass [N]) -> on_image(index, the image's
+        output tokens, its passes)."""
         if on_image is None:
             return None
-        return lambda index, tokens, commit_pass: on_image(
-            index, output_maps(self.model, tokens[None], commit_pass[None])[0][0]
+        return lambda index, tokens, passes, commit_pass: on_image(
+            index, output_maps(self.model, tokens[None], commit_pass[None])[0][0], passes
         )
 
     def resolve_method(self, method: str | None) -> str | None:

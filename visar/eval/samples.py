@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..accel import get_method
 from ..accel.sampling import MAX_SEED
 from ..errors import VisarError
 from ..progress import progress_bar
@@ -188,6 +189,11 @@ def _batches(jobs: list[SampleJob], size: int) -> Iterator[list[SampleJob]]:
         yield chunk
 
 
+# A running batch's queue holds this many batches' images: long enough that the slots rarely idle
+# at its end, short enough that a text model encodes its prompts without holding a whole file's.
+QUEUE_BATCHES = 32
+
+
 def generate_missing(
     pipe,
     jobs: list[SampleJob],
@@ -206,7 +212,10 @@ def generate_missing(
     prompt, with the job's own negative prompt where it has one. generate_kwargs go to
     `Pipeline.generate` (sampling settings, method options, a negative prompt for the other jobs).
     is_done(job): whether a job is finished (default: its PNG is complete); on_image(job, stats):
-    called once its PNG is in place, with that image's {"forward_passes"}.
+    called once its PNG is in place, with that image's {"forward_passes"}. A method that refills
+    (`Method.refills`) decodes a running batch of `batch_size` slots over queues of jobs, each image
+    saved as soon as it is done (an interrupted run keeps every finished one); the others decode
+    consecutive batches, saved after each.
     """
     if batch_size < 1:
         raise VisarError("--batch-size must be >= 1")
@@ -221,8 +230,35 @@ def generate_missing(
     totals = {"forward_passes": 0, "latency_s": 0.0, "decode_s": 0.0}
     image_passes = 0
     key = "class_labels" if pipe.is_class_conditional else "prompts"
+    refills = get_method(pipe.resolve_method(method)).refills
     with progress_bar(total=len(missing), enabled=progress, desc=desc, unit="img", leave=True) as bar:
-        for chunk in _batches(missing, batch_size):
+        if refills:  # a running batch over a queue of jobs: each image saved as soon as it is done
+            for queue in _batches(missing, batch_size * QUEUE_BATCHES):
+                own = {} if queue[0].negative_prompt is None else {"negative_prompt": [j.negative_prompt for j in queue]}
+
+                def save(index, tokens, passes, queue=queue):
+                    start = time.perf_counter()
+                    job = queue[index]
+                    job.path.parent.mkdir(parents=True, exist_ok=True)
+                    save_png(decode_alone(pipe, tokens), job.path)
+                    if on_image is not None:
+                        on_image(job, {"forward_passes": passes})
+                    totals["decode_s"] += time.perf_counter() - start
+                    bar.update(1)
+
+                out = pipe.generate(
+                    **{key: [job.condition for job in queue]},
+                    method=method,
+                    generator=[torch.Generator().manual_seed(job.seed) for job in queue],
+                    output_type="tokens",
+                    batch_size=min(batch_size, len(queue)),
+                    on_image=save,
+                    **{**generate_kwargs, **own},
+                )
+                totals["forward_passes"] += out.stats["forward_passes"]
+                totals["latency_s"] += out.stats["latency_s"]
+                image_passes += out.stats["forward_passes"] * min(batch_size, len(queue))  # slot-passes fed
+        for chunk in _batches(missing, batch_size) if not refills else ():
             generators = [torch.Generator().manual_seed(job.seed) for job in chunk]
             own = {} if chunk[0].negative_prompt is None else {"negative_prompt": [j.negative_prompt for j in chunk]}
             out = pipe.generate(

@@ -1,0 +1,188 @@
+"""A running batch (`Request.slots`, `Pipeline.generate(batch_size=)`): B slots over a queue of images,
+a finished image's slot taken by the next one (`visar.accel.passes.RunningBatch`).
+
+At a fixed budget every image's tokens, passes and commit_pass are those of its decode alone, whatever
+slot it took and whoever shared the batch; the joint law holds with refills happening (and a refill
+that kept the slot's old condition fails the same test: the negative control); the pipeline runs the
+methods that do not refill as consecutive batches, and saves each image of a refilling run as soon as
+it is done, so an interrupted run keeps every finished image.
+"""
+
+import pytest
+import torch
+from conftest import law_samples
+from laws import (
+    CFG_TOPK,
+    SAMPLES,
+    VOCAB,
+    compare_laws,
+    exact_law,
+    perturbed,
+    sequence_index,
+    tiny_llamagen,
+    tiny_pipeline,
+    unit_codebook,
+)
+
+from visar.accel import get_method
+from visar.accel.registry import Request
+from visar.accel.sampling import SamplingParams, make_generators
+from visar.errors import VisarError
+from visar.eval.samples import SampleJob, generate_missing
+
+GUIDED = SamplingParams(guidance_scale=2.0, temperature=1.1)
+
+
+@pytest.fixture(scope="module")
+def model16():
+    """4x4 tokens, vocabulary 32: several windows per image, images that finish at different passes."""
+    return tiny_llamagen(vocab=32, block_size=16, seed=3, std=0.3)
+
+
+def chain_cases(model):
+    draft = perturbed(model, seed=1, scale=0.3)
+    book = unit_codebook(model.vocab_size, 8, seed=0)
+    return [
+        ("sjd", {"window": 4}),
+        ("mc-sjd", {"window": 8}),
+        ("mc-sjd", {"window": 5, "coupling": "gumbel", "init": "random"}),
+        ("spec", {"window": 3, "draft": draft}),
+        ("gsd", {"window": 6, "group_size": 2}),
+        ("lantern", {"window": 4, "delta": 0.2, "coupling": "maximal"}),
+    ], book
+
+
+def decode(model, labels, seeds, name, options, slots=None, tokenizer=None):
+    cond = torch.tensor(labels, device=model.device)
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    request = Request(model, cond, GUIDED, generators, tokenizer=tokenizer, slots=slots)
+    return get_method(name).fn(request, **options)
+
+
+def test_every_image_of_a_running_batch_is_its_decode_alone(model16):
+    """Seven images through 2 slots (five refills): each image's tokens, passes and commit passes equal
+    those of its decode alone, for every chain method."""
+    cases, book = chain_cases(model16)
+    labels, seeds = [0, 1, 2, 1, 0, 2, 1], [11, 12, 13, 14, 15, 16, 17]
+    for name, options in cases:
+        assert get_method(name).refills
+        tokens, stats = decode(model16, labels, seeds, name, options, slots=2, tokenizer=book)
+        assert tokens.shape == (7, 16) and stats["slots"] == 2 and stats["refills"] == 5
+        for i, (label, seed) in enumerate(zip(labels, seeds, strict=True)):
+            alone, alone_stats = decode(model16, [label], [seed], name, options, tokenizer=book)
+            assert torch.equal(tokens[i], alone[0]), (name, options, i)
+            assert stats["forward_passes_per_image"][i] == alone_stats["forward_passes_per_image"][0], (name, i)
+            assert torch.equal(stats["commit_pass"][i], alone_stats["commit_pass"][0]), (name, i)
+        # the batch ran fewer passes than its images took one after another
+        assert stats["forward_passes"] < sum(stats["forward_passes_per_image"])
+
+
+def test_each_image_is_handed_over_once_as_it_finishes(model16):
+    """on_image sees every image once, with its final tokens and passes (the interrupted run below
+    shows they come while others still decode)."""
+    seen = []
+    cond = torch.tensor([0, 1, 2, 0, 1], device=model16.device)
+    on_image = lambda index, tokens, passes, commit_pass: seen.append((index, tokens.clone(), passes))  # noqa: E731
+    request = Request(model16, cond, GUIDED, make_generators(5, 40), slots=2, on_image=on_image)
+    tokens, stats = get_method("mc-sjd").fn(request, window=8)
+    assert sorted(index for index, _, _ in seen) == [0, 1, 2, 3, 4]
+    for index, image_tokens, passes in seen:
+        assert torch.equal(image_tokens, tokens[index])
+        assert passes == stats["forward_passes_per_image"][index]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, options", [("mc-sjd", {"window": 4, "coupling": "gumbel"})])
+def test_the_joint_law_holds_with_refills(name, options, monkeypatch):
+    """Images of class 2 queued between images of class 1, 64 slots: the class-2 images follow class 2's
+    exact law. Negative control: a refill that keeps the slot's old condition (its cache reset, its
+    tokens restarted) fails the same test."""
+    model = tiny_llamagen(device="cpu")
+    n = law_samples(SAMPLES)
+    labels = torch.tensor([1 + (i % 3 == 0) for i in range(2 * n)])  # a third of them class 2
+    picked = (labels == 2).nonzero()[:, 0]
+
+    def class_two_law(seed):
+        request = Request(model, labels, CFG_TOPK, make_generators(len(labels), seed), slots=64)
+        tokens, stats = get_method(name).fn(request, **options)
+        assert stats["refills"] == len(labels) - 64
+        return compare_laws(sequence_index(tokens[picked], VOCAB), exact_law(model, 2, CFG_TOPK))
+
+    pvalue, tv, tolerance = class_two_law(9000)
+    print(f"{name} with refills: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
+    assert pvalue > 1e-3 and tv < tolerance
+
+    from visar.accel.scoring import GuidedScorer
+
+    def stale_admit(self, rows, images):  # resets the rows' cache, keeps their old conditions
+        self.model.reset_cache_rows(torch.cat([rows, rows + self.batch]) if self.guided else rows)
+
+    monkeypatch.setattr(GuidedScorer, "admit", stale_admit)
+    try:
+        pvalue, tv, tolerance = class_two_law(9001)
+    except AssertionError as err:  # top-k 4: class 1's law draws sequences class 2's cannot
+        assert "zero-probability" in str(err)
+        print(f"{name} refilled with stale conditions: drew a sequence of probability 0")
+        return
+    print(f"{name} refilled with stale conditions: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
+    assert pvalue < 1e-3 and tv > tolerance
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return tiny_pipeline("llamagen")
+
+
+def test_pipeline_batch_size_refills_or_runs_consecutive_batches(pipe):
+    labels = [0, 1, 2, 3, 1, 0]
+    whole = pipe.generate(class_labels=labels, method="mc-sjd", seed=3, output_type="tokens")
+    running = pipe.generate(class_labels=labels, method="mc-sjd", seed=3, output_type="tokens", batch_size=2)
+    assert torch.equal(whole.tokens, running.tokens)
+    assert running.stats["forward_passes_per_image"] == whole.stats["forward_passes_per_image"]
+    assert running.stats["refills"] == 4 and running.tokens.shape == whole.tokens.shape
+    # ar does not refill (every image takes N passes): three batches of two, the same images
+    assert not get_method("ar").refills
+    batches = pipe.generate(class_labels=labels, method="ar", seed=3, output_type="tokens", batch_size=2)
+    alone = pipe.generate(class_labels=labels, method="ar", seed=3, output_type="tokens")
+    assert torch.equal(batches.tokens, alone.tokens)
+    assert batches.stats["forward_passes"] == 3 * pipe.model.num_image_tokens
+    assert batches.stats["commit_pass"].shape == alone.stats["commit_pass"].shape
+    handed = {}
+    pipe.generate(
+        class_labels=labels, method="ar", seed=3, output_type="tokens", batch_size=4,
+        on_image=lambda index, tokens, passes: handed.setdefault(index, (tokens, passes)),
+    )  # fmt: skip
+    assert sorted(handed) == list(range(6))
+    assert all(torch.equal(handed[i][0], alone.tokens[i]) for i in range(6))
+
+
+@pytest.mark.parametrize(
+    "batch_size, message",
+    [(0, "batch_size must be a whole number >= 1"), (2.5, "whole number"), (7, "larger than the 6 images")],
+)
+def test_bad_batch_sizes_are_one_sentence(pipe, batch_size, message):
+    with pytest.raises(VisarError, match=message):
+        pipe.generate(class_labels=[0, 1, 2, 3, 1, 0], method="mc-sjd", batch_size=batch_size, output_type="tokens")
+
+
+def test_an_interrupted_refilling_run_keeps_its_finished_images_and_resumes_to_the_same_files(pipe, tmp_path):
+    def jobs(folder):
+        return [SampleJob(folder / f"{i:05d}.png", i % 4, 100 + i) for i in range(7)]
+
+    reference = tmp_path / "reference"
+    generate_missing(pipe, jobs(reference), method="mc-sjd", batch_size=3, progress=False)
+    interrupted = tmp_path / "interrupted"
+    saved = []
+
+    def stop_after_three(job, record):
+        saved.append(job)
+        if len(saved) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        generate_missing(pipe, jobs(interrupted), method="mc-sjd", batch_size=3, progress=False, on_image=stop_after_three)
+    assert len(list(interrupted.glob("*.png"))) == 3
+    stats = generate_missing(pipe, jobs(interrupted), method="mc-sjd", batch_size=2, progress=False)
+    assert stats["generated"] == 4 and stats["reused"] == 3
+    for job in jobs(reference):
+        assert (interrupted / job.path.name).read_bytes() == job.path.read_bytes()

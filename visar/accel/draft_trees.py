@@ -285,8 +285,11 @@ class TreePass(CacheSlots):
         mask = (self.true_slots & (self.slot_row <= seen[..., None])) | self.side_visible
         return position.clamp(max=self.max_pos), cache_pos, mask
 
-    def probs(self, tokens: Tensor, fed: Tensor, committed: Tensor, node_tokens: Tensor, first: bool) -> Tensor:
-        """One target pass -> p at every node [B, T, V] (node 0: the root's, the law of index `committed`)."""
+    def probs(
+        self, tokens: Tensor, fed: Tensor, committed: Tensor, node_tokens: Tensor, first: bool, rows=None
+    ) -> Tensor:
+        """One target pass -> p at every node [B, T, V] (node 0: the root's, the law of index `committed`).
+        rows [R]: the pass is for these slots of the scorer's batch only (every tensor here has R rows)."""
         input_pos, cache_pos, mask = self.nodes(committed)
         batch = committed.shape[0]
         if first:  # the condition is the chain; its last position is the root
@@ -298,6 +301,7 @@ class TreePass(CacheSlots):
                 mask=torch.cat([cond_mask, mask], 1),
                 cache_pos=torch.cat([cond_pos, cache_pos], 1),
                 with_condition=True,
+                rows=rows,
             )
             width = self.num_cond
         else:
@@ -308,6 +312,7 @@ class TreePass(CacheSlots):
                 torch.cat([feed_pos, input_pos], 1),
                 mask=torch.cat([feed_mask, mask], 1),
                 cache_pos=torch.cat([feed_slots, cache_pos], 1),
+                rows=rows,
             )
             width = feed.shape[1]
         return self.scorer.target_probs(logits[:, width - 1 :])

@@ -283,6 +283,7 @@ def lantern_pp_is_exact(options: dict, model) -> bool:
     exact_when_text="lambda_cap=1 or delta=0",
     exact_example={"lambda_cap": 1.0},
     needs_draft=True,
+    refills=True,
 )
 def lantern_pp(
     request: Request,

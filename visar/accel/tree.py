@@ -23,9 +23,9 @@ from torch import Tensor
 
 from ..errors import VisarError
 from ..models.base import RasterModel
-from .passes import decode_passes
+from .passes import decode_passes, running_batch
 from .registry import Request
-from .sampling import SamplingParams, UniformStream, sample_from_probs
+from .sampling import SamplingParams, UniformStream, draw_uniforms, sample_from_probs, to_device
 from .scoring import GuidedScorer
 from .stats import DecodeLog
 from .tree_verify import TreeIndex, verify_tree
@@ -177,11 +177,11 @@ class TreeAttention(CacheSlots):
 class TreeDrafter:
     """The draft model's side: catch up on committed tokens, then one pass per tree depth."""
 
-    def __init__(self, draft: RasterModel, tree: StaticTree, cond, cond_mask, params: SamplingParams):
+    def __init__(self, draft: RasterModel, tree: StaticTree, cond, cond_mask, params: SamplingParams, slots=None):
         self.tree = tree
-        self.attention = TreeAttention(GuidedScorer(draft, cond, cond_mask, params), tree)
+        self.attention = TreeAttention(GuidedScorer(draft, cond, cond_mask, params, slots=slots), tree)
         self.attention.scorer.prefill()  # the condition into the cache (token 0 is the target's AR step)
-        self.fed = torch.zeros(cond.shape[0], dtype=torch.long, device=self.attention.device)
+        self.fed = torch.zeros(self.attention.scorer.batch, dtype=torch.long, device=self.attention.device)
         depth = tree.depth.tolist()
         has_children = (tree.children >= 0).any(1).tolist()
         self.levels = [
@@ -233,6 +233,12 @@ class TreeDrafter:
                 remaining.scatter_(-1, drawn[..., None], 0.0)
         return node_tokens, node_q, node_ok
 
+    def admit(self, rows: Tensor, images: Tensor):
+        """Slots `rows` start queue images `images`: their conditions into the draft's cache, nothing fed yet."""
+        self.attention.scorer.admit(rows, images)
+        self.attention.scorer.prefill(rows)
+        self.fed[rows] = 0
+
     def close(self):
         self.attention.close()
 
@@ -271,7 +277,8 @@ class StaticTreePasses:
     test walks it, and the accepted path plus one token commits.
 
     relax(p, q, x) -> p~: the target each child is tested against (None: p itself, lossless); a
-    rejection continues from norm((p~ - q)+).
+    rejection continues from norm((p~ - q)+). A running batch (`request.slots`) refills a slot
+    between passes (`admit`, which runs the new image's prefill and samples its token 0 there).
     """
 
     desc = "tree"
@@ -279,9 +286,10 @@ class StaticTreePasses:
     def __init__(self, request: Request, draft: RasterModel, tree: StaticTree, relax):
         model, cond, cond_mask, params = request.model, request.cond, request.cond_mask, request.params
         self.tree, self.relax, self.device = tree, relax, model.device
-        self.batch, self.total = cond.shape[0], model.num_image_tokens
-        self.target = TreeAttention(GuidedScorer(model, cond, cond_mask, params), tree)
-        self.drafter = TreeDrafter(draft, tree, cond, cond_mask, params)
+        self.batch, self.total = request.batch_size, model.num_image_tokens
+        self.generators = request.generators
+        self.target = TreeAttention(GuidedScorer(model, cond, cond_mask, params, slots=request.slots), tree)
+        self.drafter = TreeDrafter(draft, tree, cond, cond_mask, params, slots=request.slots)
         self.size, self.max_depth = tree.num_nodes + 1, tree.max_depth
         self.block = self.size + self.max_depth * tree.children.shape[1] + 1  # uniforms an image draws a pass
         self.depths = tree.depth.to(self.device)
@@ -293,13 +301,16 @@ class StaticTreePasses:
         self.fed = torch.zeros(self.batch, dtype=torch.long, device=self.device)
         self.log = DecodeLog(self.batch, model.grid_size, self.max_depth, self.device)
         # the same numbers as a draw per pass, drawn 16 passes at a time
-        self.uniforms = UniformStream(request.generators, self.device, block=16 * self.block)
+        self.uniforms = UniformStream(self.generators[: self.batch], self.device, block=16 * self.block)
+        self.passes_run = 0  # passes so far, the prefill the first: the pass number the log records
+        self.start_pass = [0] * self.batch  # the pass after which each slot's image started
 
     def __enter__(self):
         # token 0 from the condition alone: a plain AR step (the first tree grows from it)
         self.log.count_pass(torch.ones(self.batch, dtype=torch.bool, device=self.device))  # the prefill
         first_u = self.uniforms.take(1)[:, 0]
         self.tokens[:, 0] = sample_from_probs(self.target.scorer.prefill(), first_u)
+        self.passes_run = 1
         self.log.commit_pass[:, 0] = 1
         return self
 
@@ -313,6 +324,7 @@ class StaticTreePasses:
         active = self.committed < self.total
         if not bool(active.any()):  # the one read-back of the loop
             return None
+        self.passes_run += 1
         return StaticTreePlan(active, self.uniforms.take(self.block))
 
     def propose(self, plan: StaticTreePlan) -> tuple[Tensor, Tensor, Tensor]:
@@ -337,7 +349,7 @@ class StaticTreePasses:
         committed, depth, log, active = self.committed, self.depth_range, self.log, plan.active
         self.tokens.scatter_(1, committed[:, None] + depth, walk.path)
         kept = active[:, None] & (depth <= walk.accepted[:, None]) & (committed[:, None] + depth < self.total)
-        log.commit(committed[:, None] + depth, kept, self.target.forward_passes)
+        log.commit(committed[:, None] + depth, kept, self.passes_run)
         slot = depth[:-1].expand(self.batch, -1)
         log.drafts(committed[:, None] + slot, slot, walk.tried_at, slot < walk.accepted[:, None])
         log.count_pass(active)
@@ -347,9 +359,38 @@ class StaticTreePasses:
         return self.committed.clamp(max=self.total).min()
 
     def finish(self) -> tuple[Tensor, dict]:
-        log = self.log
-        stats = log.stats(int(log.passes_per_image.max()), draft_forward_passes=self.drafter.forward_passes)
+        stats = self.log.stats(self.target.forward_passes, draft_forward_passes=self.drafter.forward_passes)
         return self.tokens[:, : self.total], {**stats, "tree_nodes": self.tree.num_nodes, "tree_depth": self.max_depth}
+
+    def done(self) -> Tensor:
+        return self.committed >= self.total
+
+    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        index = torch.tensor(rows, device=self.device)
+        start = torch.tensor([self.start_pass[row] for row in rows], device=self.device)
+        commit_pass = self.log.commit_pass[index, : self.total] - start[:, None]  # 1 = the image's prefill
+        return self.tokens[index, : self.total], self.log.passes_per_image[index], commit_pass
+
+    def admit(self, rows: list[int], images: list[int]):
+        """The new images' first step, as `__enter__` takes it for a decode: the prefill (target and
+        draft, these slots only) and token 0 sampled with each image's first uniform; it counts as the
+        image's first pass."""
+        generators = [self.generators[image] for image in images]
+        index, image_index = (torch.tensor(x, device=self.device) for x in (rows, images))
+        first_u = to_device(draw_uniforms(generators, 1), self.device)[:, 0]  # the stream's first take
+        self.uniforms.replace(rows, generators)
+        self.target.scorer.admit(index, image_index)
+        self.drafter.admit(index, image_index)
+        self.tokens[index] = 0
+        self.tokens[index, 0] = sample_from_probs(self.target.scorer.prefill(index), first_u)
+        self.committed[index] = 1
+        self.fed[index] = 0
+        log = self.log
+        log.passes_per_image[index] = 1
+        log.commit_pass[index] = 0
+        log.commit_pass[index, 0] = self.passes_run
+        for row in rows:
+            self.start_pass[row] = self.passes_run - 1
 
 
 def tree_decode(
@@ -360,4 +401,4 @@ def tree_decode(
 ) -> tuple[Tensor, dict]:
     """Draft a static tree, verify it in one target pass, commit the accepted path + 1, pass after
     pass (`StaticTreePasses` on the pass loop). -> (tokens [B, N], stats)."""
-    return decode_passes(StaticTreePasses(request, draft, tree, relax), request.progress)
+    return decode_passes(StaticTreePasses(request, draft, tree, relax), request.progress, queue=running_batch(request))

@@ -53,8 +53,8 @@ from .draft_trees import (
     verify_tree,
 )
 from .drafts import resolve_initialiser
-from .jacobi import chain_costs, decode_chain_budget, new_state
-from .passes import decode_passes
+from .jacobi import chain_costs, decode_chain_budget, image_keys, new_state
+from .passes import decode_passes, running_batch
 from .proposers import JacobiProposer, Window, maximal_coupling_carry
 from .registry import Request, register_method
 from .sampling import UniformStream
@@ -71,6 +71,9 @@ class TreePlan(NamedTuple):
     window: Window  # the main path's drafts for the proposer
     extra_u: Tensor  # [B, (D - 1)(K - 1)] the extra candidates' uniforms
     test_u: Tensor  # [B, T + M + 1] the node tests' and draws' uniforms
+    # the slots whose image has its first pass now (its condition is fed): every slot at a decode's
+    # first pass, a running batch's new images later
+    fresh: tuple[int, ...] = ()
 
 
 class TreePasses:
@@ -80,23 +83,29 @@ class TreePasses:
 
     layouts: one tree, or trees by size (one branch and depth, main paths of several lengths), of
     which `budget` chooses each pass's (from what earlier passes committed), or stops a probe.
+    A running batch (`request.slots`) refills a slot between passes (`admit`); the slot's state is
+    then what a decode of the new image alone starts with.
     """
 
     desc = "tree"
 
     def __init__(self, request: Request, layouts, initialiser: Callable, neighbours: tuple[str, ...], budget):
-        model, generators = request.model, request.generators
+        model, self.generators = request.model, request.generators
         self.budget, self.neighbours = budget, neighbours
         self.device, self.total = model.device, model.num_image_tokens
-        batch = request.cond.shape[0]
+        self.batch = batch = request.batch_size
+        generators = self.generators[:batch]
         if isinstance(layouts, DraftTree):
             layouts = {layouts.num_nodes: layouts}
         self.largest = layouts[max(layouts)]
         main_len = self.largest.main_length
         self.state = new_state(model, generators, main_len, spare=main_len + 1)
-        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
+        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params, slots=request.slots)
         self.proposer = JacobiProposer(initialiser, maximal_coupling_carry)
         self.log = DecodeLog(batch, model.grid_size, main_len, self.device)
+        self.passes_run = 0  # passes planned: the pass number the log records (an image's own, less its start)
+        self.fresh = tuple(range(batch))  # slots whose image has not had its first pass
+        self.start_pass = [0] * batch  # the pass after which each slot's image started
         # one cache layout for every size: the same side nodes
         self.passes = {size: TreePass(self.scorer, layout) for size, layout in layouts.items()}
         self.layouts = {size: layout.to(self.device) for size, layout in layouts.items()}
@@ -123,14 +132,27 @@ class TreePasses:
         self.sizes_chosen[size] = self.sizes_chosen.get(size, 0) + 1
         layout = self.layouts[size]
         window, extra_u, test_u = tree_randomness(self.uniforms, layout, active)
-        return TreePlan(layout, self.passes[size], active, window, extra_u, test_u)
+        fresh, self.fresh = self.fresh, ()
+        self.passes_run += 1
+        return TreePlan(layout, self.passes[size], active, window, extra_u, test_u, fresh)
 
     def propose(self, plan: TreePlan) -> tuple[Tensor, Tensor]:
         return draft_tree(self.proposer, self.state, plan.window, plan.layout, self.neighbours, plan.extra_u)
 
     def score(self, plan: TreePlan, drafts) -> Tensor:
-        first = self.scorer.forward_passes == 0
-        return plan.tree_pass.probs(self.state.tokens, self.fed, self.state.committed, drafts[0], first)  # [B, T, V]
+        state, tree_pass = self.state, plan.tree_pass
+        if not plan.fresh or len(plan.fresh) == self.batch:  # one call: every slot's first pass, or none's
+            first = len(plan.fresh) == self.batch
+            return tree_pass.probs(state.tokens, self.fed, state.committed, drafts[0], first)  # [B, T, V]
+        # a running batch's new images feed their condition, the other slots their committed tokens: a call each
+        new = torch.tensor(plan.fresh, device=self.device)
+        old = torch.tensor([row for row in range(self.batch) if row not in plan.fresh], device=self.device)
+        new_probs, old_probs = (
+            tree_pass.probs(state.tokens[rows], self.fed[rows], state.committed[rows], drafts[0][rows], first, rows)
+            for rows, first in ((new, True), (old, False))
+        )
+        probs = new_probs.new_empty(self.batch, *new_probs.shape[1:])
+        return probs.index_copy(0, new, new_probs).index_copy(0, old, old_probs)
 
     def verify(self, plan: TreePlan, drafts, probs: Tensor) -> WindowVerdict:
         node_depth = plan.layout.tree.depth
@@ -146,7 +168,7 @@ class TreePasses:
         node_slot = (node_depth - 1).clamp(min=0)[None].expand(len(active), -1)
         log.drafts(node_index, node_slot, verdict.tried & active[:, None], verdict.accept)
         columns = index - state.committed[:, None] + 1
-        log.commit(index, (columns <= commit_count[:, None]) & (index < self.total), self.scorer.forward_passes)
+        log.commit(index, (columns <= commit_count[:, None]) & (index < self.total), self.passes_run)
         log.count_pass(active)
         if self.budget is not None:
             depths = (self.total - state.committed).clamp(max=layout.main_length - 1)
@@ -171,6 +193,32 @@ class TreePasses:
             "sizes_chosen": dict(sorted(self.sizes_chosen.items())),
         }
 
+    def done(self) -> Tensor:
+        return self.state.committed >= self.total
+
+    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        index = torch.tensor(rows, device=self.device)
+        start = torch.tensor([self.start_pass[row] for row in rows], device=self.device)
+        commit_pass = self.log.commit_pass[index, : self.total] - start[:, None]  # 1 = the image's first pass
+        return self.state.tokens[index, : self.total], self.log.passes_per_image[index], commit_pass
+
+    def admit(self, rows: list[int], images: list[int]):
+        generators = [self.generators[image] for image in images]
+        index, image_index = (torch.tensor(x, device=self.device) for x in (rows, images))
+        state, log = self.state, self.log
+        state.tokens[index] = 0
+        state.committed[index] = 0
+        state.keys[index] = image_keys(generators, self.device)  # its generator's first draw, as in new_state
+        self.uniforms.replace(rows, generators)
+        self.scorer.admit(index, image_index)
+        self.proposer.admit(index, image_index)
+        self.fed[index] = 0
+        log.passes_per_image[index] = 0
+        log.commit_pass[index] = 0
+        for row in rows:
+            self.start_pass[row] = self.passes_run
+        self.fresh = tuple(sorted(rows))
+
 
 def tree_jacobi_decode(
     request: Request,
@@ -182,7 +230,7 @@ def tree_jacobi_decode(
     """Propose a tree, score it in one pass, verify every node, commit, carry over, pass after pass
     (`TreePasses` on the pass loop). -> (tokens [B, N], stats)."""
     engine = TreePasses(request, layouts, initialiser, neighbours, budget)
-    return decode_passes(engine, request.progress, request.compile_passes)
+    return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))
 
 
 def tree_costs(request: Request, layouts: dict[int, DraftTree], initialiser, neighbours) -> PassCosts | None:
@@ -192,7 +240,7 @@ def tree_costs(request: Request, layouts: dict[int, DraftTree], initialiser, nei
     key = cost_key(
         "tree",
         model,
-        request.cond.shape[0],
+        request.batch_size,
         request.params.uses_cfg,
         (model.num_condition_tokens, some.branch, some.depth),
     )
@@ -237,7 +285,7 @@ def choose_draft_shape(
     chain = chain_costs(request, lambda: JacobiProposer(initialiser, maximal_coupling_carry))
     if chain is None:
         return None
-    batch = request.cond.shape[0]
+    batch = request.batch_size
     chain_rate = max(prior_tokens(s - 1, batch) / chain(s) for s in chain.sizes if s >= 1)
     if not layouts:
         return DraftShape(chain, None, False, chain_rate)
@@ -316,6 +364,7 @@ def decode_draft_shape(
     lossless=True,
     description="SJD-PAC (Kang et al. 2026): a K-ary draft tree after each commit, a chain to the window, every "
     "slot verified; candidates drawn from the law they are verified under, exact at any batch size",
+    refills=True,
 )
 def sjd_pac(
     request: Request,
@@ -344,6 +393,7 @@ def sjd_pac(
     lossless=True,
     description="coupled draft trees: SJD-PAC's tree verified by recursive rejection, MC-SJD's coupled "
     "carry-over and 2-D drafts for new slots, exact at any batch size",
+    refills=True,
 )
 def tree_mc_sjd(
     request: Request,

@@ -180,9 +180,35 @@ def test_an_interrupted_refilling_run_keeps_its_finished_images_and_resumes_to_t
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        generate_missing(pipe, jobs(interrupted), method="mc-sjd", batch_size=3, progress=False, on_image=stop_after_three)
+        generate_missing(
+            pipe, jobs(interrupted), method="mc-sjd", batch_size=3, progress=False, on_image=stop_after_three
+        )
     assert len(list(interrupted.glob("*.png"))) == 3
     stats = generate_missing(pipe, jobs(interrupted), method="mc-sjd", batch_size=2, progress=False)
     assert stats["generated"] == 4 and stats["reused"] == 3
     for job in jobs(reference):
         assert (interrupted / job.path.name).read_bytes() == job.path.read_bytes()
+
+
+@pytest.mark.slow  # about 16 s: every row runs warm-up, timed and memory-counted decodes
+def test_bench_throughput_rows_and_command(pipe, tmp_path, capsys):
+    from visar.apps import cli
+    from visar.eval.throughput import throughput, throughput_table
+
+    report = throughput(pipe, ["mc-sjd"], batch_sizes=(1, 3), images_per_slot=3, progress=False)
+    rows = {(r["method"], r["batch_size"], r["refill"]): r for r in report["rows"]}
+    assert set(rows) == {("ar", 1, False), ("ar", 3, False), ("mc-sjd", 1, False), ("mc-sjd", 3, False), ("mc-sjd", 3, True)}
+    assert rows[("ar", 3, False)]["passes_fed_per_image"] == pipe.model.num_image_tokens
+    assert rows[("mc-sjd", 1, False)]["passes_vs_alone"] == 1.0
+    # a fixed batch feeds its finished images' rows until its slowest is done; a running batch refills them
+    fixed, running = rows[("mc-sjd", 3, False)], rows[("mc-sjd", 3, True)]
+    assert fixed["passes_alone_per_image"] == running["passes_alone_per_image"]
+    assert 1.0 <= running["passes_fed_per_image"] <= fixed["passes_fed_per_image"]
+    assert all(r["peak_mem_mb"] > 0 and r["images_per_s"] > 0 for r in report["rows"])
+    assert "| mc-sjd | 3 | yes | 1 |" in throughput_table(report)
+
+    out = tmp_path / "throughput.json"
+    args = ["bench", "--model", "visar-tiny-random", "--methods", "sjd", "--throughput", "--batch-sizes", "2"]
+    assert cli.main([*args, "--images-per-slot", "1", "--json", str(out)]) == 0
+    assert "| sjd | 2 | yes |" in capsys.readouterr().out and out.exists()
+    assert cli.main([*args, "--batch-sizes", "two"]) == 2

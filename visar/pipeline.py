@@ -20,9 +20,9 @@ from PIL import Image
 from torch import Tensor
 
 from .accel import Request, get_method, reference_method
-from .accel.stats import merge_batch_stats
 from .accel.passes import compile_failure
 from .accel.sampling import MAX_SEED, SamplingParams
+from .accel.stats import merge_batch_stats
 from .accel.timing import synchronized_clock
 from .errors import VisarError
 from .models.base import MaskedModel, NextScaleModel, RasterModel, model_kind

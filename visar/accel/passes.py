@@ -125,10 +125,13 @@ class RunningBatch:
         self.passes = [0] * num_images
         self.commit_pass: list[Tensor | None] = [None] * num_images
         self.finished = 0
+        self.passes_run = 0  # the batch's passes (a refill pass makes two model calls, counted once)
 
     def collect(self, engine: PassEngine, rows: list[int]):
         tokens, passes, commit_pass = engine.release(rows)
-        for row, image_tokens, image_passes, image_commits in zip(rows, tokens, passes.tolist(), commit_pass):
+        for row, image_tokens, image_passes, image_commits in zip(
+            rows, tokens, passes.tolist(), commit_pass, strict=True
+        ):
             image = self.holds[row]
             self.tokens[image], self.passes[image], self.commit_pass[image] = image_tokens, image_passes, image_commits
             self.holds[row] = None
@@ -149,7 +152,7 @@ class RunningBatch:
         rows = rows[: self.num_images - self.next]
         images = list(range(self.next, self.next + len(rows)))
         engine.admit(rows, images)
-        for row, image in zip(rows, images):
+        for row, image in zip(rows, images, strict=True):
             self.holds[row] = image
         self.next += len(rows)
 
@@ -168,6 +171,7 @@ class RunningBatch:
             "commit_pass": torch.stack(self.commit_pass).cpu(),
             "slots": len(self.holds),
             "refills": self.num_images - len(self.holds),
+            "batch_passes": self.passes_run,
         }
 
 
@@ -202,6 +206,8 @@ def decode_passes(
                     queue.refill(engine)
                 if (plan := engine.plan()) is None:
                     break
+                if queue is not None:
+                    queue.passes_run += 1
                 try:
                     step(engine, plan)
                 except Exception as err:

@@ -273,9 +273,7 @@ class DraftModelProposer:
     that were committed, and the next proposal first feeds it what it has not seen.
     """
 
-    def __init__(
-        self, draft: RasterModel, cond: Tensor, cond_mask: Tensor | None, params: SamplingParams, slots=None
-    ):
+    def __init__(self, draft: RasterModel, cond: Tensor, cond_mask: Tensor | None, params: SamplingParams, slots=None):
         self.scorer = GuidedScorer(draft, cond, cond_mask, params, slots=slots)
         self.num_cond = draft.num_condition_tokens
 

@@ -234,7 +234,9 @@ def generate_missing(
     with progress_bar(total=len(missing), enabled=progress, desc=desc, unit="img", leave=True) as bar:
         if refills:  # a running batch over a queue of jobs: each image saved as soon as it is done
             for queue in _batches(missing, batch_size * QUEUE_BATCHES):
-                own = {} if queue[0].negative_prompt is None else {"negative_prompt": [j.negative_prompt for j in queue]}
+                own = (
+                    {} if queue[0].negative_prompt is None else {"negative_prompt": [j.negative_prompt for j in queue]}
+                )
 
                 def save(index, tokens, passes, queue=queue):
                     start = time.perf_counter()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from ...accel import reference_method
 from ...errors import VisarError
 from .common import add_model_args, compile_kwargs, load_pipeline, parse_option
@@ -64,6 +67,30 @@ def add_parser(subparsers):
         help="after the eager rows, compile the generator and run every method again (rows marked compiled, "
         "their warm-up, compilation included, reported apart from the latency)",
     )
+    parser.add_argument(
+        "--throughput",
+        action="store_true",
+        help="instead of the table above: images per second, passes fed per image and peak memory of the "
+        "reference and each method at each --batch-sizes, decoding consecutive fixed batches and (methods that "
+        "refill) a running batch whose finished images' slots take the next ones (see visar.eval.throughput)",
+    )
+    parser.add_argument(
+        "--batch-sizes",
+        default="1,8,32,64",
+        help="with --throughput: comma-separated batch sizes (default 1,8,32,64)",
+    )
+    parser.add_argument(
+        "--images-per-slot",
+        type=int,
+        default=8,
+        help="with --throughput: images per batch slot at each batch size (default 8: 64 images at batch 8)",
+    )
+    parser.add_argument(
+        "--kv-keep",
+        default="",
+        help="with --throughput: comma-separated KV-cache fractions kept (e.g. 0.5,0.25), each a set of rows "
+        "beside the full cache's",
+    )
     parser.add_argument("--plot", default="bench-sweep.png", help="the sweep's PNG (default bench-sweep.png)")
     parser.add_argument("--json", help="write the report as JSON")
     parser.add_argument("--md", help="write the markdown table")
@@ -90,6 +117,8 @@ def run(args) -> int:
         if method not in [reference_method(pipe.model), *(m.partition(":")[0] for m in methods)]:
             raise VisarError(f"--opt {text!r} names method {method!r}, which --methods does not run")
         options.setdefault(method, {})[option] = value
+    if args.throughput:
+        return run_throughput(args, pipe, methods, options)
     if args.sweep:
         from ...eval.plots import plot_sweep
         from ...eval.sweep import parse_sweep, sweep
@@ -140,4 +169,34 @@ def run(args) -> int:
     if args.report:
         files = write_bench_report(report, args.report)
         print(f"report: {files['md']}, {files['json']}, {files['png']}")
+    return 0
+
+
+def number_list(text: str, name: str, kind=int) -> tuple:
+    try:
+        return tuple(kind(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise VisarError(f"{name} takes comma-separated numbers, got {text!r}") from None
+
+
+def run_throughput(args, pipe, methods: list[str], options: dict) -> int:
+    from ...eval.bench import write_text_atomic
+    from ...eval.throughput import throughput, throughput_table
+
+    if any(":" in m for m in methods):
+        raise VisarError("--throughput runs each method at its options: give budgets with --opt METHOD.budget=...")
+    report = throughput(
+        pipe,
+        methods,
+        batch_sizes=number_list(args.batch_sizes, "--batch-sizes"),
+        images_per_slot=args.images_per_slot,
+        kv_keeps=number_list(args.kv_keep, "--kv-keep", float),
+        method_options=options,
+    )
+    table = throughput_table(report)
+    print(table)
+    if args.json:
+        write_text_atomic(Path(args.json), json.dumps(report, indent=1))
+    if args.md:
+        write_text_atomic(Path(args.md), table + "\n")
     return 0

@@ -287,7 +287,7 @@ class LocalLlamaGen(LlamaGen):
 
     dependency_reach = 1
 
-    def forward(self, tokens=None, cond=None, *, input_pos=None, mask=None, cond_mask=None, cache_pos=None):
+    def forward(self, tokens=None, cond=None, *, input_pos=None, mask=None, cond_mask=None, cache_pos=None, rows=None):
         num_cond = self.num_condition_tokens
         height, width = self.grid_size
         batch = (tokens if tokens is not None else cond).shape[0]
@@ -300,7 +300,8 @@ class LocalLlamaGen(LlamaGen):
         cached = self.layers[0].attention.kv_cache is not None
         key_pos = torch.arange(self.cache_keys.valid.shape[1])[None].expand(batch, -1) if cached else input_pos
         if mask is None:
-            mask = self.default_mask(input_pos, key_pos, self.cache_keys.valid if cached else None)
+            key_valid = None if not cached else self.cache_keys.valid if rows is None else self.cache_keys.valid[rows]
+            mask = self.default_mask(input_pos, key_pos, key_valid)
         target = input_pos - num_cond + 1  # image index each query predicts
         key = key_pos - num_cond
         up = target[..., None] // width - key[:, None, :] // width  # rows between target and key
@@ -310,4 +311,4 @@ class LocalLlamaGen(LlamaGen):
         if tokens is not None:
             token_pos = input_pos[:, -tokens.shape[1] :] - num_cond
             tokens = torch.where(token_pos % width == width - 1, 0, tokens)
-        return super().forward(tokens, cond, input_pos=input_pos, mask=mask, cache_pos=cache_pos)
+        return super().forward(tokens, cond, input_pos=input_pos, mask=mask, cache_pos=cache_pos, rows=rows)

@@ -70,8 +70,14 @@ class RasterModel(Protocol):
       attends to. The model hides the condition positions that `setup_cache`'s cond_mask marks
       invalid (padded captions) from every query, whatever the mask says. mask None: causal by
       position over the cache.
+    - rows ([R] long, distinct cache rows; None = all): the call is for those rows of the cache
+      only. tokens, cond, per-sample input_pos and cache_pos ([R, L]) and mask ([R, L, S]) then
+      have R rows, the logits are [R, L, V], keys and values are written into and read from those
+      rows only, and the other rows' cache is untouched. Without a cache rows must be None. With
+      `reset_cache_rows`, a batch can refill: a finished image's rows take the next condition
+      while the other rows keep decoding.
     A method never reads the cache or any attribute outside this interface; the cache holds what
-    was written at a slot until `truncate_cache` forgets it.
+    was written at a slot until `truncate_cache` or `reset_cache_rows` forgets it.
     """
 
     model_kind: ClassVar[str]  # "raster"
@@ -120,6 +126,12 @@ class RasterModel(Protocol):
         """Forget every slot at or beyond lengths[b] in row b ([B] long)."""
         ...
 
+    def reset_cache_rows(self, rows: Tensor, cond_mask: Tensor | None = None) -> None:
+        """Forget every slot of cache rows `rows` ([R] long, distinct), as `truncate_cache` to length 0
+        would, and take cond_mask ([R, T] bool, None = all valid) as their valid condition positions
+        from now on: the rows are free for a new condition. The other rows are unchanged."""
+        ...
+
     def clear_cache(self) -> None: ...
 
     def __call__(
@@ -130,7 +142,10 @@ class RasterModel(Protocol):
         input_pos: Tensor | None = None,
         mask: Tensor | None = None,
         cache_pos: Tensor | None = None,
-    ) -> Tensor: ...
+        rows: Tensor | None = None,
+    ) -> Tensor:
+        """Logits [B, L, V] (float32), or [R, L, V] for the cache rows `rows` (see the class docstring)."""
+        ...
 
 
 @runtime_checkable

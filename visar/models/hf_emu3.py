@@ -157,6 +157,12 @@ class HFEmu3(HFRasterAdapter):
         super().clear_cache()
         self.layout = self.row_end_at = self.prompt_start = None
 
+    @torch.no_grad()
+    def reset_cache_rows(self, rows: Tensor, cond_mask: Tensor | None = None):
+        super().reset_cache_rows(rows, cond_mask)
+        self.row_end_at[rows] = False
+        self.prompt_start[rows] = self.padding_before_prompt(cond_mask, len(rows))
+
     def padding_before_prompt(self, cond_mask: Tensor | None, batch_size: int) -> Tensor:
         if cond_mask is None:
             return torch.zeros(batch_size, dtype=torch.long, device=self.device)
@@ -171,17 +177,25 @@ class HFEmu3(HFRasterAdapter):
         mask: Tensor | None = None,
         cond_mask: Tensor | None = None,
         cache_pos: Tensor | None = None,
+        rows: Tensor | None = None,
     ) -> Tensor:
         """As `HFRasterAdapter.forward`; every input that ends a row is fed with its row end, whose
         output is returned in its place. Without a cache (teacher forcing) a cache lives for the call."""
+        self.check_call_rows(rows)
         if self.cache is None:
             return self.forward_without_cache(tokens, cond, input_pos, mask, cond_mask)
         hidden = self.embed_inputs(tokens, cond)
-        input_pos, slots, visible = self.visible_keys(hidden, cond is not None, input_pos, mask, None, cache_pos)
+        input_pos, slots, visible = self.visible_keys(hidden, cond is not None, input_pos, mask, None, cache_pos, rows)
         layout = self.layout
         batch, length, _ = hidden.shape
         ends = layout.ends_row(input_pos)  # [B, L]
-        self.row_end_at.scatter_(1, slots, ends)
+        if rows is None:
+            self.row_end_at.scatter_(1, slots, ends)
+            row_end_at, prompt_start = self.row_end_at, self.prompt_start
+        else:  # the call's rows, copied out and written back
+            row_end_at = self.row_end_at[rows].scatter_(1, slots, ends)
+            self.row_end_at[rows] = row_end_at
+            prompt_start = self.prompt_start[rows]
         # Row ends are appended after the L inputs, E of them per sample (the most any sample has);
         # a sample with fewer pads with row ends that write to the trash slot and see only it.
         count = int(ends.sum(1).max())
@@ -191,7 +205,7 @@ class HFEmu3(HFRasterAdapter):
 
         # visibility over the decoder's slots: visar's, then row ends (seen with the token they follow)
         owner = layout.row_end_owner
-        sees_end = visible[..., owner] & self.row_end_at[:, None, owner] & (owner[None, None, :] != slots[..., None])
+        sees_end = visible[..., owner] & row_end_at[:, None, owner] & (owner[None, None, :] != slots[..., None])
         trash = torch.zeros(batch, length, 1, dtype=torch.bool, device=hidden.device)
         token_rows = torch.cat([visible, sees_end, trash], dim=2)  # [B, L, S_dec]
         end_rows = token_rows.gather(1, end_index[..., None].expand(-1, -1, token_rows.shape[2])).clone()
@@ -199,7 +213,7 @@ class HFEmu3(HFRasterAdapter):
         own_slot = end_slots[..., None] == torch.arange(layout.decoder_slots, device=hidden.device)
         end_rows &= end_real[..., None] | own_slot  # a padding row end sees only the trash slot
 
-        positions = layout.sequence_position(input_pos) - self.prompt_start[:, None]
+        positions = layout.sequence_position(input_pos) - prompt_start[:, None]
         end_positions = positions.gather(1, end_index) + 1
         eol = self.decoder.embed_tokens(torch.full((batch, count), self.eol_token_id, device=hidden.device))
         out = self.run_decoder(
@@ -207,6 +221,7 @@ class HFEmu3(HFRasterAdapter):
             torch.cat([positions, end_positions], dim=1).clamp(min=0),
             torch.cat([slots, end_slots], dim=1),
             torch.cat([token_rows, end_rows], dim=1),
+            rows,
         )
         # the output for an input that ends a row is its row end's
         pick = torch.arange(length, device=hidden.device).expand(batch, -1).clone()

@@ -21,26 +21,33 @@ import torch
 from torch import Tensor, nn
 
 from .base import ConditionLayout
-from .kv_cache import CacheKeys, causal_visibility, condition_validity
+from .kv_cache import CacheKeys, causal_visibility, check_rows, condition_validity
 from .negative_prompt import NegativePrompt, holding
 
 
 class SlotCache:
-    """Keys and values [B, H_kv, S, D] per layer, written at `write_slots` [B, L] (set before each call)."""
+    """Keys and values [B, H_kv, S, D] per layer, written at `write_slots` [B, L] of the cache rows
+    `write_rows` ([R], None: all; both set before each call)."""
 
     def __init__(self, num_layers: int, batch_size: int, slots: int, kv_heads: int, head_dim: int, dtype, device):
         shape = (batch_size, kv_heads, slots, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.write_slots: Tensor | None = None  # [B, L]
+        self.write_rows: Tensor | None = None  # [R]
         self.batch_index = torch.arange(batch_size, device=device)[:, None]
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
-        """transformers' Cache.update: write this call's keys/values [B, H_kv, L, D], return the whole cache."""
+        """transformers' Cache.update: write this call's keys/values [B, H_kv, L, D], return the whole
+        cache, or with write_rows a copy of those rows [R, H_kv, S, D]."""
+        rows = self.write_rows
+        batch = self.batch_index if rows is None else rows[:, None]
         # Advanced indexing puts (B, L) first: the written value is [B, L, H_kv, D].
-        self.keys[layer_idx][self.batch_index, :, self.write_slots] = key_states.transpose(1, 2)
-        self.values[layer_idx][self.batch_index, :, self.write_slots] = value_states.transpose(1, 2)
-        return self.keys[layer_idx], self.values[layer_idx]
+        self.keys[layer_idx][batch, :, self.write_slots] = key_states.transpose(1, 2)
+        self.values[layer_idx][batch, :, self.write_slots] = value_states.transpose(1, 2)
+        if rows is None:
+            return self.keys[layer_idx], self.values[layer_idx]
+        return self.keys[layer_idx][rows], self.values[layer_idx][rows]
 
 
 def additive_mask(visible: Tensor, dtype: torch.dtype) -> Tensor:
@@ -160,6 +167,21 @@ class HFRasterAdapter(nn.Module):
     def truncate_cache(self, lengths: Tensor):
         self.cache_keys.truncate(lengths)
 
+    @torch.no_grad()
+    def reset_cache_rows(self, rows: Tensor, cond_mask: Tensor | None = None):
+        """Free cache rows `rows` [R] for a new prompt whose valid positions are cond_mask [R, T] (None:
+        all valid); the other rows are unchanged (`visar.models.base.RasterModel`)."""
+        check_rows(rows, self.cache_keys.valid.shape[0])
+        self.cache_keys.reset(rows, cond_mask)
+
+    def check_call_rows(self, rows: Tensor | None):
+        """Refuse rows without a cache, or rows that are not distinct cache rows."""
+        if rows is None:
+            return
+        if self.cache is None:
+            raise ValueError("rows select cache rows: call setup_cache before a call with rows")
+        check_rows(rows, self.cache_keys.valid.shape[0])
+
     default_mask = staticmethod(causal_visibility)
 
     def forward(
@@ -171,16 +193,21 @@ class HFRasterAdapter(nn.Module):
         mask: Tensor | None = None,
         cond_mask: Tensor | None = None,
         cache_pos: Tensor | None = None,
+        rows: Tensor | None = None,
     ) -> Tensor:
         """Image-token logits [B, L, V] (float32) for [condition (if cond) ; tokens (if tokens)].
 
         As `visar.models.llamagen.LlamaGen.forward`: input_pos [L] or [B, L] (default 0.. with cond,
         else T..), mask [B, L, S] over the cache (or over the L inputs without one), cond_mask [B, T]
-        without a cache, cache_pos the slots to write when they are not the positions.
+        without a cache, cache_pos the slots to write when they are not the positions, rows [R] the
+        cache rows the call is for (B = R; None: all).
         """
+        self.check_call_rows(rows)
         hidden = self.embed_inputs(tokens, cond)
-        input_pos, slots, visible = self.visible_keys(hidden, cond is not None, input_pos, mask, cond_mask, cache_pos)
-        return self.image_logits(self.run_decoder(hidden, input_pos, slots, visible)).float()
+        input_pos, slots, visible = self.visible_keys(
+            hidden, cond is not None, input_pos, mask, cond_mask, cache_pos, rows
+        )
+        return self.image_logits(self.run_decoder(hidden, input_pos, slots, visible, rows)).float()
 
     def embed_inputs(self, tokens: Tensor | None, cond: Tensor | None) -> Tensor:
         """[condition (if cond) ; image tokens (if tokens)] embedded -> [B, L, D]."""
@@ -199,9 +226,11 @@ class HFRasterAdapter(nn.Module):
         mask: Tensor | None,
         cond_mask: Tensor | None,
         cache_pos: Tensor | None,
+        rows: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor]:
-        """visar's layout of one call -> (positions [B, L], cache slots written [B, L] or None
-        without a cache, visibility [B, L, S] over the cache, or [B, L, L] over the inputs)."""
+        """visar's layout of one call (for cache rows `rows`, None: all) -> (positions [B, L], cache
+        slots written [B, L] or None without a cache, visibility [B, L, S] over the cache, or
+        [B, L, L] over the inputs)."""
         batch, length, _ = hidden.shape
         if input_pos is None:
             start = 0 if with_condition else self.num_condition_tokens
@@ -212,7 +241,7 @@ class HFRasterAdapter(nn.Module):
         if self.cache is not None:
             slots = input_pos if cache_pos is None else cache_pos
             slots = slots.expand(batch, -1) if slots.dim() == 1 else slots
-            key_valid = self.cache_keys.write(slots)  # written, not forgotten, not padding
+            key_valid = self.cache_keys.write(slots, rows)  # written, not forgotten, not padding
             key_pos = torch.arange(key_valid.shape[1], device=hidden.device)[None].expand(batch, -1)
         else:
             key_pos = input_pos
@@ -223,11 +252,14 @@ class HFRasterAdapter(nn.Module):
             mask = mask & key_valid[:, None, :]  # padded prompt slots stay hidden
         return input_pos, slots, mask
 
-    def run_decoder(self, hidden: Tensor, positions: Tensor, slots: Tensor | None, visible: Tensor) -> Tensor:
+    def run_decoder(
+        self, hidden: Tensor, positions: Tensor, slots: Tensor | None, visible: Tensor, rows: Tensor | None = None
+    ) -> Tensor:
         """The transformers decoder over inputs [B, L, D] at positions [B, L], written to the cache's
-        slots [B, L] (when there is a cache), seeing `visible` [B, L, S] -> last hidden states [B, L, D]."""
+        slots [B, L] (when there is a cache) of its rows `rows` (None: all), seeing `visible` [B, L, S]
+        -> last hidden states [B, L, D]."""
         if self.cache is not None:
-            self.cache.write_slots = slots
+            self.cache.write_slots, self.cache.write_rows = slots, rows
         out = self.decoder(
             inputs_embeds=hidden,
             attention_mask=additive_mask(visible, hidden.dtype),

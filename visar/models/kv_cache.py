@@ -37,15 +37,36 @@ class CacheKeys(torch.nn.Module):
         self.register_buffer("valid", valid, persistent=False)
         self.register_buffer("written", torch.zeros_like(valid), persistent=False)
 
-    def write(self, slots: Tensor) -> Tensor:
-        """Record this call's writes (slots [B, L]) -> the slots its queries may see [B, S]."""
-        self.written.scatter_(1, slots, True)
-        return self.valid & self.written
+    def write(self, slots: Tensor, rows: Tensor | None = None) -> Tensor:
+        """Record this call's writes (slots [B, L]) -> the slots its queries may see [B, S]. rows [R]:
+        the call is for these cache rows only (slots [R, L]) -> [R, S]."""
+        if rows is None:
+            self.written.scatter_(1, slots, True)
+            return self.valid & self.written
+        written = self.written[rows].scatter_(1, slots, True)  # [R, S], a copy
+        self.written[rows] = written
+        return self.valid[rows] & written
+
+    def reset(self, rows: Tensor, cond_mask: Tensor | None):
+        """Forget every slot of cache rows `rows` [R] and take cond_mask [R, T] (None: all valid) as
+        their valid condition positions: the rows are free for a new condition."""
+        self.written[rows] = False
+        self.valid[rows] = condition_validity(cond_mask, len(rows), self.valid.shape[1], self.valid.device)
 
     def truncate(self, lengths: Tensor):
         """Forget every slot at or beyond lengths[b] in row b."""
         slots = torch.arange(self.written.shape[1], device=lengths.device)
         self.written &= slots[None, :] < lengths[:, None]
+
+
+def check_rows(rows: Tensor, batch_size: int):
+    """Refuse cache rows [R] that are not distinct indices 0 .. batch_size - 1 (this reads them on the
+    host): a repeated row would be written twice in one call, an outside one would be another row's."""
+    if rows.dim() != 1 or rows.dtype != torch.long:
+        raise ValueError(f"rows must be a 1-D long tensor of cache rows, got {rows.dtype} {tuple(rows.shape)}")
+    listed = rows.tolist()
+    if len(set(listed)) != len(listed) or not all(0 <= row < batch_size for row in listed):
+        raise ValueError(f"rows must be distinct cache rows 0 .. {batch_size - 1}, got {listed}")
 
 
 def causal_visibility(input_pos: Tensor, key_pos: Tensor, key_valid: Tensor | None) -> Tensor:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from ..configs import config_from_dict
 from ..errors import VisarError
 from .base import ConditionLayout
-from .kv_cache import CacheKeys, causal_visibility, condition_validity
+from .kv_cache import CacheKeys, causal_visibility, check_rows, condition_validity
 from .negative_prompt import NegativePrompt, holding
 
 
@@ -183,12 +183,16 @@ class KVCache(nn.Module):
         self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
-    def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        # input_pos [B, L]; k, v [B, H, L, D]. Advanced indexing puts (B, L) first: value [B, L, H, D].
-        batch = torch.arange(k.shape[0], device=k.device)[:, None]
+    def update(self, input_pos: Tensor, k: Tensor, v: Tensor, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Write k, v [B, H, L, D] at slots input_pos [B, L] -> the whole cache [B, H, S, D]; with rows
+        [R] (B = R), into those cache rows only -> a copy of those rows [R, H, S, D]."""
+        # Advanced indexing puts (B, L) first: value [B, L, H, D].
+        batch = torch.arange(k.shape[0], device=k.device)[:, None] if rows is None else rows[:, None]
         self.k_cache[batch, :, input_pos] = k.transpose(1, 2)
         self.v_cache[batch, :, input_pos] = v.transpose(1, 2)
-        return self.k_cache, self.v_cache
+        if rows is None:
+            return self.k_cache, self.v_cache
+        return self.k_cache[rows], self.v_cache[rows]
 
 
 class Attention(nn.Module):
@@ -204,7 +208,9 @@ class Attention(nn.Module):
         self.resid_dropout = nn.Dropout(config.resid_dropout_p)
         self.kv_cache: KVCache | None = None
 
-    def forward(self, x: Tensor, rope: Tensor, input_pos: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(
+        self, x: Tensor, rope: Tensor, input_pos: Tensor, mask: Tensor | None, rows: Tensor | None = None
+    ) -> Tensor:
         bsz, seqlen, _ = x.shape
         kv_dim = self.n_kv_head * self.head_dim
         q, k, v = self.wqkv(x).split([self.n_head * self.head_dim, kv_dim, kv_dim], dim=-1)
@@ -212,7 +218,7 @@ class Attention(nn.Module):
         k = apply_rope(k.view(bsz, seqlen, self.n_kv_head, self.head_dim), rope).transpose(1, 2)
         v = v.view(bsz, seqlen, self.n_kv_head, self.head_dim).transpose(1, 2)
         if self.kv_cache is not None:
-            k, v = self.kv_cache.update(input_pos, k, v)
+            k, v = self.kv_cache.update(input_pos, k, v, rows)
         if self.n_kv_head != self.n_head:
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
@@ -245,8 +251,10 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(config.dim, config.norm_eps)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
 
-    def forward(self, x: Tensor, rope: Tensor, input_pos: Tensor, mask: Tensor | None) -> Tensor:
-        h = x + self.attention(self.attention_norm(x), rope, input_pos, mask)
+    def forward(
+        self, x: Tensor, rope: Tensor, input_pos: Tensor, mask: Tensor | None, rows: Tensor | None = None
+    ) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, input_pos, mask, rows)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -380,6 +388,14 @@ class LlamaGen(nn.Module):
         every layer)."""
         self.cache_keys.truncate(lengths)
 
+    @torch.no_grad()
+    def reset_cache_rows(self, rows: Tensor, cond_mask: Tensor | None = None):
+        """Free cache rows `rows` [R] for a new condition whose valid positions are cond_mask [R, T]
+        (None: all valid): their slots are forgotten (the keys and values stay, hidden until written
+        again, as `truncate_cache` leaves them); the other rows are unchanged."""
+        check_rows(rows, self.cache_keys.valid.shape[0])
+        self.cache_keys.reset(rows, cond_mask)
+
     # -- forward ----------------------------------------------------------------------------
     def embed(self, tokens: Tensor | None = None, cond: Tensor | None = None) -> Tensor:
         """[condition embeddings (if cond) ; token embeddings (if tokens)] -> [B, L, D]."""
@@ -401,6 +417,7 @@ class LlamaGen(nn.Module):
         mask: Tensor | None = None,
         cond_mask: Tensor | None = None,
         cache_pos: Tensor | None = None,
+        rows: Tensor | None = None,
     ) -> Tensor:
         """Logits [B, L, V] (float32) for the L positions fed.
 
@@ -414,14 +431,19 @@ class LlamaGen(nn.Module):
         cache; the cache's own `key_valid` with one). Row l predicts the token after position
         input_pos[l]. cache_pos ([L] or [B, L]): the cache slots to write instead of input_pos,
         for inputs that share a position (the nodes of a draft tree at one depth); give a mask
-        with it, since the default one reads slots as positions.
+        with it, since the default one reads slots as positions. rows [R] (distinct cache rows, with a
+        cache only): the call is for those rows of the cache, B = R; the other rows are untouched.
         """
+        cached = self.layers[0].attention.kv_cache is not None
+        if rows is not None:
+            if not cached:
+                raise ValueError("rows select cache rows: call setup_cache before a call with rows")
+            check_rows(rows, self.cache_keys.valid.shape[0])
         h = self.embed(tokens, cond)
         bsz, seqlen, _ = h.shape
         if input_pos is None:
             start = 0 if cond is not None else self.config.cls_token_num
             input_pos = torch.arange(start, start + seqlen, device=h.device)
-        cached = self.layers[0].attention.kv_cache is not None
         # Without a cache, increasing positions shared by the batch make the default mask plain
         # lower-triangular: leave it to SDPA's fused causal kernel (the training path).
         plain_causal = (
@@ -437,7 +459,7 @@ class LlamaGen(nn.Module):
         if cached:
             # A query sees only slots written and not forgotten since (this call's own included),
             # never the padded caption positions.
-            key_ok = self.cache_keys.write(slots)  # [B, S]
+            key_ok = self.cache_keys.write(slots, rows)  # [B, S]
             if mask is not None:
                 mask = mask & key_ok[:, None, :]
         if mask is None and not plain_causal:
@@ -451,7 +473,7 @@ class LlamaGen(nn.Module):
             self._rope = self._rope.to(h.device)
         rope = self._rope[input_pos]  # [B, L, D/2, 2]
         for layer in self.layers:
-            h = layer(h, rope, slots, mask)
+            h = layer(h, rope, slots, mask, rows)
         return self.output(self.norm(h)).float()
 
     def num_parameters(self) -> int:

@@ -20,10 +20,10 @@ from ..acceptance import SPECULATIVE, AcceptanceRule
 from ..budget import FrontBudget, ProbeBudget
 from ..drafts import DecodeState, FillRequest, random_init
 from ..jacobi import check_spans, image_keys
-from ..passes import decode_passes
+from ..passes import decode_passes, running_batch
 from ..proposers import CARRY, DRAFT, NUM_PURPOSES, RESIDUAL, CarryRequest, independent_carry
 from ..registry import Request
-from ..sampling import UniformStream, draw_uniforms, to_device
+from ..sampling import UniformStream, draw_uniforms, sample_from_probs, to_device
 from ..scoring import GuidedScorer
 from .plan import (
     GridIndex,
@@ -60,6 +60,11 @@ class CarriedDrafts:
         self.probs = torch.zeros(batch, 0, vocab, device=device)  # [B, K, V]
         # passes each carried draft has been through (0: the initialiser's), for an auto budget
         self.age = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
+
+    def forget(self, rows: Tensor):
+        """Slots `rows` [R] start new images: no draft carried (their packed laws go unread)."""
+        for held in (self.tokens, self.valid, self.entry, self.age):
+            held[rows] = 0
 
     def laws(self, index: Tensor) -> Tensor:
         """index [B, M] -> the carried q at each [B, M, V] (arbitrary where no draft is carried)."""
@@ -203,6 +208,25 @@ class Fronts:
         index = grid_index((height, width), device)
         return cls(tokens, count, torch.zeros_like(count), state, index, carried, draws, position_uniforms)
 
+    def admit(self, rows: list[int], generators: list[torch.Generator], lanes: int, extra: int) -> Tensor:
+        """Slots `rows` start the images of these generators, each as `start` starts a decode of it alone
+        (its key, then its uniforms, drawn in the same order) -> each one's uniform for token 0 [R].
+
+        Jacobi fronts: its first pass takes a block of NUM_PURPOSES x `lanes` uniforms (H x the pass's
+        window), then `extra` (the trees'), and token 0 is that block's residual draw of row 0, slot 0."""
+        index = torch.tensor(rows, device=self.tokens.device)
+        for held in (self.tokens, self.count, self.fed):
+            held[index] = 0
+        if self.carried is None:
+            position_uniforms = to_device(draw_uniforms(generators, self.state.num_tokens), self.tokens.device)
+            self.position_uniforms[index] = torch.cat([position_uniforms, position_uniforms[:, -1:]], 1)
+            return self.position_uniforms[index, 0]
+        self.state.keys[index] = image_keys(generators, self.tokens.device)
+        self.carried.forget(index)
+        first = to_device(draw_uniforms(generators, NUM_PURPOSES * lanes + extra), self.tokens.device)
+        self.draws.replace(rows, generators)  # its next pass takes what follows
+        return first[:, RESIDUAL * lanes]
+
 
 class PassDraft(NamedTuple):
     """This pass's drafts and randomness (`pass_drafts`)."""
@@ -279,10 +303,12 @@ class FrontPasses:
     row above feeds in the same pass (kept only if those drafts are accepted); trees (Jacobi fronts
     only): each front also drafts K candidates for its first draft (`tree_pass`); budget (Jacobi
     fronts only): chooses each pass's window per front (at most `window`) from the committed counts
-    (`decode_fronts_under`), or stops a probe that times the engine."""
+    (`decode_fronts_under`), or stops a probe that times the engine. A running batch
+    (`request.slots`) refills a slot between passes (`admit`), whose new image has its first pass
+    there; the slot's state is then what a decode of that image alone has after its first pass."""
 
     def __init__(self, request: Request, s: int, window: int, parts: dict, budget):
-        model = request.model
+        model, self.generators = request.model, request.generators
         self.desc, self.s, self.budget = parts["method"], s, budget
         self.grid = token_grid(model, parts["method"])
         check_lag(s)
@@ -290,10 +316,14 @@ class FrontPasses:
         self.window, self.speculative = min(window, self.grid[1]), window > 1
         self.initialiser, self.updater, self.rule = parts["initialiser"], parts["updater"], parts["rule"]
         self.cross_row, self.trees = parts["cross_row"], parts["trees"]
-        self.total = model.num_image_tokens
-        self.fronts = Fronts.start(model, request.generators, self.window, self.trees)
-        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
-        self.log = FrontRecord(len(request.generators), self.grid, self.window, model.device)
+        self.total, self.batch = model.num_image_tokens, request.batch_size
+        self.fronts = Fronts.start(model, self.generators[: self.batch], self.window, self.trees)
+        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params, slots=request.slots)
+        self.log = FrontRecord(self.batch, self.grid, self.window, model.device)
+        self.passes = 0  # passes planned (an image's first pass in `admit` is none of them)
+        self.start_pass = [0] * self.batch  # the passes planned before each slot's image started
+        self.admitted = [False] * self.batch  # the slot's image had its first pass in `admit`
+        self.holds = list(range(self.batch))  # the queue image in each slot
         scratch = 0 if self.trees is None else self.trees.scratch(self.grid[0])
         self.cache_length = model.num_condition_tokens + self.total + scratch
         self.sizes_chosen: dict[int, int] = {}  # window -> passes (under a budget)
@@ -306,7 +336,7 @@ class FrontPasses:
         self.scorer.close_cache()
 
     def plan(self) -> FrontPlan | None:
-        first, count, fronts = self.scorer.forward_passes == 0, self.fronts.count, self.fronts
+        first, count, fronts = self.passes == 0, self.fronts.count, self.fronts
         window = 1 if first else self.window if self.budget is None else self.budget.size(count)
         if window is None:  # a probe's last timed pass
             return None
@@ -317,6 +347,7 @@ class FrontPasses:
         if self.budget is not None and not first:
             self.sizes_chosen[window] = self.sizes_chosen.get(window, 0) + 1
         fronts.state.committed = count.sum(1)
+        self.passes += 1
         return FrontPlan(first, window, plan, generated_mask(count, self.grid[1], fronts.index))
 
     def propose(self, plan: FrontPlan) -> PassDraft:
@@ -337,7 +368,7 @@ class FrontPasses:
         count = fronts.count
         rules = (self.s, self.cross_row and not plan.first, self.trees)
         commits, lane_commits, good = commit_fronts(
-            fronts, plan.plan, accept, slot_tokens, self.log, self.scorer.forward_passes, rules
+            fronts, plan.plan, accept, slot_tokens, self.log, self.passes, rules
         )
         # the ages of this pass's drafts, for a budget's counts and the carry-over (read once, before
         # the carry-over replaces them; a pass of one slot per front has none)
@@ -358,6 +389,37 @@ class FrontPasses:
 
     def least_done(self) -> Tensor:
         return self.fronts.count.sum(1).min()
+
+    def done(self) -> Tensor:
+        return self.fronts.count.sum(1) >= self.total
+
+    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        records = self.log.records()
+        commits = [self.log.image_commits(records, row, self.start_pass[row], self.admitted[row]) for row in rows]
+        passes, commit_pass = (torch.stack(part) for part in zip(*commits, strict=True))
+        if self.trees is not None:
+            self.trees.release(rows, [self.holds[row] for row in rows])
+        return self.fronts.tokens[rows, : self.total], passes, commit_pass
+
+    def admit(self, rows: list[int], images: list[int]):
+        """The new images' first pass (the condition's prefill, which predicts token 0) happens here, for
+        their slots alone: one more model call, but no pass of the others' that a new image would idle in."""
+        generators = [self.generators[image] for image in images]
+        index, image_index = (torch.tensor(x, device=self.fronts.tokens.device) for x in (rows, images))
+        self.scorer.admit(index, image_index)
+        # an image's first pass (window 1) takes each pass's block of uniforms: [4, H, block]
+        block = self.window if self.budget is None else 1
+        extra = 0 if self.trees is None else self.trees.draws_per_pass(self.grid[0])
+        uniform = self.fronts.admit(rows, generators, self.grid[0] * block, extra)
+        token = sample_from_probs(self.scorer.prefill(index), uniform)  # [R]
+        self.fronts.tokens[index, 0] = token
+        self.fronts.count[index, 0] = 1
+        if hasattr(self.updater, "admit"):
+            self.updater.admit(index)
+        if self.trees is not None:
+            self.trees.admit(index)
+        for row, image in zip(rows, images, strict=True):
+            self.start_pass[row], self.admitted[row], self.holds[row] = self.passes, True, image
 
     def finish(self) -> tuple[Tensor, dict]:
         stats = self.log.stats(self.scorer.forward_passes)
@@ -392,7 +454,7 @@ def decode_fronts(
         "cross_row": cross_row,
         "trees": trees,
     }
-    return decode_passes(FrontPasses(request, s, window, parts, budget), request.progress)
+    return decode_passes(FrontPasses(request, s, window, parts, budget), request.progress, queue=running_batch(request))
 
 
 def count_fronts(

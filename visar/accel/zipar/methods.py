@@ -44,6 +44,7 @@ EXACT_WHEN_ROWS_COVERED = dict(exact_when=covers_rows, exact_when_text="s >= the
     description="ZipAR next-set decoding (He et al. 2025): row r+1 starts once row r has s tokens, every row "
     "front advances in one pass, W + (H-1)s passes (unfinished rows above are not seen)",
     **EXACT_WHEN_ROWS_COVERED,
+    refills=True,
 )
 def zipar(
     request: Request,
@@ -80,6 +81,7 @@ def jacobi_fronts(request: Request, method: str, fronts: dict, **engine) -> tupl
     lossless=False,
     description="zipar whose row fronts each run a speculative Jacobi window",
     **EXACT_WHEN_ROWS_COVERED,
+    refills=True,
 )
 def zipar_sjd(
     request: Request,
@@ -113,6 +115,7 @@ def zipar_sjd(
     lossless=False,
     description="zipar whose row fronts each run a coupled speculative Jacobi window",
     **EXACT_WHEN_ROWS_COVERED,
+    refills=True,
 )
 def zipar_mc_sjd(
     request: Request,
@@ -141,6 +144,7 @@ def zipar_mc_sjd(
     lossless=False,
     description="zipar whose row fronts each run a coupled Jacobi window with tree-mc-sjd's draft tree at its head",
     **EXACT_WHEN_ROWS_COVERED,
+    refills=True,
 )
 def zipar_tree(
     request: Request,
@@ -177,11 +181,10 @@ def zipar_tree(
         )
     names = parse_neighbours(neighbours)
     drafts_trees = depth == 2 and branch > 1 and window > 1
-    batch = len(request.generators)
-    trees = FrontTrees(branch, names, batch, height, model.device) if drafts_trees else None
+    trees = FrontTrees(branch, names, request.batch_size, height, model.device) if drafts_trees else None
     fronts = dict(s=s, window=window, init=init, cross_row=cross_row, budget=budget)
     tokens, stats = jacobi_fronts(request, "zipar-tree", fronts, updater=maximal_coupling_carry, trees=trees)
-    taken = [0] * batch if trees is None else trees.side_taken.tolist()
+    taken = [0] * len(tokens) if trees is None else trees.side_taken_per_image()
     return tokens, {**stats, "branch": branch, "depth": depth, "side_taken_per_image": taken}
 
 
@@ -197,6 +200,7 @@ def covers_rows_in_groups_of_one(options: dict, model) -> bool:
     exact_when=covers_rows_in_groups_of_one,
     exact_when_text="s >= the grid width and group_size=1",
     exact_example={"s": 1024, "group_size": 1},
+    refills=True,
 )
 def zipar_gsd(
     request: Request,
@@ -228,6 +232,7 @@ def zipar_gsd(
     lossless=True,
     description="exact wavefront decoding for models that declare local dependence (model.dependency_reach)",
     requires=("dependency_reach",),
+    refills=True,
 )
 def wavefront(request: Request) -> tuple[Tensor, dict]:
     """Exact wavefront decoding of a model whose dependence is known local.

@@ -49,6 +49,24 @@ class FrontRecord:
         """[P, 5, B, H] the passes written."""
         return torch.cat(self.blocks)[: len(self.forward_pass)]
 
+    def image_commits(self, records: Tensor, row: int, start: int, admitted: bool) -> tuple[Tensor, Tensor]:
+        """The image slot `row` holds, which started after `start` passes (records: `records()`) -> (its
+        passes, 0-d; the pass of its own that committed each token [N], 1 = its first). admitted: its
+        first pass was a running batch's refill (`FrontPasses.admit`), which writes no record: it took
+        row 0 from 0 tokens to 1, so its pass k is the record start + k - 2."""
+        height, width = self.shape[-1], self.log.width
+        device = records.device
+        count, commits = records[start:, 0, row], records[start:, 1, row]  # [P', H]
+        reached = count + commits
+        active = (count[:, -1] < width).sum()
+        if admitted:
+            first_pass = torch.zeros(1, height, dtype=torch.long, device=device)
+            first_pass[0, 0] = 1
+            reached, active = torch.cat([first_pass, reached]), active + 1
+        columns = torch.arange(width, device=device).expand(height, -1).contiguous()
+        first = torch.searchsorted(reached.T.contiguous(), columns, right=True)  # [H, W]
+        return active, first.flatten() + 1
+
     def stats(self, forward_passes: int) -> dict:
         log = self.log
         if not self.forward_pass:

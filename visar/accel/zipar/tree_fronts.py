@@ -39,6 +39,22 @@ class FrontTrees:
         self.side_taken = torch.zeros(batch, dtype=torch.long, device=device)
         self.side: Tensor | None = None
         self.refeed = torch.full((batch, height), -1, dtype=torch.long, device=device)
+        self.released: dict[int, int] = {}  # a running batch's finished images: image -> side_taken
+
+    def admit(self, rows: Tensor):
+        """Slots `rows` start new images: no side taken yet, nothing to feed again."""
+        self.side_taken[rows] = 0
+        self.refeed[rows] = -1
+
+    def release(self, rows: list[int], images: list[int]):
+        """The images `images` leave slots `rows`: their side_taken kept by image."""
+        self.released.update(zip(images, self.side_taken[rows].tolist(), strict=True))
+
+    def side_taken_per_image(self) -> list[int]:
+        """Each image's side_taken: by slot, or by queue image after a running batch (every image released)."""
+        if not self.released:
+            return self.side_taken.tolist()
+        return [self.released[image] for image in range(len(self.released))]
 
     def scratch(self, height: int) -> int:
         """Cache slots past the image: K - 1 side nodes per front (every row a front at most), then

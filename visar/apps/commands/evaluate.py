@@ -46,7 +46,12 @@ def add_shapes_parser(subparsers):
     add_model_args(parser)
     add_sampling_args(parser)
     parser.add_argument("--n", type=int, default=200, help="number of images (default 200)")
-    parser.add_argument("--batch-size", type=int, default=16, help="images per batch (default 16)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=16,
+        help="images decoded at once (default 16; a refilling method's running batch of this many slots)",
+    )
     parser.add_argument("--json", help="write the scores to this JSON file")
     parser.add_argument(
         "--ground-truth",
@@ -138,7 +143,12 @@ def add_fid_parser(subparsers):
         "--prc", action=argparse.BooleanOptionalAction, default=True, help="precision/recall, k = 3 (default on)"
     )
     parser.add_argument("--shard", metavar="I/K", help="generate only the images g with g mod K = I (no metrics)")
-    parser.add_argument("--batch-size", type=int, default=16, help="images per generation batch (default 16)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=16,
+        help="images decoded at once (default 16; a refilling method's running batch of this many slots)",
+    )
     parser.add_argument("--fidelity-batch-size", type=int, default=64, help="images per feature batch (default 64)")
     parser.add_argument(
         "--metadata", help="text-conditional models: GenEval-format prompts (default: the shipped shapes-world set)"
@@ -258,7 +268,12 @@ def add_geneval_parser(subparsers):
     parser.add_argument("--metadata", help="evaluation_metadata.jsonl (default: the shipped shapes-world prompts)")
     parser.add_argument("--out", required=True, help="output folder (GenEval's layout)")
     parser.add_argument("--n-samples", type=int, default=4, help="images per prompt (default 4, GenEval's)")
-    parser.add_argument("--batch-size", type=int, default=16, help="images per generation batch (default 16)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=16,
+        help="images decoded at once (default 16; a refilling method's running batch of this many slots)",
+    )
     parser.add_argument(
         "--score",
         action=argparse.BooleanOptionalAction,

@@ -66,7 +66,13 @@ def add_parser(subparsers):
         "images, cycling over --class / --prompt (default: one per --class / --prompt). Under torchrun write -n: "
         "torchrun's own parser takes --n for an abbreviation of its options",
     )
-    parser.add_argument("--batch-size", type=int, default=8, help="images per forward batch (default 8)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=8,
+        help="images decoded at once (default 8); a method that refills (every drafting raster method) "
+        "runs a running batch: a finished image's slot takes the next image at once",
+    )
     parser.add_argument("--out", default="visar_out", help="output folder (default ./visar_out)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)

@@ -271,6 +271,7 @@ class Pipeline:
         caption_embeds=None,
         caption_mask=None,
         progress: bool = False,
+        kv_keep: float = 1.0,
         **method_options,
     ) -> GenerationOutput:
         """Generate `num_images_per_prompt` images (default 1) per class label / prompt.
@@ -312,6 +313,10 @@ class Pipeline:
         next-scale models: one [B, pn, pn] per scale); plus decode_s, method,
         lossless (for these options: some lossy methods are exact at some settings), batch_size
         and what the method reports.
+        kv_keep (raster models, every method): the fraction of the target's KV-cache slots kept, in
+        (0, 1]; below 1 the cache keeps the condition, the last grid row and the pass whole and evicts
+        the older image slots that drew the least attention (lossy: docs/SPEED.md has its distortion).
+        1 (default): the whole cache, exact. A draft model's cache stays whole.
         """
         if output_type not in ("pil", "pt", "np", "tokens"):
             raise VisarError(f"output_type must be 'pil', 'pt', 'np' or 'tokens', got {output_type!r}")
@@ -320,6 +325,7 @@ class Pipeline:
         decoding_method.check_options(method_options)
         decoding_method.check_model(self.model)
         params = self.sampling_params(guidance_scale, temperature, top_k, top_p)
+        kv_keep = self.check_kv_keep(kv_keep)
         copies = check_images_per_item(num_images_per_prompt)
         cond, cond_mask = self.condition(class_labels, prompts, caption_embeds, caption_mask)
         num_items = cond.shape[0]
@@ -344,7 +350,15 @@ class Pipeline:
             method_options[second_model] = self.resolve_draft(method_options[second_model])
         passes = self.compile_options if self.is_compiled else None  # eager again after a compile failure
         request = Request(
-            self.model, cond, params, generators, cond_mask, progress, tokenizer=self.tokenizer, compile_passes=passes
+            self.model,
+            cond,
+            params,
+            generators,
+            cond_mask,
+            progress,
+            tokenizer=self.tokenizer,
+            compile_passes=passes,
+            kv_keep=kv_keep,
         )
         try:
             with ExitStack() as held:
@@ -355,14 +369,28 @@ class Pipeline:
         except torch.OutOfMemoryError as err:
             raise out_of_memory(err, batch, method, self.device) from err
         tokens, stats["commit_pass"] = output_maps(self.model, tokens, stats["commit_pass"])
-        lossless = decoding_method.is_lossless(method_options, self.model)
+        lossless = decoding_method.is_lossless(method_options, self.model) and kv_keep == 1
         stats = {**stats, "method": method, "lossless": lossless, "batch_size": batch}
+        if kv_keep < 1:
+            stats["kv_keep"] = kv_keep
         images = None
         if output_type != "tokens":
             start = synchronized_clock(self.device)
             images = self.to_output(self.decode(tokens), output_type)
             stats["decode_s"] = synchronized_clock(self.device) - start
         return GenerationOutput(images=images, tokens=tokens, stats=stats)
+
+    def check_kv_keep(self, kv_keep) -> float:
+        """kv_keep as a float in (0, 1]; a model of another kind than raster takes only 1."""
+        if isinstance(kv_keep, bool) or not isinstance(kv_keep, (int, float)) or not 0 < kv_keep <= 1:
+            raise VisarError(
+                f"kv_keep must be a number in (0, 1] (the fraction of KV-cache slots kept), not {kv_keep!r}"
+            )
+        if kv_keep != 1 and model_kind(self.model) != "raster":
+            raise VisarError(
+                f"kv_keep compresses a raster model's KV cache; {self.name} is a {model_kind(self.model)} model"
+            )
+        return float(kv_keep)
 
     def resolve_method(self, method: str | None) -> str | None:
         """The method `generate` runs for `method`: None, the model kind's reference; "auto" on a kind

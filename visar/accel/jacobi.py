@@ -188,7 +188,7 @@ class ChainPasses:
         self.uniforms = UniformStream(generators, self.device, block=16 * NUM_PURPOSES * self.window)
         self.slot_range = torch.arange(self.window, device=self.device)
         self.position_offsets = self.num_cond - 1 + self.slot_range  # slot j's position past the commit
-        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
+        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params, request.kv_keep)
         self.sizes_chosen: dict[int, int] = {}  # window -> passes
         # Compiled passes draft padded windows: slots past an image's window are padding (never
         # tested, after every real slot, forgotten with the cache), so the tokens are the same.

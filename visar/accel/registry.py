@@ -45,6 +45,9 @@ class Request:
     # torch.compile options a compiled pipeline runs each pass of a pass-loop engine under
     # (`passes.decode_passes`); None: eager passes
     compile_passes: dict | None = None
+    # raster models: the fraction of KV-cache slots the target keeps (`RasterModel.setup_cache`);
+    # 1: the whole cache, exact
+    kv_keep: float = 1.0
 
 
 @dataclass(frozen=True)

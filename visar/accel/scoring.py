@@ -22,8 +22,16 @@ from .sampling import SamplingParams, logits_to_probs, split_cfg
 class GuidedScorer:
     """A raster model, a batch of B conditions and the sampling settings: guided logits and target laws [B, ...]."""
 
-    def __init__(self, model: RasterModel, cond: Tensor, cond_mask: Tensor | None, params: SamplingParams):
+    def __init__(
+        self,
+        model: RasterModel,
+        cond: Tensor,
+        cond_mask: Tensor | None,
+        params: SamplingParams,
+        kv_keep: float = 1.0,
+    ):
         self.model, self.params = model, params
+        self.kv_keep = kv_keep  # the fraction of cache slots `open_cache` keeps (1: the whole cache, exact)
         self.guided = params.uses_cfg
         self.batch = cond.shape[0]
         if self.guided:
@@ -39,8 +47,10 @@ class GuidedScorer:
         self.forward_passes = 0
 
     def open_cache(self, length: int):
-        """An empty KV cache of `length` slots for this batch (both halves under CFG)."""
-        self.model.setup_cache(self.cond.shape[0], length, self.cond_mask)
+        """An empty KV cache of `length` slots for this batch (both halves under CFG); with kv_keep < 1,
+        a compressed one that keeps ceil(kv_keep * length) of them per row (`RasterModel.setup_cache`)."""
+        compressed = {} if self.kv_keep == 1 else {"kv_keep": self.kv_keep}
+        self.model.setup_cache(self.cond.shape[0], length, self.cond_mask, **compressed)
 
     def close_cache(self):
         self.model.clear_cache()

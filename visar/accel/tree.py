@@ -280,7 +280,7 @@ class StaticTreePasses:
         model, cond, cond_mask, params = request.model, request.cond, request.cond_mask, request.params
         self.tree, self.relax, self.device = tree, relax, model.device
         self.batch, self.total = cond.shape[0], model.num_image_tokens
-        self.target = TreeAttention(GuidedScorer(model, cond, cond_mask, params), tree)
+        self.target = TreeAttention(GuidedScorer(model, cond, cond_mask, params, request.kv_keep), tree)
         self.drafter = TreeDrafter(draft, tree, cond, cond_mask, params)
         self.size, self.max_depth = tree.num_nodes + 1, tree.max_depth
         self.block = self.size + self.max_depth * tree.children.shape[1] + 1  # uniforms an image draws a pass

@@ -94,7 +94,7 @@ class TreePasses:
         self.largest = layouts[max(layouts)]
         main_len = self.largest.main_length
         self.state = new_state(model, generators, main_len, spare=main_len + 1)
-        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
+        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params, request.kv_keep)
         self.proposer = JacobiProposer(initialiser, maximal_coupling_carry)
         self.log = DecodeLog(batch, model.grid_size, main_len, self.device)
         # one cache layout for every size: the same side nodes

@@ -292,7 +292,7 @@ class FrontPasses:
         self.cross_row, self.trees = parts["cross_row"], parts["trees"]
         self.total = model.num_image_tokens
         self.fronts = Fronts.start(model, request.generators, self.window, self.trees)
-        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
+        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params, request.kv_keep)
         self.log = FrontRecord(len(request.generators), self.grid, self.window, model.device)
         scratch = 0 if self.trees is None else self.trees.scratch(self.grid[0])
         self.cache_length = model.num_condition_tokens + self.total + scratch

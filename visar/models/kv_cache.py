@@ -125,7 +125,8 @@ class CompressedCache(torch.nn.Module):
         """Make room for this call's logical slots [B, L] (positions input_pos [B, L]; `count` of
         them past the condition) -> (physical slots to write [B, L], key positions [B, C] (-1
         where free), keys a query may see [B, C])."""
-        if self.num_condition + self.recent + count > self.num_physical:  # host numbers: no sync
+        # host numbers, no sync; a cache that holds every slot never evicts, so any pass fits
+        if self.num_physical < self.num_slots and self.num_condition + self.recent + count > self.num_physical:
             raise VisarError(too_small(self.num_physical, self.num_condition, self.recent, count))
         held = self.physical.gather(1, slots)  # [B, L]
         missing = held < 0

@@ -56,9 +56,9 @@ def test_kv_keep_one_builds_todays_cache(pipe):
     model = pipe.model
     model.setup_cache(2, 65, None, kv_keep=1.0)
     assert isinstance(model.cache_keys, CacheKeys) and model.layers[0].attention.kv_cache.table is None
-    model.setup_cache(2, 65, None, kv_keep=0.25)
+    model.setup_cache(2, 65, None, kv_keep=0.5)
     assert isinstance(model.cache_keys, CompressedCache)
-    assert model.layers[0].attention.kv_cache.k_cache.shape[2] == 17  # ceil(0.25 * 65): memory falls with it
+    assert model.layers[0].attention.kv_cache.k_cache.shape[2] == 33  # ceil(0.5 * 65): memory falls with it
     model.clear_cache()
 
 
@@ -90,7 +90,7 @@ def test_queries_see_exactly_the_held_slots_and_evict_the_least_attended():
     compressed = tiny_llamagen(vocab=8, block_size=grid * grid, seed=2, std=0.3)
     full = tiny_llamagen(vocab=8, block_size=grid * grid, seed=2, std=0.3)
     num_slots = 1 + grid * grid
-    compressed.setup_cache(batch, num_slots, None, kv_keep=0.4)  # C = 15: the condition, a row, 8 more
+    compressed.setup_cache(batch, num_slots, None, kv_keep=0.5)  # C = 19: the condition, two rows, 6 more
     full.setup_cache(batch, num_slots, None)
     table = compressed.cache_keys
     gen = torch.Generator().manual_seed(0)
@@ -119,7 +119,7 @@ def test_queries_see_exactly_the_held_slots_and_evict_the_least_attended():
             evictions += len(evicted)
             assert all(s >= 1 for s in evicted)  # the condition slot stays
             front = int(input_pos[b].min())
-            old_kept = [before[s] for s in after & set(before) if s < front - grid]
+            old_kept = [before[s] for s in after & set(before) if s < front - grid * compressed.RECENT_ROWS]
             if evicted and old_kept:
                 assert max(before[s] for s in evicted) <= min(old_kept)
         # accept a random part of the pass: the rest is forgotten, as a drafting method does
@@ -151,9 +151,9 @@ def test_bad_kv_keep_is_one_sentence(pipe, value):
 
 
 def test_budgets_too_small_are_refused(pipe):
-    with pytest.raises(VisarError, match="fewer than a pass needs"):  # not even the condition and a row
+    with pytest.raises(VisarError, match="fewer than a pass needs"):  # not even the condition and two rows
         tokens(pipe, "ar", kv_keep=0.1)
-    with pytest.raises(VisarError, match="fewer than a pass needs"):  # C = 20: the condition, a row, 11 slots
+    with pytest.raises(VisarError, match="fewer than a pass needs"):  # C = 20: the condition, two rows, 3 slots
         tokens(pipe, "mc-sjd", kv_keep=0.3, window=16)
 
 

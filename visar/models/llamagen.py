@@ -401,7 +401,7 @@ class LlamaGen(nn.Module):
             )
         self.cache_keys = table if table is not None else CacheKeys(batch_size, max_seq_len, cond_mask, param.device)
 
-    RECENT_ROWS = 1  # grid rows before a pass's earliest position a compressed cache evicts last
+    RECENT_ROWS = 2  # grid rows before a pass's earliest position a compressed cache evicts last
 
     def clear_cache(self):
         for layer in self.layers:

@@ -8,6 +8,8 @@ methods that do not refill as consecutive batches, and saves each image of a ref
 it is done, so an interrupted run keeps every finished image.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import law_samples
@@ -197,7 +199,13 @@ def test_bench_throughput_rows_and_command(pipe, tmp_path, capsys):
 
     report = throughput(pipe, ["mc-sjd"], batch_sizes=(1, 3), images_per_slot=3, progress=False)
     rows = {(r["method"], r["batch_size"], r["refill"]): r for r in report["rows"]}
-    assert set(rows) == {("ar", 1, False), ("ar", 3, False), ("mc-sjd", 1, False), ("mc-sjd", 3, False), ("mc-sjd", 3, True)}
+    assert set(rows) == {
+        ("ar", 1, False),
+        ("ar", 3, False),
+        ("mc-sjd", 1, False),
+        ("mc-sjd", 3, False),
+        ("mc-sjd", 3, True),
+    }
     assert rows[("ar", 3, False)]["passes_fed_per_image"] == pipe.model.num_image_tokens
     assert rows[("mc-sjd", 1, False)]["passes_vs_alone"] == 1.0
     # a fixed batch feeds its finished images' rows until its slowest is done; a running batch refills them
@@ -212,3 +220,21 @@ def test_bench_throughput_rows_and_command(pipe, tmp_path, capsys):
     assert cli.main([*args, "--images-per-slot", "1", "--json", str(out)]) == 0
     assert "| sjd | 2 | yes |" in capsys.readouterr().out and out.exists()
     assert cli.main([*args, "--batch-sizes", "two"]) == 2
+
+
+def test_a_running_batch_with_a_compressed_kv_cache_starts_each_image_afresh(model16):
+    """kv_keep < 1 (lossy): a refilled slot's compressed cache (slot table, attention scores) starts
+    empty for its new image: with one-slot windows (no padding, whose inputs would take cache room
+    in a batch and not alone) each image is its decode alone, evictions included. Wider windows
+    refill too."""
+    labels, seeds = [0, 1, 2, 1, 0], [21, 22, 23, 24, 25]
+    cond = torch.tensor(labels)
+    request = Request(model16, cond, GUIDED, [torch.Generator().manual_seed(s) for s in seeds], kv_keep=0.8)
+    tokens, stats = get_method("sjd").fn(replace(request, slots=2), window=1)
+    assert stats["refills"] == 3
+    for i in range(5):
+        alone = Request(model16, cond[i : i + 1], GUIDED, [torch.Generator().manual_seed(seeds[i])], kv_keep=0.8)
+        assert torch.equal(tokens[i], get_method("sjd").fn(alone, window=1)[0][0]), i
+    request = replace(request, generators=[torch.Generator().manual_seed(s) for s in seeds], slots=2)
+    tokens, stats = get_method("mc-sjd").fn(request, window=4)
+    assert stats["refills"] == 3 and tokens.shape == (5, 16) and int(tokens.max()) < model16.vocab_size

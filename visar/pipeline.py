@@ -274,6 +274,7 @@ class Pipeline:
         progress: bool = False,
         batch_size: int | None = None,
         on_image: Callable[[int, Any, int], None] | None = None,
+        kv_keep: float = 1.0,
         **method_options,
     ) -> GenerationOutput:
         """Generate `num_images_per_prompt` images (default 1) per class label / prompt.
@@ -323,6 +324,10 @@ class Pipeline:
         next-scale models: one [B, pn, pn] per scale); plus decode_s, method,
         lossless (for these options: some lossy methods are exact at some settings), batch_size
         and what the method reports.
+        kv_keep (raster models, every method): the fraction of the target's KV-cache slots kept, in
+        (0, 1]; below 1 the cache keeps the condition, the last grid row and the pass whole and evicts
+        the older image slots that drew the least attention (lossy: docs/SPEED.md has its distortion).
+        1 (default): the whole cache, exact. A draft model's cache stays whole.
         """
         if output_type not in ("pil", "pt", "np", "tokens"):
             raise VisarError(f"output_type must be 'pil', 'pt', 'np' or 'tokens', got {output_type!r}")
@@ -331,6 +336,7 @@ class Pipeline:
         decoding_method.check_options(method_options)
         decoding_method.check_model(self.model)
         params = self.sampling_params(guidance_scale, temperature, top_k, top_p)
+        kv_keep = self.check_kv_keep(kv_keep)
         copies = check_images_per_item(num_images_per_prompt)
         cond, cond_mask = self.condition(class_labels, prompts, caption_embeds, caption_mask)
         num_items = cond.shape[0]
@@ -356,7 +362,15 @@ class Pipeline:
             method_options[second_model] = self.resolve_draft(method_options[second_model])
         passes = self.compile_options if self.is_compiled else None  # eager again after a compile failure
         request = Request(
-            self.model, cond, params, generators, cond_mask, progress, tokenizer=self.tokenizer, compile_passes=passes
+            self.model,
+            cond,
+            params,
+            generators,
+            cond_mask,
+            progress,
+            tokenizer=self.tokenizer,
+            compile_passes=passes,
+            kv_keep=kv_keep,
         )
         second = method_options.get(second_model)
         try:
@@ -371,8 +385,10 @@ class Pipeline:
         if on_image is not None and not (slots is not None and decoding_method.refills):
             for index, image_tokens in enumerate(per_image_tokens(tokens)):
                 on_image(index, image_tokens, stats["forward_passes_per_image"][index])
-        lossless = decoding_method.is_lossless(method_options, self.model)
+        lossless = decoding_method.is_lossless(method_options, self.model) and kv_keep == 1
         stats = {**stats, "method": method, "lossless": lossless, "batch_size": batch}
+        if kv_keep < 1:
+            stats["kv_keep"] = kv_keep
         images = None
         if output_type != "tokens":
             start = synchronized_clock(self.device)
@@ -410,6 +426,18 @@ class Pipeline:
         return lambda index, tokens, passes, commit_pass: on_image(
             index, output_maps(self.model, tokens[None], commit_pass[None])[0][0], passes
         )
+
+    def check_kv_keep(self, kv_keep) -> float:
+        """kv_keep as a float in (0, 1]; a model of another kind than raster takes only 1."""
+        if isinstance(kv_keep, bool) or not isinstance(kv_keep, (int, float)) or not 0 < kv_keep <= 1:
+            raise VisarError(
+                f"kv_keep must be a number in (0, 1] (the fraction of KV-cache slots kept), not {kv_keep!r}"
+            )
+        if kv_keep != 1 and model_kind(self.model) != "raster":
+            raise VisarError(
+                f"kv_keep compresses a raster model's KV cache; {self.name} is a {model_kind(self.model)} model"
+            )
+        return float(kv_keep)
 
     def resolve_method(self, method: str | None) -> str | None:
         """The method `generate` runs for `method`: None, the model kind's reference; "auto" on a kind

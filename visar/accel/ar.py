@@ -32,7 +32,7 @@ def sample_tokens(request: Request, probe: ProbeBudget | None = None) -> tuple[T
     batch = request.cond.shape[0]
     log = DecodeLog(batch, model.grid_size, 0, device)
     num_cond, num_tokens = model.num_condition_tokens, model.num_image_tokens
-    scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params)
+    scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params, kv_keep=request.kv_keep)
     tokens = torch.empty(batch, num_tokens, dtype=torch.long, device=device)
     positions = torch.arange(num_cond, num_cond + num_tokens, device=device)  # made once, not copied per step
     # every step's uniform drawn at once: the same numbers as one draw per step (`UniformStream`)

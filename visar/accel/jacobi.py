@@ -219,7 +219,9 @@ class ChainPasses:
         self.uniforms = UniformStream(generators, self.device, block=16 * NUM_PURPOSES * self.window)
         self.slot_range = torch.arange(self.window, device=self.device)
         self.position_offsets = self.num_cond - 1 + self.slot_range  # slot j's position past the commit
-        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params, slots=request.slots)
+        self.scorer = GuidedScorer(
+            model, request.cond, request.cond_mask, request.params, slots=request.slots, kv_keep=request.kv_keep
+        )
         self.passes = 0  # passes planned
         self.fresh = tuple(range(self.batch))  # slots whose image has not had its first pass
         self.start_pass = [0] * self.batch  # the pass at which each slot's image started

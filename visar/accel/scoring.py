@@ -34,8 +34,10 @@ class GuidedScorer:
         cond_mask: Tensor | None,
         params: SamplingParams,
         slots: int | None = None,
+        kv_keep: float = 1.0,
     ):
         self.model, self.params = model, params
+        self.kv_keep = kv_keep  # the fraction of cache slots `open_cache` keeps (1: the whole cache, exact)
         self.guided = params.uses_cfg
         self.queue = cond.shape[0]  # Q
         if slots is not None and not 1 <= slots <= self.queue:
@@ -77,8 +79,10 @@ class GuidedScorer:
         self.model.reset_cache_rows(model_rows, None if self.cond_mask is None else self.cond_mask[model_rows])
 
     def open_cache(self, length: int):
-        """An empty KV cache of `length` slots for this batch (both halves under CFG)."""
-        self.model.setup_cache(self.cond.shape[0], length, self.cond_mask)
+        """An empty KV cache of `length` slots for this batch (both halves under CFG); with kv_keep < 1,
+        a compressed one that keeps ceil(kv_keep * length) of them per row (`RasterModel.setup_cache`)."""
+        compressed = {} if self.kv_keep == 1 else {"kv_keep": self.kv_keep}
+        self.model.setup_cache(self.cond.shape[0], length, self.cond_mask, **compressed)
 
     def close_cache(self):
         self.model.clear_cache()

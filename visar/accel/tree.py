@@ -288,7 +288,9 @@ class StaticTreePasses:
         self.tree, self.relax, self.device = tree, relax, model.device
         self.batch, self.total = request.batch_size, model.num_image_tokens
         self.generators = request.generators
-        self.target = TreeAttention(GuidedScorer(model, cond, cond_mask, params, slots=request.slots), tree)
+        self.target = TreeAttention(
+            GuidedScorer(model, cond, cond_mask, params, slots=request.slots, kv_keep=request.kv_keep), tree
+        )
         self.drafter = TreeDrafter(draft, tree, cond, cond_mask, params, slots=request.slots)
         self.size, self.max_depth = tree.num_nodes + 1, tree.max_depth
         self.block = self.size + self.max_depth * tree.children.shape[1] + 1  # uniforms an image draws a pass

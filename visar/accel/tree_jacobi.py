@@ -100,7 +100,9 @@ class TreePasses:
         self.largest = layouts[max(layouts)]
         main_len = self.largest.main_length
         self.state = new_state(model, generators, main_len, spare=main_len + 1)
-        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params, slots=request.slots)
+        self.scorer = GuidedScorer(
+            model, request.cond, request.cond_mask, request.params, slots=request.slots, kv_keep=request.kv_keep
+        )
         self.proposer = JacobiProposer(initialiser, maximal_coupling_carry)
         self.log = DecodeLog(batch, model.grid_size, main_len, self.device)
         self.passes_run = 0  # passes planned: the pass number the log records (an image's own, less its start)

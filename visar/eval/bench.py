@@ -156,8 +156,8 @@ def bench(
     plan[0] = (reference, {**reference_options(pipe), **plan[0][1]})
     if runs is not None:
         plan = plan[:1] + list(runs)
-    for name, options in plan:
-        get_method(name).check_options(options)
+    for name, options in plan:  # kv_keep is Pipeline.generate's, not a method's: any raster row may take it
+        get_method(name).check_options({k: v for k, v in options.items() if k != "kv_keep"})
     if n < 1 or batch_size < 1 or quality_n < 0:
         raise VisarError("--n and --batch-size must be >= 1 and --quality-n >= 0")
     conds = conditions(pipe, max(n, quality_n))
@@ -314,8 +314,9 @@ def quality_columns(pipe, name: str, options: dict, conds: list, row: dict, ar_f
 def row_name(row: dict) -> str:
     """A row's method, with its budget when it has one ("mc-sjd, budget auto"): runs of one method
     under several budgets stay apart."""
-    budget = (row.get("options") or {}).get("budget")
-    return row["method"] if budget is None else f"{row['method']}, budget {budget}"
+    options = row.get("options") or {}
+    name = row["method"] if options.get("budget") is None else f"{row['method']}, budget {options['budget']}"
+    return name if options.get("kv_keep", 1) == 1 else f"{name}, kv_keep {options['kv_keep']}"
 
 
 def markdown_table(report: dict) -> str:

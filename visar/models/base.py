@@ -117,9 +117,20 @@ class RasterModel(Protocol):
         prompt's own padding when it has its own tokens (Emu3)."""
         ...
 
-    def setup_cache(self, batch_size: int, max_seq_len: int, cond_mask: Tensor | None = None) -> None:
+    def setup_cache(
+        self, batch_size: int, max_seq_len: int, cond_mask: Tensor | None = None, kv_keep: float = 1.0
+    ) -> None:
         """Allocate an empty cache of max_seq_len slots for batch_size rows; cond_mask [B, T] bool
-        marks the valid condition positions of each row (None: all valid)."""
+        marks the valid condition positions of each row (None: all valid).
+
+        kv_keep in (0, 1]: the fraction of slots whose keys and values are kept. 1 (the default, the
+        only value a model need take): the whole cache, exact. Below 1 the model keeps C =
+        ceil(kv_keep * max_seq_len) slots per row (memory falls with it) and evicts what it chooses
+        (LlamaGen: `models/kv_cache.CompressedCache`), while methods keep addressing the logical slots
+        0 .. max_seq_len - 1 (positions, cache_pos, masks [B, L, S], truncate_cache's lengths); an
+        evicted slot is hidden from every query as a forgotten one is. A budget too small for the
+        condition, the last grid row and a call's inputs raises one VisarError; a model that does not
+        compress refuses kv_keep < 1 the same way."""
         ...
 
     def truncate_cache(self, lengths: Tensor) -> None:

@@ -143,10 +143,12 @@ class HFEmu3(HFRasterAdapter):
         return F.linear(hidden, self.hf.lm_head.weight[self.visual_rows])
 
     # -- the cache: visar's slots, then row ends -----------------------------------------------
-    def setup_cache(self, batch_size: int, max_seq_len: int | None = None, cond_mask: Tensor | None = None):
+    def setup_cache(
+        self, batch_size: int, max_seq_len: int | None = None, cond_mask: Tensor | None = None, kv_keep: float = 1.0
+    ):
         max_seq_len = max_seq_len or self.max_seq_len
         self.layout = Emu3Layout(self.num_condition_tokens, self.grid_size, max_seq_len, self.device)
-        super().setup_cache(batch_size, max_seq_len, cond_mask)
+        super().setup_cache(batch_size, max_seq_len, cond_mask, kv_keep)
         self.row_end_at = torch.zeros(batch_size, max_seq_len, dtype=torch.bool, device=self.device)
         self.prompt_start = self.padding_before_prompt(cond_mask, batch_size)
 

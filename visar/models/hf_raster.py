@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..errors import VisarError
 from .base import ConditionLayout
 from .kv_cache import CacheKeys, causal_visibility, check_rows, condition_validity
 from .negative_prompt import NegativePrompt, holding
@@ -141,7 +142,12 @@ class HFRasterAdapter(nn.Module):
         tokenizer, left-padded as prompts are, and their valid positions mask [B, T]."""
         return holding(self, cond, mask)
 
-    def setup_cache(self, batch_size: int, max_seq_len: int | None = None, cond_mask: Tensor | None = None):
+    def setup_cache(
+        self, batch_size: int, max_seq_len: int | None = None, cond_mask: Tensor | None = None, kv_keep: float = 1.0
+    ):
+        if kv_keep != 1:
+            name = type(self).__name__
+            raise VisarError(f"kv_keep < 1 (a compressed KV cache) is implemented for LlamaGen, not {name}")
         max_seq_len = max_seq_len or self.max_seq_len
         config = self.decoder.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

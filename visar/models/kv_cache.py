@@ -8,8 +8,13 @@ positions and masks through the interface (`visar.models.base`).
 
 from __future__ import annotations
 
+import math
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor
+
+from ..errors import VisarError
 
 
 def condition_validity(cond_mask: Tensor | None, batch_size: int, length: int, device) -> Tensor:
@@ -76,3 +81,159 @@ def causal_visibility(input_pos: Tensor, key_pos: Tensor, key_valid: Tensor | No
     if key_valid is not None:
         visible = visible & key_valid[:, None, :]
     return visible | (key_pos[:, None, :] == input_pos[:, :, None])
+
+
+def physical_slots(kv_keep: float, num_slots: int) -> int:
+    """C = ceil(kv_keep * S): the physical slots a compressed cache of S logical slots keeps per row."""
+    return min(num_slots, math.ceil(kv_keep * num_slots - 1e-9))
+
+
+def check_kv_keep(kv_keep) -> float:
+    """kv_keep as a float in (0, 1], or one VisarError."""
+    if isinstance(kv_keep, bool) or not isinstance(kv_keep, (int, float)) or not 0 < kv_keep <= 1:
+        raise VisarError(f"kv_keep must be a number in (0, 1] (the fraction of KV-cache slots kept), not {kv_keep!r}")
+    return float(kv_keep)
+
+
+# Eviction classes of a physical slot, taken in this order when a write needs room.
+_FREE, _OLD, _RECENT, _PINNED = 0, 1, 2, 3
+
+
+class CompressedCache(torch.nn.Module):
+    """The slot table of a KV cache that keeps C of its S logical slots per row (`kv_keep` < 1).
+
+    A method addresses logical slots 0..S-1 (positions, `cache_pos`, masks [B, L, S], truncation
+    lengths) as with the full cache; keys and values live in C physical slots ([B, H, C, D], a
+    fixed shape, so a compiled pass sees static shapes). The table maps each way:
+    `physical` [B, S + 1] (the physical slot of a logical one, -1 when not held; column S is a
+    scratch column for masked scatters) and `logical` [B, C] (the logical slot held, -1 when free),
+    which is also the key position the causal mask reads.
+
+    When a call writes logical slots that are not held, it takes free physical slots first, then
+    evicts the held image slots with the least attention accumulated so far (`observe`: the
+    softmax mass each slot received, summed over layers, heads and queries; H2O's rule), one
+    choice per row shared by every layer and head. Never evicted: the condition slots and this
+    call's slots; evicted last (oldest first, only when nothing else is left): the `recent` slots
+    before the call's earliest position (the last grid row, LineAR's local context) and any
+    held slot past it. `truncate` frees the physical slots of forgotten logical ones.
+    Every step is a device tensor op (sort, gather, scatter): no host read-back per call.
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        num_slots: int,
+        num_physical: int,
+        cond_mask: Tensor | None,
+        num_condition: int,
+        recent: int,
+        device,
+    ):
+        super().__init__()
+        self.num_slots, self.num_physical = num_slots, num_physical
+        self.num_condition, self.recent = num_condition, recent
+        if num_physical < num_condition + recent + 1:
+            raise VisarError(too_small(num_physical, num_condition, recent, 1))
+        valid = condition_validity(cond_mask, batch_size, num_slots + 1, device)  # [B, S + 1]
+        self.register_buffer("valid", valid, persistent=False)
+        physical = torch.full((batch_size, num_slots + 1), -1, dtype=torch.long, device=device)
+        self.register_buffer("physical", physical, persistent=False)
+        logical = torch.full((batch_size, num_physical), -1, dtype=torch.long, device=device)
+        self.register_buffer("logical", logical, persistent=False)
+        self.register_buffer("score", torch.zeros(batch_size, num_physical, device=device), persistent=False)
+        self.register_buffer("slot_range", torch.arange(num_physical, device=device), persistent=False)
+
+    def write(self, slots: Tensor, input_pos: Tensor, count: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Make room for this call's logical slots [B, L] (positions input_pos [B, L]; `count` of
+        them past the condition) -> (physical slots to write [B, L], key positions [B, C] (-1
+        where free), keys a query may see [B, C])."""
+        # host numbers, no sync; a cache that holds every slot never evicts, so any pass fits
+        if self.num_physical < self.num_slots and self.num_condition + self.recent + count > self.num_physical:
+            raise VisarError(too_small(self.num_physical, self.num_condition, self.recent, count))
+        held = self.physical.gather(1, slots)  # [B, L]
+        missing = held < 0
+        # each logical slot to place once (a call may write one slot twice: padding to a trash slot)
+        need = torch.zeros_like(self.valid).scatter_(1, torch.where(missing, slots, self.num_slots), True)
+        need[:, self.num_slots] = False
+        rank = need.long().cumsum(1) - 1  # [B, S + 1]: the order of each slot to place
+        order = self.eviction_order(slots, input_pos)  # [B, C]: physical slots, first to take first
+        taken = order.gather(1, rank.gather(1, slots).clamp(0, self.num_physical - 1))  # [B, L]
+        taken = torch.where(missing, taken, held.clamp(min=0))
+        # evict what the taken slots held, then map the new ones
+        evicted = self.logical.gather(1, taken)
+        evicted = torch.where(missing & (evicted >= 0), evicted, self.num_slots)
+        self.physical.scatter_(1, evicted, -1)
+        self.physical.scatter_(1, slots, taken)
+        self.score.scatter_(1, taken, torch.where(missing, 0.0, self.score.gather(1, taken)))
+        self.logical.scatter_(1, taken, slots)
+        key_ok = (self.logical >= 0) & self.valid.gather(1, self.logical.clamp(min=0))
+        return taken, self.logical, key_ok
+
+    def eviction_order(self, slots: Tensor, input_pos: Tensor) -> Tensor:
+        """[B, C] physical slots in the order a write takes them: free, then old image slots by
+        accumulated attention (least first), then recent ones (oldest first); pinned ones last."""
+        logical = self.logical
+        front = input_pos.min(1, keepdim=True).values  # [B, 1]: the call's earliest position
+        pinned = (logical >= 0) & (logical < self.num_condition)
+        in_call = torch.zeros_like(self.valid).scatter_(1, slots, True)
+        pinned |= in_call.gather(1, logical.clamp(min=0)) & (logical >= 0)
+        kind = torch.where(logical < 0, _FREE, torch.where(logical < front - self.recent, _OLD, _RECENT))
+        kind = torch.where(pinned, _PINNED, kind)
+        # old slots by score, recent ones by position; sorted stably on the class afterwards
+        within = torch.where(kind == _OLD, self.score, logical.float())
+        by_value = within.argsort(dim=1, stable=True)
+        return by_value.gather(1, kind.gather(1, by_value).argsort(dim=1, stable=True))
+
+    @contextmanager
+    def rows_only(self, rows: Tensor | None):
+        """Within the block the table is cache rows `rows` [R] only (a model call for a subset of the
+        batch: `RasterModel.__call__(rows=)`), written back to those rows after it; None: all rows."""
+        if rows is None:
+            yield
+            return
+        whole = {name: getattr(self, name) for name in ROW_TABLES}
+        for name in ROW_TABLES:
+            setattr(self, name, whole[name][rows])
+        try:
+            yield
+        finally:
+            for name in ROW_TABLES:
+                whole[name][rows] = getattr(self, name)
+                setattr(self, name, whole[name])
+
+    def reset(self, rows: Tensor, cond_mask: Tensor | None):
+        """Free every slot of cache rows `rows` [R] and take cond_mask [R, T] as their valid condition
+        positions (a running batch's new image in those rows)."""
+        self.physical[rows] = -1
+        self.logical[rows] = -1
+        self.score[rows] = 0.0
+        self.valid[rows] = condition_validity(cond_mask, len(rows), self.valid.shape[1], self.valid.device)
+
+    def physical_mask(self, mask: Tensor) -> Tensor:
+        """A method's mask over logical slots [B, L, S] -> over the physical slots [B, L, C]."""
+        columns = self.logical.clamp(min=0)[:, None, :].expand(-1, mask.shape[1], -1)
+        return mask.gather(2, columns)
+
+    def observe(self, attention: Tensor, rows: Tensor | None = None):
+        """Add one layer's attention probabilities [B, H, L, C] (rows [R]: of those cache rows) to
+        each slot's score."""
+        if rows is None:
+            self.score += attention.sum((1, 2))
+        else:
+            self.score.index_add_(0, rows, attention.sum((1, 2)))
+
+    def truncate(self, lengths: Tensor):
+        """Forget every logical slot at or beyond lengths[b] in row b, freeing its physical slot."""
+        slots = torch.arange(self.num_slots + 1, device=lengths.device)
+        self.physical.masked_fill_(slots[None, :] >= lengths[:, None], -1)
+        self.logical.masked_fill_(self.logical >= lengths[:, None], -1)
+
+
+ROW_TABLES = ("valid", "physical", "logical", "score")  # CompressedCache's per-row tables
+
+
+def too_small(num_physical: int, num_condition: int, recent: int, count: int) -> str:
+    return (
+        f"kv_keep leaves {num_physical} KV-cache slots per row, fewer than a pass needs: the {num_condition} "
+        f"condition slots, the {recent} most recent and the pass's {count}; raise kv_keep"
+    )

@@ -29,7 +29,15 @@ from torch import Tensor, nn
 from ..configs import config_from_dict
 from ..errors import VisarError
 from .base import ConditionLayout
-from .kv_cache import CacheKeys, causal_visibility, check_rows, condition_validity
+from .kv_cache import (
+    CacheKeys,
+    CompressedCache,
+    causal_visibility,
+    check_kv_keep,
+    check_rows,
+    condition_validity,
+    physical_slots,
+)
 from .negative_prompt import NegativePrompt, holding
 
 
@@ -175,10 +183,13 @@ class CaptionEmbedding(nn.Module):
 
 
 class KVCache(nn.Module):
-    """Preallocated keys and values [B, H, S, D]; `key_valid` [B, S] hides padded caption slots."""
+    """Preallocated keys and values [B, H, S, D]. With a compressed cache (kv_keep < 1), S is the
+    physical slot count and `table` the `CompressedCache` every layer shares: `update` then takes
+    physical slots, and the layer reports its attention to the table."""
 
-    def __init__(self, batch_size: int, max_seq_len: int, n_kv_head: int, head_dim: int, dtype, device):
+    def __init__(self, batch_size: int, max_seq_len: int, n_kv_head: int, head_dim: int, dtype, device, table=None):
         super().__init__()
+        self.table: CompressedCache | None = table
         shape = (batch_size, n_kv_head, max_seq_len, head_dim)
         self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
@@ -223,11 +234,21 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
         dropout = self.attn_dropout_p if self.training else 0.0
-        if mask is None:  # plain causal over the positions fed (training): the fused kernel path
+        if self.kv_cache is not None and self.kv_cache.table is not None:
+            out = self.attend_observed(q, k, v, mask, rows)
+        elif mask is None:  # plain causal over the positions fed (training): the fused kernel path
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], dropout_p=dropout)
         return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1)))
+
+    def attend_observed(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, rows: Tensor | None = None) -> Tensor:
+        """Attention with explicit probabilities, which the compressed cache's eviction reads
+        (the math SDPA does; only when kv_keep < 1). q [B, H, L, D], k, v [B, H, C, D], mask [B, L, C]."""
+        scores = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5
+        probs = scores.float().masked_fill(~mask[:, None], float("-inf")).softmax(-1)  # [B, H, L, C]
+        self.kv_cache.table.observe(probs, rows)
+        return probs.to(v.dtype) @ v
 
 
 class FeedForward(nn.Module):
@@ -311,7 +332,8 @@ class LlamaGen(nn.Module):
         self._rope = rope_table_2d(
             config.grid_size, config.dim // config.n_head, config.rope_base, config.cls_token_num
         )
-        self.cache_keys: CacheKeys | None = None  # the slots a query may see, set by setup_cache
+        # the slots a query may see, set by setup_cache (kv_keep < 1: the compressed cache's slot table)
+        self.cache_keys: CacheKeys | CompressedCache | None = None
         self.negative: NegativePrompt | None = None  # t2i: the negative caption of the call under way, if any
 
     # -- the RasterModel interface ----------------------------------------------------------
@@ -367,14 +389,35 @@ class LlamaGen(nn.Module):
         return holding(self, cond, mask)
 
     # -- KV cache ---------------------------------------------------------------------------
-    def setup_cache(self, batch_size: int, max_seq_len: int | None = None, cond_mask: Tensor | None = None):
-        """Preallocate the KV cache. cond_mask [B, T] bool: valid caption positions (t2i padding)."""
+    def setup_cache(
+        self,
+        batch_size: int,
+        max_seq_len: int | None = None,
+        cond_mask: Tensor | None = None,
+        kv_keep: float = 1.0,
+    ):
+        """Preallocate the KV cache. cond_mask [B, T] bool: valid caption positions (t2i padding).
+        kv_keep < 1: keys and values of ceil(kv_keep * max_seq_len) slots per row, the condition
+        and the last grid row kept whole, older image slots evicted by attention
+        (`CompressedCache`); 1: the whole cache, exact."""
         max_seq_len = max_seq_len or self.max_seq_len
         param = self.output.weight
+        table = None
+        if check_kv_keep(kv_keep) < 1:
+            num_physical = physical_slots(kv_keep, max_seq_len)
+            recent = self.config.grid_size * self.RECENT_ROWS
+            table = CompressedCache(
+                batch_size, max_seq_len, num_physical, cond_mask, self.num_condition_tokens, recent, param.device
+            )
+            max_seq_len = num_physical
         for layer in self.layers:
             attn = layer.attention
-            attn.kv_cache = KVCache(batch_size, max_seq_len, attn.n_kv_head, attn.head_dim, param.dtype, param.device)
-        self.cache_keys = CacheKeys(batch_size, max_seq_len, cond_mask, param.device)
+            attn.kv_cache = KVCache(
+                batch_size, max_seq_len, attn.n_kv_head, attn.head_dim, param.dtype, param.device, table
+            )
+        self.cache_keys = table if table is not None else CacheKeys(batch_size, max_seq_len, cond_mask, param.device)
+
+    RECENT_ROWS = 2  # grid rows before a pass's earliest position a compressed cache evicts last
 
     def clear_cache(self):
         for layer in self.layers:
@@ -456,7 +499,16 @@ class LlamaGen(nn.Module):
         if input_pos.dim() == 1:
             input_pos = input_pos[None].expand(bsz, -1)
         slots = input_pos if cache_pos is None else cache_pos.expand(bsz, -1) if cache_pos.dim() == 1 else cache_pos
-        if cached:
+        key_pos = None
+        if cached and isinstance(self.cache_keys, CompressedCache):
+            # logical slots -> physical ones (evicting by attention where a write needs room); the
+            # method's mask read at the logical slot each physical one holds
+            count = seqlen - (self.config.cls_token_num if cond is not None else 0)
+            with self.cache_keys.rows_only(rows):
+                slots, key_pos, key_ok = self.cache_keys.write(slots, input_pos, count)  # [B, L], [B, C], [B, C]
+                if mask is not None:
+                    mask = self.cache_keys.physical_mask(mask) & key_ok[:, None, :]
+        elif cached:
             # A query sees only slots written and not forgotten since (this call's own included),
             # never the padded caption positions.
             key_ok = self.cache_keys.write(slots, rows)  # [B, S]
@@ -464,7 +516,8 @@ class LlamaGen(nn.Module):
                 mask = mask & key_ok[:, None, :]
         if mask is None and not plain_causal:
             if cached:
-                key_pos = torch.arange(key_ok.shape[1], device=h.device)[None].expand(bsz, -1)
+                if key_pos is None:
+                    key_pos = torch.arange(key_ok.shape[1], device=h.device)[None].expand(bsz, -1)
                 mask = self.default_mask(input_pos, key_pos, key_ok)
             else:
                 key_valid = None if cond_mask is None else condition_validity(cond_mask, bsz, seqlen, h.device)

@@ -318,7 +318,9 @@ class FrontPasses:
         self.cross_row, self.trees = parts["cross_row"], parts["trees"]
         self.total, self.batch = model.num_image_tokens, request.batch_size
         self.fronts = Fronts.start(model, self.generators[: self.batch], self.window, self.trees)
-        self.scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params, slots=request.slots)
+        self.scorer = GuidedScorer(
+            model, request.cond, request.cond_mask, request.params, slots=request.slots, kv_keep=request.kv_keep
+        )
         self.log = FrontRecord(self.batch, self.grid, self.window, model.device)
         self.passes = 0  # passes planned (an image's first pass in `admit` is none of them)
         self.start_pass = [0] * self.batch  # the passes planned before each slot's image started

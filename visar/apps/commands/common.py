@@ -110,6 +110,13 @@ def add_sampling_args(parser: argparse.ArgumentParser, default_method: str | Non
     group.add_argument("--top-k", type=int, help="keep the k most likely tokens (0 = off)")
     group.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
     group.add_argument(
+        "--kv-keep",
+        type=float,
+        metavar="FRACTION",
+        help="raster models, any method: keep this fraction of the KV-cache slots, in (0, 1] (lossy below 1: "
+        "the condition and the last grid row are kept, older slots evicted by attention; default 1, exact)",
+    )
+    group.add_argument(
         "--opt",
         action="append",
         default=[],
@@ -145,12 +152,18 @@ def run_settings(pipe, args) -> dict:
         "options": dict(parse_option(o) for o in args.opt),
         "sampling": {k: getattr(params, k) for k in ("guidance_scale", "temperature", "top_k", "top_p")},
         **negative_prompt_kwargs(args),  # only when given: runs without one keep their settings
+        **kv_keep_kwargs(args),  # likewise
     }
 
 
 def negative_prompt_kwargs(args) -> dict:
     negative = getattr(args, "negative_prompt", None)
     return {} if negative is None else {"negative_prompt": negative}
+
+
+def kv_keep_kwargs(args) -> dict:
+    kv_keep = getattr(args, "kv_keep", None)
+    return {} if kv_keep is None else {"kv_keep": kv_keep}
 
 
 def generate_kwargs(args) -> dict:
@@ -160,5 +173,6 @@ def generate_kwargs(args) -> dict:
         top_k=args.top_k,
         top_p=args.top_p,
         **negative_prompt_kwargs(args),
+        **kv_keep_kwargs(args),
         **dict(parse_option(o) for o in args.opt),
     )

@@ -16,6 +16,7 @@ from .common import (
     add_sampling_args,
     check_negative_prompt,
     generate_kwargs,
+    kv_keep_kwargs,
     load_pipeline,
     parse_option,
     run_settings,
@@ -87,6 +88,7 @@ def run_shapes(args) -> int:
             temperature=args.temperature,
             top_k=args.top_k,
             top_p=args.top_p,
+            **kv_keep_kwargs(args),
             **options,
         )
     if "accuracy" in record:

@@ -26,6 +26,7 @@ from laws import (
     unit_codebook,
 )
 
+import visar
 from visar.accel import get_method
 from visar.accel.registry import Request
 from visar.accel.sampling import SamplingParams, make_generators
@@ -136,19 +137,21 @@ def pipe():
 
 
 def test_pipeline_batch_size_refills_or_runs_consecutive_batches(pipe):
+    """A drafting method refills; ar's slots all free at once (consecutive batches); other kinds'
+    methods decode consecutive batches in the pipeline. The same images either way."""
     labels = [0, 1, 2, 3, 1, 0]
     whole = pipe.generate(class_labels=labels, method="mc-sjd", seed=3, output_type="tokens")
     running = pipe.generate(class_labels=labels, method="mc-sjd", seed=3, output_type="tokens", batch_size=2)
     assert torch.equal(whole.tokens, running.tokens)
     assert running.stats["forward_passes_per_image"] == whole.stats["forward_passes_per_image"]
     assert running.stats["refills"] == 4 and running.tokens.shape == whole.tokens.shape
-    # ar does not refill (every image takes N passes): three batches of two, the same images
-    assert not get_method("ar").refills
+    # ar's running batch is consecutive batches (every image takes N passes): three batches of two
     batches = pipe.generate(class_labels=labels, method="ar", seed=3, output_type="tokens", batch_size=2)
     alone = pipe.generate(class_labels=labels, method="ar", seed=3, output_type="tokens")
     assert torch.equal(batches.tokens, alone.tokens)
     assert batches.stats["forward_passes"] == 3 * pipe.model.num_image_tokens
     assert batches.stats["commit_pass"].shape == alone.stats["commit_pass"].shape
+    assert batches.stats["refills"] == 4 and batches.stats["batch_passes"] == 3 * pipe.model.num_image_tokens
     handed = {}
     pipe.generate(
         class_labels=labels, method="ar", seed=3, output_type="tokens", batch_size=4,
@@ -156,6 +159,14 @@ def test_pipeline_batch_size_refills_or_runs_consecutive_batches(pipe):
     )  # fmt: skip
     assert sorted(handed) == list(range(6))
     assert all(torch.equal(handed[i][0], alone.tokens[i]) for i in range(6))
+    assert all(handed[i][1] == pipe.model.num_image_tokens for i in range(6))
+    # methods of other kinds decode consecutive batches through the pipeline
+    maskgit = tiny_pipeline("maskgit")
+    assert not get_method("maskgit").refills
+    whole = maskgit.generate(class_labels=labels, method="maskgit", seed=3, output_type="tokens")
+    batches = maskgit.generate(class_labels=labels, method="maskgit", seed=3, output_type="tokens", batch_size=4)
+    assert torch.equal(whole.tokens, batches.tokens)
+    assert batches.stats["forward_passes_per_image"] == whole.stats["forward_passes_per_image"]
 
 
 @pytest.mark.parametrize(
@@ -238,3 +249,21 @@ def test_a_running_batch_with_a_compressed_kv_cache_starts_each_image_afresh(mod
     request = replace(request, generators=[torch.Generator().manual_seed(s) for s in seeds], slots=2)
     tokens, stats = get_method("mc-sjd").fn(request, window=4)
     assert stats["refills"] == 3 and tokens.shape == (5, 16) and int(tokens.max()) < model16.vocab_size
+
+
+@pytest.mark.slow  # whole decodes of the 256-token text model, seven of them
+def test_auto_and_ar_run_a_running_batch_with_a_negative_prompt():
+    """auto (here with AR chosen on a drafting-hostile budget, and drafting) and ar take a running batch,
+    on a text model with a negative prompt held for the whole call: every batch's null condition is
+    its images' negative prompts."""
+    t2i = visar.load("visar-tiny-t2i", device="cpu")
+    prompts = ["a red circle", "two blue squares", "a green star", "a small yellow triangle", "an orange square"]
+    negative = ["blurry", "dark", "noisy", "blurry", "cropped"]
+    for method in ("ar", "mc-sjd"):
+        whole = t2i.generate(prompts=prompts, negative_prompt=negative, method=method, seed=4, output_type="tokens")
+        running = t2i.generate(
+            prompts=prompts, negative_prompt=negative, method=method, seed=4, output_type="tokens", batch_size=2
+        )
+        assert torch.equal(whole.tokens, running.tokens), method
+    out = t2i.generate(prompts=prompts, negative_prompt=negative, method="auto", output_type="tokens", batch_size=2)
+    assert out.tokens.shape[0] == 5 and out.stats["auto"] in ("ar", "mc-sjd", "tree-mc-sjd")

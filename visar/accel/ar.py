@@ -2,7 +2,9 @@
 
 One forward pass per image token (the prefill over the condition yields the first token), KV
 cache, CFG through the guided scorer, and one uniform per position from each image's own
-generator: an image's tokens do not depend on what else is in its batch.
+generator: an image's tokens do not depend on what else is in its batch. A running batch
+(`Request.slots`) is consecutive batches of that many images: every image takes N passes, so all
+of a batch's slots are free at once, and refilling them all is starting the next batch.
 """
 
 from __future__ import annotations
@@ -15,29 +17,71 @@ from .budget import ProbeBudget
 from .registry import Request, register_method
 from .sampling import draw_uniforms, sample_from_probs, to_device
 from .scoring import GuidedScorer
-from .stats import DecodeLog
+from .stats import DecodeLog, merge_batch_stats
 
 
 @torch.no_grad()
-@register_method("ar", lossless=True, description="plain next-token sampling (the reference)")
+@register_method("ar", lossless=True, description="plain next-token sampling (the reference)", refills=True)
 def generate(request: Request) -> tuple[Tensor, dict]:
     """Sample image tokens [B, N] in raster order; returns (tokens, stats)."""
     return sample_tokens(request)
 
 
 def sample_tokens(request: Request, probe: ProbeBudget | None = None) -> tuple[Tensor, dict]:
-    """The AR loop; `probe` (timing an AR step for `jacobi.chain_costs`) may stop it early."""
-    model, generators = request.model, request.generators
+    """The AR loop; `probe` (timing an AR step for `jacobi.chain_costs`) may stop it early. A running
+    batch's queue is decoded `slots` images at a time (`sample_queue`)."""
+    if request.slots is not None and probe is None:
+        return sample_queue(request)
+    # a probe of a running batch times its first slots' images
+    scorer = GuidedScorer(
+        request.model, request.cond, request.cond_mask, request.params, slots=request.slots, kv_keep=request.kv_keep
+    )
+    return sample_batch(request, scorer, request.generators[: scorer.batch], probe)
+
+
+def sample_queue(request: Request) -> tuple[Tensor, dict]:
+    """A running batch's queue as consecutive batches of `slots` images, each image handed to
+    `request.on_image` when its batch is done; stats merged (`batch_passes`: the batches' passes)."""
+    queue, slots, num_tokens = request.cond.shape[0], request.slots, request.model.num_image_tokens
+    parts = []
+    for start in range(0, queue, slots):
+        images = torch.arange(start, min(start + slots, queue), device=request.cond.device)
+        # the queue's scorer (its null conditions made for every queued image, as a negative prompt
+        # held for the call needs), its slots given this batch's images
+        scorer = GuidedScorer(
+            request.model, request.cond, request.cond_mask, request.params, slots=len(images), kv_keep=request.kv_keep
+        )
+        generators = request.generators[start : start + len(images)]
+        tokens, stats = sample_batch(request, scorer, generators, admit=images if start else None)
+        if request.on_image is not None:
+            for image, (image_tokens, commit_pass) in enumerate(zip(tokens, stats["commit_pass"], strict=True)):
+                request.on_image(start + image, image_tokens, num_tokens, commit_pass)
+        parts.append((tokens, stats))
+    stats = merge_batch_stats([stats for _, stats in parts])
+    stats.update(slots=slots, refills=queue - len(parts[0][0]), batch_passes=stats["forward_passes"])
+    return torch.cat([tokens for tokens, _ in parts]), stats
+
+
+def sample_batch(
+    request: Request,
+    scorer: GuidedScorer,
+    generators: list,
+    probe: ProbeBudget | None = None,
+    admit: Tensor | None = None,
+) -> tuple[Tensor, dict]:
+    """The AR loop over `scorer`'s batch (admit: the queue images its slots take first)."""
+    model = request.model
     device = model.device
-    batch = request.cond.shape[0]
+    batch = len(generators)
     log = DecodeLog(batch, model.grid_size, 0, device)
     num_cond, num_tokens = model.num_condition_tokens, model.num_image_tokens
-    scorer = GuidedScorer(model, request.cond, request.cond_mask, request.params, kv_keep=request.kv_keep)
     tokens = torch.empty(batch, num_tokens, dtype=torch.long, device=device)
     positions = torch.arange(num_cond, num_cond + num_tokens, device=device)  # made once, not copied per step
     # every step's uniform drawn at once: the same numbers as one draw per step (`UniformStream`)
     uniforms = to_device(draw_uniforms(generators, num_tokens), device)
     with scorer.cache(num_cond + num_tokens):
+        if admit is not None:
+            scorer.admit(torch.arange(batch, device=device), admit)
         probs = scorer.prefill()  # [B, V]
         for i in progress_bar(range(num_tokens), enabled=request.progress, desc="ar"):
             if probe is not None and probe.size() is None:

@@ -31,6 +31,7 @@ AUTO_MARGIN = 0.4
     description="the fastest lossless method for this model, device and batch: plain AR, or tree-mc-sjd / mc-sjd "
     "with each pass's size matched to the measured pass costs",
     batch_invariant=False,
+    refills=True,
 )
 def auto(request: Request) -> tuple[Tensor, dict]:
     """Plain AR, or tree-mc-sjd with budget="auto" (a draft tree or mc-sjd's chain, each pass's size

@@ -203,13 +203,10 @@ def measured_costs(
 def scratch_request(request: Request) -> Request:
     """The caller's model and conditions with throwaway generators: a probe draws none of the caller's
     randomness, so what it measures cannot bias the decode."""
-    batch = request.batch_size  # a running batch's probe: its slots' first images, no queue
-    generators = [torch.Generator().manual_seed(i) for i in range(batch)]
-    cond_mask = None if request.cond_mask is None else request.cond_mask[:batch]
-    return replace(
-        request, cond=request.cond[:batch], cond_mask=cond_mask, generators=generators, progress=False,
-        slots=None, on_image=None,
-    )  # fmt: skip
+    # a running batch's probe keeps the queue (the null conditions of a negative prompt held for the
+    # call are made for all of it) and times its first slots' images; it stops long before any is done
+    generators = [torch.Generator().manual_seed(i) for i in range(len(request.generators))]
+    return replace(request, generators=generators, progress=False, on_image=None)
 
 
 def cost_key(engine: str, model, batch: int, guided: bool, extra: tuple = ()) -> tuple:

@@ -158,7 +158,10 @@ class RunningBatch:
 
     def finish(self, engine: PassEngine) -> tuple[Tensor, dict]:
         """After the last pass: the images still in slots, then every image's tokens [Q, N] and the
-        engine's statistics with the per-image ones of the whole queue."""
+        engine's statistics with the per-image ones of the whole queue. A decode stopped before its
+        queue is done (a budget's probe, timing the first passes) returns the engine's own."""
+        if self.next < self.num_images and not bool(engine.done().all()):  # a probe, stopped early
+            return engine.finish()
         self.collect(engine, [row for row, image in enumerate(self.holds) if image is not None])
         _, stats = engine.finish()
         tokens = torch.stack(self.tokens)

@@ -307,9 +307,10 @@ class Pipeline:
         single image) is given. output_type: "pil" (list of PIL images),
         "pt" (float tensor [B, 3, H, W] in [0, 1]), "np" (uint8 [B, H, W, 3]) or "tokens".
         batch_size: decode at most this many images at once (None: all of them). A method that
-        refills (`visar methods`: every raster method on the pass loop) runs a running batch: when an
-        image has all its tokens its slot takes the next image, so a slot never feeds padding for a
-        finished image while images are left; the others decode consecutive batches. An image's
+        refills (`visar methods`: every raster method) runs a running batch: when an image has all
+        its tokens its slot takes the next image, so a slot never feeds padding for a finished image
+        while images are left (ar's slots all free at once: consecutive batches); methods of the
+        other kinds decode consecutive batches. An image's
         tokens and passes are those of its decode alone at any batch_size (not under budget="auto",
         which chooses for the batch). on_image(index, tokens, passes): called with each image's tokens
         (the shape of `GenerationOutput.tokens`' entries) and forward passes as soon as it is done

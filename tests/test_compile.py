@@ -127,11 +127,17 @@ def test_whole_passes_under_compile_give_the_eager_tokens():
     eager = {
         m: pipe.generate(class_labels=[3, 5], seed=1, method=m, output_type="tokens") for m in ("mc-sjd", "sjd-pac")
     }
+    running = {  # a running batch: refill passes call the model on the new and the other slots apart
+        m: pipe.generate(class_labels=[3, 5, 7, 1], seed=1, method=m, output_type="tokens", batch_size=2)
+        for m in ("mc-sjd", "sjd-pac")
+    }
     pipe.compile(backend="eager", whole_passes=True)
     for method, reference in eager.items():
         out = pipe.generate(class_labels=[3, 5], seed=1, method=method, output_type="tokens")
         assert torch.equal(out.tokens, reference.tokens), method
         assert out.stats["forward_passes"] == reference.stats["forward_passes"]
+        out = pipe.generate(class_labels=[3, 5, 7, 1], seed=1, method=method, output_type="tokens", batch_size=2)
+        assert torch.equal(out.tokens, running[method].tokens), method
     assert any(callable(step) for step in passes.COMPILED_PASSES.values())  # the passes ran compiled
 
 

@@ -77,7 +77,7 @@ def test_listing_commands(capsys):
     assert main(["methods"]) == 0
     listing = capsys.readouterr().out
     assert "sjd          lossless:" in listing and "gsd          lossy (exact when group_size=1):" in listing
-    assert "[raster models; options: window, warmup, tail, init, budget]" in listing
+    assert "[raster models; a running batch refills its slots; options: window, warmup, tail, init, budget]" in listing
 
 
 @pytest.mark.slow  # a fresh interpreter

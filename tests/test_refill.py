@@ -85,7 +85,7 @@ def test_each_image_is_handed_over_once_as_it_finishes(model16):
     shows they come while others still decode)."""
     seen = []
     cond = torch.tensor([0, 1, 2, 0, 1], device=model16.device)
-    on_image = lambda index, tokens, passes, commit_pass: seen.append((index, tokens.clone(), passes))  # noqa: E731
+    on_image = lambda index, tokens, info: seen.append((index, tokens.clone(), info["forward_passes"]))  # noqa: E731
     request = Request(model16, cond, GUIDED, make_generators(5, 40), slots=2, on_image=on_image)
     tokens, stats = get_method("mc-sjd").fn(request, window=8)
     assert sorted(index for index, _, _ in seen) == [0, 1, 2, 3, 4]
@@ -155,7 +155,7 @@ def test_pipeline_batch_size_refills_or_runs_consecutive_batches(pipe):
     handed = {}
     pipe.generate(
         class_labels=labels, method="ar", seed=3, output_type="tokens", batch_size=4,
-        on_image=lambda index, tokens, passes: handed.setdefault(index, (tokens, passes)),
+        on_image=lambda index, tokens, info: handed.setdefault(index, (tokens, info["forward_passes"])),
     )  # fmt: skip
     assert sorted(handed) == list(range(6))
     assert all(torch.equal(handed[i][0], alone.tokens[i]) for i in range(6))

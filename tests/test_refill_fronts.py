@@ -60,7 +60,7 @@ def test_each_image_of_a_running_batch_is_its_decode_alone(model, name, options)
     finished = []
     request = Request(
         model, LABELS, PARAMS, make_generators(len(LABELS), SEED), slots=2,
-        on_image=lambda image, tokens, passes, commit_pass: finished.append(image),
+        on_image=lambda image, tokens, info: finished.append(image),
     )  # fmt: skip
     tokens, stats = get_method(name).fn(request, **options)
     assert stats["slots"] == 2 and stats["refills"] == 4 and sorted(finished) == list(range(6))
@@ -101,7 +101,7 @@ def test_pipeline_batch_size_runs_zipar_tree_as_a_running_batch():
     seen = []
     out = pipe.generate(
         class_labels=labels, method="zipar-tree", batch_size=2, seed=5, output_type="tokens",
-        on_image=lambda index, tokens, passes: seen.append(index), **options,
+        on_image=lambda index, tokens, info: seen.append(index), **options,
     )  # fmt: skip
     assert out.stats["refills"] == 3 and sorted(seen) == list(range(5))
     for image, label in enumerate(labels):

@@ -56,7 +56,7 @@ def test_pipeline_batch_size_runs_the_tree_engine_as_a_running_batch(model16):
     pipe = visar.Pipeline(model16, None, name="tiny", defaults={"guidance_scale": 2.0})
     labels, options = [0, 1, 2, 1], dict(method="tree-mc-sjd", output_type="tokens", seed=5, window=8, branch=3)
     done = []
-    out = pipe.generate(class_labels=labels, batch_size=3, on_image=lambda i, t, passes: done.append(i), **options)
+    out = pipe.generate(class_labels=labels, batch_size=3, on_image=lambda i, t, info: done.append(i), **options)
     whole = pipe.generate(class_labels=labels, **options)
     assert torch.equal(out.tokens, whole.tokens) and sorted(done) == [0, 1, 2, 3]
     assert out.stats["forward_passes_per_image"] == whole.stats["forward_passes_per_image"]

@@ -273,7 +273,7 @@ class Pipeline:
         caption_mask=None,
         progress: bool = False,
         batch_size: int | None = None,
-        on_image: Callable[[int, Any, int], None] | None = None,
+        on_image: Callable[[int, Any, dict], None] | None = None,
         kv_keep: float = 1.0,
         **method_options,
     ) -> GenerationOutput:
@@ -312,9 +312,10 @@ class Pipeline:
         while images are left (ar's slots all free at once: consecutive batches); methods of the
         other kinds decode consecutive batches. An image's
         tokens and passes are those of its decode alone at any batch_size (not under budget="auto",
-        which chooses for the batch). on_image(index, tokens, passes): called with each image's tokens
-        (the shape of `GenerationOutput.tokens`' entries) and forward passes as soon as it is done
-        (a running batch) or its batch is, e.g. to save it.
+        which chooses for the batch). on_image(index, tokens, info): called with each image's tokens
+        (the shape of `GenerationOutput.tokens`' entries) as soon as it is done (a running batch) or
+        its batch is, e.g. to save it; info: its {"forward_passes", "commit_pass"} (as in stats) and
+        what its method adds (auto: "auto", what it ran).
         A method's second model (option `draft`, or `refiner` for code) may be a registered name or
         folder (loaded once per process), a Pipeline, or a model; its tokenizer must be this pipeline's.
         stats (every method, `visar.accel.stats`): forward_passes (the batch's target passes),
@@ -384,8 +385,11 @@ class Pipeline:
             raise out_of_memory(err, slots or batch, method, self.device) from err
         tokens, stats["commit_pass"] = output_maps(self.model, tokens, stats["commit_pass"])
         if on_image is not None and not (slots is not None and decoding_method.refills):
-            for index, image_tokens in enumerate(per_image_tokens(tokens)):
-                on_image(index, image_tokens, stats["forward_passes_per_image"][index])
+            for index, (image_tokens, commit_pass) in enumerate(
+                zip(per_image_tokens(tokens), per_image_tokens(stats["commit_pass"]), strict=True)
+            ):
+                info = {"forward_passes": stats["forward_passes_per_image"][index], "commit_pass": commit_pass}
+                on_image(index, image_tokens, info)
         lossless = decoding_method.is_lossless(method_options, self.model) and kv_keep == 1
         stats = {**stats, "method": method, "lossless": lossless, "batch_size": batch}
         if kv_keep < 1:
@@ -420,13 +424,16 @@ class Pipeline:
         return merge_tokens([tokens for tokens, _ in parts]), merge_batch_stats([stats for _, stats in parts])
 
     def image_callback(self, on_image):
-        """A running batch's (index, tokens [N], passes, commit_pass [N]) -> on_image(index, the image's
-        output tokens, its passes)."""
+        """A running batch's (index, tokens [N], info with commit_pass [N]) -> on_image(index, the image's
+        output tokens, info with its commit_pass in the output's shape)."""
         if on_image is None:
             return None
-        return lambda index, tokens, passes, commit_pass: on_image(
-            index, output_maps(self.model, tokens[None], commit_pass[None])[0][0], passes
-        )
+
+        def hand_over(index, tokens, info):
+            tokens, commit_pass = output_maps(self.model, tokens[None], info["commit_pass"][None])
+            on_image(index, tokens[0], {**info, "commit_pass": commit_pass[0]})
+
+        return hand_over
 
     def check_kv_keep(self, kv_keep) -> float:
         """kv_keep as a float in (0, 1]; a model of another kind than raster takes only 1."""

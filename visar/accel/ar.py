@@ -55,7 +55,9 @@ def sample_queue(request: Request) -> tuple[Tensor, dict]:
         tokens, stats = sample_batch(request, scorer, generators, admit=images if start else None)
         if request.on_image is not None:
             for image, (image_tokens, commit_pass) in enumerate(zip(tokens, stats["commit_pass"], strict=True)):
-                request.on_image(start + image, image_tokens, num_tokens, commit_pass)
+                request.on_image(
+                    start + image, image_tokens, {"forward_passes": num_tokens, "commit_pass": commit_pass}
+                )
         parts.append((tokens, stats))
     stats = merge_batch_stats([stats for _, stats in parts])
     stats.update(slots=slots, refills=queue - len(parts[0][0]), batch_passes=stats["forward_passes"])

@@ -11,6 +11,8 @@ samples plainly. Every branch samples the model's exact law.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import Tensor
 
 from .ar import sample_tokens
@@ -42,14 +44,23 @@ def auto(request: Request) -> tuple[Tensor, dict]:
     layouts = tree_layouts(request.model, defaults["branch"], defaults["depth"])
     shape = choose_draft_shape(request, layouts, initialiser, neighbours)
     if shape is None:
-        tokens, stats = sample_tokens(request)
+        tokens, stats = sample_tokens(noting(request, auto="ar"))
         return tokens, {**stats, "auto": "ar", "auto_reason": "ar: the pass costs could not be measured"}
     # an AR step's cost (chain size 0) was measured in the same rounds as the windows: a machine's
     # speed drifts, and ratios taken within one measurement hold
     gain = shape.rate * shape.chain(0)
     why = f"expected {gain:.2f}x AR's tokens per second from drafting (prior acceptance)"
     if gain <= 1 + AUTO_MARGIN:
-        tokens, stats = sample_tokens(request)
+        tokens, stats = sample_tokens(noting(request, auto="ar"))
         return tokens, {**stats, "auto": "ar", "auto_reason": why}
-    tokens, stats = decode_draft_shape(request, shape, layouts, initialiser, neighbours)
-    return tokens, {**stats, "auto": "tree-mc-sjd" if shape.use_tree else "mc-sjd", "auto_reason": why}
+    ran = "tree-mc-sjd" if shape.use_tree else "mc-sjd"
+    tokens, stats = decode_draft_shape(noting(request, auto=ran), shape, layouts, initialiser, neighbours)
+    return tokens, {**stats, "auto": ran, "auto_reason": why}
+
+
+def noting(request: Request, **note) -> Request:
+    """The request whose running batch hands each finished image over with `note` (what auto ran)."""
+    if request.on_image is None:
+        return request
+    hand_over = request.on_image
+    return replace(request, on_image=lambda index, tokens, info: hand_over(index, tokens, {**info, **note}))

@@ -112,9 +112,9 @@ def pass_runner(compile_options: dict | None) -> Callable:
 class RunningBatch:
     """A queue of `num_images` images decoded `slots` at a time. Between passes, the slots whose image
     is done give it up (`PassEngine.release`: its tokens and per-image statistics, handed to
-    `on_image(index, tokens [N], passes, commit_pass [N])` at once, so a caller can save it) and take the next images of
-    the queue (`PassEngine.admit`); a slot left when the queue is empty idles (an engine gives a
-    finished image no slots). An image's passes and commit_pass are counted from its own first pass,
+    `on_image(index, tokens [N], {"forward_passes", "commit_pass" [N]})` at once, so a caller can
+    save it) and take the next images of the queue (`PassEngine.admit`); a slot left when the queue
+    is empty idles (an engine gives a finished image no slots). An image's passes and commit_pass are counted from its own first pass,
     so at a fixed budget they, like its tokens, are those of its decode alone."""
 
     def __init__(self, num_images: int, slots: int, on_image: Callable | None = None):
@@ -137,7 +137,7 @@ class RunningBatch:
             self.holds[row] = None
             self.finished += 1
             if self.on_image is not None:
-                self.on_image(image, image_tokens, image_passes, image_commits)
+                self.on_image(image, image_tokens, {"forward_passes": image_passes, "commit_pass": image_commits})
 
     def refill(self, engine: PassEngine):
         """Slots whose image is done: release it, admit the next images (one read-back a pass, only

@@ -50,7 +50,8 @@ class Request:
     # method registered `refills=True` is handed one (`Pipeline.generate` cuts the queue into
     # batches for the others).
     slots: int | None = None
-    # called (image index, tokens [N], its passes, commit_pass [N]) as each image of a running batch finishes
+    # called (image index, tokens [N], {"forward_passes", "commit_pass" [N], what the method adds}) as each
+    # image of a running batch finishes
     on_image: Callable | None = None
 
     @property

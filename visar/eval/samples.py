@@ -238,13 +238,13 @@ def generate_missing(
                     {} if queue[0].negative_prompt is None else {"negative_prompt": [j.negative_prompt for j in queue]}
                 )
 
-                def save(index, tokens, passes, queue=queue):
+                def save(index, tokens, info, queue=queue):
                     start = time.perf_counter()
                     job = queue[index]
                     job.path.parent.mkdir(parents=True, exist_ok=True)
                     save_png(decode_alone(pipe, tokens), job.path)
                     if on_image is not None:
-                        on_image(job, {"forward_passes": passes})
+                        on_image(job, {key: info[key] for key in ("forward_passes", "auto") if key in info})
                     totals["decode_s"] += time.perf_counter() - start
                     bar.update(1)
 

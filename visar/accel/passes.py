@@ -114,8 +114,9 @@ class RunningBatch:
     is done give it up (`PassEngine.release`: its tokens and per-image statistics, handed to
     `on_image(index, tokens [N], {"forward_passes", "commit_pass" [N]})` at once, so a caller can
     save it) and take the next images of the queue (`PassEngine.admit`); a slot left when the queue
-    is empty idles (an engine gives a finished image no slots). An image's passes and commit_pass are counted from its own first pass,
-    so at a fixed budget they, like its tokens, are those of its decode alone."""
+    is empty idles (an engine gives a finished image no slots). An image's passes and commit_pass
+    are counted from its own first pass, so at a fixed budget they, like its tokens, are those of
+    its decode alone."""
 
     def __init__(self, num_images: int, slots: int, on_image: Callable | None = None):
         self.num_images, self.on_image = num_images, on_image

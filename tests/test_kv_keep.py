@@ -119,7 +119,7 @@ def test_queries_see_exactly_the_held_slots_and_evict_the_least_attended():
             evictions += len(evicted)
             assert all(s >= 1 for s in evicted)  # the condition slot stays
             front = int(input_pos[b].min())
-            old_kept = [before[s] for s in after & set(before) if s < front - grid * compressed.RECENT_ROWS]
+            old_kept = [before[s] for s in after & set(before) if 1 <= s < front - grid * compressed.RECENT_ROWS]
             if evicted and old_kept:
                 assert max(before[s] for s in evicted) <= min(old_kept)
         # accept a random part of the pass: the rest is forgotten, as a drafting method does
@@ -170,3 +170,18 @@ def test_cli_kv_keep(tmp_path, capsys):
     assert json.loads((out / "settings.json").read_text())["kv_keep"] == 0.5
     assert main([*args, "--kv-keep", "2", "--out", str(tmp_path / "bad")]) == 2
     assert "kv_keep must be a number in" in capsys.readouterr().err
+
+
+def test_scores_decay_per_position_the_front_advances():
+    """A pass of many tokens decays the scores as far as AR's steps over the same positions, so
+    the held set follows the attention of late queries instead of freezing on the first rows."""
+    table = CompressedCache(1, 20, 12, None, num_condition=1, recent=2, device="cpu", decay=0.5)
+    pos = torch.arange(4)[None]
+    table.write(pos, pos, 3)
+    table.score.fill_(8.0)
+    pos = torch.arange(4, 7)[None]  # the front moves 0 -> 4: scores * 0.5**4
+    table.write(pos, pos, 3)
+    assert table.score[0, :4].tolist() == [0.5] * 4
+    # a front going back (a redrafted slot) does not decay again
+    table.write(torch.tensor([[3, 4, 5]]), torch.tensor([[3, 4, 5]]), 3)
+    assert table.score[0, :3].tolist() == [0.5] * 3

@@ -112,10 +112,14 @@ class CompressedCache(torch.nn.Module):
     When a call writes logical slots that are not held, it takes free physical slots first, then
     evicts the held image slots with the least attention accumulated so far (`observe`: the
     softmax mass each slot received, summed over layers, heads and queries; H2O's rule), one
-    choice per row shared by every layer and head. Never evicted: the condition slots and this
-    call's slots; evicted last (oldest first, only when nothing else is left): the `recent` slots
-    before the call's earliest position (the last grid row, LineAR's local context) and any
-    held slot past it. `truncate` frees the physical slots of forgotten logical ones.
+    choice per row shared by every layer and head. The sum decays by `decay` per position the
+    calls' earliest position advances: undecayed, the first image slots outscore every later one
+    for good (they have been attended longest), so the held set freezes on the first rows, and
+    mc-sjd, whose 16-slot window leaves fewer old slots, lost most of its quality with it (53%
+    detector accuracy at kv_keep=0.25 against AR's 73%, docs/SPEED.md). Never evicted: the
+    condition slots and this call's slots; evicted last (oldest first, only when nothing else is
+    left): the `recent` slots before the call's earliest position (the last grid rows, LineAR's
+    local context) and any held slot past it. `truncate` frees the physical slots of forgotten logical ones.
     Every step is a device tensor op (sort, gather, scatter): no host read-back per call.
     """
 
@@ -128,10 +132,11 @@ class CompressedCache(torch.nn.Module):
         num_condition: int,
         recent: int,
         device,
+        decay: float = 1.0,
     ):
         super().__init__()
         self.num_slots, self.num_physical = num_slots, num_physical
-        self.num_condition, self.recent = num_condition, recent
+        self.num_condition, self.recent, self.decay = num_condition, recent, decay
         if num_physical < num_condition + recent + 1:
             raise VisarError(too_small(num_physical, num_condition, recent, 1))
         valid = condition_validity(cond_mask, batch_size, num_slots + 1, device)  # [B, S + 1]
@@ -141,6 +146,8 @@ class CompressedCache(torch.nn.Module):
         logical = torch.full((batch_size, num_physical), -1, dtype=torch.long, device=device)
         self.register_buffer("logical", logical, persistent=False)
         self.register_buffer("score", torch.zeros(batch_size, num_physical, device=device), persistent=False)
+        # [B]: the furthest earliest position of a call so far, from which the scores decay
+        self.register_buffer("front", torch.zeros(batch_size, dtype=torch.long, device=device), persistent=False)
         self.register_buffer("slot_range", torch.arange(num_physical, device=device), persistent=False)
 
     def write(self, slots: Tensor, input_pos: Tensor, count: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -150,6 +157,10 @@ class CompressedCache(torch.nn.Module):
         # host numbers, no sync; a cache that holds every slot never evicts, so any pass fits
         if self.num_physical < self.num_slots and self.num_condition + self.recent + count > self.num_physical:
             raise VisarError(too_small(self.num_physical, self.num_condition, self.recent, count))
+        if self.decay < 1:  # per position advanced, so a pass of many tokens decays as far as AR's steps
+            front = torch.maximum(self.front, input_pos.min(1).values)
+            self.score *= self.decay ** (front - self.front)[:, None].float()
+            self.front.copy_(front)
         held = self.physical.gather(1, slots)  # [B, L]
         missing = held < 0
         # each logical slot to place once (a call may write one slot twice: padding to a trash slot)
@@ -207,6 +218,7 @@ class CompressedCache(torch.nn.Module):
         self.physical[rows] = -1
         self.logical[rows] = -1
         self.score[rows] = 0.0
+        self.front[rows] = 0
         self.valid[rows] = condition_validity(cond_mask, len(rows), self.valid.shape[1], self.valid.device)
 
     def physical_mask(self, mask: Tensor) -> Tensor:
@@ -229,7 +241,7 @@ class CompressedCache(torch.nn.Module):
         self.logical.masked_fill_(self.logical >= lengths[:, None], -1)
 
 
-ROW_TABLES = ("valid", "physical", "logical", "score")  # CompressedCache's per-row tables
+ROW_TABLES = ("valid", "physical", "logical", "score", "front")  # CompressedCache's per-row tables
 
 
 def too_small(num_physical: int, num_condition: int, recent: int, count: int) -> str:

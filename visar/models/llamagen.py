@@ -407,7 +407,14 @@ class LlamaGen(nn.Module):
             num_physical = physical_slots(kv_keep, max_seq_len)
             recent = self.config.grid_size * self.RECENT_ROWS
             table = CompressedCache(
-                batch_size, max_seq_len, num_physical, cond_mask, self.num_condition_tokens, recent, param.device
+                batch_size,
+                max_seq_len,
+                num_physical,
+                cond_mask,
+                self.num_condition_tokens,
+                recent,
+                param.device,
+                decay=self.SCORE_DECAY,
             )
             max_seq_len = num_physical
         for layer in self.layers:
@@ -418,6 +425,7 @@ class LlamaGen(nn.Module):
         self.cache_keys = table if table is not None else CacheKeys(batch_size, max_seq_len, cond_mask, param.device)
 
     RECENT_ROWS = 2  # grid rows before a pass's earliest position a compressed cache evicts last
+    SCORE_DECAY = 0.8  # a compressed cache's attention scores decay this much per position advanced
 
     def clear_cache(self):
         for layer in self.layers:

@@ -97,7 +97,9 @@ def throughput(
         for keep in (None, *kv_keeps):
             options = {**method_options.get(name, {}), **({} if keep is None else {"kv_keep": keep})}
             for size in batch_sizes:
-                for refill in (False, True) if get_method(name).refills and size > 1 else (False,):
+                # ar's running batch is its consecutive batches (its images all take N passes)
+                refills = get_method(name).refills and size > 1 and name != reference
+                for refill in (False, True) if refills else (False,):
                     plan.append((name, options, size, refill))
     rows = []
     for name, options, size, refill in progress_bar(plan, enabled=progress, desc="throughput", leave=True):

@@ -168,7 +168,7 @@ def verify_window(
         rule, target_probs, draft_tokens, draft_probs, has_draft, uniforms[:, ACCEPT, :num_drafts],
         uniforms[:, RESIDUAL, : num_drafts + 1],
     )  # fmt: skip
-    return Verdict(verdict.tokens, verdict.laws, has_draft, verdict.accept.long().cumprod(1).sum(1))
+    return Verdict(verdict.tokens, verdict.laws, has_draft, verdict.accept.cumprod(1).sum(1))  # bool cumprod: long
 
 
 def image_keys(generators: list[torch.Generator], device) -> Tensor:

@@ -116,7 +116,7 @@ class ChainRecord:
     def write(self, committed: Tensor, num_drafts: Tensor, num_accepted: Tensor):
         """committed [B]: the image's committed tokens before the pass (N: done); num_drafts [B]: its
         drafts (0 for a done image); num_accepted [B]: its leading accepted drafts."""
-        self.records.index_copy_(0, self.cursor, torch.stack([committed, num_drafts, num_accepted])[None])
+        self.records.index_put_((self.cursor,), torch.stack([committed, num_drafts, num_accepted]))
         self.cursor += 1
 
     def reserve(self, passes: int):

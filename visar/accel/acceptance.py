@@ -106,7 +106,7 @@ def verify_slots(
     target_probs: Tensor,
     draft_tokens: Tensor,
     draft_probs: Tensor,
-    has_draft: Tensor,
+    has_draft: Tensor | None,
     accept_uniforms: Tensor,
     draw_uniforms: Tensor,
 ) -> SlotVerdict:
@@ -114,16 +114,19 @@ def verify_slots(
     outputs commit: the run of leading accepts, for a Jacobi window or a zipar front).
 
     target_probs [B, L, V]; the first G <= L slots may hold drafts: draft_tokens [B, G], draft_probs
-    [B, G, V] (the law each was drawn from), has_draft [B, G]; accept_uniforms [B, G] and
-    draw_uniforms [B, L] are the slots' test and draw uniforms. A slot with a draft outputs it if
-    accepted, else a draw from `rule.residual`; a slot without one draws from p.
+    [B, G, V] (the law each was drawn from), has_draft [B, G] (None: every one of the G slots);
+    accept_uniforms [B, G] and draw_uniforms [B, L] are the slots' test and draw uniforms. A slot
+    with a draft outputs it if accepted, else a draw from `rule.residual`; a slot without one draws
+    from p.
     """
     num_drafted = draft_tokens.shape[1]
     drafted_p = target_probs[:, :num_drafted]
     # A relaxed rule (LANTERN) verifies against p~; slots without a draft keep p.
     verified_p = drafted_p if rule.relax is None else rule.relax(drafted_p, draft_probs, draft_tokens)
-    accept = has_draft & rule.accept(verified_p, draft_probs, draft_tokens, accept_uniforms)
-    residual = torch.where(has_draft[..., None], rule.residual(verified_p, draft_probs), drafted_p)
+    accept = rule.accept(verified_p, draft_probs, draft_tokens, accept_uniforms)
+    residual = rule.residual(verified_p, draft_probs)
+    if has_draft is not None:
+        accept, residual = has_draft & accept, torch.where(has_draft[..., None], residual, drafted_p)
     undrafted_p = target_probs[:, num_drafted:]
     slot_probs = residual if undrafted_p.shape[1] == 0 else torch.cat([residual, undrafted_p], 1)
     drawn = sample_from_probs(slot_probs, draw_uniforms)
@@ -132,7 +135,8 @@ def verify_slots(
         tokens = torch.cat([tokens, drawn[:, num_drafted:]], 1)
     laws = target_probs
     if rule.relax is not None:  # the verified slots follow p~, not p: a coupled carry must record that
-        laws = torch.cat([torch.where(has_draft[..., None], verified_p, drafted_p), undrafted_p], 1)
+        drafted_laws = verified_p if has_draft is None else torch.where(has_draft[..., None], verified_p, drafted_p)
+        laws = torch.cat([drafted_laws, undrafted_p], 1)
     return SlotVerdict(tokens, accept, laws)
 
 

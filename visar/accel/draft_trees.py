@@ -378,7 +378,7 @@ def tree_randomness(stream: UniformStream, layout: DraftTree, active: Tensor) ->
     window_u = torch.zeros(active.shape[0], 4, main_len, device=device)
     window_u[:, DRAFT, : main_len - 1] = draft_u
     length = torch.where(active, main_len, 0)
-    return Window(length, (length - 1).clamp(min=0), window_u, main_len - 1), extra_u, test_u
+    return Window(length, window_u, main_len - 1), extra_u, test_u
 
 
 def commit_path(state: DecodeState, layout: DraftTree, verdict: WindowVerdict, commit_count: Tensor) -> Tensor:

@@ -149,7 +149,6 @@ class Verdict:
 
     slot_tokens: Tensor  # [B, L] every slot's output: its draft if accepted, else a residual (or p) draw
     slot_laws: Tensor  # [B, L, V] the law each slot token follows: p, or a relaxed rule's p~ at a verified draft
-    has_draft: Tensor  # [B, G] slot j holds a draft of image b (slot num_drafts[b] is the bonus slot)
     num_accepted: Tensor  # [B] leading accepted drafts
 
 
@@ -159,16 +158,18 @@ def verify_window(
     """Verify every drafted slot at once (`acceptance.verify_slots`); only the run of leading
     accepts commits, with one token more (a residual draw, or a draw from p at the bonus slot)."""
     num_drafts = pass_window.max_drafts
-    has_draft = torch.arange(num_drafts, device=draft_tokens.device) < pass_window.num_drafts[:, None]  # [B, G]
     uniforms = pass_window.uniforms
     if num_drafts == 0:  # a pass of plain AR steps (what verify_slots draws there, without its bookkeeping)
         tokens = sample_from_probs(target_probs, uniforms[:, RESIDUAL, :1])
-        return Verdict(tokens, target_probs, has_draft, torch.zeros_like(pass_window.num_drafts))
+        return Verdict(tokens, target_probs, torch.zeros_like(pass_window.window_len))
+    # [B, G] slot j holds a draft of image b (slot window_len[b] - 1 is its bonus slot); a full pass: every slot
+    slots = torch.arange(1, num_drafts + 1, device=draft_tokens.device)
+    has_draft = None if pass_window.full else slots < pass_window.window_len[:, None]
     verdict = verify_slots(
         rule, target_probs, draft_tokens, draft_probs, has_draft, uniforms[:, ACCEPT, :num_drafts],
         uniforms[:, RESIDUAL, : num_drafts + 1],
     )  # fmt: skip
-    return Verdict(verdict.tokens, verdict.laws, has_draft, verdict.accept.cumprod(1).sum(1))  # bool cumprod: long
+    return Verdict(verdict.tokens, verdict.laws, verdict.accept.cumprod(1).sum(1))  # bool cumprod: long
 
 
 def image_keys(generators: list[torch.Generator], device) -> Tensor:
@@ -246,18 +247,32 @@ class ChainPasses:
         pass_size = self.window if self.budget is None else self.budget.size()
         if pass_size is None:  # a probe's last timed pass
             return None
-        window_len = window_lengths(self.state.committed, min(pass_size, self.window), *self.spans, self.total)
-        num_slots = int(window_len.max())  # the one host sync of the loop the engine needs
+        window = min(pass_size, self.window)
+        window_len = window_lengths(self.state.committed, window, *self.spans, self.total)
+        num_slots, least, full = self.pass_shape(window_len, window)
         if num_slots == 0:
             return None
-        if self.compiled:  # a power of two of slots, as scoring pads anyway: a few shapes to compile
-            num_slots = min(1 << (num_slots - 1).bit_length(), self.window)
         self.sizes_chosen[pass_size] = self.sizes_chosen.get(pass_size, 0) + 1
         uniforms = self.uniforms.take(NUM_PURPOSES * self.window).view(self.batch, NUM_PURPOSES, self.window)
         fresh, self.fresh = self.fresh, ()
         self.passes += 1
         self.record.reserve(self.passes)
-        return Window(window_len, (window_len - 1).clamp(min=0), uniforms, num_slots - 1, fresh)
+        return Window(window_len, uniforms, num_slots - 1, fresh, full=full, least_committed=least)
+
+    def pass_shape(self, window_len: Tensor, window: int) -> tuple[int, int, bool]:
+        """The one host sync of the loop the engine needs -> (the pass's slots, the fewest tokens any
+        image has committed, whether every image's window has all the slots). Without spans, the
+        fewest and most committed give the rest (window_len = min(N - committed, window)); with
+        spans or compiled passes (a power of two of slots, as scoring pads anyway: a few shapes to
+        compile, each of the general graph) only the slots are read."""
+        if self.spans != (0, 0) or self.compiled:
+            num_slots = int(window_len.max())
+            if self.compiled and num_slots:
+                num_slots = min(1 << (num_slots - 1).bit_length(), self.window)
+            return num_slots, 0, False
+        least, most = torch.stack(torch.aminmax(self.state.committed)).tolist()
+        num_slots = min(self.total - least, window)
+        return num_slots, least, min(self.total - most, window) == num_slots
 
     def propose(self, plan: Window) -> tuple[Tensor, Tensor]:
         return self.proposer.propose(self.state, plan)  # [B, G], [B, G, V]
@@ -271,15 +286,17 @@ class ChainPasses:
 
     def commit(self, plan: Window, drafts, probs: Tensor, verdict: Verdict):
         state = self.state
-        commit_count = (verdict.num_accepted + 1).minimum(plan.window_len)  # 0 for finished images
+        commit_count = verdict.num_accepted + 1
+        if not plan.full:  # 0 for finished images, at most the window for clipped ones
+            commit_count = commit_count.minimum(plan.window_len)
         # Write every slot's token after the committed ones; only the first commit_count count
         # (the buffer has `window` spare columns, and what lies past `committed` is scratch).
         slots = self.slot_range[: plan.max_drafts + 1]
         state.tokens.scatter_(1, state.committed[:, None] + slots, verdict.slot_tokens)
-        self.record.write(state.committed, plan.num_drafts, verdict.num_accepted)
+        self.record.write(state.committed, plan.window_len, verdict.num_accepted)
         if self.budget is not None:
-            active = plan.window_len > 0
-            self.budget.count(verdict.num_accepted, plan.num_drafts, active, self.proposer.draft_age, state.committed)
+            active, num_drafts = plan.window_len > 0, (plan.window_len - 1).clamp(min=0)
+            self.budget.count(verdict.num_accepted, num_drafts, active, self.proposer.draft_age, state.committed)
         self.proposer.after_commit(state, plan, probs, verdict.slot_tokens, commit_count, verdict.slot_laws)
         state.committed = state.committed + commit_count
         # The cache keeps every committed token but the newest, which the next window feeds.

@@ -36,12 +36,16 @@ class Window:
     """The shape of one iteration and the randomness each image drew for it."""
 
     window_len: Tensor  # [B] slots scored for each image: 1 (a plain AR step) .. window, 0 when done
-    num_drafts: Tensor  # [B] window_len - 1 (0 for done images)
     uniforms: Tensor  # [B, 4, window]: rows ACCEPT, RESIDUAL, CARRY, DRAFT
-    max_drafts: int  # G, the draft slots of the pass (padding past an image's own num_drafts)
+    max_drafts: int  # G, the draft slots of the pass (padding past an image's own window_len - 1)
     # the slots whose image has its first pass now (its condition is fed): every slot at a decode's
     # first pass, a running batch's new images later (`passes.RunningBatch`)
     fresh: tuple[int, ...] = ()
+    # What the plan's read-back told the host, so that a pass skips the masks it does not need:
+    # every image's window has all G + 1 slots (none done, none clipped), and the fewest tokens
+    # any image has committed (0 where the plan did not read it).
+    full: bool = False
+    least_committed: int = 0
 
 
 class Proposer(Protocol):
@@ -230,6 +234,7 @@ class JacobiProposer:
             window.uniforms[:, DRAFT, :num_slots],
             lambda: self.proposal_canvas(state),
             above_committed=num_slots <= state.grid_size[1],
+            sources_inside=window.least_committed >= state.grid_size[1],
         )
         fill_tokens, fill_probs = self.initialiser(request)
         draft_tokens = torch.where(from_carry, draft_tokens, fill_tokens)
@@ -249,7 +254,9 @@ class JacobiProposer:
         self.carry_tokens = carry.gather(1, shift)
         vocab = target_probs.shape[-1]
         self.carry_probs = law.gather(1, shift[..., None].expand(-1, -1, vocab))
-        self.carry_count = (window.window_len - commit_count).clamp(min=0)
+        self.carry_count = window.window_len - commit_count
+        if not window.full:  # a full window commits at most its length
+            self.carry_count = self.carry_count.clamp(min=0)
         if self.carry_age is not None:
             slot_age = F.pad(self.draft_age, (0, length - self.draft_age.shape[1])) + 1  # the bonus slot: a new draw
             self.carry_age[:, :length] = slot_age.gather(1, shift)

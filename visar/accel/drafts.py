@@ -59,7 +59,8 @@ class FillRequest:
 
     state: DecodeState
     draft_index: Tensor  # [B, G] absolute image-token index of every draft slot
-    uniforms: Tensor  # [B, G] this iteration's draft uniforms of each image
+    # [B, G] this iteration's draft uniforms of each image, or a function that takes them (`uniforms`)
+    uniform_source: Tensor | Callable[[], Tensor]
     # [B, N + window] committed tokens and carried drafts at their indices, -1 elsewhere; or a function
     # that builds it, called only by an initialiser that reads it (`canvas`)
     source: Tensor | Callable[[], Tensor]
@@ -68,6 +69,12 @@ class FillRequest:
     above_committed: bool = False
     # and lies inside the image (every image has committed a row or more): no uniform fallback
     sources_inside: bool = False
+
+    @property
+    def uniforms(self) -> Tensor:
+        if callable(self.uniform_source):
+            self.uniform_source = self.uniform_source()
+        return self.uniform_source
 
     @property
     def canvas(self) -> Tensor:

@@ -163,8 +163,9 @@ def verify_window(
         tokens = sample_from_probs(target_probs, uniforms[:, RESIDUAL, :1])
         return Verdict(tokens, target_probs, torch.zeros_like(pass_window.window_len))
     # [B, G] slot j holds a draft of image b (slot window_len[b] - 1 is its bonus slot); a full pass: every slot
-    slots = torch.arange(1, num_drafts + 1, device=draft_tokens.device)
-    has_draft = None if pass_window.full else slots < pass_window.window_len[:, None]
+    has_draft = None
+    if not pass_window.full:
+        has_draft = torch.arange(1, num_drafts + 1, device=draft_tokens.device) < pass_window.window_len[:, None]
     verdict = verify_slots(
         rule, target_probs, draft_tokens, draft_probs, has_draft, uniforms[:, ACCEPT, :num_drafts],
         uniforms[:, RESIDUAL, : num_drafts + 1],

@@ -182,6 +182,7 @@ class JacobiProposer:
         batch, vocab, device = state.tokens.shape[0], state.vocab_size, state.tokens.device
         self.window = state.window
         self.slots = torch.arange(self.window, device=device)  # sliced each pass rather than made again
+        self.rows = torch.arange(batch, device=device)[:, None]  # [B, 1] each image's row, for indexing
         self.canvas_slots = torch.arange(state.tokens.shape[1], device=device)
         self.last_canvas: Tensor | None = None  # this pass's canvas, once built (`proposal_canvas`)
         self.carry_tokens = torch.zeros(batch, self.window, dtype=torch.long, device=device)
@@ -215,8 +216,9 @@ class JacobiProposer:
                 F.pad(self.carry_tokens, (0, more)),
                 F.pad(self.carry_probs, (0, 0, 0, more)),
             )
-        draft_tokens = self.carry_tokens[:, :num_slots]
-        draft_probs = self.carry_probs[:, :num_slots]
+        draft_tokens, draft_probs = self.carry_tokens, self.carry_probs
+        if num_slots < draft_tokens.shape[1]:  # fewer slots than the last pass carried (the image's end)
+            draft_tokens, draft_probs = draft_tokens[:, :num_slots], draft_probs[:, :num_slots]
         if num_slots == 0:  # a pass of plain AR steps: no draft slots
             if self.carry_age is not None:
                 self.draft_age = self.carry_age[:, :0]
@@ -231,7 +233,7 @@ class JacobiProposer:
         request = FillRequest(
             state,
             state.committed[:, None] + slots,
-            window.uniforms[:, DRAFT, :num_slots],
+            lambda: window.uniforms[:, DRAFT, :num_slots],
             lambda: self.proposal_canvas(state),
             above_committed=num_slots <= state.grid_size[1],
             sources_inside=window.least_committed >= state.grid_size[1],
@@ -243,23 +245,22 @@ class JacobiProposer:
 
     def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws):
         length = target_probs.shape[1]
-        slots = self.slots[:length]
-        slot_index = lambda: state.committed[:, None] + slots  # noqa: E731 (read by the Gumbel coupling only)
+        slot_index = lambda: state.committed[:, None] + self.slots[:length]  # noqa: E731 (read by the Gumbel coupling only)
         uniforms = lambda: window.uniforms[:, CARRY, :length]  # noqa: E731 (read by SJD's fresh draws only)
         carry, law = self.updater(CarryRequest(state, target_probs, slot_tokens, slot_laws, slot_index, uniforms))
         # Slots commit_count .. window_len - 1 become drafts for the indices right after the new commit
-        # (new tensors of this pass's length, not copies into the window's: the next pass has no more
-        # slots unless a budget chooses more, and `propose` pads for those).
-        shift = (commit_count[:, None] + slots).clamp(max=length - 1)
+        # (new tensors of this pass's length less one, as every image commits a token or is done; not
+        # copies into the window's: the next pass has no more slots unless a budget chooses more, and
+        # `propose` pads for those).
+        shift = (commit_count[:, None] + self.slots[: length - 1]).clamp(max=length - 1)
         self.carry_tokens = carry.gather(1, shift)
-        vocab = target_probs.shape[-1]
-        self.carry_probs = law.gather(1, shift[..., None].expand(-1, -1, vocab))
+        self.carry_probs = law[self.rows, shift]  # [B, L - 1, V]: one index, not an expand and a gather
         self.carry_count = window.window_len - commit_count
         if not window.full:  # a full window commits at most its length
             self.carry_count = self.carry_count.clamp(min=0)
         if self.carry_age is not None:
             slot_age = F.pad(self.draft_age, (0, length - self.draft_age.shape[1])) + 1  # the bonus slot: a new draw
-            self.carry_age[:, :length] = slot_age.gather(1, shift)
+            self.carry_age[:, : length - 1] = slot_age.gather(1, shift)
 
     def admit(self, rows: Tensor, images: Tensor):
         """Slots `rows` start new images: nothing carried over, no ages."""

@@ -49,6 +49,7 @@ from .drafts import DecodeState, resolve_initialiser
 from .passes import decode_passes, running_batch
 from .proposers import (
     ACCEPT,
+    CARRY,
     NUM_PURPOSES,
     RESIDUAL,
     DraftModelProposer,
@@ -150,13 +151,21 @@ class Verdict:
     slot_tokens: Tensor  # [B, L] every slot's output: its draft if accepted, else a residual (or p) draw
     slot_laws: Tensor  # [B, L, V] the law each slot token follows: p, or a relaxed rule's p~ at a verified draft
     num_accepted: Tensor  # [B] leading accepted drafts
+    p_draws: Tensor | None = None  # [B, L] a draw from p at every slot (with the CARRY uniforms), where asked for
 
 
 def verify_window(
-    rule: AcceptanceRule, target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor, pass_window: Window
+    rule: AcceptanceRule,
+    target_probs: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Tensor,
+    pass_window: Window,
+    draws_from_p: bool = False,
 ) -> Verdict:
     """Verify every drafted slot at once (`acceptance.verify_slots`); only the run of leading
-    accepts commits, with one token more (a residual draw, or a draw from p at the bonus slot)."""
+    accepts commits, with one token more (a residual draw, or a draw from p at the bonus slot).
+    draws_from_p: also draw from p at every slot with the CARRY uniforms, in the same draw
+    (`Proposer.draws_from_p`)."""
     num_drafts = pass_window.max_drafts
     uniforms = pass_window.uniforms
     if num_drafts == 0:  # a pass of plain AR steps (what verify_slots draws there, without its bookkeeping)
@@ -168,9 +177,10 @@ def verify_window(
         has_draft = torch.arange(1, num_drafts + 1, device=draft_tokens.device) < pass_window.window_len[:, None]
     verdict = verify_slots(
         rule, target_probs, draft_tokens, draft_probs, has_draft, uniforms[:, ACCEPT, :num_drafts],
-        uniforms[:, RESIDUAL, : num_drafts + 1],
+        uniforms[:, RESIDUAL, : num_drafts + 1], uniforms[:, CARRY, : num_drafts + 1] if draws_from_p else None,
     )  # fmt: skip
-    return Verdict(verdict.tokens, verdict.laws, verdict.accept.cumprod(1).sum(1))  # bool cumprod: long
+    num_accepted = verdict.accept.cumprod(1).sum(1)  # bool cumprod: long
+    return Verdict(verdict.tokens, verdict.laws, num_accepted, verdict.p_draws)
 
 
 def image_keys(generators: list[torch.Generator], device) -> Tensor:
@@ -283,7 +293,7 @@ class ChainPasses:
         return score_window(self.scorer, self.state, drafts[0], first, self.position_offsets, plan.fresh)
 
     def verify(self, plan: Window, drafts, probs: Tensor) -> Verdict:
-        return verify_window(self.rule, probs, *drafts, plan)
+        return verify_window(self.rule, probs, *drafts, plan, self.proposer.draws_from_p)
 
     def commit(self, plan: Window, drafts, probs: Tensor, verdict: Verdict):
         state = self.state
@@ -298,7 +308,9 @@ class ChainPasses:
         if self.budget is not None:
             active, num_drafts = plan.window_len > 0, (plan.window_len - 1).clamp(min=0)
             self.budget.count(verdict.num_accepted, num_drafts, active, self.proposer.draft_age, state.committed)
-        self.proposer.after_commit(state, plan, probs, verdict.slot_tokens, commit_count, verdict.slot_laws)
+        self.proposer.after_commit(
+            state, plan, probs, verdict.slot_tokens, commit_count, verdict.slot_laws, verdict.p_draws
+        )
         state.committed = state.committed + commit_count
         # The cache keeps every committed token but the newest, which the next window feeds.
         self.scorer.truncate_cache(state.committed + (self.num_cond - 1))

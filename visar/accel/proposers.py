@@ -55,6 +55,9 @@ class Proposer(Protocol):
 
     forward_passes: int
     draft_age: Tensor | None
+    # the carry-over draws from p at every slot with the CARRY uniforms (SJD's): verification makes
+    # that draw with its own and hands it to `after_commit` (p_draws)
+    draws_from_p: bool
 
     def start(self, state: DecodeState, track_ages: bool = False) -> None: ...
 
@@ -70,10 +73,12 @@ class Proposer(Protocol):
         slot_tokens: Tensor,
         commit_count: Tensor,
         slot_laws: Tensor,
+        p_draws: Tensor | None = None,
     ) -> None:
         """Called with the pass's p [B, L, V], the output token of every slot [B, L], the commits [B]
         and the law each slot token follows [B, L, V] (p, or a relaxed rule's p~ at a verified draft),
-        before `state.committed` moves on."""
+        before `state.committed` moves on; p_draws [B, L]: the draw from p `draws_from_p` asks for,
+        where the engine made it."""
         ...
 
     def admit(self, rows: Tensor, images: Tensor) -> None:
@@ -96,6 +101,7 @@ class CarryRequest:
     # each image; or functions that make them, called only by an updater that reads them
     index_source: Tensor | Callable[[], Tensor]
     uniform_source: Tensor | Callable[[], Tensor]
+    p_draws: Tensor | None = None  # [B, L] the draw from p with those uniforms, where verification made it
 
     @property
     def slot_index(self) -> Tensor:
@@ -115,7 +121,9 @@ class CarryRequest:
 
 
 def independent_carry(request: CarryRequest) -> tuple[Tensor, Tensor]:
-    """SJD: a fresh draw from p at every slot, independent of the old draft."""
+    """SJD: a fresh draw from p at every slot, independent of the old draft (verification's, where it drew it)."""
+    if request.p_draws is not None:
+        return request.p_draws, request.target_probs
     return sample_from_probs(request.target_probs, request.uniforms), request.target_probs
 
 
@@ -176,6 +184,7 @@ class JacobiProposer:
 
     def __init__(self, initialiser: Callable, updater: Callable):
         self.initialiser, self.updater = initialiser, updater
+        self.draws_from_p = updater is independent_carry
         self.forward_passes = 0
 
     def start(self, state: DecodeState, track_ages: bool = False):
@@ -243,11 +252,12 @@ class JacobiProposer:
         draft_probs = torch.where(from_carry[..., None], draft_probs, fill_probs.to(draft_probs.dtype))
         return draft_tokens, draft_probs
 
-    def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws):
+    def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws, p_draws=None):
         length = target_probs.shape[1]
         slot_index = lambda: state.committed[:, None] + self.slots[:length]  # noqa: E731 (read by the Gumbel coupling only)
         uniforms = lambda: window.uniforms[:, CARRY, :length]  # noqa: E731 (read by SJD's fresh draws only)
-        carry, law = self.updater(CarryRequest(state, target_probs, slot_tokens, slot_laws, slot_index, uniforms))
+        request = CarryRequest(state, target_probs, slot_tokens, slot_laws, slot_index, uniforms, p_draws)
+        carry, law = self.updater(request)
         # Slots commit_count .. window_len - 1 become drafts for the indices right after the new commit
         # (new tensors of this pass's length less one, as every image commits a token or is done; not
         # copies into the window's: the next pass has no more slots unless a budget chooses more, and
@@ -286,6 +296,7 @@ class DraftModelProposer:
         self.num_cond = draft.num_condition_tokens
 
     draft_age = None  # a draft model's drafts are new every pass
+    draws_from_p = False
 
     @property
     def forward_passes(self) -> int:
@@ -332,7 +343,7 @@ class DraftModelProposer:
                 draft_q = self.scorer.target_probs(self.scorer.logits(token[:, None], position[:, None])[:, -1])
         return torch.stack(draft_tokens, 1), torch.stack(draft_probs, 1)
 
-    def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws):
+    def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws, p_draws=None):
         num_drafts = window.max_drafts
         if num_drafts == 0 or self.draft_len is None:
             return

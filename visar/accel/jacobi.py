@@ -113,7 +113,9 @@ def score_window(
     if first:
         logits = first_window_logits(scorer, draft_tokens, num_slots)
     elif not fresh:
-        logits = next_window_logits(scorer, state, draft_tokens, offsets[:num_slots])
+        logits = next_window_logits(
+            scorer, state, draft_tokens, offsets[:num_slots] if len(offsets) > num_slots else offsets
+        )
     else:
         new = torch.tensor(fresh, device=device)
         old = torch.tensor([row for row in range(len(draft_tokens)) if row not in fresh], device=device)
@@ -166,18 +168,17 @@ def verify_window(
     accepts commits, with one token more (a residual draw, or a draw from p at the bonus slot).
     draws_from_p: also draw from p at every slot with the CARRY uniforms, in the same draw
     (`Proposer.draws_from_p`)."""
-    num_drafts = pass_window.max_drafts
-    uniforms = pass_window.uniforms
+    num_drafts, row = pass_window.max_drafts, pass_window.row
     if num_drafts == 0:  # a pass of plain AR steps (what verify_slots draws there, without its bookkeeping)
-        tokens = sample_from_probs(target_probs, uniforms[:, RESIDUAL, :1])
+        tokens = sample_from_probs(target_probs, row(RESIDUAL, 1))
         return Verdict(tokens, target_probs, torch.zeros_like(pass_window.window_len))
     # [B, G] slot j holds a draft of image b (slot window_len[b] - 1 is its bonus slot); a full pass: every slot
     has_draft = None
     if not pass_window.full:
         has_draft = torch.arange(1, num_drafts + 1, device=draft_tokens.device) < pass_window.window_len[:, None]
     verdict = verify_slots(
-        rule, target_probs, draft_tokens, draft_probs, has_draft, uniforms[:, ACCEPT, :num_drafts],
-        uniforms[:, RESIDUAL, : num_drafts + 1], uniforms[:, CARRY, : num_drafts + 1] if draws_from_p else None,
+        rule, target_probs, draft_tokens, draft_probs, has_draft, row(ACCEPT, num_drafts),
+        row(RESIDUAL, num_drafts + 1), row(CARRY, num_drafts + 1) if draws_from_p else None,
     )  # fmt: skip
     num_accepted = verdict.accept.cumprod(1).sum(1)  # bool cumprod: long
     return Verdict(verdict.tokens, verdict.laws, num_accepted, verdict.p_draws)
@@ -238,6 +239,7 @@ class ChainPasses:
         self.fresh = tuple(range(self.batch))  # slots whose image has not had its first pass
         self.start_pass = [0] * self.batch  # the pass at which each slot's image started
         self.sizes_chosen: dict[int, int] = {}  # window -> passes
+        self.full_lengths: dict[int, Tensor] = {}  # slots -> window_len [B] of a pass of full windows
         # Compiled passes draft padded windows: slots past an image's window are padding (never
         # tested, after every real slot, forgotten with the cache), so the tokens are the same.
         self.compiled = request.compile_passes is not None
@@ -258,32 +260,37 @@ class ChainPasses:
         pass_size = self.window if self.budget is None else self.budget.size()
         if pass_size is None:  # a probe's last timed pass
             return None
-        window = min(pass_size, self.window)
-        window_len = window_lengths(self.state.committed, window, *self.spans, self.total)
-        num_slots, least, full = self.pass_shape(window_len, window)
+        window_len, num_slots, least, full = self.pass_shape(min(pass_size, self.window))
         if num_slots == 0:
             return None
         self.sizes_chosen[pass_size] = self.sizes_chosen.get(pass_size, 0) + 1
-        uniforms = self.uniforms.take(NUM_PURPOSES * self.window).view(self.batch, NUM_PURPOSES, self.window)
+        uniforms = self.uniforms.take(NUM_PURPOSES * self.window)  # [B, 4 * window] (`Window.row`)
         fresh, self.fresh = self.fresh, ()
         self.passes += 1
         self.record.reserve(self.passes)
         return Window(window_len, uniforms, num_slots - 1, fresh, full=full, least_committed=least)
 
-    def pass_shape(self, window_len: Tensor, window: int) -> tuple[int, int, bool]:
-        """The one host sync of the loop the engine needs -> (the pass's slots, the fewest tokens any
-        image has committed, whether every image's window has all the slots). Without spans, the
-        fewest and most committed give the rest (window_len = min(N - committed, window)); with
-        spans or compiled passes (a power of two of slots, as scoring pads anyway: a few shapes to
-        compile, each of the general graph) only the slots are read."""
+    def pass_shape(self, window: int) -> tuple[Tensor, int, int, bool]:
+        """The one host sync of the loop the engine needs -> (window_len [B], the pass's slots, the
+        fewest tokens any image has committed, whether every image's window has all the slots).
+        Without spans, the fewest and most committed give the rest (window_len = min(N - committed,
+        window)), and a pass of full windows takes its window_len made once; with spans or compiled
+        passes (a power of two of slots, as scoring pads anyway: a few shapes to compile, each of
+        the general graph) only the slots are read."""
+        committed = self.state.committed
         if self.spans != (0, 0) or self.compiled:
+            window_len = window_lengths(committed, window, *self.spans, self.total)
             num_slots = int(window_len.max())
             if self.compiled and num_slots:
                 num_slots = min(1 << (num_slots - 1).bit_length(), self.window)
-            return num_slots, 0, False
-        least, most = torch.stack(torch.aminmax(self.state.committed)).tolist()
+            return window_len, num_slots, 0, False
+        least, most = torch.stack(torch.aminmax(committed)).tolist()
         num_slots = min(self.total - least, window)
-        return num_slots, least, min(self.total - most, window) == num_slots
+        if min(self.total - most, window) < num_slots:
+            return window_lengths(committed, window, 0, 0, self.total), num_slots, least, False
+        if num_slots not in self.full_lengths:
+            self.full_lengths[num_slots] = torch.full_like(committed, num_slots)
+        return self.full_lengths[num_slots], num_slots, least, True
 
     def propose(self, plan: Window) -> tuple[Tensor, Tensor]:
         return self.proposer.propose(self.state, plan)  # [B, G], [B, G, V]
@@ -302,7 +309,7 @@ class ChainPasses:
             commit_count = commit_count.minimum(plan.window_len)
         # Write every slot's token after the committed ones; only the first commit_count count
         # (the buffer has `window` spare columns, and what lies past `committed` is scratch).
-        slots = self.slot_range[: plan.max_drafts + 1]
+        slots = self.slot_range if plan.max_drafts + 1 == self.window else self.slot_range[: plan.max_drafts + 1]
         state.tokens.scatter_(1, state.committed[:, None] + slots, verdict.slot_tokens)
         self.record.write(state.committed, plan.window_len, verdict.num_accepted)
         if self.budget is not None:

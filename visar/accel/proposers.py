@@ -36,7 +36,7 @@ class Window:
     """The shape of one iteration and the randomness each image drew for it."""
 
     window_len: Tensor  # [B] slots scored for each image: 1 (a plain AR step) .. window, 0 when done
-    uniforms: Tensor  # [B, 4, window]: rows ACCEPT, RESIDUAL, CARRY, DRAFT
+    uniforms: Tensor  # [B, 4 * window]: the ACCEPT, RESIDUAL, CARRY and DRAFT rows side by side (`row`)
     max_drafts: int  # G, the draft slots of the pass (padding past an image's own window_len - 1)
     # the slots whose image has its first pass now (its condition is fed): every slot at a decode's
     # first pass, a running batch's new images later (`passes.RunningBatch`)
@@ -46,6 +46,11 @@ class Window:
     # any image has committed (0 where the plan did not read it).
     full: bool = False
     least_committed: int = 0
+
+    def row(self, purpose: int, length: int) -> Tensor:
+        """[B, length] the uniforms of one purpose for the first `length` slots (one slice)."""
+        start = purpose * (self.uniforms.shape[1] // NUM_PURPOSES)
+        return self.uniforms[:, start : start + length]
 
 
 class Proposer(Protocol):
@@ -191,6 +196,7 @@ class JacobiProposer:
         batch, vocab, device = state.tokens.shape[0], state.vocab_size, state.tokens.device
         self.window = state.window
         self.slots = torch.arange(self.window, device=device)  # sliced each pass rather than made again
+        self.slot_prefix = [self.slots[:n] for n in range(self.window + 1)]  # those slices, made once
         self.rows = torch.arange(batch, device=device)[:, None]  # [B, 1] each image's row, for indexing
         self.canvas_slots = torch.arange(state.tokens.shape[1], device=device)
         self.last_canvas: Tensor | None = None  # this pass's canvas, once built (`proposal_canvas`)
@@ -204,7 +210,7 @@ class JacobiProposer:
     def canvas(self, state: DecodeState) -> Tensor:
         """[B, N + window] committed tokens and carried drafts at their indices, -1 elsewhere."""
         canvas = torch.where(self.canvas_slots < state.committed[:, None], state.tokens, -1)
-        slots = self.slots[: self.carry_tokens.shape[1]]  # the last pass's slots: every carried draft
+        slots = self.slot_prefix[self.carry_tokens.shape[1]]  # the last pass's slots: every carried draft
         index = state.committed[:, None] + slots  # < N + window
         carried = slots < self.carry_count[:, None]
         return canvas.scatter(1, index, torch.where(carried, self.carry_tokens, canvas.gather(1, index)))
@@ -232,7 +238,7 @@ class JacobiProposer:
             if self.carry_age is not None:
                 self.draft_age = self.carry_age[:, :0]
             return draft_tokens, draft_probs
-        slots = self.slots[:num_slots]
+        slots = self.slot_prefix[num_slots]
         from_carry = slots < self.carry_count[:, None]  # [B, G]
         if self.carry_age is not None:
             self.draft_age = torch.where(from_carry, self.carry_age[:, :num_slots], 0)
@@ -242,7 +248,7 @@ class JacobiProposer:
         request = FillRequest(
             state,
             state.committed[:, None] + slots,
-            lambda: window.uniforms[:, DRAFT, :num_slots],
+            lambda: window.row(DRAFT, num_slots),
             lambda: self.proposal_canvas(state),
             above_committed=num_slots <= state.grid_size[1],
             sources_inside=window.least_committed >= state.grid_size[1],
@@ -254,15 +260,15 @@ class JacobiProposer:
 
     def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws, p_draws=None):
         length = target_probs.shape[1]
-        slot_index = lambda: state.committed[:, None] + self.slots[:length]  # noqa: E731 (read by the Gumbel coupling only)
-        uniforms = lambda: window.uniforms[:, CARRY, :length]  # noqa: E731 (read by SJD's fresh draws only)
+        slot_index = lambda: state.committed[:, None] + self.slot_prefix[length]  # noqa: E731 (read by the Gumbel coupling only)
+        uniforms = lambda: window.row(CARRY, length)  # noqa: E731 (read by SJD's fresh draws only)
         request = CarryRequest(state, target_probs, slot_tokens, slot_laws, slot_index, uniforms, p_draws)
         carry, law = self.updater(request)
         # Slots commit_count .. window_len - 1 become drafts for the indices right after the new commit
         # (new tensors of this pass's length less one, as every image commits a token or is done; not
         # copies into the window's: the next pass has no more slots unless a budget chooses more, and
         # `propose` pads for those).
-        shift = (commit_count[:, None] + self.slots[: length - 1]).clamp(max=length - 1)
+        shift = (commit_count[:, None] + self.slot_prefix[length - 1]).clamp(max=length - 1)
         self.carry_tokens = carry.gather(1, shift)
         self.carry_probs = law[self.rows, shift]  # [B, L - 1, V]: one index, not an expand and a gather
         self.carry_count = window.window_len - commit_count
@@ -334,8 +340,9 @@ class DraftModelProposer:
         self.base = state.committed.clone()
         draft_q = self.catch_up(state)
         draft_tokens, draft_probs = [], []
+        draft_u = window.row(DRAFT, num_drafts)
         for k in range(num_drafts):
-            token = sample_from_probs(draft_q, window.uniforms[:, DRAFT, k])
+            token = sample_from_probs(draft_q, draft_u[:, k])
             draft_tokens.append(token)
             draft_probs.append(draft_q)
             if k + 1 < num_drafts:

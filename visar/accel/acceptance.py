@@ -110,7 +110,7 @@ def verify_slots(
     has_draft: Tensor | None,
     accept_uniforms: Tensor,
     draw_uniforms: Tensor,
-    p_uniforms: Tensor | None = None,
+    draws_from_p: bool = False,
 ) -> SlotVerdict:
     """Verify every drafted slot of a pass at once, each on its own test (the caller decides which
     outputs commit: the run of leading accepts, for a Jacobi window or a zipar front).
@@ -119,8 +119,8 @@ def verify_slots(
     [B, G, V] (the law each was drawn from), has_draft [B, G] (None: every one of the G slots);
     accept_uniforms [B, G] and draw_uniforms [B, L] are the slots' test and draw uniforms. A slot
     with a draft outputs it if accepted, else a draw from `rule.residual`; a slot without one draws
-    from p. p_uniforms [B, L], when given: a draw from p at every slot too (SJD's fresh carry-over),
-    made in the same cumsum and search as the slots' draws.
+    from p. draws_from_p: a draw from p at every slot too (SJD's fresh carry-over), made in the same
+    cumsum and search as the slots' draws, with the last L of draw_uniforms [B, 2L].
     """
     num_drafted, num_slots = draft_tokens.shape[1], target_probs.shape[1]
     drafted_p = target_probs[:, :num_drafted]
@@ -132,13 +132,12 @@ def verify_slots(
         accept, residual = has_draft & accept, torch.where(has_draft[..., None], residual, drafted_p)
     undrafted_p = target_probs[:, num_drafted:]
     laws_drawn = [residual, *([undrafted_p] if num_slots > num_drafted else [])]
-    if p_uniforms is not None:
+    if draws_from_p:
         laws_drawn.append(target_probs)
-        draw_uniforms = torch.cat([draw_uniforms, p_uniforms], 1)
     drawn = sample_from_probs(torch.cat(laws_drawn, 1) if len(laws_drawn) > 1 else residual, draw_uniforms)
     drafted = drawn[:, :num_drafted]
     drafted.copy_(torch.where(accept, draft_tokens, drafted))  # an accepted slot outputs its draft
-    tokens, p_draws = (drawn, None) if p_uniforms is None else (drawn[:, :num_slots], drawn[:, num_slots:])
+    tokens, p_draws = (drawn[:, :num_slots], drawn[:, num_slots:]) if draws_from_p else (drawn, None)
     laws = target_probs
     if rule.relax is not None:  # the verified slots follow p~, not p: a coupled carry must record that
         drafted_laws = verified_p if has_draft is None else torch.where(has_draft[..., None], verified_p, drafted_p)

@@ -49,7 +49,6 @@ from .drafts import DecodeState, resolve_initialiser
 from .passes import decode_passes, running_batch
 from .proposers import (
     ACCEPT,
-    CARRY,
     NUM_PURPOSES,
     RESIDUAL,
     DraftModelProposer,
@@ -178,7 +177,7 @@ def verify_window(
         has_draft = torch.arange(1, num_drafts + 1, device=draft_tokens.device) < pass_window.window_len[:, None]
     verdict = verify_slots(
         rule, target_probs, draft_tokens, draft_probs, has_draft, row(ACCEPT, num_drafts),
-        row(RESIDUAL, num_drafts + 1), row(CARRY, num_drafts + 1) if draws_from_p else None,
+        pass_window.draw_rows(num_drafts + 1) if draws_from_p else row(RESIDUAL, num_drafts + 1), draws_from_p,
     )  # fmt: skip
     num_accepted = verdict.accept.cumprod(1).sum(1)  # bool cumprod: long
     return Verdict(verdict.tokens, verdict.laws, num_accepted, verdict.p_draws)
@@ -284,7 +283,8 @@ class ChainPasses:
             if self.compiled and num_slots:
                 num_slots = min(1 << (num_slots - 1).bit_length(), self.window)
             return window_len, num_slots, 0, False
-        least, most = torch.stack(torch.aminmax(committed)).tolist()
+        counts = committed.tolist()  # B numbers: read whole, as the least and most would cost two ops more
+        least, most = min(counts), max(counts)
         num_slots = min(self.total - least, window)
         if min(self.total - most, window) < num_slots:
             return window_lengths(committed, window, 0, 0, self.total), num_slots, least, False

@@ -25,7 +25,8 @@ from .drafts import DecodeState, FillRequest
 from .sampling import SamplingParams, sample_from_probs
 from .scoring import GuidedScorer
 
-# Rows of the per-iteration uniform block [B, 4, window] each image draws from its generator.
+# Rows of the per-iteration uniform block [B, 4 * window] each image draws from its generator (RESIDUAL
+# and CARRY side by side: `Window.draw_rows` takes both in one slice).
 ACCEPT, RESIDUAL, CARRY, DRAFT = range(4)
 NUM_PURPOSES = 4
 GUMBEL_NOISE = 1  # purpose id of the position-keyed Gumbel noise
@@ -51,6 +52,14 @@ class Window:
         """[B, length] the uniforms of one purpose for the first `length` slots (one slice)."""
         start = purpose * (self.uniforms.shape[1] // NUM_PURPOSES)
         return self.uniforms[:, start : start + length]
+
+    def draw_rows(self, length: int) -> Tensor:
+        """[B, 2 * length] the RESIDUAL uniforms of the first `length` slots, then the CARRY ones: one
+        slice where the pass spans the window (the two rows lie side by side), else a cat."""
+        width = self.uniforms.shape[1] // NUM_PURPOSES
+        if length == width:
+            return self.uniforms[:, RESIDUAL * width : (CARRY + 1) * width]
+        return torch.cat([self.row(RESIDUAL, length), self.row(CARRY, length)], 1)
 
 
 class Proposer(Protocol):

@@ -88,6 +88,7 @@ def score_window(
     first: bool,
     offsets: Tensor | None = None,
     fresh: tuple[int, ...] = (),
+    input_pos: Tensor | None = None,
 ) -> Tensor:
     """One target forward over [last committed token, drafts] for every image -> target probs [B, G + 1, V].
 
@@ -100,6 +101,8 @@ def score_window(
     outputs are dropped. offsets: num_cond - 1 + arange(window), made once per decode (else here).
     fresh: the slots of a running batch whose image has its first pass now (not `first`, the whole
     batch's): they feed the condition and the others their last token, in one call each.
+    input_pos: a later window's positions [B, padded slots] for every image, made by the caller
+    (`ChainPasses.score`), else from offsets.
     """
     num_cond = scorer.model.num_condition_tokens
     needed = draft_tokens.shape[1] + 1
@@ -112,9 +115,7 @@ def score_window(
     if first:
         logits = first_window_logits(scorer, draft_tokens, num_slots)
     elif not fresh:
-        logits = next_window_logits(
-            scorer, state, draft_tokens, offsets[:num_slots] if len(offsets) > num_slots else offsets
-        )
+        logits = next_window_logits(scorer, state, draft_tokens, offsets[:num_slots], input_pos=input_pos)
     else:
         new = torch.tensor(fresh, device=device)
         old = torch.tensor([row for row in range(len(draft_tokens)) if row not in fresh], device=device)
@@ -134,15 +135,21 @@ def first_window_logits(scorer: GuidedScorer, draft_tokens: Tensor, num_slots: i
     return scorer.logits(tokens, input_pos, with_condition=True, rows=rows)[:, num_cond - 1 :]
 
 
-def next_window_logits(scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor, offsets: Tensor, rows=None):
-    """A later window: [last committed token, drafts] right after the commit -> logits [R, num_slots, V]."""
+def next_window_logits(
+    scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor, offsets: Tensor, rows=None, input_pos=None
+):
+    """A later window: [last committed token, drafts] right after the commit -> logits [R, num_slots, V].
+    input_pos: the slots' positions [R, num_slots] where the caller made them, else from offsets
+    (lazily sliced: a view of a made-once range)."""
     committed = state.committed if rows is None else state.committed[rows]
     tokens = state.tokens if rows is None else state.tokens[rows]
     # every image has committed a token since its first pass (a done one all N): committed - 1 >= 0
     last = tokens.gather(1, (committed - 1)[:, None])
-    input_pos = committed[:, None] + offsets
+    if input_pos is None:
+        last_position = scorer.model.num_condition_tokens + state.num_tokens - 1
+        input_pos = (committed[:, None] + offsets).clamp(max=last_position)
     fed = torch.cat([last, draft_tokens], 1)  # [R, L]
-    return scorer.logits(fed, input_pos.clamp(max=scorer.model.num_condition_tokens + state.num_tokens - 1), rows=rows)
+    return scorer.logits(fed, input_pos, rows=rows)
 
 
 @dataclass
@@ -267,7 +274,10 @@ class ChainPasses:
         fresh, self.fresh = self.fresh, ()
         self.passes += 1
         self.record.reserve(self.passes)
-        return Window(window_len, uniforms, num_slots - 1, fresh, full=full, least_committed=least)
+        scored = min(1 << (num_slots - 1).bit_length(), self.window)  # slots scored, padding included
+        slots = self.slot_range if scored == self.window else self.slot_range[:scored]
+        slot_index = self.state.committed[:, None] + slots  # [B, scored]: the image index of each
+        return Window(window_len, uniforms, num_slots - 1, fresh, full, least, slot_index)
 
     def pass_shape(self, window: int) -> tuple[Tensor, int, int, bool]:
         """The one host sync of the loop the engine needs -> (window_len [B], the pass's slots, the
@@ -297,7 +307,12 @@ class ChainPasses:
 
     def score(self, plan: Window, drafts) -> Tensor:
         first = len(plan.fresh) == self.batch
-        return score_window(self.scorer, self.state, drafts[0], first, self.position_offsets, plan.fresh)
+        input_pos = None
+        if not plan.fresh:  # every image's window follows its commit: positions from the slot index
+            input_pos = plan.slot_index + (self.num_cond - 1)
+            if not plan.full or plan.slot_index.shape[1] > plan.max_drafts + 1:  # padding may pass the image
+                input_pos = input_pos.clamp(max=self.num_cond + self.total - 1)
+        return score_window(self.scorer, self.state, drafts[0], first, self.position_offsets, plan.fresh, input_pos)
 
     def verify(self, plan: Window, drafts, probs: Tensor) -> Verdict:
         return verify_window(self.rule, probs, *drafts, plan, self.proposer.draws_from_p)
@@ -309,8 +324,10 @@ class ChainPasses:
             commit_count = commit_count.minimum(plan.window_len)
         # Write every slot's token after the committed ones; only the first commit_count count
         # (the buffer has `window` spare columns, and what lies past `committed` is scratch).
-        slots = self.slot_range if plan.max_drafts + 1 == self.window else self.slot_range[: plan.max_drafts + 1]
-        state.tokens.scatter_(1, state.committed[:, None] + slots, verdict.slot_tokens)
+        slot_index, length = plan.slot_index, plan.max_drafts + 1
+        state.tokens.scatter_(
+            1, slot_index if slot_index.shape[1] == length else slot_index[:, :length], verdict.slot_tokens
+        )
         self.record.write(state.committed, plan.window_len, verdict.num_accepted)
         if self.budget is not None:
             active, num_drafts = plan.window_len > 0, (plan.window_len - 1).clamp(min=0)

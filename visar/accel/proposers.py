@@ -47,6 +47,9 @@ class Window:
     # any image has committed (0 where the plan did not read it).
     full: bool = False
     least_committed: int = 0
+    # [B, S] committed + j: the image index of slot j, for the pass's S >= G + 1 scored slots (the
+    # chain engine's, made once a pass; None: made where needed)
+    slot_index: Tensor | None = None
 
     def row(self, purpose: int, length: int) -> Tensor:
         """[B, length] the uniforms of one purpose for the first `length` slots (one slice)."""
@@ -256,7 +259,7 @@ class JacobiProposer:
         # need a draft would cost ops, and whether any does would wait for the device.
         request = FillRequest(
             state,
-            state.committed[:, None] + slots,
+            state.committed[:, None] + slots if window.slot_index is None else window.slot_index[:, :num_slots],
             lambda: window.row(DRAFT, num_slots),
             lambda: self.proposal_canvas(state),
             above_committed=num_slots <= state.grid_size[1],
@@ -269,7 +272,13 @@ class JacobiProposer:
 
     def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws, p_draws=None):
         length = target_probs.shape[1]
-        slot_index = lambda: state.committed[:, None] + self.slot_prefix[length]  # noqa: E731 (read by the Gumbel coupling only)
+        slot_index = (
+            lambda: (  # noqa: E731 (read by the Gumbel coupling only)
+                state.committed[:, None] + self.slot_prefix[length]
+                if window.slot_index is None
+                else window.slot_index[:, :length]
+            )
+        )
         uniforms = lambda: window.row(CARRY, length)  # noqa: E731 (read by SJD's fresh draws only)
         request = CarryRequest(state, target_probs, slot_tokens, slot_laws, slot_index, uniforms, p_draws)
         carry, law = self.updater(request)

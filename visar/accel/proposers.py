@@ -214,7 +214,7 @@ class JacobiProposer:
         self.last_canvas: Tensor | None = None  # this pass's canvas, once built (`proposal_canvas`)
         self.carry_tokens = torch.zeros(batch, self.window, dtype=torch.long, device=device)
         self.carry_probs = torch.zeros(batch, self.window, vocab, device=device)
-        self.carry_count = torch.zeros(batch, dtype=torch.long, device=device)
+        self.carried = torch.zeros(batch, self.window, dtype=torch.bool, device=device)  # [B, C] slot holds a draft
         # passes each carried draft has been through (its age; a new slot's draft is 0), for a budget
         self.carry_age = torch.zeros(batch, self.window, dtype=torch.long, device=device) if track_ages else None
         self.draft_age = None if self.carry_age is None else self.carry_age[:, :0]  # [B, G] of the last proposal
@@ -224,8 +224,7 @@ class JacobiProposer:
         canvas = torch.where(self.canvas_slots < state.committed[:, None], state.tokens, -1)
         slots = self.slot_prefix[self.carry_tokens.shape[1]]  # the last pass's slots: every carried draft
         index = state.committed[:, None] + slots  # < N + window
-        carried = slots < self.carry_count[:, None]
-        return canvas.scatter(1, index, torch.where(carried, self.carry_tokens, canvas.gather(1, index)))
+        return canvas.scatter(1, index, torch.where(self.carried, self.carry_tokens, canvas.gather(1, index)))
 
     def proposal_canvas(self, state: DecodeState) -> Tensor:
         """`canvas` as the last `propose` saw it (the carry-over moves only after the commit): built
@@ -239,19 +238,19 @@ class JacobiProposer:
         num_slots = window.max_drafts
         if num_slots > self.carry_tokens.shape[1]:  # more slots than the last pass had (a budget's choice)
             more = num_slots - self.carry_tokens.shape[1]
-            self.carry_tokens, self.carry_probs = (
+            self.carry_tokens, self.carry_probs, self.carried = (
                 F.pad(self.carry_tokens, (0, more)),
                 F.pad(self.carry_probs, (0, 0, 0, more)),
+                F.pad(self.carried, (0, more)),
             )
-        draft_tokens, draft_probs = self.carry_tokens, self.carry_probs
+        draft_tokens, draft_probs, from_carry = self.carry_tokens, self.carry_probs, self.carried  # [B, G]
         if num_slots < draft_tokens.shape[1]:  # fewer slots than the last pass carried (the image's end)
-            draft_tokens, draft_probs = draft_tokens[:, :num_slots], draft_probs[:, :num_slots]
+            draft_tokens, draft_probs, from_carry = (x[:, :num_slots] for x in (draft_tokens, draft_probs, from_carry))
         if num_slots == 0:  # a pass of plain AR steps: no draft slots
             if self.carry_age is not None:
                 self.draft_age = self.carry_age[:, :0]
             return draft_tokens, draft_probs
         slots = self.slot_prefix[num_slots]
-        from_carry = slots < self.carry_count[:, None]  # [B, G]
         if self.carry_age is not None:
             self.draft_age = torch.where(from_carry, self.carry_age[:, :num_slots], 0)
         # Every slot the carry-over does not cover is filled, padding past an image's window too (its
@@ -272,13 +271,7 @@ class JacobiProposer:
 
     def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws, p_draws=None):
         length = target_probs.shape[1]
-        slot_index = (
-            lambda: (  # noqa: E731 (read by the Gumbel coupling only)
-                state.committed[:, None] + self.slot_prefix[length]
-                if window.slot_index is None
-                else window.slot_index[:, :length]
-            )
-        )
+        slot_index = lambda: self.slot_index(state, window, length)  # noqa: E731 (read by the Gumbel coupling only)
         uniforms = lambda: window.row(CARRY, length)  # noqa: E731 (read by SJD's fresh draws only)
         request = CarryRequest(state, target_probs, slot_tokens, slot_laws, slot_index, uniforms, p_draws)
         carry, law = self.updater(request)
@@ -286,19 +279,25 @@ class JacobiProposer:
         # (new tensors of this pass's length less one, as every image commits a token or is done; not
         # copies into the window's: the next pass has no more slots unless a budget chooses more, and
         # `propose` pads for those).
-        shift = (commit_count[:, None] + self.slot_prefix[length - 1]).clamp(max=length - 1)
+        source = commit_count[:, None] + self.slot_prefix[length - 1]  # [B, L - 1] the slot each carries
+        shift = source.clamp(max=length - 1)
         self.carry_tokens = carry.gather(1, shift)
         self.carry_probs = law[self.rows, shift]  # [B, L - 1, V]: one index, not an expand and a gather
-        self.carry_count = window.window_len - commit_count
-        if not window.full:  # a full window commits at most its length
-            self.carry_count = self.carry_count.clamp(min=0)
+        # a carried slot holds a draft where its source lies in the window (every slot's is L long when full)
+        self.carried = source < (length if window.full else window.window_len[:, None])
         if self.carry_age is not None:
             slot_age = F.pad(self.draft_age, (0, length - self.draft_age.shape[1])) + 1  # the bonus slot: a new draw
             self.carry_age[:, : length - 1] = slot_age.gather(1, shift)
 
+    def slot_index(self, state: DecodeState, window: Window, length: int) -> Tensor:
+        """[B, length] the image index of each slot: the plan's, else made here."""
+        if window.slot_index is None:
+            return state.committed[:, None] + self.slot_prefix[length]
+        return window.slot_index[:, :length]
+
     def admit(self, rows: Tensor, images: Tensor):
         """Slots `rows` start new images: nothing carried over, no ages."""
-        self.carry_count[rows] = 0
+        self.carried[rows] = False
         if self.carry_age is not None:
             self.carry_age[rows] = 0
         if hasattr(self.updater, "admit"):

@@ -67,7 +67,8 @@ class FillRequest:
     # every slot's token one row up lies in the committed prefix (`state.tokens`, where the canvas
     # holds the same): a chain window no longer than a row, so no slot copies another's copy
     above_committed: bool = False
-    # and lies inside the image (every image has committed a row or more): no uniform fallback
+    # and lies inside the image (every image has committed a row or more): no uniform fallback, and
+    # the one-hot q comes as bool [B, G, V] (the asker, `JacobiProposer`, merges it by a where)
     sources_inside: bool = False
 
     @property
@@ -163,9 +164,9 @@ def above_committed_fill(request: FillRequest, source: Tensor) -> tuple[Tensor, 
     """`above_fill` where every slot is real and its source, when inside the image, is committed:
     the committed token there (q one-hot), else a uniform token (q uniform), in a few ops."""
     vocab, committed = request.state.vocab_size, request.state.tokens
-    if request.sources_inside:
+    if request.sources_inside:  # q one-hot, as bool (a caller that asks for this takes it as 0 / 1)
         up = committed.gather(1, source)
-        return up, (request.state.vocab_ids() == up[..., None]).float()
+        return up, request.state.vocab_ids() == up[..., None]
     has_source = source >= 0
     up = committed.gather(1, source.clamp(min=0))
     tokens = torch.where(has_source, up, (request.uniforms * vocab).long().clamp(max=vocab - 1))

@@ -266,7 +266,9 @@ class JacobiProposer:
         )
         fill_tokens, fill_probs = self.initialiser(request)
         draft_tokens = torch.where(from_carry, draft_tokens, fill_tokens)
-        draft_probs = torch.where(from_carry[..., None], draft_probs, fill_probs.to(draft_probs.dtype))
+        if fill_probs.dtype != torch.bool:  # a bool one-hot (`FillRequest.sources_inside`) the where takes as 0 / 1
+            fill_probs = fill_probs.to(draft_probs.dtype)
+        draft_probs = torch.where(from_carry[..., None], draft_probs, fill_probs)
         return draft_tokens, draft_probs
 
     def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws, p_draws=None):

@@ -115,7 +115,8 @@ def score_window(
     if first:
         logits = first_window_logits(scorer, draft_tokens, num_slots)
     elif not fresh:
-        logits = next_window_logits(scorer, state, draft_tokens, offsets[:num_slots], input_pos=input_pos)
+        slot_offsets = offsets[:num_slots] if input_pos is None else None
+        logits = next_window_logits(scorer, state, draft_tokens, slot_offsets, input_pos=input_pos)
     else:
         new = torch.tensor(fresh, device=device)
         old = torch.tensor([row for row in range(len(draft_tokens)) if row not in fresh], device=device)
@@ -136,11 +137,11 @@ def first_window_logits(scorer: GuidedScorer, draft_tokens: Tensor, num_slots: i
 
 
 def next_window_logits(
-    scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor, offsets: Tensor, rows=None, input_pos=None
+    scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor, offsets: Tensor | None, rows=None, input_pos=None
 ):
     """A later window: [last committed token, drafts] right after the commit -> logits [R, num_slots, V].
     input_pos: the slots' positions [R, num_slots] where the caller made them, else from offsets
-    (lazily sliced: a view of a made-once range)."""
+    [num_slots] (num_cond - 1 + j)."""
     committed = state.committed if rows is None else state.committed[rows]
     tokens = state.tokens if rows is None else state.tokens[rows]
     # every image has committed a token since its first pass (a done one all N): committed - 1 >= 0

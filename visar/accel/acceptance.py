@@ -99,6 +99,7 @@ class SlotVerdict:
     tokens: Tensor  # [B, L] its draft if accepted, else a draw from the residual (from p where it has no draft)
     accept: Tensor  # [B, G] bool: the slot's draft passed its test
     laws: Tensor  # [B, L, V] the law each token follows: p, or a relaxed rule's p~ at a drafted slot
+    p_draws: Tensor | None = None  # [B, L] a draw from p at every slot, where asked for (`verify_slots`)
 
 
 def verify_slots(
@@ -106,34 +107,42 @@ def verify_slots(
     target_probs: Tensor,
     draft_tokens: Tensor,
     draft_probs: Tensor,
-    has_draft: Tensor,
+    has_draft: Tensor | None,
     accept_uniforms: Tensor,
     draw_uniforms: Tensor,
+    draws_from_p: bool = False,
 ) -> SlotVerdict:
     """Verify every drafted slot of a pass at once, each on its own test (the caller decides which
     outputs commit: the run of leading accepts, for a Jacobi window or a zipar front).
 
     target_probs [B, L, V]; the first G <= L slots may hold drafts: draft_tokens [B, G], draft_probs
-    [B, G, V] (the law each was drawn from), has_draft [B, G]; accept_uniforms [B, G] and
-    draw_uniforms [B, L] are the slots' test and draw uniforms. A slot with a draft outputs it if
-    accepted, else a draw from `rule.residual`; a slot without one draws from p.
+    [B, G, V] (the law each was drawn from), has_draft [B, G] (None: every one of the G slots);
+    accept_uniforms [B, G] and draw_uniforms [B, L] are the slots' test and draw uniforms. A slot
+    with a draft outputs it if accepted, else a draw from `rule.residual`; a slot without one draws
+    from p. draws_from_p: a draw from p at every slot too (SJD's fresh carry-over), made in the same
+    cumsum and search as the slots' draws, with the last L of draw_uniforms [B, 2L].
     """
-    num_drafted = draft_tokens.shape[1]
+    num_drafted, num_slots = draft_tokens.shape[1], target_probs.shape[1]
     drafted_p = target_probs[:, :num_drafted]
     # A relaxed rule (LANTERN) verifies against p~; slots without a draft keep p.
     verified_p = drafted_p if rule.relax is None else rule.relax(drafted_p, draft_probs, draft_tokens)
-    accept = has_draft & rule.accept(verified_p, draft_probs, draft_tokens, accept_uniforms)
-    residual = torch.where(has_draft[..., None], rule.residual(verified_p, draft_probs), drafted_p)
+    accept = rule.accept(verified_p, draft_probs, draft_tokens, accept_uniforms)
+    residual = rule.residual(verified_p, draft_probs)
+    if has_draft is not None:
+        accept, residual = has_draft & accept, torch.where(has_draft[..., None], residual, drafted_p)
     undrafted_p = target_probs[:, num_drafted:]
-    slot_probs = residual if undrafted_p.shape[1] == 0 else torch.cat([residual, undrafted_p], 1)
-    drawn = sample_from_probs(slot_probs, draw_uniforms)
-    tokens = torch.where(accept, draft_tokens, drawn[:, :num_drafted])
-    if undrafted_p.shape[1] > 0:
-        tokens = torch.cat([tokens, drawn[:, num_drafted:]], 1)
+    laws_drawn = [residual, *([undrafted_p] if num_slots > num_drafted else [])]
+    if draws_from_p:
+        laws_drawn.append(target_probs)
+    drawn = sample_from_probs(torch.cat(laws_drawn, 1) if len(laws_drawn) > 1 else residual, draw_uniforms)
+    drafted = drawn[:, :num_drafted]
+    drafted.copy_(torch.where(accept, draft_tokens, drafted))  # an accepted slot outputs its draft
+    tokens, p_draws = (drawn[:, :num_slots], drawn[:, num_slots:]) if draws_from_p else (drawn, None)
     laws = target_probs
     if rule.relax is not None:  # the verified slots follow p~, not p: a coupled carry must record that
-        laws = torch.cat([torch.where(has_draft[..., None], verified_p, drafted_p), undrafted_p], 1)
-    return SlotVerdict(tokens, accept, laws)
+        drafted_laws = verified_p if has_draft is None else torch.where(has_draft[..., None], verified_p, drafted_p)
+        laws = torch.cat([drafted_laws, undrafted_p], 1)
+    return SlotVerdict(tokens, accept, laws, p_draws)
 
 
 @lossless(True)

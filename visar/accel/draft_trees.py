@@ -21,7 +21,7 @@ from ..errors import VisarError
 from . import tree_verify
 from .checks import check_number
 from .drafts import DecodeState
-from .proposers import DRAFT, JacobiProposer, Window
+from .proposers import DRAFT, NUM_PURPOSES, JacobiProposer, Window
 from .sampling import UniformStream, draw_index, sample_from_probs
 from .scoring import GuidedScorer
 from .tree import CacheSlots, StaticTree
@@ -375,10 +375,10 @@ def tree_randomness(stream: UniformStream, layout: DraftTree, active: Tensor) ->
     draft_u, extra_u, test_u = uniforms.split(
         [main_len - 1, num_extra, uniforms.shape[1] - main_len + 1 - num_extra], 1
     )
-    window_u = torch.zeros(active.shape[0], 4, main_len, device=device)
-    window_u[:, DRAFT, : main_len - 1] = draft_u
+    window_u = torch.zeros(active.shape[0], NUM_PURPOSES * main_len, device=device)  # `Window.row`'s layout
+    window_u[:, DRAFT * main_len : (DRAFT + 1) * main_len - 1] = draft_u
     length = torch.where(active, main_len, 0)
-    return Window(length, (length - 1).clamp(min=0), window_u, main_len - 1), extra_u, test_u
+    return Window(length, window_u, main_len - 1), extra_u, test_u
 
 
 def commit_path(state: DecodeState, layout: DraftTree, verdict: WindowVerdict, commit_count: Tensor) -> Tensor:

@@ -44,6 +44,13 @@ class DecodeState:
     vocab_size: int
     grid_size: tuple[int, int]
     window: int  # the longest window (slots per pass)
+    vocab_range: Tensor | None = None  # [V] 0 .. V - 1, made once (`vocab_ids`)
+
+    def vocab_ids(self) -> Tensor:
+        """[V] the token ids, made at the first call of a decode and kept."""
+        if self.vocab_range is None:
+            self.vocab_range = torch.arange(self.vocab_size, device=self.tokens.device)
+        return self.vocab_range
 
 
 @dataclass
@@ -52,13 +59,23 @@ class FillRequest:
 
     state: DecodeState
     draft_index: Tensor  # [B, G] absolute image-token index of every draft slot
-    uniforms: Tensor  # [B, G] this iteration's draft uniforms of each image
+    # [B, G] this iteration's draft uniforms of each image, or a function that takes them (`uniforms`)
+    uniform_source: Tensor | Callable[[], Tensor]
     # [B, N + window] committed tokens and carried drafts at their indices, -1 elsewhere; or a function
     # that builds it, called only by an initialiser that reads it (`canvas`)
     source: Tensor | Callable[[], Tensor]
     # every slot's token one row up lies in the committed prefix (`state.tokens`, where the canvas
     # holds the same): a chain window no longer than a row, so no slot copies another's copy
     above_committed: bool = False
+    # and lies inside the image (every image has committed a row or more): no uniform fallback, and
+    # the one-hot q comes as bool [B, G, V] (the asker, `JacobiProposer`, merges it by a where)
+    sources_inside: bool = False
+
+    @property
+    def uniforms(self) -> Tensor:
+        if callable(self.uniform_source):
+            self.uniform_source = self.uniform_source()
+        return self.uniform_source
 
     @property
     def canvas(self) -> Tensor:
@@ -147,10 +164,13 @@ def above_committed_fill(request: FillRequest, source: Tensor) -> tuple[Tensor, 
     """`above_fill` where every slot is real and its source, when inside the image, is committed:
     the committed token there (q one-hot), else a uniform token (q uniform), in a few ops."""
     vocab, committed = request.state.vocab_size, request.state.tokens
+    if request.sources_inside:  # q one-hot, as bool (a caller that asks for this takes it as 0 / 1)
+        up = committed.gather(1, source)
+        return up, request.state.vocab_ids() == up[..., None]
     has_source = source >= 0
     up = committed.gather(1, source.clamp(min=0))
     tokens = torch.where(has_source, up, (request.uniforms * vocab).long().clamp(max=vocab - 1))
-    one_hot = torch.arange(vocab, device=up.device) == up[..., None]  # [B, G, V]
+    one_hot = request.state.vocab_ids() == up[..., None]  # [B, G, V]
     return tokens, torch.where(has_source[..., None], one_hot, 1.0 / vocab)
 
 

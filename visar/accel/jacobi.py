@@ -88,6 +88,7 @@ def score_window(
     first: bool,
     offsets: Tensor | None = None,
     fresh: tuple[int, ...] = (),
+    input_pos: Tensor | None = None,
 ) -> Tensor:
     """One target forward over [last committed token, drafts] for every image -> target probs [B, G + 1, V].
 
@@ -100,6 +101,8 @@ def score_window(
     outputs are dropped. offsets: num_cond - 1 + arange(window), made once per decode (else here).
     fresh: the slots of a running batch whose image has its first pass now (not `first`, the whole
     batch's): they feed the condition and the others their last token, in one call each.
+    input_pos: a later window's positions [B, padded slots] for every image, made by the caller
+    (`ChainPasses.score`), else from offsets.
     """
     num_cond = scorer.model.num_condition_tokens
     needed = draft_tokens.shape[1] + 1
@@ -112,7 +115,8 @@ def score_window(
     if first:
         logits = first_window_logits(scorer, draft_tokens, num_slots)
     elif not fresh:
-        logits = next_window_logits(scorer, state, draft_tokens, offsets[:num_slots])
+        slot_offsets = offsets[:num_slots] if input_pos is None else None
+        logits = next_window_logits(scorer, state, draft_tokens, slot_offsets, input_pos=input_pos)
     else:
         new = torch.tensor(fresh, device=device)
         old = torch.tensor([row for row in range(len(draft_tokens)) if row not in fresh], device=device)
@@ -132,15 +136,21 @@ def first_window_logits(scorer: GuidedScorer, draft_tokens: Tensor, num_slots: i
     return scorer.logits(tokens, input_pos, with_condition=True, rows=rows)[:, num_cond - 1 :]
 
 
-def next_window_logits(scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor, offsets: Tensor, rows=None):
-    """A later window: [last committed token, drafts] right after the commit -> logits [R, num_slots, V]."""
+def next_window_logits(
+    scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor, offsets: Tensor | None, rows=None, input_pos=None
+):
+    """A later window: [last committed token, drafts] right after the commit -> logits [R, num_slots, V].
+    input_pos: the slots' positions [R, num_slots] where the caller made them, else from offsets
+    [num_slots] (num_cond - 1 + j)."""
     committed = state.committed if rows is None else state.committed[rows]
     tokens = state.tokens if rows is None else state.tokens[rows]
     # every image has committed a token since its first pass (a done one all N): committed - 1 >= 0
     last = tokens.gather(1, (committed - 1)[:, None])
-    input_pos = committed[:, None] + offsets
+    if input_pos is None:
+        last_position = scorer.model.num_condition_tokens + state.num_tokens - 1
+        input_pos = (committed[:, None] + offsets).clamp(max=last_position)
     fed = torch.cat([last, draft_tokens], 1)  # [R, L]
-    return scorer.logits(fed, input_pos.clamp(max=scorer.model.num_condition_tokens + state.num_tokens - 1), rows=rows)
+    return scorer.logits(fed, input_pos, rows=rows)
 
 
 @dataclass
@@ -149,26 +159,36 @@ class Verdict:
 
     slot_tokens: Tensor  # [B, L] every slot's output: its draft if accepted, else a residual (or p) draw
     slot_laws: Tensor  # [B, L, V] the law each slot token follows: p, or a relaxed rule's p~ at a verified draft
-    has_draft: Tensor  # [B, G] slot j holds a draft of image b (slot num_drafts[b] is the bonus slot)
     num_accepted: Tensor  # [B] leading accepted drafts
+    p_draws: Tensor | None = None  # [B, L] a draw from p at every slot (with the CARRY uniforms), where asked for
 
 
 def verify_window(
-    rule: AcceptanceRule, target_probs: Tensor, draft_tokens: Tensor, draft_probs: Tensor, pass_window: Window
+    rule: AcceptanceRule,
+    target_probs: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Tensor,
+    pass_window: Window,
+    draws_from_p: bool = False,
 ) -> Verdict:
     """Verify every drafted slot at once (`acceptance.verify_slots`); only the run of leading
-    accepts commits, with one token more (a residual draw, or a draw from p at the bonus slot)."""
-    num_drafts = pass_window.max_drafts
-    has_draft = torch.arange(num_drafts, device=draft_tokens.device) < pass_window.num_drafts[:, None]  # [B, G]
-    uniforms = pass_window.uniforms
+    accepts commits, with one token more (a residual draw, or a draw from p at the bonus slot).
+    draws_from_p: also draw from p at every slot with the CARRY uniforms, in the same draw
+    (`Proposer.draws_from_p`)."""
+    num_drafts, row = pass_window.max_drafts, pass_window.row
     if num_drafts == 0:  # a pass of plain AR steps (what verify_slots draws there, without its bookkeeping)
-        tokens = sample_from_probs(target_probs, uniforms[:, RESIDUAL, :1])
-        return Verdict(tokens, target_probs, has_draft, torch.zeros_like(pass_window.num_drafts))
+        tokens = sample_from_probs(target_probs, row(RESIDUAL, 1))
+        return Verdict(tokens, target_probs, torch.zeros_like(pass_window.window_len))
+    # [B, G] slot j holds a draft of image b (slot window_len[b] - 1 is its bonus slot); a full pass: every slot
+    has_draft = None
+    if not pass_window.full:
+        has_draft = torch.arange(1, num_drafts + 1, device=draft_tokens.device) < pass_window.window_len[:, None]
     verdict = verify_slots(
-        rule, target_probs, draft_tokens, draft_probs, has_draft, uniforms[:, ACCEPT, :num_drafts],
-        uniforms[:, RESIDUAL, : num_drafts + 1],
+        rule, target_probs, draft_tokens, draft_probs, has_draft, row(ACCEPT, num_drafts),
+        pass_window.draw_rows(num_drafts + 1) if draws_from_p else row(RESIDUAL, num_drafts + 1), draws_from_p,
     )  # fmt: skip
-    return Verdict(verdict.tokens, verdict.laws, has_draft, verdict.accept.long().cumprod(1).sum(1))
+    num_accepted = verdict.accept.cumprod(1).sum(1)  # bool cumprod: long
+    return Verdict(verdict.tokens, verdict.laws, num_accepted, verdict.p_draws)
 
 
 def image_keys(generators: list[torch.Generator], device) -> Tensor:
@@ -226,6 +246,7 @@ class ChainPasses:
         self.fresh = tuple(range(self.batch))  # slots whose image has not had its first pass
         self.start_pass = [0] * self.batch  # the pass at which each slot's image started
         self.sizes_chosen: dict[int, int] = {}  # window -> passes
+        self.full_lengths: dict[int, Tensor] = {}  # slots -> window_len [B] of a pass of full windows
         # Compiled passes draft padded windows: slots past an image's window are padding (never
         # tested, after every real slot, forgotten with the cache), so the tokens are the same.
         self.compiled = request.compile_passes is not None
@@ -246,41 +267,75 @@ class ChainPasses:
         pass_size = self.window if self.budget is None else self.budget.size()
         if pass_size is None:  # a probe's last timed pass
             return None
-        window_len = window_lengths(self.state.committed, min(pass_size, self.window), *self.spans, self.total)
-        num_slots = int(window_len.max())  # the one host sync of the loop the engine needs
+        window_len, num_slots, least, full = self.pass_shape(min(pass_size, self.window))
         if num_slots == 0:
             return None
-        if self.compiled:  # a power of two of slots, as scoring pads anyway: a few shapes to compile
-            num_slots = min(1 << (num_slots - 1).bit_length(), self.window)
         self.sizes_chosen[pass_size] = self.sizes_chosen.get(pass_size, 0) + 1
-        uniforms = self.uniforms.take(NUM_PURPOSES * self.window).view(self.batch, NUM_PURPOSES, self.window)
+        uniforms = self.uniforms.take(NUM_PURPOSES * self.window)  # [B, 4 * window] (`Window.row`)
         fresh, self.fresh = self.fresh, ()
         self.passes += 1
         self.record.reserve(self.passes)
-        return Window(window_len, (window_len - 1).clamp(min=0), uniforms, num_slots - 1, fresh)
+        scored = min(1 << (num_slots - 1).bit_length(), self.window)  # slots scored, padding included
+        slots = self.slot_range if scored == self.window else self.slot_range[:scored]
+        slot_index = self.state.committed[:, None] + slots  # [B, scored]: the image index of each
+        return Window(window_len, uniforms, num_slots - 1, fresh, full, least, slot_index)
+
+    def pass_shape(self, window: int) -> tuple[Tensor, int, int, bool]:
+        """The one host sync of the loop the engine needs -> (window_len [B], the pass's slots, the
+        fewest tokens any image has committed, whether every image's window has all the slots).
+        Without spans, the fewest and most committed give the rest (window_len = min(N - committed,
+        window)), and a pass of full windows takes its window_len made once; with spans or compiled
+        passes (a power of two of slots, as scoring pads anyway: a few shapes to compile, each of
+        the general graph) only the slots are read."""
+        committed = self.state.committed
+        if self.spans != (0, 0) or self.compiled:
+            window_len = window_lengths(committed, window, *self.spans, self.total)
+            num_slots = int(window_len.max())
+            if self.compiled and num_slots:
+                num_slots = min(1 << (num_slots - 1).bit_length(), self.window)
+            return window_len, num_slots, 0, False
+        counts = committed.tolist()  # B numbers: read whole, as the least and most would cost two ops more
+        least, most = min(counts), max(counts)
+        num_slots = min(self.total - least, window)
+        if min(self.total - most, window) < num_slots:
+            return window_lengths(committed, window, 0, 0, self.total), num_slots, least, False
+        if num_slots not in self.full_lengths:
+            self.full_lengths[num_slots] = torch.full_like(committed, num_slots)
+        return self.full_lengths[num_slots], num_slots, least, True
 
     def propose(self, plan: Window) -> tuple[Tensor, Tensor]:
         return self.proposer.propose(self.state, plan)  # [B, G], [B, G, V]
 
     def score(self, plan: Window, drafts) -> Tensor:
         first = len(plan.fresh) == self.batch
-        return score_window(self.scorer, self.state, drafts[0], first, self.position_offsets, plan.fresh)
+        input_pos = None
+        if not plan.fresh:  # every image's window follows its commit: positions from the slot index
+            input_pos = plan.slot_index + (self.num_cond - 1)
+            if not plan.full or plan.slot_index.shape[1] > plan.max_drafts + 1:  # padding may pass the image
+                input_pos = input_pos.clamp(max=self.num_cond + self.total - 1)
+        return score_window(self.scorer, self.state, drafts[0], first, self.position_offsets, plan.fresh, input_pos)
 
     def verify(self, plan: Window, drafts, probs: Tensor) -> Verdict:
-        return verify_window(self.rule, probs, *drafts, plan)
+        return verify_window(self.rule, probs, *drafts, plan, self.proposer.draws_from_p)
 
     def commit(self, plan: Window, drafts, probs: Tensor, verdict: Verdict):
         state = self.state
-        commit_count = (verdict.num_accepted + 1).minimum(plan.window_len)  # 0 for finished images
+        commit_count = verdict.num_accepted + 1
+        if not plan.full:  # 0 for finished images, at most the window for clipped ones
+            commit_count = commit_count.minimum(plan.window_len)
         # Write every slot's token after the committed ones; only the first commit_count count
         # (the buffer has `window` spare columns, and what lies past `committed` is scratch).
-        slots = self.slot_range[: plan.max_drafts + 1]
-        state.tokens.scatter_(1, state.committed[:, None] + slots, verdict.slot_tokens)
-        self.record.write(state.committed, plan.num_drafts, verdict.num_accepted)
+        slot_index, length = plan.slot_index, plan.max_drafts + 1
+        state.tokens.scatter_(
+            1, slot_index if slot_index.shape[1] == length else slot_index[:, :length], verdict.slot_tokens
+        )
+        self.record.write(state.committed, plan.window_len, verdict.num_accepted)
         if self.budget is not None:
-            active = plan.window_len > 0
-            self.budget.count(verdict.num_accepted, plan.num_drafts, active, self.proposer.draft_age, state.committed)
-        self.proposer.after_commit(state, plan, probs, verdict.slot_tokens, commit_count, verdict.slot_laws)
+            active, num_drafts = plan.window_len > 0, (plan.window_len - 1).clamp(min=0)
+            self.budget.count(verdict.num_accepted, num_drafts, active, self.proposer.draft_age, state.committed)
+        self.proposer.after_commit(
+            state, plan, probs, verdict.slot_tokens, commit_count, verdict.slot_laws, verdict.p_draws
+        )
         state.committed = state.committed + commit_count
         # The cache keeps every committed token but the newest, which the next window feeds.
         self.scorer.truncate_cache(state.committed + (self.num_cond - 1))

@@ -25,7 +25,8 @@ from .drafts import DecodeState, FillRequest
 from .sampling import SamplingParams, sample_from_probs
 from .scoring import GuidedScorer
 
-# Rows of the per-iteration uniform block [B, 4, window] each image draws from its generator.
+# Rows of the per-iteration uniform block [B, 4 * window] each image draws from its generator (RESIDUAL
+# and CARRY side by side: `Window.draw_rows` takes both in one slice).
 ACCEPT, RESIDUAL, CARRY, DRAFT = range(4)
 NUM_PURPOSES = 4
 GUMBEL_NOISE = 1  # purpose id of the position-keyed Gumbel noise
@@ -36,12 +37,32 @@ class Window:
     """The shape of one iteration and the randomness each image drew for it."""
 
     window_len: Tensor  # [B] slots scored for each image: 1 (a plain AR step) .. window, 0 when done
-    num_drafts: Tensor  # [B] window_len - 1 (0 for done images)
-    uniforms: Tensor  # [B, 4, window]: rows ACCEPT, RESIDUAL, CARRY, DRAFT
-    max_drafts: int  # G, the draft slots of the pass (padding past an image's own num_drafts)
+    uniforms: Tensor  # [B, 4 * window]: the ACCEPT, RESIDUAL, CARRY and DRAFT rows side by side (`row`)
+    max_drafts: int  # G, the draft slots of the pass (padding past an image's own window_len - 1)
     # the slots whose image has its first pass now (its condition is fed): every slot at a decode's
     # first pass, a running batch's new images later (`passes.RunningBatch`)
     fresh: tuple[int, ...] = ()
+    # What the plan's read-back told the host, so that a pass skips the masks it does not need:
+    # every image's window has all G + 1 slots (none done, none clipped), and the fewest tokens
+    # any image has committed (0 where the plan did not read it).
+    full: bool = False
+    least_committed: int = 0
+    # [B, S] committed + j: the image index of slot j, for the pass's S >= G + 1 scored slots (the
+    # chain engine's, made once a pass; None: made where needed)
+    slot_index: Tensor | None = None
+
+    def row(self, purpose: int, length: int) -> Tensor:
+        """[B, length] the uniforms of one purpose for the first `length` slots (one slice)."""
+        start = purpose * (self.uniforms.shape[1] // NUM_PURPOSES)
+        return self.uniforms[:, start : start + length]
+
+    def draw_rows(self, length: int) -> Tensor:
+        """[B, 2 * length] the RESIDUAL uniforms of the first `length` slots, then the CARRY ones: one
+        slice where the pass spans the window (the two rows lie side by side), else a cat."""
+        width = self.uniforms.shape[1] // NUM_PURPOSES
+        if length == width:
+            return self.uniforms[:, RESIDUAL * width : (CARRY + 1) * width]
+        return torch.cat([self.row(RESIDUAL, length), self.row(CARRY, length)], 1)
 
 
 class Proposer(Protocol):
@@ -51,6 +72,9 @@ class Proposer(Protocol):
 
     forward_passes: int
     draft_age: Tensor | None
+    # the carry-over draws from p at every slot with the CARRY uniforms (SJD's): verification makes
+    # that draw with its own and hands it to `after_commit` (p_draws)
+    draws_from_p: bool
 
     def start(self, state: DecodeState, track_ages: bool = False) -> None: ...
 
@@ -66,10 +90,12 @@ class Proposer(Protocol):
         slot_tokens: Tensor,
         commit_count: Tensor,
         slot_laws: Tensor,
+        p_draws: Tensor | None = None,
     ) -> None:
         """Called with the pass's p [B, L, V], the output token of every slot [B, L], the commits [B]
         and the law each slot token follows [B, L, V] (p, or a relaxed rule's p~ at a verified draft),
-        before `state.committed` moves on."""
+        before `state.committed` moves on; p_draws [B, L]: the draw from p `draws_from_p` asks for,
+        where the engine made it."""
         ...
 
     def admit(self, rows: Tensor, images: Tensor) -> None:
@@ -92,6 +118,7 @@ class CarryRequest:
     # each image; or functions that make them, called only by an updater that reads them
     index_source: Tensor | Callable[[], Tensor]
     uniform_source: Tensor | Callable[[], Tensor]
+    p_draws: Tensor | None = None  # [B, L] the draw from p with those uniforms, where verification made it
 
     @property
     def slot_index(self) -> Tensor:
@@ -111,7 +138,9 @@ class CarryRequest:
 
 
 def independent_carry(request: CarryRequest) -> tuple[Tensor, Tensor]:
-    """SJD: a fresh draw from p at every slot, independent of the old draft."""
+    """SJD: a fresh draw from p at every slot, independent of the old draft (verification's, where it drew it)."""
+    if request.p_draws is not None:
+        return request.p_draws, request.target_probs
     return sample_from_probs(request.target_probs, request.uniforms), request.target_probs
 
 
@@ -172,17 +201,20 @@ class JacobiProposer:
 
     def __init__(self, initialiser: Callable, updater: Callable):
         self.initialiser, self.updater = initialiser, updater
+        self.draws_from_p = updater is independent_carry
         self.forward_passes = 0
 
     def start(self, state: DecodeState, track_ages: bool = False):
         batch, vocab, device = state.tokens.shape[0], state.vocab_size, state.tokens.device
         self.window = state.window
         self.slots = torch.arange(self.window, device=device)  # sliced each pass rather than made again
+        self.slot_prefix = [self.slots[:n] for n in range(self.window + 1)]  # those slices, made once
+        self.rows = torch.arange(batch, device=device)[:, None]  # [B, 1] each image's row, for indexing
         self.canvas_slots = torch.arange(state.tokens.shape[1], device=device)
         self.last_canvas: Tensor | None = None  # this pass's canvas, once built (`proposal_canvas`)
         self.carry_tokens = torch.zeros(batch, self.window, dtype=torch.long, device=device)
         self.carry_probs = torch.zeros(batch, self.window, vocab, device=device)
-        self.carry_count = torch.zeros(batch, dtype=torch.long, device=device)
+        self.carried = torch.zeros(batch, self.window, dtype=torch.bool, device=device)  # [B, C] slot holds a draft
         # passes each carried draft has been through (its age; a new slot's draft is 0), for a budget
         self.carry_age = torch.zeros(batch, self.window, dtype=torch.long, device=device) if track_ages else None
         self.draft_age = None if self.carry_age is None else self.carry_age[:, :0]  # [B, G] of the last proposal
@@ -190,10 +222,9 @@ class JacobiProposer:
     def canvas(self, state: DecodeState) -> Tensor:
         """[B, N + window] committed tokens and carried drafts at their indices, -1 elsewhere."""
         canvas = torch.where(self.canvas_slots < state.committed[:, None], state.tokens, -1)
-        slots = self.slots[: self.carry_tokens.shape[1]]  # the last pass's slots: every carried draft
+        slots = self.slot_prefix[self.carry_tokens.shape[1]]  # the last pass's slots: every carried draft
         index = state.committed[:, None] + slots  # < N + window
-        carried = slots < self.carry_count[:, None]
-        return canvas.scatter(1, index, torch.where(carried, self.carry_tokens, canvas.gather(1, index)))
+        return canvas.scatter(1, index, torch.where(self.carried, self.carry_tokens, canvas.gather(1, index)))
 
     def proposal_canvas(self, state: DecodeState) -> Tensor:
         """`canvas` as the last `propose` saw it (the carry-over moves only after the commit): built
@@ -207,18 +238,19 @@ class JacobiProposer:
         num_slots = window.max_drafts
         if num_slots > self.carry_tokens.shape[1]:  # more slots than the last pass had (a budget's choice)
             more = num_slots - self.carry_tokens.shape[1]
-            self.carry_tokens, self.carry_probs = (
+            self.carry_tokens, self.carry_probs, self.carried = (
                 F.pad(self.carry_tokens, (0, more)),
                 F.pad(self.carry_probs, (0, 0, 0, more)),
+                F.pad(self.carried, (0, more)),
             )
-        draft_tokens = self.carry_tokens[:, :num_slots]
-        draft_probs = self.carry_probs[:, :num_slots]
+        draft_tokens, draft_probs, from_carry = self.carry_tokens, self.carry_probs, self.carried  # [B, G]
+        if num_slots < draft_tokens.shape[1]:  # fewer slots than the last pass carried (the image's end)
+            draft_tokens, draft_probs, from_carry = (x[:, :num_slots] for x in (draft_tokens, draft_probs, from_carry))
         if num_slots == 0:  # a pass of plain AR steps: no draft slots
             if self.carry_age is not None:
                 self.draft_age = self.carry_age[:, :0]
             return draft_tokens, draft_probs
-        slots = self.slots[:num_slots]
-        from_carry = slots < self.carry_count[:, None]  # [B, G]
+        slots = self.slot_prefix[num_slots]
         if self.carry_age is not None:
             self.draft_age = torch.where(from_carry, self.carry_age[:, :num_slots], 0)
         # Every slot the carry-over does not cover is filled, padding past an image's window too (its
@@ -226,37 +258,48 @@ class JacobiProposer:
         # need a draft would cost ops, and whether any does would wait for the device.
         request = FillRequest(
             state,
-            state.committed[:, None] + slots,
-            window.uniforms[:, DRAFT, :num_slots],
+            state.committed[:, None] + slots if window.slot_index is None else window.slot_index[:, :num_slots],
+            lambda: window.row(DRAFT, num_slots),
             lambda: self.proposal_canvas(state),
             above_committed=num_slots <= state.grid_size[1],
+            sources_inside=window.least_committed >= state.grid_size[1],
         )
         fill_tokens, fill_probs = self.initialiser(request)
         draft_tokens = torch.where(from_carry, draft_tokens, fill_tokens)
-        draft_probs = torch.where(from_carry[..., None], draft_probs, fill_probs.to(draft_probs.dtype))
+        if fill_probs.dtype != torch.bool:  # a bool one-hot (`FillRequest.sources_inside`) the where takes as 0 / 1
+            fill_probs = fill_probs.to(draft_probs.dtype)
+        draft_probs = torch.where(from_carry[..., None], draft_probs, fill_probs)
         return draft_tokens, draft_probs
 
-    def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws):
+    def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws, p_draws=None):
         length = target_probs.shape[1]
-        slots = self.slots[:length]
-        slot_index = lambda: state.committed[:, None] + slots  # noqa: E731 (read by the Gumbel coupling only)
-        uniforms = lambda: window.uniforms[:, CARRY, :length]  # noqa: E731 (read by SJD's fresh draws only)
-        carry, law = self.updater(CarryRequest(state, target_probs, slot_tokens, slot_laws, slot_index, uniforms))
+        slot_index = lambda: self.slot_index(state, window, length)  # noqa: E731 (read by the Gumbel coupling only)
+        uniforms = lambda: window.row(CARRY, length)  # noqa: E731 (read by SJD's fresh draws only)
+        request = CarryRequest(state, target_probs, slot_tokens, slot_laws, slot_index, uniforms, p_draws)
+        carry, law = self.updater(request)
         # Slots commit_count .. window_len - 1 become drafts for the indices right after the new commit
-        # (new tensors of this pass's length, not copies into the window's: the next pass has no more
-        # slots unless a budget chooses more, and `propose` pads for those).
-        shift = (commit_count[:, None] + slots).clamp(max=length - 1)
+        # (new tensors of this pass's length less one, as every image commits a token or is done; not
+        # copies into the window's: the next pass has no more slots unless a budget chooses more, and
+        # `propose` pads for those).
+        source = commit_count[:, None] + self.slot_prefix[length - 1]  # [B, L - 1] the slot each carries
+        shift = source.clamp(max=length - 1)
         self.carry_tokens = carry.gather(1, shift)
-        vocab = target_probs.shape[-1]
-        self.carry_probs = law.gather(1, shift[..., None].expand(-1, -1, vocab))
-        self.carry_count = (window.window_len - commit_count).clamp(min=0)
+        self.carry_probs = law[self.rows, shift]  # [B, L - 1, V]: one index, not an expand and a gather
+        # a carried slot holds a draft where its source lies in the window (every slot's is L long when full)
+        self.carried = source < (length if window.full else window.window_len[:, None])
         if self.carry_age is not None:
             slot_age = F.pad(self.draft_age, (0, length - self.draft_age.shape[1])) + 1  # the bonus slot: a new draw
-            self.carry_age[:, :length] = slot_age.gather(1, shift)
+            self.carry_age[:, : length - 1] = slot_age.gather(1, shift)
+
+    def slot_index(self, state: DecodeState, window: Window, length: int) -> Tensor:
+        """[B, length] the image index of each slot: the plan's, else made here."""
+        if window.slot_index is None:
+            return state.committed[:, None] + self.slot_prefix[length]
+        return window.slot_index[:, :length]
 
     def admit(self, rows: Tensor, images: Tensor):
         """Slots `rows` start new images: nothing carried over, no ages."""
-        self.carry_count[rows] = 0
+        self.carried[rows] = False
         if self.carry_age is not None:
             self.carry_age[rows] = 0
         if hasattr(self.updater, "admit"):
@@ -278,6 +321,7 @@ class DraftModelProposer:
         self.num_cond = draft.num_condition_tokens
 
     draft_age = None  # a draft model's drafts are new every pass
+    draws_from_p = False
 
     @property
     def forward_passes(self) -> int:
@@ -315,8 +359,9 @@ class DraftModelProposer:
         self.base = state.committed.clone()
         draft_q = self.catch_up(state)
         draft_tokens, draft_probs = [], []
+        draft_u = window.row(DRAFT, num_drafts)
         for k in range(num_drafts):
-            token = sample_from_probs(draft_q, window.uniforms[:, DRAFT, k])
+            token = sample_from_probs(draft_q, draft_u[:, k])
             draft_tokens.append(token)
             draft_probs.append(draft_q)
             if k + 1 < num_drafts:
@@ -324,7 +369,7 @@ class DraftModelProposer:
                 draft_q = self.scorer.target_probs(self.scorer.logits(token[:, None], position[:, None])[:, -1])
         return torch.stack(draft_tokens, 1), torch.stack(draft_probs, 1)
 
-    def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws):
+    def after_commit(self, state, window, target_probs, slot_tokens, commit_count, slot_laws, p_draws=None):
         num_drafts = window.max_drafts
         if num_drafts == 0 or self.draft_len is None:
             return

@@ -92,6 +92,10 @@ def sample_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:
     return draw_index(probs, to_device(uniforms, probs.device).unsqueeze(-1)).squeeze(-1)
 
 
+# A 0-d CPU tensor: an operand of any device's elementwise op, made once rather than once a draw
+MINUS_INFINITY = torch.tensor(-math.inf)
+
+
 def draw_index(probs: Tensor, uniforms: Tensor) -> Tensor:
     """`sample_from_probs` keeping the last dimension: probs [..., V] float32, uniforms [..., 1] on
     its device -> token ids [..., 1] (the index shape `gather` and `scatter` take)."""
@@ -99,7 +103,7 @@ def draw_index(probs: Tensor, uniforms: Tensor) -> Tensor:
     total = cdf[..., -1:]
     # Rounding can push u * total up to the total, past the last bin that adds mass: searching at
     # most the largest float below the total finds that bin (the first whose cumsum reaches it).
-    below_total = torch.nextafter(total, cdf.new_full((), -math.inf))
+    below_total = torch.nextafter(total, MINUS_INFINITY)
     return torch.searchsorted(cdf, torch.minimum(uniforms * total, below_total), right=True)
 
 

@@ -99,7 +99,8 @@ class DecodeLog:
 
 class ChainRecord:
     """What a chain decode (each pass verifies one window right after each image's committed prefix)
-    records a pass: where each image's window started, how many drafts it held and how many of them
+    records a pass: where each image's window started, how many slots it held (drafts and the bonus
+    slot) and how many of its drafts
     it accepted, copied into a preallocated device buffer ([passes, 3, B]) at a cursor kept on the
     device, so that writing a pass depends on no host number (a compiled pass need not be traced
     again for each pass). The COMMON_STATS follow from these once, at the end (`stats`): the draft
@@ -113,10 +114,11 @@ class ChainRecord:
         self.records = torch.zeros(self.log.num_tokens, 3, batch, dtype=torch.long, device=device)
         self.cursor = torch.zeros(1, dtype=torch.long, device=device)  # the next pass's row
 
-    def write(self, committed: Tensor, num_drafts: Tensor, num_accepted: Tensor):
-        """committed [B]: the image's committed tokens before the pass (N: done); num_drafts [B]: its
-        drafts (0 for a done image); num_accepted [B]: its leading accepted drafts."""
-        self.records.index_copy_(0, self.cursor, torch.stack([committed, num_drafts, num_accepted])[None])
+    def write(self, committed: Tensor, window_len: Tensor, num_accepted: Tensor):
+        """committed [B]: the image's committed tokens before the pass (N: done); window_len [B]: its
+        slots, its drafts and the bonus slot (0 for a done image); num_accepted [B]: its leading
+        accepted drafts."""
+        self.records.index_put_((self.cursor,), torch.stack([committed, window_len, num_accepted]))
         self.cursor += 1
 
     def reserve(self, passes: int):
@@ -138,7 +140,8 @@ class ChainRecord:
     def stats(self, forward_passes: int, draft_forward_passes: int = 0) -> dict:
         log, num_tokens = self.log, self.log.num_tokens
         passes = int(self.cursor)
-        committed, num_drafts, num_accepted = self.records[:passes].unbind(1)  # [P, B]
+        committed, window_len, num_accepted = self.records[:passes].unbind(1)  # [P, B]
+        num_drafts = (window_len - 1).clamp(min=0)
         active = committed < num_tokens
         log.count_pass(active.sum(0))
         slots = torch.arange(len(log.tested_by_slot), device=committed.device)

@@ -205,13 +205,19 @@ def draws_without_replacement(base: Tensor, known: Tensor, uniforms: Tensor) -> 
     unused tokens where that has no mass. uniforms [B, P, D] -> tokens [B, P, D], laws [B, P, D, V]."""
     remaining = base.scatter(-1, known, 0.0)
     unused = torch.ones_like(base).scatter_(-1, known, 0.0)
+    # Each draw takes one unused token (one of positive law), so draw j's count of unused tokens is
+    # the count before the draws less j: exact in float, made once instead of a sum a draw.
+    num_draws = uniforms.shape[-1]
+    counts = unused.sum(-1, keepdim=True) - torch.arange(num_draws, device=base.device, dtype=base.dtype)
+    counts, draw_uniforms = counts.clamp(min=1).split(1, -1), uniforms.split(1, -1)
+    tiny = torch.finfo(base.dtype).tiny
     tokens, laws = [], []
-    for j in range(uniforms.shape[-1]):
+    for j in range(num_draws):
         mass = remaining.sum(-1, keepdim=True)
-        spread = remaining / mass.clamp(min=torch.finfo(mass.dtype).tiny)
-        law = torch.where(mass > 0, spread, unused / unused.sum(-1, keepdim=True).clamp(min=1))
-        token = draw_index(law, uniforms[..., j : j + 1])  # [B, P, 1]
-        if j + 1 < uniforms.shape[-1]:
+        has_mass = mass > 0  # else remaining is all zero: the law is uniform over the unused tokens
+        law = torch.where(has_mass, remaining, unused) / torch.where(has_mass, mass.clamp(min=tiny), counts[j])
+        token = draw_index(law, draw_uniforms[j])  # [B, P, 1]
+        if j + 1 < num_draws:
             remaining.scatter_(-1, token, 0.0)
             unused.scatter_(-1, token, 0.0)
         tokens.append(token)

@@ -45,10 +45,12 @@ class DraftTree:
     on_main: Tensor  # [T] bool
     side_slot: Tensor  # [T] scratch index of a side node (-1 on the main path)
     main_depth: Tensor  # [T] depth of the deepest main-path node among the node and its ancestors
-    candidate: Tensor  # [T] index (d - 1) * K + rank of the node's candidate (0 for the root)
+    candidate: Tensor  # [T] column 1 + (d - 1) * K + rank of the node's candidate in [root ; candidates] (0: the root)
     main_child: Tensor  # [M] the rank-0 child of each main-path node (the last node: itself)
     main_has_child: Tensor  # [M] bool: all but the last
     main_second_row: Tensor  # [M] each main node's law row (TreeIndex) after its rank-0 child is rejected
+    depth_less_one: Tensor  # [T] depth - 1: a node's position past the last committed token
+    draft_slot: Tensor  # [T] max(depth - 1, 0): the draft slot a node's test is logged at
 
     def to(self, device) -> DraftTree:
         """The same tree with every index on `device` (moved once per decode, not per pass)."""
@@ -90,7 +92,7 @@ class DraftTree:
         # the deepest ancestor-or-self on the main path: the true cache slots a node may see
         main_depth = torch.tensor([0] + [next((i for i, r in enumerate(p) if r), len(p)) for p in tree.paths])
         main_depth = torch.minimum(main_depth, tree.depth)
-        candidate = torch.tensor([0] + [(len(p) - 1) * branch + p[-1] for p in tree.paths])
+        candidate = torch.tensor([0] + [1 + (len(p) - 1) * branch + p[-1] for p in tree.paths])
         index = tree.verify_index()
         main_child = torch.cat([main[1:], main[-1:]])
         return cls(
@@ -106,6 +108,8 @@ class DraftTree:
             main_child,
             main_child != main,
             index.second_row[main],
+            tree.depth - 1,
+            (tree.depth - 1).clamp(min=0),
         )
 
 
@@ -205,13 +209,19 @@ def draws_without_replacement(base: Tensor, known: Tensor, uniforms: Tensor) -> 
     unused tokens where that has no mass. uniforms [B, P, D] -> tokens [B, P, D], laws [B, P, D, V]."""
     remaining = base.scatter(-1, known, 0.0)
     unused = torch.ones_like(base).scatter_(-1, known, 0.0)
+    # Each draw takes one unused token (one of positive law), so draw j's count of unused tokens is
+    # the count before the draws less j: exact in float, made once instead of a sum a draw.
+    num_draws = uniforms.shape[-1]
+    counts = unused.sum(-1, keepdim=True) - torch.arange(num_draws, device=base.device, dtype=base.dtype)
+    counts, draw_uniforms = counts.clamp(min=1).split(1, -1), uniforms.split(1, -1)
+    tiny = torch.finfo(base.dtype).tiny
     tokens, laws = [], []
-    for j in range(uniforms.shape[-1]):
+    for j in range(num_draws):
         mass = remaining.sum(-1, keepdim=True)
-        spread = remaining / mass.clamp(min=torch.finfo(mass.dtype).tiny)
-        law = torch.where(mass > 0, spread, unused / unused.sum(-1, keepdim=True).clamp(min=1))
-        token = draw_index(law, uniforms[..., j : j + 1])  # [B, P, 1]
-        if j + 1 < uniforms.shape[-1]:
+        has_mass = mass > 0  # else remaining is all zero: the law is uniform over the unused tokens
+        law = torch.where(has_mass, remaining, unused) / torch.where(has_mass, mass.clamp(min=tiny), counts[j])
+        token = draw_index(law, draw_uniforms[j])  # [B, P, 1]
+        if j + 1 < num_draws:
             remaining.scatter_(-1, token, 0.0)
             unused.scatter_(-1, token, 0.0)
         tokens.append(token)
@@ -351,10 +361,9 @@ def draft_tree(
             fixed,
         )
         candidates[:, :num_branching], laws[:, :num_branching] = extra_tokens, extra_laws
-    node_index = torch.where(layout.tree.depth > 0, layout.candidate + 1, 0)  # column 0: the root's
     root = state.tokens.gather(1, (state.committed - 1).clamp(min=0)[:, None])
-    node_tokens = torch.cat([root, candidates.flatten(1)], 1)[:, node_index]
-    node_q = torch.cat([first_q[:, :1], laws.flatten(1, 2)], 1)[:, node_index]  # the root's law is unused
+    node_tokens = torch.cat([root, candidates.flatten(1)], 1)[:, layout.candidate]
+    node_q = torch.cat([first_q[:, :1], laws.flatten(1, 2)], 1)[:, layout.candidate]  # the root's law is unused
     return node_tokens, node_q
 
 

@@ -165,9 +165,8 @@ class TreePasses:
         state, layout, active, log = self.state, plan.layout, plan.active, self.log
         commit_count = torch.where(active, verdict.accepted + 1, 0)  # the reached path and one token more
         index = commit_path(state, layout, verdict, commit_count)
-        node_depth = layout.tree.depth
-        node_index = state.committed[:, None] - 1 + node_depth[None]
-        node_slot = (node_depth - 1).clamp(min=0)[None].expand(len(active), -1)
+        node_index = state.committed[:, None] + layout.depth_less_one
+        node_slot = layout.draft_slot.expand(len(active), -1)
         log.drafts(node_index, node_slot, verdict.tried & active[:, None], verdict.accept)
         columns = index - state.committed[:, None] + 1
         log.commit(index, (columns <= commit_count[:, None]) & (index < self.total), self.passes_run)

@@ -73,6 +73,7 @@ class TreeIndex:
     ancestors_t: Tensor  # [T, T] float: row j, column i: j is i or one of its ancestors
     at_depth: Tensor  # [T, D] float: column d holds the nodes of depth d + 1
     depth_rank: Tensor  # [T] (depth - 1) C + rank: a node's column in a [D, C] block by depth and rank (0: root)
+    rank_order: Tensor  # [T - 1] the non-root nodes in rank order: rank_nodes one after another
 
     @classmethod
     def build(cls, parent: list[int], rank: list[int]) -> TreeIndex:
@@ -114,6 +115,7 @@ class TreeIndex:
             torch.tensor([[j in lineage[i] for i in range(size)] for j in range(size)], dtype=torch.float),
             torch.tensor([[depth[i] == d + 1 for d in range(max_depth)] for i in range(size)]).float().view(size, -1),
             long([max(depth[i] - 1, 0) * len(rank_nodes) + rank[i] for i in range(size)]),
+            long([i for nodes in rank_nodes for i in nodes]),
         )
 
     def to(self, device) -> TreeIndex:
@@ -180,12 +182,17 @@ def rejection_laws(
     """The ladder of every node's children, one sibling rank at a time -> the law rows [B, 2T - 1, V]
     (TreeIndex) and, under relax, each non-root node's G in rank order [B, T - 1, V] (else None)."""
     left, goals = [], []
-    for rank, (nodes, source) in enumerate(zip(index.rank_nodes, index.rank_source, strict=True)):
+    sizes = [len(nodes) for nodes in index.rank_nodes]
+    # Every rank's q (and x, present) read at once, in rank order, then cut by rank.
+    by_rank = lambda values: values[:, index.rank_order].split(sizes, 1) if sizes else ()  # noqa: E731
+    qs = by_rank(node_q)
+    xs = by_rank(node_tokens) if relax is not None else [None] * len(sizes)
+    presents = by_rank(present[..., None]) if present is not None else [None] * len(sizes)
+    for rank, source in enumerate(index.rank_source):
         rung = (probs if rank == 0 else left[-1])[:, source]  # R_rank of each node's parent
-        q = node_q[:, nodes]
-        goal, after = ladder_step(rung, q, None if relax is None else node_tokens[:, nodes], relax)
-        if present is not None:
-            after = torch.where(present[:, nodes, None], after, rung)
+        goal, after = ladder_step(rung, qs[rank], xs[rank], relax)
+        if presents[rank] is not None:
+            after = torch.where(presents[rank], after, rung)
         left.append(after)
         goals.append(goal)
     return torch.cat([probs, *left], 1), None if relax is None else torch.cat(goals, 1)

@@ -148,7 +148,6 @@ class CompressedCache(torch.nn.Module):
         self.register_buffer("score", torch.zeros(batch_size, num_physical, device=device), persistent=False)
         # [B]: the furthest earliest position of a call so far, from which the scores decay
         self.register_buffer("front", torch.zeros(batch_size, dtype=torch.long, device=device), persistent=False)
-        self.register_buffer("slot_range", torch.arange(num_physical, device=device), persistent=False)
 
     def write(self, slots: Tensor, input_pos: Tensor, count: int) -> tuple[Tensor, Tensor, Tensor]:
         """Make room for this call's logical slots [B, L] (positions input_pos [B, L]; `count` of

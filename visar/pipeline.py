@@ -22,7 +22,7 @@ from torch import Tensor
 from .accel import Request, get_method, reference_method
 from .accel.passes import compile_failure
 from .accel.sampling import MAX_SEED, SamplingParams
-from .accel.stats import merge_batch_stats
+from .accel.stats import concat_batches, merge_batch_stats, per_image
 from .accel.timing import synchronized_clock
 from .errors import VisarError
 from .models.base import MaskedModel, NextScaleModel, RasterModel, model_kind
@@ -386,7 +386,7 @@ class Pipeline:
         tokens, stats["commit_pass"] = output_maps(self.model, tokens, stats["commit_pass"])
         if on_image is not None and not (slots is not None and decoding_method.refills):
             for index, (image_tokens, commit_pass) in enumerate(
-                zip(per_image_tokens(tokens), per_image_tokens(stats["commit_pass"]), strict=True)
+                zip(per_image(tokens), per_image(stats["commit_pass"]), strict=True)
             ):
                 info = {"forward_passes": stats["forward_passes_per_image"][index], "commit_pass": commit_pass}
                 on_image(index, image_tokens, info)
@@ -421,7 +421,7 @@ class Pipeline:
             chunk = replace(request, cond=request.cond[part], cond_mask=cond_mask, generators=request.generators[part])
             chunk_negative = None if negative is None else tuple(x[part] for x in negative)
             parts.append(self.run_method(decoding_method, chunk, chunk_negative, second, method_options))
-        return merge_tokens([tokens for tokens, _ in parts]), merge_batch_stats([stats for _, stats in parts])
+        return concat_batches([tokens for tokens, _ in parts]), merge_batch_stats([stats for _, stats in parts])
 
     def image_callback(self, on_image):
         """A running batch's (index, tokens [N], info with commit_pass [N]) -> on_image(index, the image's
@@ -605,20 +605,6 @@ def check_batch_size(batch_size, num_images: int) -> int | None:
             f"batch_size {batch_size} is larger than the {num_images} images asked for: give at most {num_images}"
         )
     return batch_size
-
-
-def per_image_tokens(tokens) -> list:
-    """`GenerationOutput.tokens` -> one entry per image ([h, w], a latent, or a next-scale image's maps)."""
-    if isinstance(tokens, (list, tuple)):
-        return [list(maps) for maps in zip(*tokens, strict=True)]
-    return list(tokens)
-
-
-def merge_tokens(parts: list):
-    """Consecutive batches' tokens ([B, ...], or a list of [B, ...] per scale) -> the queue's."""
-    if isinstance(parts[0], (list, tuple)):
-        return [torch.cat(scale) for scale in zip(*parts, strict=True)]
-    return torch.cat(parts)
 
 
 def check_seed(seed, batch: int):

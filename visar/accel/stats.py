@@ -171,6 +171,22 @@ def same_value(a, b) -> bool:
     return a == b
 
 
+def per_image(batch) -> list:
+    """A batch as methods and `Pipeline.generate` return it -> one entry per image: a tensor [B, ...]
+    gives its rows ([h, w] token grids, latents), a next-scale model's list of [B, pn, pn] maps (one
+    per scale) each image's list of maps."""
+    if isinstance(batch, (list, tuple)):
+        return [list(maps) for maps in zip(*batch, strict=True)]
+    return list(batch)
+
+
+def concat_batches(parts: list):
+    """Consecutive batches of one queue ([B, ...] each, or lists of [B, ...] per scale) -> the queue's."""
+    if isinstance(parts[0], (list, tuple)):
+        return [torch.cat(scale) for scale in zip(*parts, strict=True)]
+    return torch.cat(parts)
+
+
 def merge_batch_stats(parts: list[dict]) -> dict:
     """The stats of consecutive batches of one call's images -> the call's: counts summed, per-image
     entries in image order, rates recomputed; another entry is kept where every batch has the same,
@@ -185,10 +201,7 @@ def merge_batch_stats(parts: list[dict]) -> dict:
         elif key == "forward_passes_per_image":
             merged[key] = [passes for value in values for passes in value]
         elif key == "commit_pass":  # [B, ...], or a list of [B, pn, pn] per scale
-            if isinstance(values[0], (list, tuple)):
-                merged[key] = [torch.cat(scale) for scale in zip(*values, strict=True)]
-            else:
-                merged[key] = torch.cat(values)
+            merged[key] = concat_batches(values)
         elif key == "tokens_per_forward":  # a mean over images
             sizes = [len(part["forward_passes_per_image"]) for part in parts]
             merged[key] = sum(v * n for v, n in zip(values, sizes, strict=True)) / sum(sizes)

@@ -31,8 +31,8 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from ..accel import METHODS, get_method, reference_method
+from ..accel.stats import per_image
 from ..errors import VisarError, require
-from ..eval.samples import per_image
 from ..models.base import model_kind
 from ..registry import DEFAULT_MODEL, embedded_models, resolve_name
 

@@ -36,6 +36,7 @@ from PIL import Image
 
 from ..accel import get_method
 from ..accel.sampling import MAX_SEED
+from ..accel.stats import per_image
 from ..errors import VisarError
 from ..progress import progress_bar
 
@@ -157,14 +158,6 @@ def one_cpu_thread(on: bool = True):
     finally:
         if on:
             torch.set_num_threads(threads)
-
-
-def per_image(tokens) -> list:
-    """A batch's tokens -> one entry per image: [h, w] (or a latent), or for a next-scale model the
-    list of its [pn, pn] maps (a batch's tokens are then a list of [B, pn, pn], one per scale)."""
-    if isinstance(tokens, (list, tuple)):
-        return [list(maps) for maps in zip(*tokens, strict=True)]
-    return list(tokens)
 
 
 def decode_alone(pipe, tokens) -> np.ndarray:

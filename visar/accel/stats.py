@@ -76,6 +76,16 @@ class DecodeLog:
         self.tested_by_slot.scatter_add_(0, slots, tested)
         self.accepted_by_slot.scatter_add_(0, slots, accepted)
 
+    def image_commits(self, index: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
+        """A running batch's slots `index` [R], whose images started after pass start [R] -> (their
+        passes [R], the pass of their own that committed each token [R, N], 1 = their first)."""
+        return self.passes_per_image[index], self.commit_pass[index, : self.num_tokens] - start[:, None]
+
+    def forget(self, index: Tensor):
+        """Slots `index` [R] start new images: no passes, no commits."""
+        self.passes_per_image[index] = 0
+        self.commit_pass[index] = 0
+
     def stats(self, forward_passes: int, draft_forward_passes: int = 0) -> dict:
         """The COMMON_STATS of the finished decode."""
         latency = synchronized_clock(self.device) - self.start

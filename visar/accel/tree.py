@@ -370,8 +370,7 @@ class StaticTreePasses:
     def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
         index = torch.tensor(rows, device=self.device)
         start = torch.tensor([self.start_pass[row] for row in rows], device=self.device)
-        commit_pass = self.log.commit_pass[index, : self.total] - start[:, None]  # 1 = the image's prefill
-        return self.tokens[index, : self.total], self.log.passes_per_image[index], commit_pass
+        return self.tokens[index, : self.total], *self.log.image_commits(index, start)  # 1 = the image's prefill
 
     def admit(self, rows: list[int], images: list[int]):
         """The new images' first step, as `__enter__` takes it for a decode: the prefill (target and
@@ -388,8 +387,8 @@ class StaticTreePasses:
         self.committed[index] = 1
         self.fed[index] = 0
         log = self.log
+        log.forget(index)
         log.passes_per_image[index] = 1
-        log.commit_pass[index] = 0
         log.commit_pass[index, 0] = self.passes_run
         for row in rows:
             self.start_pass[row] = self.passes_run - 1

@@ -200,13 +200,12 @@ class TreePasses:
     def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
         index = torch.tensor(rows, device=self.device)
         start = torch.tensor([self.start_pass[row] for row in rows], device=self.device)
-        commit_pass = self.log.commit_pass[index, : self.total] - start[:, None]  # 1 = the image's first pass
-        return self.state.tokens[index, : self.total], self.log.passes_per_image[index], commit_pass
+        return self.state.tokens[index, : self.total], *self.log.image_commits(index, start)
 
     def admit(self, rows: list[int], images: list[int]):
         generators = [self.generators[image] for image in images]
         index, image_index = (torch.tensor(x, device=self.device) for x in (rows, images))
-        state, log = self.state, self.log
+        state = self.state
         state.tokens[index] = 0
         state.committed[index] = 0
         state.keys[index] = image_keys(generators, self.device)  # its generator's first draw, as in new_state
@@ -214,8 +213,7 @@ class TreePasses:
         self.scorer.admit(index, image_index)
         self.proposer.admit(index, image_index)
         self.fed[index] = 0
-        log.passes_per_image[index] = 0
-        log.commit_pass[index] = 0
+        self.log.forget(index)
         for row in rows:
             self.start_pass[row] = self.passes_run
         self.fresh = tuple(sorted(rows))

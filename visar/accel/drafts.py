@@ -73,15 +73,21 @@ class FillRequest:
 
     @property
     def uniforms(self) -> Tensor:
-        if callable(self.uniform_source):
-            self.uniform_source = self.uniform_source()
-        return self.uniform_source
+        return made(self, "uniform_source")
 
     @property
     def canvas(self) -> Tensor:
-        if callable(self.source):
-            self.source = self.source()
-        return self.source
+        return made(self, "source")
+
+
+def made(holder, name: str) -> Tensor:
+    """holder's field `name`, which holds a tensor or a function that makes it: made on first read
+    and kept (a pass builds what only some initialisers or updaters read, only when one does)."""
+    value = getattr(holder, name)
+    if callable(value):
+        value = value()
+        setattr(holder, name, value)
+    return value
 
 
 def random_init(request: FillRequest) -> tuple[Tensor, Tensor]:

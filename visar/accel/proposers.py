@@ -21,7 +21,7 @@ from torch import Tensor
 from ..errors import VisarError
 from ..models.base import RasterModel
 from .acceptance import gumbel_coupling, keyed_uniforms
-from .drafts import DecodeState, FillRequest
+from .drafts import DecodeState, FillRequest, made
 from .sampling import SamplingParams, sample_from_probs
 from .scoring import GuidedScorer
 
@@ -122,15 +122,11 @@ class CarryRequest:
 
     @property
     def slot_index(self) -> Tensor:
-        if callable(self.index_source):
-            self.index_source = self.index_source()
-        return self.index_source
+        return made(self, "index_source")
 
     @property
     def uniforms(self) -> Tensor:
-        if callable(self.uniform_source):
-            self.uniform_source = self.uniform_source()
-        return self.uniform_source
+        return made(self, "uniform_source")
 
 
 # An updater returns the next drafts [B, L] and the law each was drawn from [B, L, V]: the next

@@ -20,7 +20,7 @@ from ..accel import get_method, reference_method
 from ..accel.timing import synchronized_clock
 from ..errors import VisarError
 from ..progress import progress_bar
-from .bench import conditions
+from .bench import conditions, run_images
 from .memory import PeakMemory
 
 BATCH_SIZES = (1, 8, 32, 64)
@@ -29,16 +29,12 @@ BATCH_SIZES = (1, 8, 32, 64)
 def run_queue(pipe, name: str, conds: list, batch_size: int, refill: bool, options: dict) -> list:
     """The images of `conds` (image i seeded i) at `batch_size`: one call as a running batch, or one call
     per consecutive batch -> the calls' outputs."""
+    if not refill:
+        return run_images(pipe, name, conds, batch_size, options, "tokens")
     key = "class_labels" if pipe.is_class_conditional else "prompts"
     if not pipe.is_class_conditional:
         conds = [entry["prompt"] for entry in conds]
-    if refill:
-        return [pipe.generate(**{key: conds}, method=name, output_type="tokens", batch_size=batch_size, **options)]
-    outs = []
-    for first in range(0, len(conds), batch_size):
-        chunk = conds[first : first + batch_size]
-        outs.append(pipe.generate(**{key: chunk}, method=name, seed=first, output_type="tokens", **options))
-    return outs
+    return [pipe.generate(**{key: conds}, method=name, output_type="tokens", batch_size=batch_size, **options)]
 
 
 def passes_fed(outs: list, refill: bool, batch_size: int) -> int:

@@ -313,9 +313,10 @@ class Pipeline:
         other kinds decode consecutive batches. An image's
         tokens and passes are those of its decode alone at any batch_size (not under budget="auto",
         which chooses for the batch). on_image(index, tokens, info): called with each image's tokens
-        (the shape of `GenerationOutput.tokens`' entries) as soon as it is done (a running batch) or
-        its batch is, e.g. to save it; info: its {"forward_passes", "commit_pass"} (as in stats) and
-        what its method adds (auto: "auto", what it ran).
+        (the shape of `GenerationOutput.tokens`' entries) as soon as it is done (a running batch; ar:
+        when its batch is), or, for a method of another kind, once all the call's batches are, e.g. to
+        save it; info: its {"forward_passes", "commit_pass"} (as in stats) and what its method adds
+        (auto: "auto", what it ran).
         A method's second model (option `draft`, or `refiner` for code) may be a registered name or
         folder (loaded once per process), a Pipeline, or a model; its tokenizer must be this pipeline's.
         stats (every method, `visar.accel.stats`): forward_passes (the batch's target passes),

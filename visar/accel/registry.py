@@ -54,14 +54,14 @@ class Request:
     # image of a running batch finishes
     on_image: Callable | None = None
 
+    # raster models: the fraction of KV-cache slots the target keeps (`RasterModel.setup_cache`);
+    # 1: the whole cache, exact
+    kv_keep: float = 1.0
+
     @property
     def batch_size(self) -> int:
         """The images decoded at once: the slots of a running batch, else every image."""
         return self.slots if self.slots is not None else self.cond.shape[0]
-
-    # raster models: the fraction of KV-cache slots the target keeps (`RasterModel.setup_cache`);
-    # 1: the whole cache, exact
-    kv_keep: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from .budget import (
 )
 from .checks import check_number
 from .drafts import DecodeState, resolve_initialiser
-from .passes import decode_passes, running_batch
+from .passes import decode_passes, running_batch, score_first_passes_apart
 from .proposers import (
     ACCEPT,
     NUM_PURPOSES,
@@ -118,12 +118,13 @@ def score_window(
         slot_offsets = offsets[:num_slots] if input_pos is None else None
         logits = next_window_logits(scorer, state, draft_tokens, slot_offsets, input_pos=input_pos)
     else:
-        new = torch.tensor(fresh, device=device)
-        old = torch.tensor([row for row in range(len(draft_tokens)) if row not in fresh], device=device)
-        new_logits = first_window_logits(scorer, draft_tokens[new], num_slots, new)
-        old_logits = next_window_logits(scorer, state, draft_tokens[old], offsets[:num_slots], old)
-        logits = new_logits.new_empty(len(draft_tokens), *new_logits.shape[1:])
-        logits = logits.index_copy(0, new, new_logits).index_copy(0, old, old_logits)
+
+        def score(rows, first):
+            if first:
+                return first_window_logits(scorer, draft_tokens[rows], num_slots, rows)
+            return next_window_logits(scorer, state, draft_tokens[rows], offsets[:num_slots], rows)
+
+        logits = score_first_passes_apart(len(draft_tokens), fresh, device, score)
     return scorer.target_probs(logits[:, :needed])
 
 

@@ -179,6 +179,17 @@ class RunningBatch:
         }
 
 
+def score_first_passes_apart(batch: int, fresh: tuple[int, ...], device, score: Callable) -> Tensor:
+    """A running batch's pass in which slots `fresh` (new images) have their first pass: they feed
+    their condition and the other slots their committed tokens, so each group is scored in a call of
+    its own (`score(rows [R], first) -> [R, ...]`), and the two are joined in slot order -> [B, ...]."""
+    new = torch.tensor(fresh, device=device)
+    old = torch.tensor([row for row in range(batch) if row not in fresh], device=device)
+    new_scores, old_scores = score(new, True), score(old, False)
+    joined = new_scores.new_empty(batch, *new_scores.shape[1:])
+    return joined.index_copy(0, new, new_scores).index_copy(0, old, old_scores)
+
+
 def running_batch(request) -> RunningBatch | None:
     """The running batch a request asks for (`Request.slots`), or None."""
     if request.slots is None:

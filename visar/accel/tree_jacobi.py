@@ -54,7 +54,7 @@ from .draft_trees import (
 )
 from .drafts import resolve_initialiser
 from .jacobi import chain_costs, decode_chain_budget, image_keys, new_state
-from .passes import decode_passes, running_batch
+from .passes import decode_passes, running_batch, score_first_passes_apart
 from .proposers import JacobiProposer, Window, maximal_coupling_carry
 from .registry import Request, register_method
 from .sampling import UniformStream
@@ -146,15 +146,14 @@ class TreePasses:
         if not plan.fresh or len(plan.fresh) == self.batch:  # one call: every slot's first pass, or none's
             first = len(plan.fresh) == self.batch
             return tree_pass.probs(state.tokens, self.fed, state.committed, drafts[0], first)  # [B, T, V]
-        # a running batch's new images feed their condition, the other slots their committed tokens: a call each
-        new = torch.tensor(plan.fresh, device=self.device)
-        old = torch.tensor([row for row in range(self.batch) if row not in plan.fresh], device=self.device)
-        new_probs, old_probs = (
-            tree_pass.probs(state.tokens[rows], self.fed[rows], state.committed[rows], drafts[0][rows], first, rows)
-            for rows, first in ((new, True), (old, False))
+        return score_first_passes_apart(
+            self.batch,
+            plan.fresh,
+            self.device,
+            lambda rows, first: tree_pass.probs(
+                state.tokens[rows], self.fed[rows], state.committed[rows], drafts[0][rows], first, rows
+            ),
         )
-        probs = new_probs.new_empty(self.batch, *new_probs.shape[1:])
-        return probs.index_copy(0, new, new_probs).index_copy(0, old, old_probs)
 
     def verify(self, plan: TreePlan, drafts, probs: Tensor) -> WindowVerdict:
         node_depth = plan.layout.tree.depth

@@ -43,14 +43,18 @@ def sample_queue(request: Request) -> tuple[Tensor, dict]:
     """A running batch's queue as consecutive batches of `slots` images, each image handed to
     `request.on_image` when its batch is done; stats merged (`batch_passes`: the batches' passes)."""
     queue, slots, num_tokens = request.cond.shape[0], request.slots, request.model.num_image_tokens
-    parts = []
+    parts, scorers = [], {}
     for start in range(0, queue, slots):
         images = torch.arange(start, min(start + slots, queue), device=request.cond.device)
         # the queue's scorer (its null conditions made for every queued image, as a negative prompt
-        # held for the call needs), its slots given this batch's images
-        scorer = GuidedScorer(
-            request.model, request.cond, request.cond_mask, request.params, slots=len(images), kv_keep=request.kv_keep
-        )
+        # held for the call needs), its slots given this batch's images: one a batch size (the
+        # last batch may be smaller), so the queue's null conditions are made once or twice
+        size = len(images)
+        if size not in scorers:
+            scorers[size] = GuidedScorer(
+                request.model, request.cond, request.cond_mask, request.params, slots=size, kv_keep=request.kv_keep
+            )
+        scorer = scorers[size]
         generators = request.generators[start : start + len(images)]
         tokens, stats = sample_batch(request, scorer, generators, admit=images if start else None)
         if request.on_image is not None:

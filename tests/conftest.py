@@ -28,6 +28,12 @@ if "VISAR_CACHE" not in os.environ:
 
     os.environ["VISAR_CACHE"] = tempfile.mkdtemp(prefix="visar-test-cache-")
 
+# Under pytest-xdist (the quick tier's `-n 2`) each worker takes one core: two workers of two OpenMP
+# threads each on two cores wait on each other's busy threads (measured: over 10 min for the quick
+# tier, 66 s with one thread a worker).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 # The conformance suite, the exact-law tests, the fixture tests and the bench tests build their models
 # on this device (inputs follow the model); the rest of the suite is device-free or CPU by design.
 TEST_DEVICE = _test_device()

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import VisarError
@@ -303,9 +304,10 @@ class WindowBudget:
         self.width, self.num_tokens = grid_size[1], grid_size[0] * grid_size[1]
         self.batch = 1  # set by the first count
         device = counts.reached.device
-        # since the last choice: tokens committed and image-passes over the batch; the slowest image's count
-        self.interval = torch.zeros(2, device=device)
-        self.slowest = torch.zeros(2, device=device)  # the slowest image's count at the interval's start, now
+        # the passes since the last choice, as `count` got them: counted at the next choice, in one
+        # go (a dozen ops a choice instead of three dozen a pass; the counts' sums come out the same)
+        self.pending: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = []
+        self.no_outcome = torch.zeros(4, device=device)
         self.interval_passes = 0
         self.correction = SizeCorrection(sizes)
         self.keeping_up = [0.0, 0.0]  # decayed drafts accepted a pass: [the slowest image's, the mean's]
@@ -321,10 +323,10 @@ class WindowBudget:
     def choose(self) -> int:
         # one read-back: the age counts, this interval's tokens and image-passes, the slowest image's counts
         ages = len(self.counts.reached)
-        host = torch.cat([self.counts.reached, self.counts.passed, self.interval, self.slowest]).tolist()
+        outcome = self.settle()
+        host = torch.cat([self.counts.reached, self.counts.passed, outcome]).tolist()
         reached, passed, (tokens, image_passes, start, slowest) = host[:ages], host[ages : 2 * ages], host[2 * ages :]
         self.counts.forget()
-        self.interval.zero_()
         moved, passes = slowest - start, self.interval_passes
         self.interval_passes = 0
         mean = tokens / image_passes * passes if image_passes else 0.0  # an image's tokens over the interval
@@ -348,16 +350,31 @@ class WindowBudget:
 
     def count(self, accepted: Tensor, available: Tensor, active: Tensor, age: Tensor, committed: Tensor) -> None:
         """This pass's outcome: accepted, available, active and age as SurvivalCounts.count; committed [B]:
-        each image's committed tokens before it. Passes in an image's first row, whose drafts have no
-        row above to copy or condition on, move the slowest image but teach nothing about the rest."""
+        each image's committed tokens before it. Kept as given until the next choice (`settle`): the
+        engines hand over tensors they no longer write to (an engine's next commit makes a new
+        `committed`)."""
         self.batch = len(committed)
+        self.pending.append((accepted, available, active, age, committed))
+
+    def settle(self) -> Tensor:
+        """Count the passes since the last choice -> [4]: their committed tokens and image-passes over
+        the batch, the slowest image's count before the first and after the last (zeros if none).
+        Passes in an image's first row, whose drafts have no row above to copy or condition on, move
+        the slowest image but teach nothing about the rest."""
+        if not self.pending:
+            return self.no_outcome
+        first_committed, last = self.pending[0][4], self.pending[-1]
+        accepted, available, active, ages, committed = zip(*self.pending, strict=True)
+        self.pending.clear()
+        width = max(age.shape[1] for age in ages)
+        ages = [age if age.shape[1] == width else F.pad(age, (0, width - age.shape[1])) for age in ages]
+        accepted, available, active, committed = map(torch.cat, (accepted, available, active, committed))
+        # every pass's images one after another: the counts' sums add in the order pass by pass would
         learn = active & (committed >= self.width)
-        self.counts.count(accepted, available, learn, age)
-        self.interval += torch.stack([((accepted + 1) * learn).sum(), learn.sum()]).to(self.interval.dtype)
-        after = torch.where(active, committed + accepted + 1, committed).clamp(max=self.num_tokens)
-        if self.interval_passes == 1:  # the interval's first pass
-            self.slowest[0] = committed.min()
-        self.slowest[1] = after.min()
+        self.counts.count(accepted, available, learn, torch.cat(ages))
+        after = torch.where(last[2], last[4] + last[0] + 1, last[4]).clamp(max=self.num_tokens)
+        tokens = ((accepted + 1) * learn).sum()
+        return torch.stack([tokens, learn.sum(), first_committed.min(), after.min()]).to(self.no_outcome.dtype)
 
     def stats(self) -> dict:
         return {"budget": AUTO, "pass_ms": self.costs.as_ms()}

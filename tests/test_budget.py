@@ -259,6 +259,32 @@ def test_the_budget_follows_the_slowest_image(model):
     assert sizes[-1] == 1
 
 
+def test_a_choice_counts_its_passes_as_one_count_a_pass_would():
+    # WindowBudget keeps each pass's outcome until its next choice and counts them joined (ages of
+    # several widths padded): the same float counts, decays between choices included, as counting
+    # every pass when it ends.
+    costs = PassCosts((1, 2, 4, 8), (1.0, 1.1, 1.3, 1.8))
+    controller = WindowBudget(costs, costs.sizes, lambda s: s - 1, SurvivalCounts(8, "cpu"), (4, 4))
+    direct = SurvivalCounts(8, "cpu")
+    rng = torch.Generator().manual_seed(3)
+    for step in range(23):
+        if controller.passes % budget.CHOOSE_EVERY == 0 and step:
+            direct.forget()  # where the controller's choice reads and decays its counts
+        size = controller.size()
+        width = max(size - 1, 1)
+        available = torch.randint(0, width + 1, (3,), generator=rng)
+        accepted = torch.minimum(torch.randint(0, width + 1, (3,), generator=rng), available)
+        active = torch.tensor([True, step % 3 > 0, step < 20])
+        age = torch.randint(0, 12, (3, width), generator=rng)
+        committed = torch.tensor([4 + step, 2 * step, 3 * step])
+        controller.count(accepted, available, active, age, committed)
+        direct.count(accepted, available, active & (committed >= 4), age)
+    controller.settle()
+    counts = controller.counts
+    assert torch.equal(counts.reached, direct.reached) and torch.equal(counts.passed, direct.passed)
+    assert direct.reached.sum() > 0  # the check compared counts, not two empty tallies
+
+
 @pytest.mark.parametrize("name", ["sjd", "mc-sjd", "sjd-pac", "tree-mc-sjd"])
 @pytest.mark.parametrize("value", ["fast", 0, -2, 1.5, True, [4]])
 def test_bad_budget_is_one_sentence(model, name, value):

@@ -364,20 +364,26 @@ class WindowBudget:
         if not self.pending:
             return self.no_outcome
         first_committed, last = self.pending[0][4], self.pending[-1]
-        accepted, available, active, ages, committed = zip(*self.pending, strict=True)
+        accepted, available, active, age, committed = joined_passes(self.pending)
         self.pending.clear()
-        width = max(age.shape[1] for age in ages)
-        ages = [age if age.shape[1] == width else F.pad(age, (0, width - age.shape[1])) for age in ages]
-        accepted, available, active, committed = map(torch.cat, (accepted, available, active, committed))
-        # every pass's images one after another: the counts' sums add in the order pass by pass would
         learn = active & (committed >= self.width)
-        self.counts.count(accepted, available, learn, torch.cat(ages))
+        self.counts.count(accepted, available, learn, age)
         after = torch.where(last[2], last[4] + last[0] + 1, last[4]).clamp(max=self.num_tokens)
         tokens = ((accepted + 1) * learn).sum()
         return torch.stack([tokens, learn.sum(), first_committed.min(), after.min()]).to(self.no_outcome.dtype)
 
     def stats(self) -> dict:
         return {"budget": AUTO, "pass_ms": self.costs.as_ms()}
+
+
+def joined_passes(passes: list[tuple[Tensor, ...]]) -> list[Tensor]:
+    """Passes' outcomes, each a tuple of [N] tensors with a [N, G] age among them (4th), joined pass
+    after pass (ages padded with age 0 to the widest G: slots past `available`, never counted), so
+    that one `SurvivalCounts.count` adds in the order that one count a pass would."""
+    parts = list(zip(*passes, strict=True))
+    width = max(age.shape[1] for age in parts[3])
+    parts[3] = [age if age.shape[1] == width else F.pad(age, (0, width - age.shape[1])) for age in parts[3]]
+    return [torch.cat(part) for part in parts]
 
 
 class SizeCorrection:
@@ -420,7 +426,11 @@ class FrontBudget:
     def __init__(self, costs: PassCosts, sizes: tuple[int, ...], counts: SurvivalCounts, shapes: Callable):
         self.costs, self.sizes, self.counts, self.shapes = costs, sizes, counts, shapes
         self.correction = SizeCorrection(sizes)
-        self.interval = torch.zeros(2, device=counts.reached.device)  # an image's tokens, image-passes
+        # the passes since the last choice, counted at the next (as WindowBudget's): their drafts'
+        # outcomes, and each image's tokens a pass
+        self.pending: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+        self.image_tokens: list[Tensor] = []
+        self.no_progress = torch.zeros(2, device=counts.reached.device)
         self.current, self.passes, self.interval_passes = 0, 0, 0
 
     def size(self, count: Tensor) -> int:
@@ -434,11 +444,11 @@ class FrontBudget:
     def choose(self, count: Tensor) -> int:
         ages = len(self.counts.reached)
         shape = self.shapes(count, self.sizes)  # [C, 1 + D]: the most rows, then the mean fronts by drafts
-        host = torch.cat([self.counts.reached, self.counts.passed, self.interval, shape.flatten().float()]).tolist()
+        progress = self.settle()
+        host = torch.cat([self.counts.reached, self.counts.passed, progress, shape.flatten().float()]).tolist()
         reached, passed, (tokens, image_passes) = host[:ages], host[ages : 2 * ages], host[2 * ages : 2 * ages + 2]
         shapes = [host[2 * ages + 2 :][i * shape.shape[1] : (i + 1) * shape.shape[1]] for i in range(len(self.sizes))]
         self.counts.forget()
-        self.interval.zero_()
         passes, self.interval_passes = self.interval_passes, 0
         self.correction.observe(self.current, tokens / image_passes * passes if image_passes else 0.0, passes)
         rates = age_rates(reached, passed, PRIOR_ACCEPT, PRIOR_STRENGTH)
@@ -460,14 +470,25 @@ class FrontBudget:
     def count(self, accepted: Tensor, available: Tensor, learn: Tensor, age: Tensor, image_tokens: Tensor) -> None:
         """This pass's outcome: accepted, available, learn and age per front as SurvivalCounts.count (fronts
         in the first row, whose drafts have no row above, not learnt); image_tokens [B]: each image's
-        tokens this pass (0 for a finished image)."""
-        self.counts.count(accepted, available, learn, age)
+        tokens this pass (0 for a finished image). Kept until the next choice, as WindowBudget.count."""
+        self.pending.append((accepted, available, learn, age))
         self.progress(image_tokens)
 
     def progress(self, image_tokens: Tensor) -> None:
         """image_tokens [B]: each image's tokens this pass (0 for a finished image)."""
-        moving = image_tokens > 0
-        self.interval += torch.stack([image_tokens.sum(), moving.sum()]).to(self.interval.dtype)
+        self.image_tokens.append(image_tokens)
+
+    def settle(self) -> Tensor:
+        """Count the passes since the last choice -> [2]: their tokens and image-passes (images that
+        moved) over the batch."""
+        if self.pending:
+            self.counts.count(*joined_passes(self.pending))
+            self.pending.clear()
+        if not self.image_tokens:
+            return self.no_progress
+        tokens = torch.cat(self.image_tokens)
+        self.image_tokens.clear()
+        return torch.stack([tokens.sum(), (tokens > 0).sum()]).to(self.no_progress.dtype)
 
     def stats(self) -> dict:
         return {"budget": AUTO, "pass_ms": self.costs.as_ms()}

@@ -45,7 +45,9 @@ class DraftTree:
     on_main: Tensor  # [T] bool
     side_slot: Tensor  # [T] scratch index of a side node (-1 on the main path)
     main_depth: Tensor  # [T] depth of the deepest main-path node among the node and its ancestors
-    candidate: Tensor  # [T] column 1 + (d - 1) * K + rank of the node's candidate in [root ; candidates] (0: the root)
+    # [T] column of the node's token in [root ; candidate 0 of each main-path draft (M - 1) ; the K
+    # candidates of each branching position]: d for rank 0 at depth d, M + (d - 1) * K + rank else
+    candidate: Tensor
     main_child: Tensor  # [M] the rank-0 child of each main-path node (the last node: itself)
     main_has_child: Tensor  # [M] bool: all but the last
     main_second_row: Tensor  # [M] each main node's law row (TreeIndex) after its rank-0 child is rejected
@@ -95,7 +97,10 @@ class DraftTree:
         # the deepest ancestor-or-self on the main path: the true cache slots a node may see
         main_depth = torch.tensor([0] + [next((i for i, r in enumerate(p) if r), len(p)) for p in tree.paths])
         main_depth = torch.minimum(main_depth, tree.depth)
-        candidate = torch.tensor([0] + [1 + (len(p) - 1) * branch + p[-1] for p in tree.paths])
+        main_length = len(main)
+        candidate = torch.tensor(
+            [0] + [len(p) if p[-1] == 0 else main_length + (len(p) - 1) * branch + p[-1] for p in tree.paths]
+        )
         index = tree.verify_index()
         main_child = torch.cat([main[1:], main[-1:]])
         return cls(
@@ -349,8 +354,9 @@ def draft_tree(
     branch, num_branching = layout.branch, layout.depth - 1
     batch, device = state.committed.shape[0], state.committed.device
     first_tokens, first_q = proposer.propose(state, window)  # [B, M - 1], [B, M - 1, V]
-    candidates = first_tokens[..., None].expand(-1, -1, branch).clone()  # [B, M - 1, K]
-    laws = first_q[:, :, None].expand(-1, -1, branch, -1).clone()
+    root = state.tokens.gather(1, (state.committed - 1).clamp(min=0)[:, None])
+    # every node's candidate by its column (`DraftTree.candidate`); the root's law is unused
+    tokens, laws = [root, first_tokens], [first_q[:, :1], first_q]
     if branch > 1 and num_branching > 0:
         fixed = None
         if neighbours:
@@ -363,11 +369,9 @@ def draft_tree(
             uniforms.view(batch, num_branching, branch - 1),
             fixed,
         )
-        candidates[:, :num_branching], laws[:, :num_branching] = extra_tokens, extra_laws
-    root = state.tokens.gather(1, (state.committed - 1).clamp(min=0)[:, None])
-    node_tokens = torch.cat([root, candidates.flatten(1)], 1)[:, layout.candidate]
-    node_q = torch.cat([first_q[:, :1], laws.flatten(1, 2)], 1)[:, layout.candidate]  # the root's law is unused
-    return node_tokens, node_q
+        tokens.append(extra_tokens.flatten(1))  # [B, (D - 1) K]
+        laws.append(extra_laws.flatten(1, 2))
+    return torch.cat(tokens, 1)[:, layout.candidate], torch.cat(laws, 1)[:, layout.candidate]
 
 
 def tree_uniforms(layout: DraftTree) -> int:

@@ -15,6 +15,7 @@ from visar.accel.acceptance import (
     keyed_uniforms,
     lossless,
     maximal_coupling,
+    ranked_group,
     speculative_accept,
     speculative_residual,
 )
@@ -154,3 +155,23 @@ def test_resampling_rejections_from_target_is_detected():
     tokens, _ = speculative_draws(target, draft, 100, AcceptanceRule(speculative_accept, from_target))
     with pytest.raises(AssertionError, match="chi-square"):
         assert_law(tokens, target)
+
+
+@pytest.mark.parametrize("vocab, size", [(7, 3), (7, 13), (16, 14), (512, 14), (5, 2)])
+def test_ranked_group_is_the_stable_sort_neighbourhood(vocab, size):
+    # GSD's group: the ranks around the draft's in p sorted decreasing, ties by id (a stable sort),
+    # found without a sort; ties (zeros of top-k, repeated values) and ranks off either end included
+    gen = torch.Generator().manual_seed(vocab + size)
+    probs = torch.rand(40, vocab, generator=gen)
+    probs[probs < 0.3] = 0.0  # many tied zeros
+    probs[::3, : vocab // 2] = 0.125  # and tied positive values
+    probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-9)
+    index = torch.randint(vocab, (40, 1), generator=gen)
+    order = probs.sort(dim=-1, descending=True, stable=True).indices
+    index[0], index[1] = order[0, 0], order[1, -1]  # the first and the last rank
+    group, in_range = ranked_group(probs, index, size)
+    ranks = (order == index).int().argmax(-1, keepdim=True) + torch.arange(size) - size // 2
+    expected_in = (ranks >= 0) & (ranks < vocab)
+    assert torch.equal(in_range, expected_in)
+    assert torch.equal(group[in_range], order.gather(-1, ranks.clamp(0, vocab - 1))[expected_in])
+    assert (~expected_in).any() and expected_in.sum() > 40  # both ends of the ranks were exercised

@@ -7,6 +7,7 @@ from laws import LocalLlamaGen, tiny_llamagen
 
 from visar.accel import METHODS, Request, passes
 from visar.accel.sampling import SamplingParams, make_generators
+from visar.accel.stats import DRAFT_PASSES_AT_ONCE, DecodeLog
 
 DRAFTING = sorted(
     name for name, method in METHODS.items() if method.model_kind == "raster" and name not in ("ar", "auto")
@@ -37,3 +38,24 @@ def test_every_drafting_raster_method_runs_on_the_pass_loop(name, models, monkey
     _, stats = method.fn(request, **options)
     prefill = 1 if name == "lantern++" else 0  # its first token is sampled from the prefill, before the first tree
     assert calls and len(calls) == stats["forward_passes"] - prefill, (name, set(calls))
+
+
+def test_the_draft_tallies_count_every_pass_handed_over():
+    # DecodeLog keeps each pass's drafts and counts them many passes at a time (and at `stats`):
+    # the same tallies as counting each pass at once, across the batching boundary, shapes varying
+    log, gen = DecodeLog(2, (4, 4), 6, torch.device("cpu")), torch.Generator().manual_seed(0)
+    by_row, by_slot = torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 6, dtype=torch.long)
+    for step in range(DRAFT_PASSES_AT_ONCE * 2 + 5):
+        width = 1 + step % 5
+        index, slot = torch.randint(0, 16, (2, width), generator=gen), torch.randint(0, 6, (2, width), generator=gen)
+        tested, accepted = torch.rand(2, width, generator=gen) < 0.7, torch.rand(2, width, generator=gen) < 0.5
+        log.drafts(index, slot, tested, accepted)
+        by_row[0].scatter_add_(0, (index // 4).flatten(), tested.flatten().long())
+        by_row[1].scatter_add_(0, (index // 4).flatten(), (tested & accepted).flatten().long())
+        by_slot[0].scatter_add_(0, slot.flatten(), tested.flatten().long())
+        by_slot[1].scatter_add_(0, slot.flatten(), (tested & accepted).flatten().long())
+    stats = log.stats(forward_passes=1)
+    for kind, counts in (("row", by_row), ("slot", by_slot)):
+        assert stats[f"draft_tokens_by_{kind}"] == counts[0].tolist()
+        assert stats[f"accepted_tokens_by_{kind}"] == counts[1].tolist()
+    assert stats["draft_tokens"] == int(by_row[0].sum()) > 0

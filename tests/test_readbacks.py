@@ -103,3 +103,37 @@ def test_bench_reports_read_backs_per_pass():
     # ops per pass: the model's step and what the method dispatches around it (a Jacobi pass more than AR's)
     assert 0 < rows["ar"]["ops_per_pass"] < rows["sjd"]["ops_per_pass"]
     assert "| read-backs/pass | ops/pass | rows/pass chosen |" in markdown_table(report)
+
+
+def test_op_sites_charge_every_op_once_and_the_models_to_its_forward(model):
+    """tools/op_sites.py: the sites' counts add up to every op the counter sees, and the model is
+    charged exactly the ops dispatched inside its forward and its cache calls."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "op_sites.py"
+    spec = importlib.util.spec_from_file_location("op_sites", path)
+    op_sites = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(op_sites)
+    in_model, names = ReadBackCounter(), ["forward", "setup_cache", "truncate_cache"]
+    inner = {name: getattr(model, name) for name in names}
+
+    def counted(call):
+        def run(*args, **kwargs):
+            with in_model:  # nested: both modes see the model's ops
+                return call(*args, **kwargs)
+
+        return run
+
+    request = Request(model, torch.tensor([0, 1], device=model.device), SamplingParams(), make_generators(2, 4))
+    for name in names:
+        setattr(model, name, counted(inner[name]))
+    try:
+        with op_sites.OpSites() as sites, ReadBackCounter() as counter:
+            get_method("mc-sjd").fn(request, window=4)
+    finally:
+        for name in names:
+            delattr(model, name)
+    assert sum(sites.sites.values()) == counter.ops
+    assert sites.sites[op_sites.MODEL] == in_model.ops > 0
+    assert sites.sites["elsewhere"] == 0 and any(name.startswith("accel/jacobi.py:") for name in sites.sites)

@@ -33,5 +33,8 @@ def test_device_check_dry_run(tmp_path):
         assert row["compile_fell_back_to_eager"] is False
     ar = [r for r in report["bench"] if r["method"] == "ar"]
     assert all(r["pass_over_ar_pass"] == 1.0 and r["read_backs_per_pass"] < 0.5 for r in ar)
+    split = json.loads((out / "pass_split.json").read_text())  # the model's call against the rest of a pass
+    assert [r["method"] for r in split["rows"]] == ["ar", "mc-sjd"]
+    assert all(r["model_ms_per_pass"] > 0 and r["floor_over_ar"] > 0 for r in split["rows"])
     table = (out / "device_check.md").read_text()
     assert "| suite-bf16 | 0 |" in table and "| tiny | 0.04 | reduce-overhead | 1 | sjd |" in table

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# One prepared device check, for the rare minutes a GPU is lent (sized for <= 8 minutes on one H200):
+# One prepared device check, for the rare minutes a GPU is lent (sized for <= 8.5 minutes on one H200):
 #   1. the suite on the GPU: the device-threaded tests' quick tier in fp32 (VISAR_TEST_DEVICE=cuda),
 #      the conformance suite in bf16, and the exact-law claims with fewer draws;
 #   2. `visar bench` (tools/device_bench.py) on the embedded default and on GPT-B- and GPT-XL-size
 #      random-weight LlamaGen folders at batch 1, 8 and 32: eager first for every model, then
 #      compiled (reduce-overhead: CUDA graphs; torch.compile's default mode) for the smaller ones;
 #      ms per pass, window pass / AR pass, latency / AR, peak memory, read-backs per pass;
-#   3. OUT_DIR/device_check.json and OUT_DIR/device_check.md (plus each step's log).
+#   3. tools/pass_split.py on the embedded default (eager): each pass's model call against the rest,
+#      and each method's floor (OUT_DIR/pass_split.md and .json: whether the floors drop on a GPU);
+#   4. OUT_DIR/device_check.json and OUT_DIR/device_check.md (plus each step's log).
 # Every step has a time limit and the bench starts no cell past the deadline, so the check ends in
 # time and keeps what it measured. It needs only what the GPU machine has (PyTorch, Triton, pytest,
 # scipy, safetensors, tqdm, Pillow): visar runs from this checkout through PYTHONPATH, not installed.
@@ -35,7 +37,7 @@ START=$(date +%s)
 if [ $DRY -eq 1 ]; then
     DEVICE=cpu BUDGET=400 # generous: the dry run checks the steps, not their time, on a CPU others may share
 else
-    DEVICE=cuda BUDGET=450
+    DEVICE=cuda BUDGET=480
 fi
 DEADLINE=$((START + BUDGET))
 : >"$OUT/suite.jsonl"
@@ -84,6 +86,18 @@ run_bench() {
     echo "bench $*: rc $?"
 }
 
+# run_split DEADLINE_S ARGS ...: tools/pass_split.py, killed at its deadline
+run_split() {
+    local limit=$(($1 - $(date +%s)))
+    shift
+    if [ "$limit" -le 10 ]; then
+        echo "pass_split: not run, no time left"
+        return
+    fi
+    timeout "$limit" python3 tools/pass_split.py --json "$OUT/pass_split.json" "$@" >"$OUT/pass_split.md" 2>"$OUT/pass_split.log"
+    echo "pass_split: rc $?"
+}
+
 XDIST=()
 if [ $DRY -eq 0 ] && python3 -c "import xdist" 2>/dev/null; then XDIST=(-n 4); fi
 
@@ -97,6 +111,7 @@ if [ $DRY -eq 1 ]; then
     run_bench $(($(date +%s) + 60)) --model tiny --modes eager --batches 1,2 --methods sjd,mc-sjd,mc-sjd:auto,auto,zipar
     run_bench $(($(date +%s) + 60)) --model tiny --modes reduce-overhead --batches 1 --methods sjd \
         --compile-backend eager
+    run_split $(($(date +%s) + 60)) --model visar-tiny-random --methods mc-sjd --n 2
 else
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/nvidia-smi.txt" 2>&1
     run_tests suite-fp32 100 VISAR_TEST_DEVICE=cuda -- "${XDIST[@]}" -m "not slow" tests/test_device.py \
@@ -110,8 +125,9 @@ else
     run_bench $((START + 300)) --model default --modes eager --methods sjd,mc-sjd,mc-sjd:auto,tree-mc-sjd,tree-mc-sjd:auto,auto,zipar
     run_bench $((START + 300)) --model gpt-b --modes eager --methods sjd,mc-sjd,mc-sjd:auto,tree-mc-sjd:auto,auto
     run_bench $((START + 300)) --model gpt-xl --modes eager
-    run_bench $((START + 390)) --model default --modes reduce-overhead,default --methods sjd,mc-sjd,zipar
-    run_bench $((START + 430)) --model gpt-b --modes reduce-overhead --batches 1,8
+    run_split $((START + 330)) --model default --methods mc-sjd,tree-mc-sjd,auto --n 4
+    run_bench $((START + 420)) --model default --modes reduce-overhead,default --methods sjd,mc-sjd,zipar
+    run_bench $((START + 460)) --model gpt-b --modes reduce-overhead --batches 1,8
 fi
 
 META=$(python3 - "$DRY" "$START" <<'PY'

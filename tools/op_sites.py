@@ -7,9 +7,9 @@ python tools/op_sites.py --model visar-tiny-c2i --methods mc-sjd,tree-mc-sjd --n
 method (the bench's images: image i is condition i, seed i; batch 1; one untimed image first),
 every aten op (views included, as the bench counts them) is charged to the innermost frame of the
 call stack that lies in visar/accel (or visar/pipeline), named file:function, and ops dispatched
-inside the model (visar/models: its forward, and its KV cache's set-up and truncation) to "the model". Divided by the forward passes, a site's
-count is what it adds to every pass: on a GPU each is a kernel launch or a dispatch unless the
-pass is captured whole.
+inside the model (visar/models: its forward, and its KV cache's set-up and truncation) to "the
+model". Divided by the forward passes, a site's count is what it adds to every pass: on a GPU
+each is a kernel launch or a dispatch unless the pass is captured whole.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import json
 import sys
 from collections import Counter
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import visar

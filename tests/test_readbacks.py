@@ -105,9 +105,8 @@ def test_bench_reports_read_backs_per_pass():
     assert "| read-backs/pass | ops/pass | rows/pass chosen |" in markdown_table(report)
 
 
-def test_op_sites_charge_every_op_once_and_the_models_to_its_forward(model):
-    """tools/op_sites.py: the sites' counts add up to every op the counter sees, and the model is
-    charged exactly the ops dispatched inside its forward and its cache calls."""
+def load_op_sites():
+    """tools/op_sites.py as a module (tools/ is no package)."""
     import importlib.util
     from pathlib import Path
 
@@ -115,6 +114,34 @@ def test_op_sites_charge_every_op_once_and_the_models_to_its_forward(model):
     spec = importlib.util.spec_from_file_location("op_sites", path)
     op_sites = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(op_sites)
+    return op_sites
+
+
+@pytest.mark.parametrize("checkout", ["/home/me/visar", "/home/me/visar-main", "C:\\src\\visar"])
+def test_op_sites_names_a_site_from_inside_the_package_wherever_the_checkout_lies(checkout):
+    """A site is named from the package's folder on, also in a checkout folder called visar (what
+    `git clone` makes), where splitting the path at '/visar/' named it 'visar/accel/...'."""
+    op_sites = load_op_sites()
+    sep = "\\" if "\\" in checkout else "/"
+    package = checkout + sep + "visar"
+
+    def frame_in(relative: str, name: str):
+        code = compile(f"def {name}():\n    import sys\n    return sys._getframe()\n", package + sep + relative, "exec")
+        scope = {}
+        exec(code, scope)
+        return scope[name]()
+
+    assert op_sites.site(frame_in("accel/jacobi.py", "commit"), package) == "accel/jacobi.py:commit"
+    assert op_sites.site(frame_in("pipeline.py", "generate"), package) == "pipeline.py:generate"
+    assert op_sites.site(frame_in("models/llamagen.py", "forward"), package) == op_sites.MODEL
+    # the same files under another package root are not visar's
+    assert op_sites.site(frame_in("accel/jacobi.py", "commit"), checkout + sep + "other") == "elsewhere"
+
+
+def test_op_sites_charge_every_op_once_and_the_models_to_its_forward(model):
+    """tools/op_sites.py: the sites' counts add up to every op the counter sees, and the model is
+    charged exactly the ops dispatched inside its forward and its cache calls."""
+    op_sites = load_op_sites()
     in_model, names = ReadBackCounter(), ["forward", "setup_cache", "truncate_cache"]
     inner = {name: getattr(model, name) for name in names}
 

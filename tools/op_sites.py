@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 
@@ -25,6 +26,9 @@ import visar
 from visar.eval.bench import conditions, run_images
 
 MODEL = "the model"  # its forward and its KV cache's upkeep (visar/models)
+# The package's own folder, so that a site is named from inside it ("accel/jacobi.py:commit") wherever
+# the checkout lies, a folder that is itself called visar (what `git clone` makes) included.
+PACKAGE = os.path.dirname(os.path.abspath(visar.__file__))
 
 
 class OpSites(TorchDispatchMode):
@@ -39,13 +43,16 @@ class OpSites(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def site(frame) -> str:
+def site(frame, package: str = PACKAGE) -> str:
+    """The innermost frame's site in the package at `package`: the model, file:function, or elsewhere."""
+    root = package.replace("\\", "/").rstrip("/") + "/"
     while frame is not None:
         path = frame.f_code.co_filename.replace("\\", "/")
-        if "/visar/models/" in path:
+        inner = path[len(root) :] if path.startswith(root) else None
+        if inner is not None and inner.startswith("models/"):
             return MODEL
-        if "/visar/accel/" in path or path.endswith("/visar/pipeline.py"):
-            return f"{path.split('/visar/')[-1]}:{frame.f_code.co_name}"
+        if inner is not None and (inner.startswith("accel/") or inner == "pipeline.py"):
+            return f"{inner}:{frame.f_code.co_name}"
         frame = frame.f_back
     return "elsewhere"
 

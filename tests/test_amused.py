@@ -88,6 +88,7 @@ def test_decoded_images_match_the_pipeline(pipe, reference):
     assert torch.allclose(out.images.permute(0, 2, 3, 1), torch.from_numpy(expected), atol=1e-5)
 
 
+@pytest.mark.one_thread  # bits of a batch against each image alone
 def test_a_batch_is_each_image_alone_with_its_seed(pipe, reference):
     prompts = [PROMPT, "the blue dog"]
     out = pipe.generate(prompts=prompts, method="maskgit", steps=6, seed=10, output_type="tokens")

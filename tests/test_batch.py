@@ -24,6 +24,10 @@ import visar.eval.samples
 from visar.apps.cli import main
 from visar.eval.samples import decode_alone
 
+# every test compares files across batch sizes, resumes or world sizes byte for byte:
+# at one torch thread, where that holds (tests/conftest.py, one_torch_thread)
+pytestmark = pytest.mark.one_thread
+
 MODEL = ["--model", "visar-tiny-random"]
 
 
@@ -329,7 +333,7 @@ def run_module(*args, env=None) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},  # as this module's tests: one thread
     )
 
 
@@ -379,7 +383,11 @@ def test_two_gloo_processes_write_the_files_of_one(sjd_reference, tmp_path):
     out = tmp_path / "torchrun"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "visar"]
     result = subprocess.run(
-        [*command, *BATCH, "--batch-size", "2", "--out", str(out)], capture_output=True, text=True, timeout=600
+        [*command, *BATCH, "--batch-size", "2", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((out / "stats.json").read_text())["processes"] == 2

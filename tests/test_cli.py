@@ -97,6 +97,7 @@ def test_help_documents_every_generate_option():
         "--prompt",
         "--n",
         "--batch-size",
+        "--deterministic",
         "--out",
         "--device",
         "--dtype",

@@ -160,6 +160,7 @@ def test_generate_with_reference_and_accelerated_method(kind, tmp_path):
             assert image.mode == "RGB" and image.width == image.height >= 8
 
 
+@pytest.mark.one_thread  # a resumed run's files, byte for byte
 @pytest.mark.slow  # four runs per kind
 @pytest.mark.parametrize("which", ["reference", "accelerated"])
 def test_an_interrupted_generate_resumes_to_the_files_of_one_run(kind, which, tmp_path, monkeypatch, capsys):
@@ -221,6 +222,7 @@ def fid_args(model, method, out, options) -> list[str]:
     )
 
 
+@pytest.mark.one_thread  # a resumed run's files, byte for byte
 @pytest.mark.slow  # three runs per kind
 def test_an_interrupted_eval_fid_resumes_to_the_files_of_one_run(kind, tmp_path, monkeypatch, capsys):
     name, model, reference, fast, cheap, own = kind
@@ -265,6 +267,7 @@ def one_prompt(tmp_path) -> list[str]:
     return ["--metadata", str(path)]
 
 
+@pytest.mark.one_thread  # a resumed run's files, byte for byte
 @pytest.mark.slow
 @pytest.mark.parametrize("kind_name", [k for k, (model, *_) in sorted(KINDS.items()) if is_text(model)])
 def test_an_interrupted_eval_geneval_resumes_to_the_files_of_one_run(

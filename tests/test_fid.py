@@ -93,6 +93,7 @@ def test_labels_and_seeds_come_from_the_index(pipe, tmp_path):
     assert [(j.condition, j.seed) for j in shard] == [(1, 6), (0, 9), (3, 12)]  # g = 1, 4, 7
 
 
+@pytest.mark.one_thread  # shards' files, byte for byte
 def test_shards_give_the_same_files_as_one_run(pipe, tmp_path):
     one, split = tmp_path / "one", tmp_path / "split"
     evaluate_fid(one, pipe=pipe, n=8, seed=3, batch_size=8, progress=False)
@@ -115,6 +116,7 @@ def test_shards_give_the_same_files_as_one_run(pipe, tmp_path):
     np.testing.assert_array_equal(pack[6], out.images[0])
 
 
+@pytest.mark.one_thread  # a resumed run's files, byte for byte
 def test_interrupted_run_resumes_without_regenerating(pipe, tmp_path, monkeypatch):
     out = tmp_path / "run"
     evaluate_fid(out, pipe=pipe, n=8, shard=(0, 2), progress=False)  # the "interrupted" run: half the images

@@ -107,6 +107,7 @@ def test_invalid_metadata_lines_are_named(tmp_path, line, problem):
     assert main(["eval", "geneval", "--model", "visar-tiny-t2i", "--metadata", str(path), "--out", str(tmp_path)]) == 2
 
 
+@pytest.mark.one_thread  # a resumed run's files, byte for byte
 @pytest.mark.slow  # the whole command twice: generation and the detector's scoring
 def test_layout_seeds_resume_and_score(t2i, tmp_path, monkeypatch, capsys):
     meta = write_jsonl(tmp_path / "meta.jsonl", ONE_PER_TASK[:3])

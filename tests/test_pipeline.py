@@ -43,6 +43,7 @@ def test_generate_outputs(pipe):
     assert pipe.generate(class_labels=[0], output_type="tokens").images is None
 
 
+@pytest.mark.one_thread  # tokens of a batch against each image alone
 def test_greedy_is_deterministic_and_batch_invariant(pipe):
     alone = pipe.generate(class_labels=[7], top_k=1, output_type="tokens", seed=0).tokens
     again = pipe.generate(class_labels=[7], top_k=1, output_type="tokens", seed=9).tokens
@@ -50,6 +51,7 @@ def test_greedy_is_deterministic_and_batch_invariant(pipe):
     assert torch.equal(alone, again) and torch.equal(alone[0], batched[0])
 
 
+@pytest.mark.one_thread  # tokens of a batch against each image alone
 def test_sampled_image_does_not_change_when_others_join_its_batch(pipe):
     alone = pipe.generate(class_labels=[4], seed=11, output_type="tokens").tokens
     batched = pipe.generate(class_labels=[4, 9, 4], seed=11, output_type="tokens").tokens
@@ -147,6 +149,7 @@ def test_a_negative_caption_replaces_the_null_caption(t2i, negative):
     assert not greedy_under_guidance(t2i, default.tokens, T2I_PROMPTS, negatives, 3.0)
 
 
+@pytest.mark.one_thread  # generate's batch against the batch tool's
 @pytest.mark.slow  # whole CLI or eval runs: the quick tier keeps to 90 s
 def test_num_images_per_prompt_is_item_major_with_the_batch_tool_s_seeds(t2i):
     out = t2i.generate(prompts=T2I_PROMPTS, num_images_per_prompt=3, seed=4, output_type="tokens")

@@ -8,6 +8,7 @@ methods that do not refill as consecutive batches, and saves each image of a ref
 it is done, so an interrupted run keeps every finished image.
 """
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -32,6 +33,10 @@ from visar.accel.registry import Request
 from visar.accel.sampling import SamplingParams, make_generators
 from visar.errors import VisarError
 from visar.eval.samples import SampleJob, generate_missing
+
+# a running batch's images against their decodes alone, bit for bit:
+# at one torch thread, where that holds (tests/conftest.py, one_torch_thread)
+pytestmark = pytest.mark.one_thread
 
 GUIDED = SamplingParams(guidance_scale=2.0, temperature=1.1)
 
@@ -228,8 +233,12 @@ def test_bench_throughput_rows_and_command(pipe, tmp_path, capsys):
 
     out = tmp_path / "throughput.json"
     args = ["bench", "--model", "visar-tiny-random", "--methods", "sjd", "--throughput", "--batch-sizes", "2"]
-    assert cli.main([*args, "--images-per-slot", "1", "--json", str(out)]) == 0
-    assert "| sjd | 2 | yes |" in capsys.readouterr().out and out.exists()
+    assert cli.main([*args, "--images-per-slot", "1", "--json", str(out), "--deterministic"]) == 0
+    printed = capsys.readouterr().out
+    assert "| sjd | 2 | yes |" in printed and "| sjd | 2 | alone (deterministic) |" in printed
+    alone = [r for r in json.loads(out.read_text())["rows"] if r["alone"]]
+    assert [(r["method"], r["batch_size"]) for r in alone] == [("ar", 2), ("sjd", 2)]
+    assert all(r["passes_vs_alone"] == 1.0 and r["speed_vs_fixed"] > 0 for r in alone)  # it feeds no padding
     assert cli.main([*args, "--batch-sizes", "two"]) == 2
 
 

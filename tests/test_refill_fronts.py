@@ -20,6 +20,10 @@ from visar.accel.budget import pin_costs
 from visar.accel.sampling import SamplingParams, draw_uniforms, make_generators
 from visar.accel.zipar import engine
 
+# a running batch's images against their decodes alone, bit for bit:
+# at one torch thread, where that holds (tests/conftest.py, one_torch_thread)
+pytestmark = pytest.mark.one_thread
+
 PARAMS = SamplingParams(guidance_scale=2.0, top_k=20)
 LABELS = torch.tensor([0, 2, 1, 1, 0, 2])
 SEED = 40

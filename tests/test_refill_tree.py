@@ -15,7 +15,9 @@ from visar.accel import Request, get_method
 from visar.accel.sampling import SamplingParams, make_generators
 from visar.accel.scoring import GuidedScorer
 
-pytestmark = pytest.mark.usefixtures("private_neighbour_cache")
+# a running batch's images against their decodes alone, bit for bit:
+# at one torch thread, where that holds (tests/conftest.py, one_torch_thread)
+pytestmark = [pytest.mark.one_thread, pytest.mark.usefixtures("private_neighbour_cache")]
 
 
 @pytest.fixture(scope="module")

@@ -75,6 +75,7 @@ def model16():
     return tiny_llamagen(vocab=16, block_size=16, seed=3, std=0.3)
 
 
+@pytest.mark.one_thread  # tokens of a batch against each image alone
 @pytest.mark.parametrize("name", ["sjd-pac", "tree-mc-sjd"])
 def test_greedy_equals_plain_ar_and_batches_do_not_matter(model16, name):
     greedy = SamplingParams(top_k=1, guidance_scale=1.5)

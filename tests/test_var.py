@@ -440,6 +440,7 @@ def test_bench_measures_next_scale_methods_against_var(pair):
     assert rows["var-prune"]["layer_tokens"] == 12 and not rows["var-prune"]["lossless"]
 
 
+@pytest.mark.one_thread  # tokens of a batch against each image alone
 def test_batch_generation_decodes_each_next_scale_image_alone(pair, tmp_path):
     """`visar generate` / eval fid write one PNG per image: a next-scale batch's tokens (a list of maps
     per scale) are split per image, and each PNG is the image `generate` decodes for that seed."""

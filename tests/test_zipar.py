@@ -465,6 +465,7 @@ def test_carried_laws_are_kept_for_live_drafts_only(monkeypatch, coupling):
         assert 0 < held["noise"] <= stats["max_fronts"] * window < 64
 
 
+@pytest.mark.one_thread  # tokens of a batch against each image alone
 def test_jacobi_fronts_do_not_depend_on_the_batch():
     model = tiny_llamagen(vocab=32, block_size=36, seed=6, std=0.3)
     params = SAMPLED

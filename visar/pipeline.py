@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -275,6 +275,7 @@ class Pipeline:
         batch_size: int | None = None,
         on_image: Callable[[int, Any, dict], None] | None = None,
         kv_keep: float = 1.0,
+        deterministic: bool = False,
         **method_options,
     ) -> GenerationOutput:
         """Generate `num_images_per_prompt` images (default 1) per class label / prompt.
@@ -331,6 +332,12 @@ class Pipeline:
         (0, 1]; below 1 the cache keeps the condition, the last grid row and the pass whole and evicts
         the older image slots that drew the least attention (lossy: docs/SPEED.md has its distortion).
         1 (default): the whole cache, exact. A draft model's cache stays whole.
+        deterministic: decode each image alone (a batch of one; on CUDA under torch's deterministic
+        algorithms), so that its tokens are bit-identical whatever batch, refill, resume or number of
+        processes it is decoded in, on the same device and torch thread count. The law is exact
+        either way; without it an image's tokens are those of its decode alone in law, and in bits
+        only on a CPU at one torch thread (a multi-threaded BLAS or a GPU picks its reduction order
+        by batch shape). Costs the batching (docs/SPEED.md); on_image is called as each image is done.
         """
         if output_type not in ("pil", "pt", "np", "tokens"):
             raise VisarError(f"output_type must be 'pil', 'pt', 'np' or 'tokens', got {output_type!r}")
@@ -340,6 +347,8 @@ class Pipeline:
         decoding_method.check_model(self.model)
         params = self.sampling_params(guidance_scale, temperature, top_k, top_p)
         kv_keep = self.check_kv_keep(kv_keep)
+        if not isinstance(deterministic, (bool, np.bool_)):
+            raise VisarError(f"deterministic must be True or False, got {deterministic!r}")
         copies = check_images_per_item(num_images_per_prompt)
         cond, cond_mask = self.condition(class_labels, prompts, caption_embeds, caption_mask)
         num_items = cond.shape[0]
@@ -376,16 +385,21 @@ class Pipeline:
             kv_keep=kv_keep,
         )
         second = method_options.get(second_model)
+        running = slots is not None and decoding_method.refills and not deterministic
+        run = (decoding_method, request, negative, second, method_options)
         try:
-            if slots is not None and decoding_method.refills:
-                request = replace(request, slots=slots, on_image=self.image_callback(on_image))
-                tokens, stats = self.run_method(decoding_method, request, negative, second, method_options)
-            else:
-                tokens, stats = self.run_batches(decoding_method, request, negative, second, method_options, slots)
+            with deterministic_algorithms(self.device, deterministic):
+                if deterministic:  # one image a batch: every model call has the shapes of its decode alone
+                    tokens, stats = self.run_batches(*run, 1, self.image_done(on_image))
+                elif running:
+                    request = replace(request, slots=slots, on_image=self.image_callback(on_image))
+                    tokens, stats = self.run_method(decoding_method, request, negative, second, method_options)
+                else:
+                    tokens, stats = self.run_batches(*run, slots)
         except torch.OutOfMemoryError as err:
-            raise out_of_memory(err, slots or batch, method, self.device) from err
+            raise out_of_memory(err, 1 if deterministic else slots or batch, method, self.device) from err
         tokens, stats["commit_pass"] = output_maps(self.model, tokens, stats["commit_pass"])
-        if on_image is not None and not (slots is not None and decoding_method.refills):
+        if on_image is not None and not running and not deterministic:
             for index, (image_tokens, commit_pass) in enumerate(
                 zip(per_image(tokens), per_image(stats["commit_pass"]), strict=True)
             ):
@@ -393,6 +407,8 @@ class Pipeline:
                 on_image(index, image_tokens, info)
         lossless = decoding_method.is_lossless(method_options, self.model) and kv_keep == 1
         stats = {**stats, "method": method, "lossless": lossless, "batch_size": batch}
+        if deterministic:
+            stats["deterministic"] = True
         if kv_keep < 1:
             stats["kv_keep"] = kv_keep
         images = None
@@ -410,11 +426,13 @@ class Pipeline:
                     held.enter_context(model.negative_prompt(*negative))
             return decoding_method.fn(request, **method_options)
 
-    def run_batches(self, decoding_method, request: Request, negative, second, method_options: dict, size):
-        """The method on consecutive batches of at most `size` images (None: one batch), stats merged."""
+    def run_batches(self, decoding_method, request: Request, negative, second, method_options: dict, size, done=None):
+        """The method on consecutive batches of at most `size` images (None: one batch), stats merged;
+        done(start, tokens, stats), if given, after each batch (its first image's index, its output)."""
         batch = request.cond.shape[0]
-        if size is None or size >= batch:
+        if (size is None or size >= batch) and done is None:
             return self.run_method(decoding_method, request, negative, second, method_options)
+        size = size or batch
         parts = []
         for start in range(0, batch, size):
             part = slice(start, start + size)
@@ -422,7 +440,24 @@ class Pipeline:
             chunk = replace(request, cond=request.cond[part], cond_mask=cond_mask, generators=request.generators[part])
             chunk_negative = None if negative is None else tuple(x[part] for x in negative)
             parts.append(self.run_method(decoding_method, chunk, chunk_negative, second, method_options))
+            if done is not None:
+                done(start, *parts[-1])
         return concat_batches([tokens for tokens, _ in parts]), merge_batch_stats([stats for _, stats in parts])
+
+    def image_done(self, on_image):
+        """A batch of one image's (index, tokens, stats) -> on_image(index, its output tokens, info), as a
+        running batch hands an image over (None without on_image)."""
+        if on_image is None:
+            return None
+
+        def hand_over(index, tokens, stats):
+            tokens, commit_pass = output_maps(self.model, tokens, stats["commit_pass"])
+            info = {"forward_passes": stats["forward_passes_per_image"][0], "commit_pass": per_image(commit_pass)[0]}
+            if "auto" in stats:
+                info["auto"] = stats["auto"]
+            on_image(index, per_image(tokens)[0], info)
+
+        return hand_over
 
     def image_callback(self, on_image):
         """A running batch's (index, tokens [N], info with commit_pass [N]) -> on_image(index, the image's
@@ -516,6 +551,23 @@ class Pipeline:
 
 
 # -- checking what a caller passes ---------------------------------------------------------------------
+
+
+@contextmanager
+def deterministic_algorithms(device: torch.device, enabled: bool):
+    """torch's deterministic algorithms for a CUDA call made with deterministic=True (the same shapes then
+    give the same bits), restored after; cuBLAS's workspace is fixed first, as torch asks. A CPU's
+    kernels are deterministic for a given shape and thread count already."""
+    if not enabled or device.type != "cuda":
+        yield
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)  # an op without a deterministic kernel warns
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
 
 
 def integer_labels(class_labels) -> Tensor:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -398,6 +399,8 @@ def generate_share(
         g = by_path[job.path]
         return done.get(g, {}).get("file") == fixed[g]["file"] and is_complete_png(job.path)
 
+    if processes.rank == 0:  # this process's share; one line, --quiet or not
+        say_resuming(out, sum(map(is_done, mine)), len(mine), generate_kwargs.get("deterministic", False))
     partial = out / f".records-{processes.rank}-{os.getpid()}-{time.time_ns()}.jsonl"
     start = time.perf_counter()
     try:
@@ -426,6 +429,19 @@ def generate_share(
             partial.unlink()
     counts["wall_s"] = time.perf_counter() - start
     return counts
+
+
+def say_resuming(out: Path, done: int, share: int, deterministic: bool):
+    """One line when a run resumes: what is kept, and whether the rest are the bits of one run."""
+    if done == 0 or done == share:
+        return
+    bits = (
+        "bit-identical to an uninterrupted run (--deterministic)"
+        if deterministic
+        else "new draws of the same law: bit-identical to an uninterrupted run only on a CPU at one torch thread "
+        "(--deterministic: on any device and batch size)"
+    )
+    print(f"resuming {out}: {done} of {share} images kept; the other {share - done} are {bits}", file=sys.stderr)
 
 
 def write_records_and_stats(

@@ -9,6 +9,8 @@ seed i), after a warm-up of one batch. Columns:
   (B per pass of a batch of B: a finished image's slot counts until its batch ends, which a running
   batch avoids by refilling it); x alone: over the passes the same images take decoded alone (their
   own `forward_passes_per_image`, which a fixed budget keeps whatever the batch);
+- alone: rows with deterministic=True (`--deterministic`), each image decoded alone so that its bits
+  do not depend on the batch; x fixed batch prices that against batching;
 - peak MB: the most tensor memory the decode allocates above what was held before it (on CUDA the
   allocator's peak over the timed run; on CPU the tensors counted (`memory.TensorMemory`) in one more
   run, untimed, over 2B images, so that a running batch refills in it too).
@@ -38,9 +40,12 @@ def run_queue(pipe, name: str, conds: list, batch_size: int, refill: bool, optio
 
 
 def passes_fed(outs: list, refill: bool, batch_size: int) -> int:
-    """Rows fed over the run: B per pass of a running batch, each batch's passes times its images."""
+    """Rows fed over the run: B per pass of a running batch, each batch's passes times its images (each
+    image's own passes where it was decoded alone)."""
     if refill:
         return outs[0].stats["batch_passes"] * batch_size
+    if outs[0].stats.get("deterministic"):
+        return sum(p for o in outs for p in o.stats["forward_passes_per_image"])
     return sum(o.stats["forward_passes"] * len(o.stats["forward_passes_per_image"]) for o in outs)
 
 
@@ -58,6 +63,7 @@ def throughput_row(pipe, name: str, options: dict, conds: list, batch_size: int,
         "options": {k: v for k, v in options.items() if isinstance(v, (str, int, float, bool))},
         "batch_size": batch_size,
         "refill": refill,
+        "alone": bool(options.get("deterministic", False)),
         "kv_keep": options.get("kv_keep", 1.0),
         "images": len(conds),
         "images_per_s": len(conds) / wall,
@@ -76,10 +82,12 @@ def throughput(
     images_per_slot: int = 8,
     kv_keeps: tuple[float, ...] = (),
     method_options: dict[str, dict] | None = None,
+    deterministic: bool = False,
     progress: bool = True,
 ) -> dict:
     """The reference method and `methods` at each batch size: fixed batches, and for a method that
-    refills a running batch too; with each of `kv_keeps` (KV-cache compression) as rows of their own.
+    refills a running batch too; with each of `kv_keeps` (KV-cache compression) as rows of their own,
+    and (deterministic) each image decoded alone at each batch size above 1.
     Returns {"model", "settings", "rows"}."""
     method_options = method_options or {}
     if not batch_sizes or min(batch_sizes) < 1 or images_per_slot < 1:
@@ -97,6 +105,8 @@ def throughput(
                 refills = get_method(name).refills and size > 1 and name != reference
                 for refill in (False, True) if refills else (False,):
                     plan.append((name, options, size, refill))
+                if deterministic and size > 1:
+                    plan.append((name, {**options, "deterministic": True}, size, False))
     rows = []
     for name, options, size, refill in progress_bar(plan, enabled=progress, desc="throughput", leave=True):
         conds = conditions(pipe, max(images_per_slot * size, 2 * size))
@@ -108,6 +118,7 @@ def throughput(
             "batch_sizes": list(batch_sizes),
             "images_per_slot": images_per_slot,
             "kv_keeps": list(kv_keeps),
+            "deterministic": deterministic,
             "device": str(pipe.device),
             "dtype": str(pipe.dtype).removeprefix("torch."),
             "options": method_options,
@@ -123,13 +134,9 @@ def add_ratios(rows: list[dict]):
     the other row is missing."""
 
     def find(method, size, refill, keep):
+        key = (method, size, refill, False, keep)
         return next(
-            (
-                r
-                for r in rows
-                if (r["method"], r["batch_size"], r["refill"], r["kv_keep"]) == (method, size, refill, keep)
-            ),
-            None,
+            (r for r in rows if (r["method"], r["batch_size"], r["refill"], r["alone"], r["kv_keep"]) == key), None
         )
 
     reference = rows[0]["method"]
@@ -144,7 +151,7 @@ def add_ratios(rows: list[dict]):
 
 def throughput_table(report: dict) -> str:
     lines = [
-        "| method | batch | running batch | kv_keep | images/s | x fixed batch | passes fed / image | x alone "
+        "| method | batch | running batch / alone | kv_keep | images/s | x fixed batch | passes fed / image | x alone "
         "| peak MB | x AR's |",
         "|" + "---|" * 10,
     ]
@@ -154,7 +161,7 @@ def throughput_table(report: dict) -> str:
 
     for r in report["rows"]:
         lines.append(
-            f"| {r['method']} | {r['batch_size']} | {'yes' if r['refill'] else 'no'} | {r['kv_keep']:g} "
+            f"| {r['method']} | {r['batch_size']} | {decoding(r)} | {r['kv_keep']:g} "
             f"| {r['images_per_s']:.2f} | {fmt(r['speed_vs_fixed'], '.2f')} | {r['passes_fed_per_image']:.1f} "
             f"| {r['passes_vs_alone']:.2f} | {fmt(r['peak_mem_mb'], '.1f')} | {fmt(r['memory_vs_ar'], '.2f')} |"
         )
@@ -165,3 +172,10 @@ def throughput_table(report: dict) -> str:
         f"batch size, sampling {s['sampling']}",
     ]
     return "\n".join(lines)
+
+
+def decoding(row: dict) -> str:
+    """How a row's batch was decoded: a running batch, consecutive fixed batches, or each image alone."""
+    if row.get("alone"):
+        return "alone (deterministic)"
+    return "yes" if row["refill"] else "no"

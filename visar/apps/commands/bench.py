@@ -91,6 +91,12 @@ def add_parser(subparsers):
         help="with --throughput: comma-separated KV-cache fractions kept (e.g. 0.5,0.25), each a set of rows "
         "beside the full cache's",
     )
+    parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="with --throughput: also rows that decode each image alone (generate's deterministic=True: "
+        "the same bits at any batch size) at each batch size, beside the batched rows, to price it",
+    )
     parser.add_argument("--plot", default="bench-sweep.png", help="the sweep's PNG (default bench-sweep.png)")
     parser.add_argument("--json", help="write the report as JSON")
     parser.add_argument("--md", help="write the markdown table")
@@ -192,6 +198,7 @@ def run_throughput(args, pipe, methods: list[str], options: dict) -> int:
         images_per_slot=args.images_per_slot,
         kv_keeps=number_list(args.kv_keep, "--kv-keep", float),
         method_options=options,
+        deterministic=args.deterministic,
     )
     table = throughput_table(report)
     print(table)

@@ -117,6 +117,14 @@ def add_sampling_args(parser: argparse.ArgumentParser, default_method: str | Non
         "the condition and the last grid row are kept, older slots evicted by attention; default 1, exact)",
     )
     group.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="decode each image alone (on CUDA under torch's deterministic algorithms): its tokens are then "
+        "bit-identical at any --batch-size, on resume and under torchrun (same device and thread count); "
+        "without it they are the same law, and the same bits only on a CPU at one torch thread. Costs "
+        "the batching's throughput",
+    )
+    group.add_argument(
         "--opt",
         action="append",
         default=[],
@@ -153,6 +161,7 @@ def run_settings(pipe, args) -> dict:
         "sampling": {k: getattr(params, k) for k in ("guidance_scale", "temperature", "top_k", "top_p")},
         **negative_prompt_kwargs(args),  # only when given: runs without one keep their settings
         **kv_keep_kwargs(args),  # likewise
+        **deterministic_kwargs(args),  # likewise: a resume repeats it, so its files are the bits of one run
     }
 
 
@@ -166,6 +175,10 @@ def kv_keep_kwargs(args) -> dict:
     return {} if kv_keep is None else {"kv_keep": kv_keep}
 
 
+def deterministic_kwargs(args) -> dict:
+    return {"deterministic": True} if getattr(args, "deterministic", False) else {}
+
+
 def generate_kwargs(args) -> dict:
     return dict(
         guidance_scale=args.guidance_scale,
@@ -174,5 +187,6 @@ def generate_kwargs(args) -> dict:
         top_p=args.top_p,
         **negative_prompt_kwargs(args),
         **kv_keep_kwargs(args),
+        **deterministic_kwargs(args),
         **dict(parse_option(o) for o in args.opt),
     )

@@ -15,6 +15,7 @@ from .common import (
     add_negative_prompt_arg,
     add_sampling_args,
     check_negative_prompt,
+    deterministic_kwargs,
     generate_kwargs,
     kv_keep_kwargs,
     load_pipeline,
@@ -89,6 +90,7 @@ def run_shapes(args) -> int:
             top_k=args.top_k,
             top_p=args.top_p,
             **kv_keep_kwargs(args),
+            **deterministic_kwargs(args),
             **options,
         )
     if "accuracy" in record:

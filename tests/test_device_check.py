@@ -36,5 +36,8 @@ def test_device_check_dry_run(tmp_path):
     split = json.loads((out / "pass_split.json").read_text())  # the model's call against the rest of a pass
     assert [r["method"] for r in split["rows"]] == ["ar", "mc-sjd"]
     assert all(r["model_ms_per_pass"] > 0 and r["floor_over_ar"] > 0 for r in split["rows"])
+    deterministic = json.loads((out / "deterministic.json").read_text())  # bits across batches, with and without
+    assert [r["deterministic"] for r in deterministic["rows"]] == [False, True]
+    assert deterministic["rows"][1]["images_differing_from_alone"] == 0 and deterministic["rows"][1]["repeat_equal"]
     table = (out / "device_check.md").read_text()
     assert "| suite-bf16 | 0 |" in table and "| tiny | 0.04 | reduce-overhead | 1 | sjd |" in table

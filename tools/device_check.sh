@@ -6,6 +6,9 @@
 #      random-weight LlamaGen folders at batch 1, 8 and 32: eager first for every model, then
 #      compiled (reduce-overhead: CUDA graphs; torch.compile's default mode) for the smaller ones;
 #      ms per pass, window pass / AR pass, latency / AR, peak memory, read-backs per pass;
+#   2b. tools/deterministic_check.py on the GPT-B-size random folder: how many images of a batch of 8
+#      differ from their decodes alone with and without deterministic=True, and what it costs
+#      (OUT_DIR/deterministic.json);
 #   3. tools/pass_split.py on the embedded default (eager): each pass's model call against the rest,
 #      and each method's floor (OUT_DIR/pass_split.md and .json: whether the floors drop on a GPU);
 #   4. OUT_DIR/device_check.json and OUT_DIR/device_check.md (plus each step's log).
@@ -86,6 +89,21 @@ run_bench() {
     echo "bench $*: rc $?"
 }
 
+# run_deterministic SECONDS ARGS ...: tools/deterministic_check.py, killed at its limit
+run_deterministic() {
+    local limit=$1
+    shift
+    if [ "$(left)" -lt "$limit" ]; then limit=$(left); fi
+    if [ "$limit" -le 10 ]; then
+        echo "deterministic: not run, no time left"
+        return
+    fi
+    timeout "$limit" python3 tools/deterministic_check.py --device "$DEVICE" --json "$OUT/deterministic.json" "$@" \
+        >"$OUT/deterministic.log" 2>&1
+    echo "deterministic: rc $?"
+    cat "$OUT/deterministic.log"
+}
+
 # run_split DEADLINE_S ARGS ...: tools/pass_split.py, killed at its deadline
 run_split() {
     local limit=$(($1 - $(date +%s)))
@@ -112,6 +130,7 @@ if [ $DRY -eq 1 ]; then
     run_bench $(($(date +%s) + 60)) --model tiny --modes reduce-overhead --batches 1 --methods sjd \
         --compile-backend eager
     run_split $(($(date +%s) + 60)) --model visar-tiny-random --methods mc-sjd --n 2
+    run_deterministic 60 --model tiny --n 4 --batch-size 2
 else
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/nvidia-smi.txt" 2>&1
     run_tests suite-fp32 100 VISAR_TEST_DEVICE=cuda -- "${XDIST[@]}" -m "not slow" tests/test_device.py \
@@ -121,6 +140,7 @@ else
         tests/test_conformance.py
     run_tests exact-law 40 VISAR_TEST_DEVICE=cuda VISAR_TEST_LAW_SAMPLES=10000 -- "${XDIST[@]}" -m slow \
         tests/test_conformance.py -k exact_settings
+    run_deterministic 70 --model gpt-b --n 16 --batch-size 8
     # eager rows of every model first (cheap, and the ones that matter most), then the compiled modes
     run_bench $((START + 300)) --model default --modes eager --methods sjd,mc-sjd,mc-sjd:auto,tree-mc-sjd,tree-mc-sjd:auto,auto,zipar
     run_bench $((START + 300)) --model gpt-b --modes eager --methods sjd,mc-sjd,mc-sjd:auto,tree-mc-sjd:auto,auto

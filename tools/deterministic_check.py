@@ -70,17 +70,19 @@ def main():
     with tempfile.TemporaryDirectory() as root:
         source = random_folder(args.model, Path(root)) if args.model in ("tiny", "gpt-b") else args.model
         pipe = visar.load(source, device=args.device, dtype=args.dtype)
-        rows = [check(pipe, args.method, args.n, args.batch_size, d) for d in (False, True)]
-    report = {"model": args.model, "device": str(pipe.device), "dtype": str(pipe.dtype), "method": args.method}
-    report["rows"] = rows
-    for row in rows:
-        print(
-            f"{args.model} {args.method} on {pipe.device}, deterministic={row['deterministic']}: "
-            f"{row['images_differing_from_alone']} of {row['images']} images differ from their decodes alone, "
-            f"repeat equal {row['repeat_equal']}, {row['images_per_s']:.2f} images/s at batch {row['batch_size']}"
-        )
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        report = {"model": args.model, "device": str(pipe.device), "dtype": str(pipe.dtype), "method": args.method}
+        report["rows"] = []
+        for deterministic in (False, True):  # each row printed and written as soon as it is measured
+            row = check(pipe, args.method, args.n, args.batch_size, deterministic)
+            report["rows"].append(row)
+            print(
+                f"{args.model} {args.method} on {pipe.device}, deterministic={deterministic}: "
+                f"{row['images_differing_from_alone']} of {row['images']} images differ from their decodes alone, "
+                f"repeat equal {row['repeat_equal']}, {row['images_per_s']:.2f} images/s at batch {row['batch_size']}",
+                flush=True,
+            )
+            if args.json:
+                Path(args.json).write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -92,8 +92,15 @@ def sample_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:
     return draw_index(probs, to_device(uniforms, probs.device).unsqueeze(-1)).squeeze(-1)
 
 
-# A 0-d CPU tensor: an operand of any device's elementwise op, made once rather than once a draw
-MINUS_INFINITY = torch.tensor(-math.inf)
+# -inf as a 0-d tensor on each device, made once rather than once a draw: nextafter takes no CPU
+# scalar beside a CUDA tensor (unlike the arithmetic ops), so each device has its own.
+MINUS_INFINITY = {torch.device("cpu"): torch.tensor(-math.inf)}
+
+
+def minus_infinity(device: torch.device) -> Tensor:
+    if device not in MINUS_INFINITY:
+        MINUS_INFINITY[device] = torch.tensor(-math.inf, device=device)
+    return MINUS_INFINITY[device]
 
 
 def draw_index(probs: Tensor, uniforms: Tensor) -> Tensor:
@@ -103,7 +110,7 @@ def draw_index(probs: Tensor, uniforms: Tensor) -> Tensor:
     total = cdf[..., -1:]
     # Rounding can push u * total up to the total, past the last bin that adds mass: searching at
     # most the largest float below the total finds that bin (the first whose cumsum reaches it).
-    below_total = torch.nextafter(total, MINUS_INFINITY)
+    below_total = torch.nextafter(total, minus_infinity(total.device))
     return torch.searchsorted(cdf, torch.minimum(uniforms * total, below_total), right=True)
 
 

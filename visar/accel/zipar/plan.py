@@ -313,7 +313,8 @@ def valid_commits(
     # the first stop held (a rejected draft, not a slot whose context failed): it commits its output too;
     # a stop that holds is a valid slot not accepted
     stop_held = valid & ~accept & (plan.slot == good.gather(1, plan.row))
-    stop_holds = torch.zeros_like(count, dtype=torch.bool).scatter_reduce(1, plan.row, stop_held, reduce="amax")
+    # counted in count's integer dtype: CUDA has no bool scatter_reduce (a bool one ran on CPUs only)
+    stop_holds = torch.zeros_like(count).scatter_reduce(1, plan.row, stop_held.to(count.dtype), reduce="amax")
     commits = (good + stop_holds) * (plan.window_len > 0)
     return valid, commits, good
 

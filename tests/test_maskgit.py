@@ -136,7 +136,7 @@ def test_bad_options(method, options, message):
 
 def test_masked_methods_refuse_a_raster_model():
     pipe = visar.load("visar-tiny-random", device="cpu")
-    with pytest.raises(VisarError, match="method 'halton' decodes masked models; LlamaGen is a raster model"):
+    with pytest.raises(VisarError, match="method 'halton' decodes masked models; visar-tiny-random is a raster model"):
         pipe.generate(class_labels=[0], method="halton")
 
 

@@ -344,7 +344,7 @@ class Pipeline:
         method = self.resolve_method(method)
         decoding_method = get_method(method)
         decoding_method.check_options(method_options)
-        decoding_method.check_model(self.model)
+        decoding_method.check_model(self.model, self.name)
         params = self.sampling_params(guidance_scale, temperature, top_k, top_p)
         kv_keep = self.check_kv_keep(kv_keep)
         if not isinstance(deterministic, (bool, np.bool_)):

@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from torch import Tensor
 
+from . import cost_store
 from .ar import sample_tokens
 from .drafts import resolve_initialiser
 from .registry import Request, get_method, register_method
@@ -45,17 +46,25 @@ def auto(request: Request) -> tuple[Tensor, dict]:
     shape = choose_draft_shape(request, layouts, initialiser, neighbours)
     if shape is None:
         tokens, stats = sample_tokens(noting(request, auto="ar"))
-        return tokens, {**stats, "auto": "ar", "auto_reason": "ar: the pass costs could not be measured"}
+        why = "the pass costs could not be measured"
+        return tokens, {**stats, "auto": "ar", "auto_reason": why, "auto_costs": "no pass costs"}
     # an AR step's cost (chain size 0) was measured in the same rounds as the windows: a machine's
     # speed drifts, and ratios taken within one measurement hold
     gain = shape.rate * shape.chain(0)
     why = f"expected {gain:.2f}x AR's tokens per second from drafting (prior acceptance)"
     if gain <= 1 + AUTO_MARGIN:
         tokens, stats = sample_tokens(noting(request, auto="ar"))
-        return tokens, {**stats, "auto": "ar", "auto_reason": why}
+        return tokens, {**stats, "auto": "ar", "auto_reason": why, "auto_costs": costs_source(shape)}
     ran = "tree-mc-sjd" if shape.use_tree else "mc-sjd"
     tokens, stats = decode_draft_shape(noting(request, auto=ran), shape, layouts, initialiser, neighbours)
-    return tokens, {**stats, "auto": ran, "auto_reason": why}
+    return tokens, {**stats, "auto": ran, "auto_reason": why, "auto_costs": costs_source(shape)}
+
+
+def costs_source(shape) -> str:
+    """Where the pass costs behind the choice came from: this process's measurement, or the file kept on disk."""
+    if shape.chain.kept_on_disk:
+        return f"pass costs kept on disk ({cost_store.cache_root() / cost_store.FILE_NAME}; delete it to measure again)"
+    return "pass costs measured now (kept on disk for later runs)"
 
 
 def noting(request: Request, **note) -> Request:

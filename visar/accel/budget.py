@@ -81,6 +81,7 @@ class PassCosts:
 
     sizes: tuple[int, ...]
     seconds: tuple[float, ...]
+    kept_on_disk: bool = False  # read back from `cost_store` (an earlier process measured them)
 
     def __call__(self, size: int) -> float:
         """The cost of a pass of `size` rows: the measured size at or above it (passes pad up); past the
@@ -174,7 +175,7 @@ def measured_costs(
     stored = cost_store.entry_name(model, (*key, tuple(sizes)))  # the model's fingerprint read once
     kept = cost_store.load_costs(stored)
     if kept is not None:  # measured by an earlier process on this machine
-        cached[key] = PassCosts(tuple(kept[0]), tuple(kept[1]))
+        cached[key] = PassCosts(tuple(kept[0]), tuple(kept[1]), kept_on_disk=True)
         return cached[key]
     sizes = sorted(sizes)
     best = dict.fromkeys(sizes, float("inf"))

@@ -116,20 +116,22 @@ class Method:
             known = ", ".join(self.options) or "none"
             raise VisarError(f"unknown option(s) {unknown} for method {self.name!r}; its options: {known}")
 
-    def check_model(self, model):
-        """One clear error when the model is not of the kind this method decodes."""
+    def check_model(self, model, name: str | None = None):
+        """One clear error when the model is not of the kind this method decodes; `name`: what the user
+        called the model (the pipeline's name), else its class."""
+        name = name or type(model).__name__
         kind = model_kind(model)
         if kind != self.model_kind:
             what = f"a {kind} model" if kind else "a model of no declared kind (no model_kind)"
             raise VisarError(
-                f"method {self.name!r} decodes {self.model_kind} models; {type(model).__name__} is {what}: "
+                f"method {self.name!r} decodes {self.model_kind} models; {name} is {what}: "
                 f"see `visar methods` for the methods of each kind"
             )
-        missing = [name for name in self.requires if getattr(model, name, None) is None]
+        missing = [need for need in self.requires if getattr(model, need, None) is None]
         if missing:
             raise VisarError(
-                f"method {self.name!r} needs a model that declares {', '.join(missing)}; "
-                f"{type(model).__name__} does not (see `visar methods`)"
+                f"method {self.name!r} needs a model that declares {', '.join(missing)}; {name} does not "
+                "(see `visar methods`)"
             )
 
 

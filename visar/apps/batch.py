@@ -37,6 +37,7 @@ import torch
 from ..errors import VisarError
 from ..eval.samples import (
     SampleJob,
+    auto_choice,
     check_run_config,
     generate_missing,
     is_complete_png,
@@ -492,5 +493,7 @@ def run_stats(pipe, settings: dict, records: list[dict], counts: list[dict], bat
         "decode_s": sum(c["decode_s"] for c in counts),
         "wall_s": wall,
         "images_per_s": generated / wall if wall > 0 else 0.0,
+        # what auto ran this run and why (process 0's last call; every process chose from the same costs)
+        **next((auto_choice(c) for c in counts if "auto" in c), {}),
         "images": records,
     }

@@ -83,11 +83,17 @@ def write_atomic(path: Path, write) -> None:
 
 def write_error(err: OSError, out) -> VisarError:
     """A failed write (a full disk, a folder without write permission, a file where a folder should be)
-    -> one sentence saying what to do about that cause; the images finished so far stay and a rerun resumes."""
+    -> one sentence saying what to do about that cause; the images finished so far stay and a rerun resumes
+    (where none was written, the sentence says so: an --out that names a file has none to keep)."""
     where = err.filename or out
+    if Path(out).is_dir() and next(Path(out).rglob("*.png"), None) is not None:
+        return VisarError(
+            f"cannot write {where}: {err.strerror or err}. The images finished so far are kept: {write_remedy(err)}, "
+            "then rerun the same command to resume"
+        )
     return VisarError(
-        f"cannot write {where}: {err.strerror or err}. The images finished so far are kept: {write_remedy(err)}, "
-        "then rerun the same command to resume"
+        f"cannot write {where}: {err.strerror or err}. No image was written: {write_remedy(err)}, then run the "
+        "command again"
     )
 
 
@@ -187,6 +193,11 @@ def _batches(jobs: list[SampleJob], size: int) -> Iterator[list[SampleJob]]:
 QUEUE_BATCHES = 32
 
 
+def auto_choice(stats: dict) -> dict:
+    """What `auto` ran, why and from which pass costs ({} for another method): the last call's."""
+    return {key: stats[key] for key in ("auto", "auto_reason", "auto_costs") if key in stats}
+
+
 def generate_missing(
     pipe,
     jobs: list[SampleJob],
@@ -252,6 +263,7 @@ def generate_missing(
                 )
                 totals["forward_passes"] += out.stats["forward_passes"]
                 totals["latency_s"] += out.stats["latency_s"]
+                totals.update(auto_choice(out.stats))
                 image_passes += out.stats["forward_passes"] * min(batch_size, len(queue))  # slot-passes fed
         for chunk in _batches(missing, batch_size) if not refills else ():
             generators = [torch.Generator().manual_seed(job.seed) for job in chunk]
@@ -275,6 +287,7 @@ def generate_missing(
             totals["decode_s"] += time.perf_counter() - start
             totals["forward_passes"] += out.stats["forward_passes"]
             totals["latency_s"] += out.stats["latency_s"]
+            totals.update(auto_choice(out.stats))
             image_passes += out.stats["forward_passes"] * len(chunk)
             bar.update(len(chunk))
     stats = {"generated": len(missing), "reused": len(jobs) - len(missing), **totals}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...accel import reference_method
 from ...errors import VisarError
 from .common import add_model_args, compile_kwargs, load_pipeline, parse_option
 
@@ -110,6 +109,7 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
+    from ...accel import reference_method
     from ...eval.bench import bench, markdown_table, write_bench_report, write_report
 
     pipe = load_pipeline(args)

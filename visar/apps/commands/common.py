@@ -154,6 +154,8 @@ def run_settings(pipe, args) -> dict:
     """What of the command line decides a run's pixels besides model, method and seed (recorded for resuming):
     checkpoint files, method options and the resolved sampling settings (unset: the model's defaults)."""
     params = pipe.sampling_params(args.guidance_scale, args.temperature, args.top_k, args.top_p)
+    if getattr(args, "kv_keep", None) is not None:  # refused before a folder is made or a bar drawn
+        pipe.check_kv_keep(args.kv_keep)
     return {
         "checkpoint": args.checkpoint,
         "vq_checkpoint": args.vq_checkpoint,

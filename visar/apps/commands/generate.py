@@ -142,9 +142,12 @@ def run(args) -> int:
     finally:
         processes.close()
     if stats is not None:
+        ran = ""
+        if "auto" in stats:  # what auto ran, why, and whether it measured or read its pass costs
+            ran = f"; auto ran {stats['auto']}: {stats['auto_reason']}; {stats['auto_costs']}"
         print(
             f"{args.out}: {stats['n']} images ({stats['generated']} generated, {stats['reused']} already there), "
             f"images.jsonl and stats.json; {stats['forward_passes_per_image']:.1f} forward passes per image, "
-            f"{stats['tokens_per_forward']:.2f} tokens/forward, {stats['wall_s']:.1f} s"
+            f"{stats['tokens_per_forward']:.2f} tokens/forward, {stats['wall_s']:.1f} s{ran}"
         )
     return 0

@@ -30,6 +30,7 @@ import logging
 import math
 import threading
 import time
+from typing import NamedTuple
 
 import torch
 from PIL import Image, ImageDraw, ImageFont
@@ -326,24 +327,27 @@ def run_side(pipe, method: str, seed: int, condition: dict, sampling: dict, opti
     }
 
 
-def compare(
-    cache: ModelCache,
-    model_name,
-    class_value,
-    prompt,
-    negative_prompt,
-    method,
-    seed,
-    cfg,
-    temperature,
-    top_k,
-    top_p,
-    texts,
-):
+class PageInputs(NamedTuple):
+    """What the page sends for one comparison, in the order of its controls."""
+
+    model_name: str
+    class_value: str | None
+    prompt: str | None
+    negative_prompt: str | None
+    method: str
+    seed: float
+    cfg: float
+    temperature: float
+    top_k: float
+    top_p: float
+    texts: tuple  # the method's option fields, in `visar methods` order
+
+
+def compare(cache: ModelCache, *values):
     """AR and `method` on one seed -> (AR image, method image, summary markdown, heatmap, per-pass table, stats)."""
-    pipe, condition, sampling, options = prepared(
-        cache, model_name, class_value, prompt, negative_prompt, method, seed, cfg, temperature, top_k, top_p, texts
-    )
+    inputs = PageInputs(*values)
+    pipe, condition, sampling, options = prepared(cache, inputs)
+    method, seed = inputs.method, inputs.seed
     # the reference of the model's kind: plain AR for raster models, MaskGIT's loop for masked ones
     reference = reference_method(pipe.model)
     with cache.lock:
@@ -366,21 +370,9 @@ def compare(
     return upscale(ar["image"]), upscale(fast["image"]), summary_markdown(stats), heatmap, fast["commit_pass"], stats
 
 
-def prepared(
-    cache: ModelCache,
-    model_name,
-    class_value,
-    prompt,
-    negative_prompt,
-    method,
-    seed,
-    cfg,
-    temperature,
-    top_k,
-    top_p,
-    texts,
-):
+def prepared(cache: ModelCache, inputs: PageInputs):
     """The page's inputs checked, each bad one a VisarError -> (pipeline, condition, sampling, options)."""
+    model_name, class_value, prompt, negative_prompt, method, seed, cfg, temperature, top_k, top_p, texts = inputs
     pipe = cache.get(model_name)
     if method not in METHODS:
         raise VisarError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
@@ -562,7 +554,7 @@ def page_handlers(gr, cache: ModelCache) -> dict:
     def check_inputs(*values):
         """Before anything is cleared: a bad input is one toast, not an error on every output."""
         try:
-            prepared(cache, *values[:10], values[10:])
+            prepared(cache, PageInputs(*values[:10], values[10:]))
         except VisarError as err:
             raise gr.Error(str(err), print_exception=False) from None
 

@@ -4,7 +4,9 @@ Layout. Items (class ids / names or prompts) come from the command line or a fil
 global index, 0 <= g < total) has item g mod P and seed SEED + g, and draws from its own
 `torch.Generator` seeded so. Its file is OUT/[folder/]{g:05d}.png (`folder`: an optional
 per-item subfolder of a jsonl items file). An image therefore does not depend on the batch it
-is sampled in, nor on how many processes share the work, nor on earlier interruptions.
+is sampled in, nor on how many processes share the work, nor on earlier interruptions: in law
+always, in bits on a CPU at one torch thread or with deterministic=True (`--deterministic`: each
+image decoded alone), since a multi-threaded BLAS or a GPU rounds by the batch's shape.
 
 Files. Every PNG is written through a temporary file renamed into place (`eval.samples`);
 `settings.json` records what decides the pixels, and a rerun with other settings is refused (unless

@@ -21,8 +21,9 @@ OUT/images.jsonl (one record per image: index, file, class or prompt, seed, meth
 OUT/settings.json (what decides the pixels) and OUT/stats.json (this run's counts and timings).
 Image g has item g mod P of the P items and seed SEED + g, so a set does not depend on the batch
 size or the number of processes (image j of item i is Pipeline.generate's image j of item i under
-num_images_per_prompt, same seed). Rerunning the same command resumes: finished images are kept,
-the others generated; a rerun with other settings into the same folder is refused.
+num_images_per_prompt, same seed): in law always, in bits on a CPU at one torch thread or with
+--deterministic. Rerunning the same command resumes: finished images are kept, the others
+generated; a rerun with other settings into the same folder is refused.
 Many processes: torchrun --nproc_per_node K -m visar generate -n N ... (each takes the images g
 with g mod K = its rank; NCCL on GPUs, one per process, gloo on CPU)."""
 

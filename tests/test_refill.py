@@ -34,10 +34,6 @@ from visar.accel.sampling import SamplingParams, make_generators
 from visar.errors import VisarError
 from visar.eval.samples import SampleJob, generate_missing
 
-# a running batch's images against their decodes alone, bit for bit:
-# at one torch thread, where that holds (tests/conftest.py, one_torch_thread)
-pytestmark = pytest.mark.one_thread
-
 GUIDED = SamplingParams(guidance_scale=2.0, temperature=1.1)
 
 
@@ -67,6 +63,7 @@ def decode(model, labels, seeds, name, options, slots=None, tokenizer=None):
     return get_method(name).fn(request, **options)
 
 
+@pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit
 def test_every_image_of_a_running_batch_is_its_decode_alone(model16):
     """Seven images through 2 slots (five refills): each image's tokens, passes and commit passes equal
     those of its decode alone, for every chain method."""
@@ -85,6 +82,7 @@ def test_every_image_of_a_running_batch_is_its_decode_alone(model16):
         assert stats["forward_passes"] < sum(stats["forward_passes_per_image"])
 
 
+@pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit
 def test_each_image_is_handed_over_once_as_it_finishes(model16):
     """on_image sees every image once, with its final tokens and passes (the interrupted run below
     shows they come while others still decode)."""
@@ -141,6 +139,7 @@ def pipe():
     return tiny_pipeline("llamagen")
 
 
+@pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit
 def test_pipeline_batch_size_refills_or_runs_consecutive_batches(pipe):
     """A drafting method refills; ar's slots all free at once (consecutive batches); other kinds'
     methods decode consecutive batches in the pipeline. The same images either way."""
@@ -183,6 +182,7 @@ def test_bad_batch_sizes_are_one_sentence(pipe, batch_size, message):
         pipe.generate(class_labels=[0, 1, 2, 3, 1, 0], method="mc-sjd", batch_size=batch_size, output_type="tokens")
 
 
+@pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit
 def test_an_interrupted_refilling_run_keeps_its_finished_images_and_resumes_to_the_same_files(pipe, tmp_path):
     def jobs(folder):
         return [SampleJob(folder / f"{i:05d}.png", i % 4, 100 + i) for i in range(7)]
@@ -242,6 +242,7 @@ def test_bench_throughput_rows_and_command(pipe, tmp_path, capsys):
     assert cli.main([*args, "--batch-sizes", "two"]) == 2
 
 
+@pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit
 def test_a_running_batch_with_a_compressed_kv_cache_starts_each_image_afresh(model16):
     """kv_keep < 1 (lossy): a refilled slot's compressed cache (slot table, attention scores) starts
     empty for its new image: with one-slot windows (no padding, whose inputs would take cache room
@@ -260,6 +261,7 @@ def test_a_running_batch_with_a_compressed_kv_cache_starts_each_image_afresh(mod
     assert stats["refills"] == 3 and tokens.shape == (5, 16) and int(tokens.max()) < model16.vocab_size
 
 
+@pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit
 @pytest.mark.slow  # whole decodes of the 256-token text model, seven of them
 def test_auto_and_ar_run_a_running_batch_with_a_negative_prompt():
     """auto (here with AR chosen on a drafting-hostile budget, and drafting) and ar take a running batch,

@@ -20,10 +20,6 @@ from visar.accel.budget import pin_costs
 from visar.accel.sampling import SamplingParams, draw_uniforms, make_generators
 from visar.accel.zipar import engine
 
-# a running batch's images against their decodes alone, bit for bit:
-# at one torch thread, where that holds (tests/conftest.py, one_torch_thread)
-pytestmark = pytest.mark.one_thread
-
 PARAMS = SamplingParams(guidance_scale=2.0, top_k=20)
 LABELS = torch.tensor([0, 2, 1, 1, 0, 2])
 SEED = 40
@@ -60,6 +56,7 @@ def assert_as_alone(name: str, model, options: dict, tokens: torch.Tensor, stats
         ("zipar-tree", dict(s=1, window=3, branch=3, init="random")),
     ],
 )
+@pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit
 def test_each_image_of_a_running_batch_is_its_decode_alone(model, name, options):
     finished = []
     request = Request(
@@ -75,6 +72,7 @@ def test_each_image_of_a_running_batch_is_its_decode_alone(model, name, options)
         assert sum(stats["side_taken_per_image"]) > 0
 
 
+@pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit
 def test_an_auto_budget_refills(model, monkeypatch):
     """Under budget="auto" (its choices made every pass, from costs pinned so sizes switch) the budget's
     counts span the images that come and go: every image is finished, its first pass its own."""
@@ -91,6 +89,7 @@ def test_an_auto_budget_refills(model, monkeypatch):
     assert (commit_pass[:, 0] == 1).all() and commit_pass.amax(1).tolist() == stats["forward_passes_per_image"]
 
 
+@pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit
 def test_wavefront_refills_and_stays_raster():
     local = tiny_llamagen(vocab=32, block_size=36, seed=7, std=0.5, cls=LocalLlamaGen)
     reference, _ = ar.generate(Request(local, LABELS, PARAMS, make_generators(6, 2)))
@@ -99,6 +98,7 @@ def test_wavefront_refills_and_stays_raster():
     assert stats["forward_passes_per_image"] == [6 + 2 * 5] * 6
 
 
+@pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit
 def test_pipeline_batch_size_runs_zipar_tree_as_a_running_batch():
     pipe = tiny_pipeline("llamagen")
     labels, options = [0, 1, 2, 0, 1], dict(s=2, window=3, branch=3)

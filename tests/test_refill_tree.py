@@ -17,7 +17,7 @@ from visar.accel.scoring import GuidedScorer
 
 # a running batch's images against their decodes alone, bit for bit:
 # at one torch thread, where that holds (tests/conftest.py, one_torch_thread)
-pytestmark = [pytest.mark.one_thread, pytest.mark.usefixtures("private_neighbour_cache")]
+pytestmark = pytest.mark.usefixtures("private_neighbour_cache")
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,7 @@ def options_of(name: str, model) -> dict:
     return dict(window=8, branch=3, depth=2)
 
 
+@pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit
 @pytest.mark.parametrize("name", ["sjd-pac", "tree-mc-sjd", "lantern++"])
 def test_each_image_of_a_running_batch_decodes_as_it_would_alone(model16, name):
     params = SamplingParams(guidance_scale=2.0, top_k=8)
@@ -51,6 +52,7 @@ def test_each_image_of_a_running_batch_decodes_as_it_would_alone(model16, name):
         assert torch.equal(stats["commit_pass"][image], alone_stats["commit_pass"][0]), image
 
 
+@pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit
 def test_pipeline_batch_size_runs_the_tree_engine_as_a_running_batch(model16):
     """Through Pipeline.generate: image i seeded with seed + i, at any batch_size."""
     import visar

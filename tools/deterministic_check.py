@@ -28,25 +28,19 @@ from device_bench import random_folder  # noqa: E402
 
 import visar  # noqa: E402
 from visar.accel.timing import synchronized_clock  # noqa: E402
-from visar.eval.bench import conditions  # noqa: E402
-
-
-def decode(pipe, conds: list, method: str, seed: int, **options) -> torch.Tensor:
-    key = "class_labels" if pipe.is_class_conditional else "prompts"
-    if not pipe.is_class_conditional:
-        conds = [entry["prompt"] for entry in conds]
-    return pipe.generate(**{key: conds}, method=method, seed=seed, output_type="tokens", **options).tokens
+from visar.eval.bench import conditions, run_images  # noqa: E402
+from visar.eval.throughput import run_queue  # noqa: E402
 
 
 def check(pipe, method: str, n: int, batch_size: int, deterministic: bool) -> dict:
     conds = conditions(pipe, n)
     run = dict(deterministic=deterministic)
-    decode(pipe, conds[:batch_size], method, 0, batch_size=batch_size, **run)  # warm-up
+    run_queue(pipe, method, conds[:batch_size], batch_size, True, run)  # warm-up
     start = synchronized_clock(pipe.device)
-    batched = decode(pipe, conds, method, 0, batch_size=batch_size, **run)
+    batched = run_queue(pipe, method, conds, batch_size, True, run)[0].tokens  # image i: condition i, seed i
     seconds = synchronized_clock(pipe.device) - start
-    again = decode(pipe, conds, method, 0, batch_size=batch_size, **run)
-    alone = [decode(pipe, conds[i : i + 1], method, i, **run)[0] for i in range(n)]
+    again = run_queue(pipe, method, conds, batch_size, True, run)[0].tokens
+    alone = [out.tokens[0] for out in run_images(pipe, method, conds, 1, run, "tokens")]  # batches of one
     return {
         "deterministic": deterministic,
         "images": n,

@@ -400,11 +400,7 @@ class Pipeline:
             raise out_of_memory(err, 1 if deterministic else slots or batch, method, self.device) from err
         tokens, stats["commit_pass"] = output_maps(self.model, tokens, stats["commit_pass"])
         if on_image is not None and not running and not deterministic:
-            for index, (image_tokens, commit_pass) in enumerate(
-                zip(per_image(tokens), per_image(stats["commit_pass"]), strict=True)
-            ):
-                info = {"forward_passes": stats["forward_passes_per_image"][index], "commit_pass": commit_pass}
-                on_image(index, image_tokens, info)
+            hand_over_images(on_image, 0, tokens, stats)
         lossless = decoding_method.is_lossless(method_options, self.model) and kv_keep == 1
         stats = {**stats, "method": method, "lossless": lossless, "batch_size": batch}
         if deterministic:
@@ -452,10 +448,7 @@ class Pipeline:
 
         def hand_over(index, tokens, stats):
             tokens, commit_pass = output_maps(self.model, tokens, stats["commit_pass"])
-            info = {"forward_passes": stats["forward_passes_per_image"][0], "commit_pass": per_image(commit_pass)[0]}
-            if "auto" in stats:
-                info["auto"] = stats["auto"]
-            on_image(index, per_image(tokens)[0], info)
+            hand_over_images(on_image, index, tokens, {**stats, "commit_pass": commit_pass})
 
         return hand_over
 
@@ -551,6 +544,17 @@ class Pipeline:
 
 
 # -- checking what a caller passes ---------------------------------------------------------------------
+
+
+def hand_over_images(on_image, start: int, tokens, stats: dict):
+    """A batch's output tokens and stats (commit_pass in the output's shape) -> on_image(start + i, image
+    i's tokens, its {"forward_passes", "commit_pass"} and, under auto, what auto ran)."""
+    images = zip(per_image(tokens), per_image(stats["commit_pass"]), strict=True)
+    for i, (image_tokens, commit_pass) in enumerate(images):
+        info = {"forward_passes": stats["forward_passes_per_image"][i], "commit_pass": commit_pass}
+        if "auto" in stats:
+            info["auto"] = stats["auto"]
+        on_image(start + i, image_tokens, info)
 
 
 @contextmanager

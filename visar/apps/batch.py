@@ -398,12 +398,17 @@ def generate_share(
     done = read_records(out)
     by_path = {job.path: g for g, job in zip(range(processes.rank, total, processes.world), mine, strict=True)}
 
-    def is_done(job: SampleJob) -> bool:
+    def finished(job: SampleJob) -> bool:
         g = by_path[job.path]
         return done.get(g, {}).get("file") == fixed[g]["file"] and is_complete_png(job.path)
 
+    kept = {job.path for job in mine if finished(job)}  # each PNG checked once, for the line and the run
+
+    def is_done(job: SampleJob) -> bool:
+        return job.path in kept
+
     if processes.rank == 0:  # this process's share; one line, --quiet or not
-        say_resuming(out, sum(map(is_done, mine)), len(mine), generate_kwargs.get("deterministic", False))
+        say_resuming(out, len(kept), len(mine), generate_kwargs.get("deterministic", False))
     partial = out / f".records-{processes.rank}-{os.getpid()}-{time.time_ns()}.jsonl"
     start = time.perf_counter()
     try:

@@ -176,6 +176,6 @@ def throughput_table(report: dict) -> str:
 
 def decoding(row: dict) -> str:
     """How a row's batch was decoded: a running batch, consecutive fixed batches, or each image alone."""
-    if row.get("alone"):
+    if row["alone"]:
         return "alone (deterministic)"
     return "yes" if row["refill"] else "no"

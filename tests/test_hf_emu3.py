@@ -66,7 +66,7 @@ def test_loads_as_emu3_with_its_defaults(pipe, reference):
     # BOS, the prompt, then <|image start|>4*4<|image token|>, as Emu3's processor writes it
     words = tokenizer.convert_ids_to_tokens(ids[0][mask[0]])
     assert words == ["<|extra_203|>", "a", "red", "circle", "<|image start|>", "4", "*", "4", "<|image token|>"]
-    negative = tokenizer.convert_ids_to_tokens(pipe.model.negative_ids[pipe.model.negative_mask])
+    negative = tokenizer.convert_ids_to_tokens(pipe.model.null_ids[pipe.model.null_mask])
     assert negative[:2] == ["<|extra_203|>", "lowres"] and negative[-5:] == words[-5:]  # formatted for generation
     out = pipe.generate(prompts=PROMPTS, output_type="np", seed=0)
     assert out.images.shape == (2, 8, 8, 3)  # the tiny VQ upsamples its 4 x 4 latent once
@@ -119,7 +119,7 @@ def emu3_generate(reference, ids, mask, negative, guidance_scale, height=4, widt
 @pytest.mark.parametrize("guidance_scale", [1.0, 3.0])
 def test_greedy_equals_transformers(pipe, reference, emu3_folder, guidance_scale):
     ids, mask = pipe.text_encoder.encode(PROMPTS)
-    negative = pipe.model.negative_ids[pipe.model.negative_mask][None]
+    negative = pipe.model.null_ids[pipe.model.null_mask][None]
     expected = emu3_generate(reference, ids, mask, negative, guidance_scale)
     assert len(set(expected.flatten().tolist())) > 4  # random weights that do not collapse to one token
     greedy = dict(top_k=1, guidance_scale=guidance_scale, output_type="tokens")
@@ -357,7 +357,7 @@ def test_load_options_are_checked(emu3_folder, reference):
     wide = visar.load(emu3_folder, device="cpu", model_args={**OPTIONS, "image_area": 32 * 64, "ratio": "2:1"})
     assert wide.model.grid_size == (4, 8)  # Emu3's processor: sqrt(area / 2) x (1, 2) pixels, 8 per token
     ids, mask = wide.text_encoder.encode(PROMPTS)
-    negative = wide.model.negative_ids[wide.model.negative_mask][None]
+    negative = wide.model.null_ids[wide.model.null_mask][None]
     expected = emu3_generate(reference, ids, mask, negative, 3.0, height=4, width=8)
     for method in ("ar", "mc-sjd"):
         out = wide.generate(prompts=PROMPTS, method=method, top_k=1, output_type="tokens")

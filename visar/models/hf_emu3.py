@@ -9,13 +9,8 @@ What differs from a plain raster model, and where it is handled:
 - Visual tokens are a slice of the text vocabulary (`<|visual token000000|>`...): image tokens are
   embedded through `visual_ids` with the text embeddings, and logits are `lm_head` restricted to
   those rows, which is what Emu3's prefix constraint leaves of the vocabulary.
-- Each image row ends with an end-of-line token (`<|extra_200|>`), which the constraint forces. visar
-  numbers image tokens 0..H*W-1; in Emu3's sequence token (r, c) sits at r * (W + 1) + c after the
-  prompt and the end of row r at r * (W + 1) + W. So every input that is the last token of a row is
-  fed with its end-of-line token in the same call, and the end-of-line token's output is the
-  prediction of the next row's first token. The end-of-line keys live in extra cache slots, one per
-  row (and one per draft-tree scratch slot), visible to a query that sees the row's last token
-  (see `Emu3Layout`). No method sees any of this.
+- Each image row ends with an end-of-line token (`<|extra_200|>`), which the constraint forces:
+  `visar.models.row_ends` feeds it after each row's last token, as for Lumina-mGPT.
 - Positions start at 0 at each prompt's first real token (transformers counts positions from the
   attention mask), and the unconditional half is the negative prompt with its own padding
   (`null_condition` / `null_condition_mask`), as Emu3's guidance runs it: the load-time one, or the
@@ -25,11 +20,9 @@ What differs from a plain raster model, and where it is handled:
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .hf_raster import HFRasterAdapter
+from .row_ends import RowEndAdapter
 
 
 def split_vq(hf_model: nn.Module) -> nn.Module:
@@ -39,44 +32,7 @@ def split_vq(hf_model: nn.Module) -> nn.Module:
     return vq
 
 
-class Emu3Layout:
-    """Where visar's positions and cache slots sit in Emu3's sequence, which has a row end after every W tokens.
-
-    visar slot s < T + N holds the token at position s; slots from T + N on are scratch (draft trees).
-    The decoder's cache is [visar's S slots ; a row-end slot per row whose last token has a slot ;
-    one per scratch slot ; one trash slot], so the row end written after the last token of row r is
-    at S + r, and after a scratch slot s at S + rows + (s - T - N).
-    """
-
-    def __init__(self, num_cond: int, grid: tuple[int, int], num_slots: int, device):
-        self.num_cond, (self.height, self.width) = num_cond, grid
-        self.num_tokens = self.height * self.width
-        self.num_slots = num_slots
-        # the visar slot each row-end slot follows: the last token of each row that fits, then each scratch slot
-        row_ends = num_cond + torch.arange(self.height, device=device) * self.width + self.width - 1
-        self.rows = int((row_ends < num_slots).sum())
-        scratch = torch.arange(num_cond + self.num_tokens, max(num_slots, num_cond + self.num_tokens), device=device)
-        self.row_end_owner = torch.cat([row_ends[: self.rows], scratch])
-        self.trash = num_slots + len(self.row_end_owner)
-        self.decoder_slots = self.trash + 1
-
-    def sequence_position(self, pos: Tensor) -> Tensor:
-        """visar position -> Emu3 sequence position (over the padded prompt)."""
-        image = (pos - self.num_cond).clamp(min=0)
-        return pos + image // self.width
-
-    def ends_row(self, pos: Tensor) -> Tensor:
-        """Inputs at these positions are the last image token of a row (a row end follows)."""
-        return (pos >= self.num_cond) & ((pos - self.num_cond) % self.width == self.width - 1)
-
-    def row_end_slot(self, slot: Tensor) -> Tensor:
-        """The decoder slot of the row end that follows the token written at visar slot `slot`."""
-        image = self.num_slots + (slot - self.num_cond) // self.width
-        scratch = self.num_slots + self.rows + (slot - self.num_cond - self.num_tokens)
-        return torch.where(slot < self.num_cond + self.num_tokens, image, scratch)
-
-
-class HFEmu3(HFRasterAdapter):
+class HFEmu3(RowEndAdapter):
     """`Emu3ForConditionalGeneration` (its VQ removed) behind the `RasterModel` interface.
 
     grid_size: (H, W) of the generated image, as Emu3's processor computes it from the ratio and
@@ -93,159 +49,18 @@ class HFEmu3(HFRasterAdapter):
         negative_ids: Tensor,
         negative_mask: Tensor,
     ):
-        super().__init__(max_prompt_tokens)
-        self.hf = hf_model
-        self._grid_size = tuple(grid_size)
         mapping = hf_model.model.vocabulary_mapping
-        visual_ids = mapping.img2bpe_mapping_tensor.long()  # visual code k -> its text-vocabulary id
-        self.register_buffer("visual_ids", visual_ids, persistent=False)
-        self.register_buffer("negative_ids", negative_ids.long().reshape(1, -1), persistent=False)
-        self.register_buffer("negative_mask", negative_mask.bool().reshape(1, -1), persistent=False)
-        self.eol_token_id = mapping.eol_token_id
-        first = int(visual_ids[0])
-        # Real checkpoints number visual tokens contiguously: the head is then a view, not a copy.
-        self.visual_rows = (
-            slice(first, first + len(visual_ids))
-            if torch.equal(visual_ids, torch.arange(first, first + len(visual_ids)))
-            else visual_ids
+        super().__init__(
+            hf_model.lm_head,
+            max_prompt_tokens=max_prompt_tokens,
+            grid_size=grid_size,
+            visual_ids=mapping.img2bpe_mapping_tensor,  # visual code k -> its text-vocabulary id
+            eol_token_id=mapping.eol_token_id,
+            null_ids=negative_ids,
+            null_mask=negative_mask,
         )
-        self.layout: Emu3Layout | None = None
-        self.row_end_at: Tensor | None = None  # [B, S]: the token at visar slot s has a row end after it
-        self.prompt_start: Tensor | None = None  # [B]: padding before each prompt (positions start there)
+        self.hf = hf_model
 
     @property
     def decoder(self) -> nn.Module:
         return self.hf.model.text_model
-
-    @property
-    def grid_size(self) -> tuple[int, int]:
-        return self._grid_size
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.visual_ids)
-
-    def default_null_condition(self, cond: Tensor) -> Tensor:
-        """Emu3's unconditional prompt: the load-time negative prompt, for every sample."""
-        return self.negative_ids.to(cond.device).expand(cond.shape[0], -1)
-
-    def default_null_condition_mask(self, cond_mask: Tensor | None) -> Tensor:
-        """The negative prompt's own padding ([B, T], or [1, T] without a cond_mask to match)."""
-        return self.negative_mask.expand(1 if cond_mask is None else cond_mask.shape[0], -1)
-
-    def embed_condition(self, cond: Tensor) -> Tensor:
-        return self.decoder.embed_tokens(cond)
-
-    def embed_image_tokens(self, tokens: Tensor) -> Tensor:
-        return self.decoder.embed_tokens(self.visual_ids[tokens])
-
-    def image_logits(self, hidden: Tensor) -> Tensor:
-        return F.linear(hidden, self.hf.lm_head.weight[self.visual_rows])
-
-    # -- the cache: visar's slots, then row ends -----------------------------------------------
-    def setup_cache(
-        self, batch_size: int, max_seq_len: int | None = None, cond_mask: Tensor | None = None, kv_keep: float = 1.0
-    ):
-        max_seq_len = max_seq_len or self.max_seq_len
-        self.layout = Emu3Layout(self.num_condition_tokens, self.grid_size, max_seq_len, self.device)
-        super().setup_cache(batch_size, max_seq_len, cond_mask, kv_keep)
-        self.row_end_at = torch.zeros(batch_size, max_seq_len, dtype=torch.bool, device=self.device)
-        self.prompt_start = self.padding_before_prompt(cond_mask, batch_size)
-
-    def decoder_slots(self, max_seq_len: int) -> int:
-        return self.layout.decoder_slots
-
-    def clear_cache(self):
-        super().clear_cache()
-        self.layout = self.row_end_at = self.prompt_start = None
-
-    @torch.no_grad()
-    def reset_cache_rows(self, rows: Tensor, cond_mask: Tensor | None = None):
-        super().reset_cache_rows(rows, cond_mask)
-        self.row_end_at[rows] = False
-        self.prompt_start[rows] = self.padding_before_prompt(cond_mask, len(rows))
-
-    def padding_before_prompt(self, cond_mask: Tensor | None, batch_size: int) -> Tensor:
-        if cond_mask is None:
-            return torch.zeros(batch_size, dtype=torch.long, device=self.device)
-        return (~cond_mask.bool()).sum(1).to(self.device)
-
-    def forward(
-        self,
-        tokens: Tensor | None = None,
-        cond: Tensor | None = None,
-        *,
-        input_pos: Tensor | None = None,
-        mask: Tensor | None = None,
-        cond_mask: Tensor | None = None,
-        cache_pos: Tensor | None = None,
-        rows: Tensor | None = None,
-    ) -> Tensor:
-        """As `HFRasterAdapter.forward`; every input that ends a row is fed with its row end, whose
-        output is returned in its place. Without a cache (teacher forcing) a cache lives for the call."""
-        self.check_call_rows(rows)
-        if self.cache is None:
-            return self.forward_without_cache(tokens, cond, input_pos, mask, cond_mask)
-        hidden = self.embed_inputs(tokens, cond)
-        input_pos, slots, visible = self.visible_keys(hidden, cond is not None, input_pos, mask, None, cache_pos, rows)
-        layout = self.layout
-        batch, length, _ = hidden.shape
-        ends = layout.ends_row(input_pos)  # [B, L]
-        if rows is None:
-            self.row_end_at.scatter_(1, slots, ends)
-            row_end_at, prompt_start = self.row_end_at, self.prompt_start
-        else:  # the call's rows, copied out and written back
-            row_end_at = self.row_end_at[rows].scatter_(1, slots, ends)
-            self.row_end_at[rows] = row_end_at
-            prompt_start = self.prompt_start[rows]
-        # Row ends are appended after the L inputs, E of them per sample (the most any sample has);
-        # a sample with fewer pads with row ends that write to the trash slot and see only it.
-        count = int(ends.sum(1).max())
-        end_index = torch.argsort((~ends).to(torch.int8), dim=1, stable=True)[:, :count]  # [B, E]
-        end_real = ends.gather(1, end_index)
-        end_slots = torch.where(end_real, layout.row_end_slot(slots.gather(1, end_index)), layout.trash)
-
-        # visibility over the decoder's slots: visar's, then row ends (seen with the token they follow)
-        owner = layout.row_end_owner
-        sees_end = visible[..., owner] & row_end_at[:, None, owner] & (owner[None, None, :] != slots[..., None])
-        trash = torch.zeros(batch, length, 1, dtype=torch.bool, device=hidden.device)
-        token_rows = torch.cat([visible, sees_end, trash], dim=2)  # [B, L, S_dec]
-        end_rows = token_rows.gather(1, end_index[..., None].expand(-1, -1, token_rows.shape[2])).clone()
-        end_rows.scatter_(2, end_slots[..., None], True)  # a row end sees itself
-        own_slot = end_slots[..., None] == torch.arange(layout.decoder_slots, device=hidden.device)
-        end_rows &= end_real[..., None] | own_slot  # a padding row end sees only the trash slot
-
-        positions = layout.sequence_position(input_pos) - prompt_start[:, None]
-        end_positions = positions.gather(1, end_index) + 1
-        eol = self.decoder.embed_tokens(torch.full((batch, count), self.eol_token_id, device=hidden.device))
-        out = self.run_decoder(
-            torch.cat([hidden, eol], dim=1),
-            torch.cat([positions, end_positions], dim=1).clamp(min=0),
-            torch.cat([slots, end_slots], dim=1),
-            torch.cat([token_rows, end_rows], dim=1),
-            rows,
-        )
-        # the output for an input that ends a row is its row end's
-        pick = torch.arange(length, device=hidden.device).expand(batch, -1).clone()
-        appended = length + torch.arange(count, device=hidden.device)
-        pick.scatter_(1, end_index, torch.where(end_real, appended, end_index))
-        return self.image_logits(out.gather(1, pick[..., None].expand(-1, -1, out.shape[2]))).float()
-
-    def forward_without_cache(self, tokens, cond, input_pos, mask, cond_mask) -> Tensor:
-        """Teacher forcing: a cache for this call only, each input written at its own position."""
-        batch = (tokens if tokens is not None else cond).shape[0]
-        length = (0 if cond is None else cond.shape[1]) + (0 if tokens is None else tokens.shape[1])
-        if input_pos is None:
-            start = 0 if cond is not None else self.num_condition_tokens
-            input_pos = torch.arange(start, start + length, device=self.device)
-        input_pos = input_pos[None].expand(batch, -1) if input_pos.dim() == 1 else input_pos
-        slots = int(input_pos.max()) + 1
-        if mask is not None:  # over the inputs -> over the slots they are written to
-            mask = torch.zeros(batch, length, slots, dtype=torch.bool, device=self.device).scatter(
-                2, input_pos[:, None, :].expand(-1, length, -1), mask
-            )
-        self.setup_cache(batch, slots, cond_mask)
-        try:
-            return self.forward(tokens, cond, input_pos=input_pos, mask=mask)
-        finally:
-            self.clear_cache()

@@ -54,16 +54,17 @@ class SamplingParams:
         return self.guidance_scale != 1.0
 
 
-def cfg_mix(cond_logits: Tensor, uncond_logits: Tensor, scale: float) -> Tensor:
+def cfg_mix(cond_logits: Tensor, uncond_logits: Tensor, scale: float | Tensor) -> Tensor:
     return uncond_logits + (cond_logits - uncond_logits) * scale
 
 
-def split_cfg(logits: Tensor, params: SamplingParams) -> Tensor:
-    """Logits of a batch laid out [cond ; uncond] (when CFG is on) -> guided logits of the cond half."""
+def split_cfg(logits: Tensor, params: SamplingParams, scale: Tensor | None = None) -> Tensor:
+    """Logits of a batch laid out [cond ; uncond] (when CFG is on) -> guided logits of the cond half;
+    scale: the guidance scale of each output ([B or 1, L, 1], a model's own schedule), else the params'."""
     if not params.uses_cfg:
         return logits
     cond, uncond = logits.chunk(2, dim=0)
-    return cfg_mix(cond, uncond, params.guidance_scale)
+    return cfg_mix(cond, uncond, params.guidance_scale if scale is None else scale)
 
 
 def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:

@@ -61,7 +61,10 @@ class HFPromptEncoder:
     def tokenize(self, texts: list[str], call_kwargs: dict, what: str) -> tuple[Tensor, Tensor]:
         """Formatted texts -> ids and mask [B, T], left-padded to T = max_tokens, through the processor."""
         batch = self.processor(text=texts, padding="longest", padding_side="left", return_tensors="pt", **call_kwargs)
-        ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+        return self.fit(batch["input_ids"], batch["attention_mask"].bool(), what)
+
+    def fit(self, ids: Tensor, mask: Tensor, what: str) -> tuple[Tensor, Tensor]:
+        """Left-padded ids and validity mask [B, L] -> [B, T], T = max_tokens (one sentence if a prompt is longer)."""
         lengths = mask.sum(1)
         if int(lengths.max()) > self.max_tokens:
             raise VisarError(

@@ -78,6 +78,10 @@ class RasterModel(Protocol):
       while the other rows keep decoding.
     A method never reads the cache or any attribute outside this interface; the cache holds what
     was written at a slot until `truncate_cache` or `reset_cache_rows` forgets it.
+
+    Optional: `guidance_schedule` (None, or a callable (scale, image_index [...]) -> the guidance
+    scale [...] of those image tokens) when the model's own sampler varies the scale along the
+    image (Lumina-mGPT 2.0); the guided scorer mixes each output with its token's scale.
     """
 
     model_kind: ClassVar[str]  # "raster"

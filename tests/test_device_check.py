@@ -22,7 +22,7 @@ def test_device_check_dry_run(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads((out / "device_check.json").read_text())
     assert report["dry_run"] is True
-    assert [t["name"] for t in report["suite"]] == ["suite-fp32", "suite-bf16", "exact-law"]
+    assert [t["name"] for t in report["suite"]] == ["suite-fp32", "suite-bf16", "exact-law", "lumina-bf16"]
     assert all(t["rc"] == 0 and "passed" in t["summary"] for t in report["suite"]), report["suite"]
     cells = {(r["mode"], r["batch"], r["method"]) for r in report["bench"] if "method" in r}
     methods = ("ar", "sjd", "mc-sjd", "mc-sjd, budget auto", "auto", "zipar")  # rows named by their budget

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One prepared device check, for the rare minutes a GPU is lent (sized for <= 8.5 minutes on one H200):
 #   1. the suite on the GPU: the device-threaded tests' quick tier in fp32 (VISAR_TEST_DEVICE=cuda),
-#      the conformance suite in bf16, and the exact-law claims with fewer draws;
+#      the conformance suite in bf16, and the exact-law claims with fewer draws; every raster method on
+#      tiny random Lumina-mGPT 1.0 and 2.0 models in bf16 (lumina-bf16);
 #   2. `visar bench` (tools/device_bench.py) on the embedded default and on GPT-B- and GPT-XL-size
 #      random-weight LlamaGen folders at batch 1, 8 and 32: eager first for every model, then
 #      compiled (reduce-overhead: CUDA graphs; torch.compile's default mode) for the smaller ones;
@@ -126,6 +127,8 @@ if [ $DRY -eq 1 ]; then
         -k "test_method_on_every_family and llamagen and mc-sjd"
     run_tests exact-law 120 VISAR_TEST_DEVICE=cpu VISAR_TEST_LAW_SAMPLES=2000 -- -m slow tests/test_conformance.py \
         -k "exact_settings and gsd"
+    run_tests lumina-bf16 120 VISAR_TEST_DEVICE=cpu VISAR_TEST_DTYPES=bf16 -- tests/test_conformance.py \
+        -k "test_method_on_every_family and lumina and mc-sjd"
     run_bench $(($(date +%s) + 60)) --model tiny --modes eager --batches 1,2 --methods sjd,mc-sjd,mc-sjd:auto,auto,zipar
     run_bench $(($(date +%s) + 60)) --model tiny --modes reduce-overhead --batches 1 --methods sjd \
         --compile-backend eager
@@ -140,6 +143,9 @@ else
         tests/test_conformance.py
     run_tests exact-law 40 VISAR_TEST_DEVICE=cuda VISAR_TEST_LAW_SAMPLES=10000 -- "${XDIST[@]}" -m slow \
         tests/test_conformance.py -k exact_settings
+    # Lumina-mGPT 1.0 and 2.0 (tiny random weights, bf16): every raster method on both versions
+    run_tests lumina-bf16 30 VISAR_TEST_DEVICE=cuda VISAR_TEST_DTYPES=bf16 -- "${XDIST[@]}" -m "not slow" \
+        tests/test_conformance.py -k lumina
     run_deterministic 70 --model gpt-b --n 16 --batch-size 8
     # eager rows of every model first (cheap, and the ones that matter most), then the compiled modes
     run_bench $((START + 300)) --model default --modes eager --methods sjd,mc-sjd,mc-sjd:auto,tree-mc-sjd,tree-mc-sjd:auto,auto,zipar

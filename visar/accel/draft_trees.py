@@ -11,10 +11,10 @@ trees") has the iteration and why each candidate is drawn from the law it is ver
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, fields, replace
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import VisarError
@@ -22,7 +22,7 @@ from . import tree_verify
 from .checks import check_number
 from .drafts import DecodeState
 from .proposers import DRAFT, NUM_PURPOSES, JacobiProposer, Window
-from .sampling import UniformStream, draw_index, sample_from_probs
+from .sampling import UniformStream, sample_from_probs
 from .scoring import GuidedScorer
 from .tree import CacheSlots, StaticTree
 from .tree_verify import TreeIndex
@@ -162,79 +162,77 @@ def neighbour_table(length: int, width: int, names: tuple[str, ...], device) -> 
 
 
 def without_replacement(
-    base: Tensor, first: Tensor, branch: int, uniforms: Tensor, fixed: Tensor | None = None
+    base: Tensor, first: Tensor, branch: int, noise: Tensor, fixed: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """Candidates 1 .. K - 1 of each position, drawn without replacement from the law of candidate 0.
 
-    base [B, P, V] candidate 0's law, first [B, P] its token, uniforms [B, P, K - 1]; fixed
-    [B, P, J] (optional): known neighbour tokens (-1 unknown), which come first, each as a one-hot
-    law, while one is not a candidate yet. Otherwise candidate k is drawn from norm(base with
-    candidates 0 .. k - 1 removed); where that has no mass left (a one-hot copy, or a law with
-    fewer than K tokens), uniformly from the unused tokens. Either way the law is fixed by what
-    the verifier's uniforms are independent of, as recursive rejection needs.
+    base [B, P, V] candidate 0's law, first [B, P] its token, noise [B, P, V] one uniform per token;
+    fixed [B, P, J] (optional): known neighbour tokens (-1 unknown), which come first, each as a
+    one-hot law, while one is not a candidate yet. Otherwise candidate k is drawn from norm(w with
+    candidates 0 .. k - 1 removed), w = max(base, tiny): where base has no mass left (a one-hot copy,
+    or a law with fewer than K tokens) that is uniform over the unused tokens. Either way the law is
+    fixed by what the verifier's uniforms are independent of, as recursive rejection needs.
     -> tokens [B, P, K], laws [B, P, K, V]: each candidate's law given those before it.
     """
     first = first[..., None]  # [B, P, 1]
     if branch == 1:
         return first, base[..., None, :]
-    if fixed is None:
-        tokens, laws = draws_without_replacement(base, first, uniforms)
-    else:
-        tokens, laws = neighbours_then_draws(base, first, uniforms, fixed)
+    weights = base.clamp(min=torch.finfo(base.dtype).tiny)
+    tokens, picked = ranked_candidates(weights, first, branch - 1, noise, fixed)
+    laws = candidate_laws(weights, first, tokens, picked)
     return torch.cat([first, tokens], -1), torch.cat([base[..., None, :], laws], -2)
 
 
-def neighbours_then_draws(base: Tensor, first: Tensor, uniforms: Tensor, fixed: Tensor) -> tuple[Tensor, Tensor]:
-    """Candidates 1 .. K - 1 when known neighbours come first: the n distinct neighbours that are not
-    candidate 0 take ranks 1 .. n in their order, and draws without replacement (from base without
-    candidate 0 and those neighbours) the ranks after, rank k's draw with rank k's uniform. This is
-    rank by rank picking "the first known neighbour not tried yet, else a draw": once none is left
-    none comes back, so every pick precedes every draw. -> tokens [B, P, K - 1], laws [B, P, K - 1, V]."""
-    num_ranks = uniforms.shape[-1]
-    same = fixed[..., :, None] == fixed[..., None, :]  # [B, P, J, J]
-    earlier = torch.ones(same.shape[-2:], dtype=torch.bool, device=same.device).tril(-1)
-    repeat = (same & earlier).any(-1)  # an earlier neighbour is the same token
-    fresh = (fixed >= 0) & (fixed != first) & ~repeat  # [B, P, J]
-    num_picked = fresh.sum(-1, keepdim=True)  # [B, P, 1] n (may exceed K - 1: no draw is then used)
-    picked = fixed.gather(-1, fresh.sort(dim=-1, descending=True, stable=True).indices)  # the fresh ones first
-    picked = F.pad(picked, (0, max(num_ranks - picked.shape[-1], 0)))[..., :num_ranks]
-    ranks = torch.arange(num_ranks, device=base.device)
-    draw = (ranks - num_picked).clamp(min=0)  # rank k's draw: the (k - n)-th
-    known = torch.cat([first, torch.where(fresh, fixed, first)], -1)
-    drawn, drawn_laws = draws_without_replacement(
-        base, known, uniforms.gather(-1, (ranks + num_picked).clamp(max=num_ranks - 1))
-    )
-    is_pick = ranks < num_picked  # [B, P, K - 1]
-    tokens = torch.where(is_pick, picked, drawn.gather(-1, draw))
-    one_hot = (torch.arange(base.shape[-1], device=base.device) == picked[..., None]).to(base.dtype)
-    drawn_laws = drawn_laws.gather(-2, draw[..., None].expand(*draw.shape, base.shape[-1]))
-    return tokens, torch.where(is_pick[..., None], one_hot, drawn_laws)
+# A known neighbour's key: above every drawn token's (a Gumbel key log w - log(-log u) is below
+# log 1 + 17 for float32 uniforms), the earlier neighbour higher.
+PICKED = 1e4
 
 
-def draws_without_replacement(base: Tensor, known: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor]:
-    """Draws from base without replacement after the `known` tokens [B, P, J'] (candidate 0, picked
-    neighbours): draw j from norm(base without the known and draws 0 .. j - 1), uniformly from the
-    unused tokens where that has no mass. uniforms [B, P, D] -> tokens [B, P, D], laws [B, P, D, V]."""
-    remaining = base.scatter(-1, known, 0.0)
-    unused = torch.ones_like(base).scatter_(-1, known, 0.0)
-    # Each draw takes one unused token (one of positive law), so draw j's count of unused tokens is
-    # the count before the draws less j: exact in float, made once instead of a sum a draw.
-    num_draws = uniforms.shape[-1]
-    counts = unused.sum(-1, keepdim=True) - torch.arange(num_draws, device=base.device, dtype=base.dtype)
-    counts, draw_uniforms = counts.clamp(min=1).split(1, -1), uniforms.split(1, -1)
-    tiny = torch.finfo(base.dtype).tiny
-    tokens, laws = [], []
-    for j in range(num_draws):
-        mass = remaining.sum(-1, keepdim=True)
-        has_mass = mass > 0  # else remaining is all zero: the law is uniform over the unused tokens
-        law = torch.where(has_mass, remaining, unused) / torch.where(has_mass, mass.clamp(min=tiny), counts[j])
-        token = draw_index(law, draw_uniforms[j])  # [B, P, 1]
-        if j + 1 < num_draws:
-            remaining.scatter_(-1, token, 0.0)
-            unused.scatter_(-1, token, 0.0)
-        tokens.append(token)
-        laws.append(law)
-    return torch.cat(tokens, -1), torch.stack(laws, -2)
+def ranked_candidates(
+    weights: Tensor, first: Tensor, num_ranks: int, noise: Tensor, fixed: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
+    """Candidates 1 .. K - 1 in one top-k over every token's key: the n distinct known neighbours that
+    are not candidate 0 first, in their order, then draws without replacement from the weights.
+
+    Why the draws are exact: with Gumbel keys log w(v) + g(v), g(v) = -log(-log u(v)) independent,
+    the largest key is token v with probability w(v) / sum w, and given it the rest rank as the same
+    race over the tokens left (Gumbel top-k; Plackett-Luce). So the order of the K - 1 largest keys is
+    a draw one after another, each from norm(w without the tokens ranked before), in one step instead
+    of K - 1 dependent rounds. A picked neighbour's key outranks every draw, and candidate 0 never
+    ranks, so the draws come from w without candidate 0 and the picks, as rank by rank picking
+    "the first known neighbour not tried yet, else a draw" gives.
+    weights [B, P, V] > 0, first [B, P, 1], noise [B, P, V], fixed [B, P, J] or None
+    -> tokens [B, P, K - 1], picked [B, P, K - 1] (a neighbour's rank; None without neighbours).
+    """
+    keys = weights.log() - noise.log().neg_().log_()  # [B, P, V]
+    if fixed is not None:
+        priority = torch.where(fixed >= 0, neighbour_priority(fixed.shape[-1], fixed.device), -math.inf)  # [B, P, J]
+        keys.scatter_reduce_(-1, fixed.clamp(min=0), priority, "amax")
+    ranked = keys.scatter_(-1, first, -math.inf).topk(num_ranks, -1)
+    return ranked.indices, None if fixed is None else ranked.values >= PICKED
+
+
+@functools.lru_cache(maxsize=16)
+def neighbour_priority(count: int, device) -> Tensor:
+    """[J] the keys of known neighbours 0 .. J - 1: PICKED + J .. PICKED + 1 (made once)."""
+    return torch.arange(count, 0, -1, device=device) + PICKED
+
+
+def candidate_laws(weights: Tensor, first: Tensor, tokens: Tensor, picked: Tensor | None) -> Tensor:
+    """The law of each of candidates 1 .. K - 1 given those before it: one-hot for a picked neighbour,
+    else norm(w without candidate 0 and the candidates ranked before it) (picks rank before every
+    draw, so that is w without the picks too). -> [B, P, K - 1, V]."""
+    hits = (tokens[..., None] == torch.arange(weights.shape[-1], device=tokens.device)).to(weights.dtype)
+    earlier = strictly_lower(tokens.shape[-1], tokens.device)  # [R, R]: row k, column j < k
+    left = weights.scatter(-1, first, 0.0)[..., None, :] * (1 - earlier @ hits)  # [B, P, K - 1, V]
+    laws = left / left.sum(-1, keepdim=True)  # some token is always left: K <= V
+    return laws if picked is None else torch.where(picked[..., None], hits, laws)
+
+
+@functools.lru_cache(maxsize=16)
+def strictly_lower(size: int, device) -> Tensor:
+    """[size, size] float: 1 where column < row (made once)."""
+    return torch.ones(size, size, device=device).tril(-1)
 
 
 @dataclass
@@ -349,7 +347,7 @@ def draft_tree(
     Candidate 0 of each position comes from the proposer (a carried draft or a new slot's); the
     first D - 1 positions get K - 1 more (`without_replacement`, known neighbours first). A node
     takes the candidate of its depth and rank (SJD-PAC's tree: the same candidates under every
-    parent). uniforms [B, (D - 1)(K - 1)].
+    parent). uniforms [B, (D - 1) V]: the extra candidates' keys' (`candidate_noise`).
     """
     branch, num_branching = layout.branch, layout.depth - 1
     batch, device = state.committed.shape[0], state.committed.device
@@ -366,7 +364,7 @@ def draft_tree(
             first_q[:, :num_branching],
             first_tokens[:, :num_branching],
             branch,
-            uniforms.view(batch, num_branching, branch - 1),
+            uniforms.view(batch, num_branching, -1),
             fixed,
         )
         tokens.append(extra_tokens.flatten(1))  # [B, (D - 1) K]
@@ -374,20 +372,26 @@ def draft_tree(
     return torch.cat(tokens, 1)[:, layout.candidate], torch.cat(laws, 1)[:, layout.candidate]
 
 
-def tree_uniforms(layout: DraftTree) -> int:
+def candidate_noise(layout: DraftTree, vocab: int) -> int:
+    """Uniforms of the extra candidates' draw a pass: one per token at each branching position (the
+    keys of `ranked_candidates`), none when there are no extra candidates."""
+    return (layout.depth - 1) * vocab if layout.branch > 1 else 0
+
+
+def tree_uniforms(layout: DraftTree, vocab: int) -> int:
     """Uniforms an image draws for one pass of this tree (`tree_randomness`)."""
-    return (
-        (layout.main_length - 1) + (layout.depth - 1) * (layout.branch - 1) + layout.num_nodes + layout.main_length + 1
-    )
+    return (layout.main_length - 1) + candidate_noise(layout, vocab) + layout.num_nodes + layout.main_length + 1
 
 
-def tree_randomness(stream: UniformStream, layout: DraftTree, active: Tensor) -> tuple[Window, Tensor, Tensor]:
+def tree_randomness(
+    stream: UniformStream, layout: DraftTree, active: Tensor, vocab: int
+) -> tuple[Window, Tensor, Tensor]:
     """This pass's uniforms, one fixed-size block per image (the next `tree_uniforms` of its stream):
-    the main drafts' (in the proposer's Window), the extra candidates' [B, (D - 1)(K - 1)] and the
+    the main drafts' (in the proposer's Window), the extra candidates' [B, (D - 1) V] and the
     node tests' and draws' [B, T + M + 1]."""
     main_len, device = layout.main_length, active.device
-    num_extra = (layout.depth - 1) * (layout.branch - 1)
-    uniforms = stream.take(tree_uniforms(layout))  # on the device already
+    num_extra = candidate_noise(layout, vocab)
+    uniforms = stream.take(tree_uniforms(layout, vocab))  # on the device already
     draft_u, extra_u, test_u = uniforms.split(
         [main_len - 1, num_extra, uniforms.shape[1] - main_len + 1 - num_extra], 1
     )

@@ -69,7 +69,7 @@ class TreePlan(NamedTuple):
     tree_pass: TreePass
     active: Tensor  # [B] images not done
     window: Window  # the main path's drafts for the proposer
-    extra_u: Tensor  # [B, (D - 1)(K - 1)] the extra candidates' uniforms
+    extra_u: Tensor  # [B, (D - 1) V] the extra candidates' uniforms (one per token: `candidate_noise`)
     test_u: Tensor  # [B, T + M + 1] the node tests' and draws' uniforms
     # the slots whose image has its first pass now (its condition is fed): every slot at a decode's
     # first pass, a running batch's new images later
@@ -92,7 +92,7 @@ class TreePasses:
     def __init__(self, request: Request, layouts, initialiser: Callable, neighbours: tuple[str, ...], budget):
         model, self.generators = request.model, request.generators
         self.budget, self.neighbours = budget, neighbours
-        self.device, self.total = model.device, model.num_image_tokens
+        self.device, self.total, self.vocab = model.device, model.num_image_tokens, model.vocab_size
         self.batch = batch = request.batch_size
         generators = self.generators[:batch]
         if isinstance(layouts, DraftTree):
@@ -114,7 +114,7 @@ class TreePasses:
         self.sizes_chosen: dict[int, int] = {}
         self.fed = torch.zeros(batch, dtype=torch.long, device=self.device)  # tokens with their KV cached
         # each pass's uniforms, the same numbers as a draw per pass, drawn 16 passes of the largest tree at a time
-        self.uniforms = UniformStream(generators, self.device, block=16 * tree_uniforms(self.largest))
+        self.uniforms = UniformStream(generators, self.device, block=16 * tree_uniforms(self.largest, self.vocab))
 
     def __enter__(self):
         self.scorer.open_cache(self.passes[max(self.passes)].size)
@@ -133,7 +133,7 @@ class TreePasses:
             return None
         self.sizes_chosen[size] = self.sizes_chosen.get(size, 0) + 1
         layout = self.layouts[size]
-        window, extra_u, test_u = tree_randomness(self.uniforms, layout, active)
+        window, extra_u, test_u = tree_randomness(self.uniforms, layout, active, self.vocab)
         fresh, self.fresh = self.fresh, ()
         self.passes_run += 1
         return TreePlan(layout, self.passes[size], active, window, extra_u, test_u, fresh)

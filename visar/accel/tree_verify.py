@@ -24,11 +24,11 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
-from .acceptance import speculative_residual
+from .acceptance import rejection_residual
 from .sampling import sample_from_probs
 
 # The residual after a rejected candidate; tests replace it to show that the law tests catch its absence.
-ladder_residual = speculative_residual
+ladder_residual = rejection_residual
 
 Relax = Callable[[Tensor, Tensor, Tensor], Tensor]
 

@@ -234,7 +234,7 @@ class PassDraft(NamedTuple):
     tokens: Tensor | None  # [B, M] every slot's draft (None: plain fronts, or no slot has one)
     probs: Tensor | None  # [B, M, V] the law each was drawn from
     uniforms: Tensor | None  # [B, 4, M] Jacobi fronts' block (None for plain fronts)
-    tree_uniforms: Tensor | None  # [B, H, 2K] the trees' block (None without trees)
+    tree_uniforms: Tensor | None  # [B, H, V + K + 1] the trees' block (None without trees)
     draws: Tensor  # [B, M] each slot's draw: ar.py's uniform of its index (plain fronts), else the residual's
 
 

@@ -181,7 +181,9 @@ def zipar_tree(
         )
     names = parse_neighbours(neighbours)
     drafts_trees = depth == 2 and branch > 1 and window > 1
-    trees = FrontTrees(branch, names, request.batch_size, height, model.device) if drafts_trees else None
+    trees = None
+    if drafts_trees:
+        trees = FrontTrees(branch, names, request.batch_size, height, model.device, model.vocab_size)
     fronts = dict(s=s, window=window, init=init, cross_row=cross_row, budget=budget)
     tokens, stats = jacobi_fronts(request, "zipar-tree", fronts, updater=maximal_coupling_carry, trees=trees)
     taken = [0] * len(tokens) if trees is None else trees.side_taken_per_image()

@@ -27,15 +27,16 @@ from .plan import PassPlan, front_outputs, pass_inputs, visibility
 class FrontTrees:
     """tree-mc-sjd's depth-2 tree at every front: K candidates for the index its slot 0 predicts.
 
-    branch: K; neighbours: the known neighbours tried first ("left", "above", ...); side_taken [B]
+    branch: K; neighbours: the known neighbours tried first ("left", "above", ...); vocab: V, the
+    uniforms of each front's extra candidates' keys (`ranked_candidates`); side_taken [B]
     counts the passes in which a front of each image took a side candidate (k >= 1). Between
     passes it holds which fronts took one (`side`, [B, H]) and which committed tokens wait to be
     fed again (`refeed`, [B, H] image index or -1): a taken side candidate's true cache slot holds
     candidate 0's KV, so the next pass feeds it there again, before any query reads it.
     """
 
-    def __init__(self, branch: int, neighbours: tuple[str, ...], batch: int, height: int, device):
-        self.branch, self.neighbours = branch, neighbours
+    def __init__(self, branch: int, neighbours: tuple[str, ...], batch: int, height: int, device, vocab: int):
+        self.branch, self.neighbours, self.vocab = branch, neighbours, vocab
         self.side_taken = torch.zeros(batch, dtype=torch.long, device=device)
         self.side: Tensor | None = None
         self.refeed = torch.full((batch, height), -1, dtype=torch.long, device=device)
@@ -77,13 +78,13 @@ class FrontTrees:
 
     def draws_per_pass(self, height: int) -> int:
         """The uniforms `uniforms` takes a pass, per image."""
-        return height * 2 * self.branch
+        return height * (self.vocab + self.branch + 1)
 
     def uniforms(self, draws: UniformStream, height: int) -> Tensor:
-        """Each image's block for this pass [B, H, 2K]: per row, K - 1 candidate draws, K - 1 candidate
-        tests, the draw after the last rejection, the side node's draw."""
+        """Each image's block for this pass [B, H, V + K + 1]: per row, the extra candidates' V (one
+        per token), K - 1 candidate tests, the draw after the last rejection, the side node's draw."""
         block = draws.take(self.draws_per_pass(height))
-        return block.view(block.shape[0], height, 2 * self.branch)
+        return block.view(block.shape[0], height, -1)
 
 
 @dataclass
@@ -120,7 +121,7 @@ def front_candidates(
 ) -> tuple[Tensor, Tensor]:
     """K candidates for the index each front's slot 0 predicts: its draft (carried or initialised),
     then tree-mc-sjd's extra candidates (`without_replacement`, known neighbours first).
-    drafts [B, M], draft_q [B, M, V]; uniforms [B, H, K - 1] -> tokens [B, H, K], laws [B, H, K, V]."""
+    drafts [B, M], draft_q [B, M, V]; uniforms [B, H, V] -> tokens [B, H, K], laws [B, H, K, V]."""
     first = sides.first_input.clamp(max=plan.slot.shape[1] - 1)  # rows without inputs: any column
     base = draft_q.gather(1, first[..., None].expand(-1, -1, draft_q.shape[-1]))
     fixed = None
@@ -222,7 +223,7 @@ def tree_pass(
             draft_probs,
             carried.canvas(state, generated),
             width,
-            tree_u[..., : branch - 1],
+            tree_u[..., : trees.vocab],
         )
         side_tokens = candidates.flatten(1).gather(1, sides.row * branch + sides.rank)
     scratch = trees.scratch(count.shape[1])
@@ -235,7 +236,7 @@ def tree_pass(
     first = sides.first_input.clamp(max=num_inputs - 1)
     first_probs = probs.gather(1, first[..., None].expand(-1, -1, vocab))
     taken, token = verify_candidates(
-        first_probs, candidates, laws, accept.gather(1, first), tree_u[..., branch - 1 : -1]
+        first_probs, candidates, laws, accept.gather(1, first), tree_u[..., trees.vocab : -1]
     )
     side = sides.has_tree & (taken >= 1) & (taken < branch)
     trees.side_taken += side.sum(1)

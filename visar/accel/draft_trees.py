@@ -222,17 +222,11 @@ def candidate_laws(weights: Tensor, first: Tensor, tokens: Tensor, picked: Tenso
     """The law of each of candidates 1 .. K - 1 given those before it: one-hot for a picked neighbour,
     else norm(w without candidate 0 and the candidates ranked before it) (picks rank before every
     draw, so that is w without the picks too). -> [B, P, K - 1, V]."""
-    hits = (tokens[..., None] == torch.arange(weights.shape[-1], device=tokens.device)).to(weights.dtype)
-    earlier = strictly_lower(tokens.shape[-1], tokens.device)  # [R, R]: row k, column j < k
-    left = weights.scatter(-1, first, 0.0)[..., None, :] * (1 - earlier @ hits)  # [B, P, K - 1, V]
+    hits = weights.new_zeros(*tokens.shape, weights.shape[-1]).scatter_(-1, tokens[..., None], 1.0)  # one-hot
+    ranked_before = hits.cumsum(-2) > hits  # [B, P, K - 1, V]: the token is a candidate of an earlier rank
+    left = weights.scatter(-1, first, 0.0)[..., None, :].masked_fill(ranked_before, 0.0)
     laws = left / left.sum(-1, keepdim=True)  # some token is always left: K <= V
     return laws if picked is None else torch.where(picked[..., None], hits, laws)
-
-
-@functools.lru_cache(maxsize=16)
-def strictly_lower(size: int, device) -> Tensor:
-    """[size, size] float: 1 where column < row (made once)."""
-    return torch.ones(size, size, device=device).tril(-1)
 
 
 @dataclass

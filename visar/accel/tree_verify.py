@@ -59,7 +59,9 @@ class TreeIndex:
     num_nodes: int  # T, the root included
     max_depth: int  # D
     rank_nodes: tuple[Tensor, ...]  # rank r: the nodes of sibling rank r [n_r]
-    rank_source: tuple[Tensor, ...]  # rank 0: their parents; rank r > 0: their elder sibling's place in rank r - 1
+    # rank 0: their parents; rank r > 0: their elder sibling's place in rank r - 1 (None: rank r - 1 in
+    # its order, as where one node has every rank, so that no copy of the rung is made)
+    rank_source: tuple[Tensor | None, ...]
     goal_column: Tensor  # [T] a node's place in rank order (0 for the root)
     test_row: Tensor  # [T] the law row a node is tested against without relax (R_rank of its parent)
     final_row: Tensor  # [T] the law row drawn after all the node's children are rejected (p at a leaf)
@@ -101,7 +103,7 @@ class TreeIndex:
             size,
             max_depth,
             tuple(map(long, rank_nodes)),
-            tuple(map(long, sources)),
+            tuple(None if r and s == list(range(len(rank_nodes[r - 1]))) else long(s) for r, s in enumerate(sources)),
             long([place.get(i, 0) for i in range(size)]),
             long(test_row),
             long([size + place[k[-1]] if k else i for i, k in enumerate(kids)]),
@@ -126,7 +128,7 @@ class TreeIndex:
             if isinstance(value, Tensor):
                 moved[f.name] = value.to(device)
             elif isinstance(value, tuple):
-                moved[f.name] = tuple(v.to(device) for v in value)
+                moved[f.name] = tuple(v if v is None else v.to(device) for v in value)
         return replace(self, **moved)
 
 
@@ -189,7 +191,8 @@ def rejection_laws(
     xs = by_rank(node_tokens) if relax is not None else [None] * len(sizes)
     presents = by_rank(present[..., None]) if present is not None else [None] * len(sizes)
     for rank, source in enumerate(index.rank_source):
-        rung = (probs if rank == 0 else left[-1])[:, source]  # R_rank of each node's parent
+        rung = probs if rank == 0 else left[-1]
+        rung = rung if source is None else rung[:, source]  # R_rank of each node's parent
         goal, after = ladder_step(rung, qs[rank], xs[rank], relax)
         if presents[rank] is not None:
             after = torch.where(presents[rank], after, rung)

@@ -11,8 +11,8 @@ release folders lack is found as the official code finds it:
   `ai-forever/MoVQGAN`); the folder's own copies if it has them, or `model_args={"vq": FOLDER}`.
 Both VQs run as diffusers' `VQModel` (visar/tokenizers/taming_vq.py).
 
-Load options (`model_args`): `width`, `height` (pixels; default the release's size: 512, 768 or 1024 from the
-1.0 repository name, 768 for 2.0; one of the official crop sizes for that size), `max_prompt_tokens`
+Load options (`model_args`): `width`, `height` (pixels, multiples of 32; default the release's size: 512, 768
+or 1024 from the 1.0 repository name, 768 for 2.0), `max_prompt_tokens`
 (default 256), `text_tokenizer`, `vq`, `version` (1 or 2, when the vocabulary does not say).
 
 The generation protocol is the official vanilla `generate`'s (lumina_mgpt/inference_solver.py of both
@@ -92,18 +92,6 @@ def grid_token(units: int) -> str:
     return f"<reserved{8800 + units:05d}>"
 
 
-def crop_sizes(target: int, max_ratio: float = 4.0) -> list[tuple[int, int]]:
-    """The (width, height) pixel sizes the official item processor offers for a target size: for each width
-    in grid units, from the widest down, the heights up to the area of target^2, within a 4:1 ratio."""
-    area = (target // GRID_UNIT) ** 2
-    sizes, low = [], 1
-    for width in range(area, 0, -1):
-        top = area // width
-        sizes += [(width, h) for h in range(low, top + 1) if max(width, h) / min(width, h) <= max_ratio]
-        low = top
-    return [(w * GRID_UNIT, h * GRID_UNIT) for w, h in sizes]
-
-
 def release_size(folder: Path, version: int) -> int:
     """1.0's repositories name their size (Lumina-mGPT-7B-512, -768, -1024); 2.0's is 768."""
     found = re.search(r"-(512|768|1024)(?:\b|-|$)", str(folder).replace("--", "-"))
@@ -111,18 +99,17 @@ def release_size(folder: Path, version: int) -> int:
 
 
 def image_size(options: dict, target: int) -> tuple[int, int]:
-    """(width, height) in pixels, checked against the official crop sizes for the release's size."""
-    width, height = int(options.get("width", target)), int(options.get("height", options.get("width", target)))
-    if "height" in options and "width" not in options:
-        width = height
-    sizes = crop_sizes(target)
-    if (width, height) not in sizes:
-        listed = ", ".join(f"{w}x{h}" for w, h in sizes[:: max(1, len(sizes) // 12)])
-        raise VisarError(
-            f"{width}x{height} is not a size this {target}-pixel model generates: width and height are multiples of "
-            f"{GRID_UNIT} with width x height <= {target}x{target} on the official crop list ({len(sizes)} sizes, "
-            f"e.g. {listed})"
-        )
+    """(width, height) in pixels: the release's square size unless given; multiples of the 32-pixel grid unit.
+    The official code takes any size written in the prompt (the model samples its header); the releases
+    were trained on the crop sizes of their target size (about target x target pixels, ratios up to 4:1)."""
+    width = options.get("width", options.get("height", target))
+    height = options.get("height", width)
+    for name, value in (("width", width), ("height", height)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < GRID_UNIT or value % GRID_UNIT:
+            raise VisarError(
+                f"{name} {value!r}: Lumina-mGPT generates sizes in {GRID_UNIT}-pixel grid units (e.g. {target}); "
+                f"give a positive multiple of {GRID_UNIT}"
+            )
     return width, height
 
 
@@ -288,15 +275,34 @@ def build_vq(params: dict, spatial: bool):
     return diffusers.VQModel(**config)
 
 
-def load_vq(files: list[Path], version: int) -> TamingVQTokenizer:
-    if version == 1:
-        import yaml
+def movq_params(state: dict) -> dict:
+    """MoVQGAN's ddconfig, n_embed and embed_dim read from its checkpoint's shapes (the official code hard-codes
+    the 270M config, MOVQ_270M, which this gives for the released file); attention where the encoder has it."""
+    levels = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("encoder.down."))
+    ch = state["encoder.conv_in.weight"].shape[0]
+    ch_mult = [state[f"encoder.down.{i}.block.0.conv1.weight"].shape[0] // ch for i in range(levels)]
+    blocks = {k.split(".")[4] for k in state if k.startswith("encoder.down.0.block.")}
+    resolution = MOVQ_270M["ddconfig"]["resolution"]
+    attention = [resolution // 2**i for i in range(levels) if f"encoder.down.{i}.attn.0.q.weight" in state]
+    n_embed, embed_dim = state["quantize.embedding.weight"].shape
+    z_channels = state["encoder.conv_out.weight"].shape[0]
+    ddconfig = dict(z_channels=z_channels, resolution=resolution, ch=ch, ch_mult=ch_mult, num_res_blocks=len(blocks))
+    return dict(ddconfig={**ddconfig, "attn_resolutions": attention}, n_embed=n_embed, embed_dim=embed_dim)
 
-        params = yaml.safe_load(files[0].read_text())["model"]["params"]
-        state = read_vq_checkpoint(files[1])
-    else:
-        params = MOVQ_270M
-        state = read_vq_checkpoint(files[0])
+
+def load_vq(files: list[Path], version: int) -> TamingVQTokenizer:
+    """1.0: the VQGAN its vqgan.yaml describes (as the official loader reads it); 2.0: MoVQGAN."""
+    try:
+        if version == 1:
+            import yaml
+
+            params = yaml.safe_load(files[0].read_text())["model"]["params"]
+            state = read_vq_checkpoint(files[1])
+        else:
+            state = read_vq_checkpoint(files[0])
+            params = movq_params(state)
+    except (KeyError, ValueError, TypeError, OSError) as err:
+        raise VisarError(f"{files[-1]}: not the VQ of Lumina-mGPT {version} ({type(err).__name__}: {err})") from err
     vq = build_vq(params, spatial=version == 2)
     levels = len(params["ddconfig"]["ch_mult"])
     try:
@@ -319,7 +325,12 @@ def visual_ids(hf_model, version: int, codes: int) -> torch.Tensor:
 def header_ids(tokenizer, size: tuple[int, int]) -> list[int]:
     """`<racm3:break>`, the height and the width in grid units, for (width, height) pixels."""
     width, height = size
-    return [token_id(tokenizer, START), *(token_id(tokenizer, grid_token(n // GRID_UNIT)) for n in (height, width))]
+    vocabulary = tokenizer.get_vocab()
+    units = [n // GRID_UNIT for n in (height, width)]
+    missing = [grid_token(u) for u in units if grid_token(u) not in vocabulary]
+    if missing:
+        raise VisarError(f"{width}x{height}: the text tokenizer has no header token {missing[0]} for this size")
+    return [token_id(tokenizer, START), *(vocabulary[grid_token(u)] for u in units)]
 
 
 def build_lumina(hf_model, tokenizer, version: int, size: tuple[int, int], vq: tuple[int, int], options: dict):

@@ -25,7 +25,7 @@ from visar.models.llamagen import LlamaGen
 # at one torch thread, where that holds (tests/conftest.py, one_torch_thread)
 pytestmark = pytest.mark.one_thread
 
-CASES = ["c2i", "t2i", "hf-janus", "hf-emu3"]
+CASES = ["c2i", "t2i", "hf-janus", "hf-emu3", "hf-lumina-mgpt-2"]
 
 
 def left_padding(valid_lengths: list[int], length: int) -> torch.Tensor:

@@ -179,7 +179,8 @@ def read_safetensors(folder: Path) -> dict:
 
 
 def load_language_model(folder: Path, config: dict):
-    """The release's transformer, loaded strictly into transformers' Chameleon classes."""
+    """The release's transformer, loaded strictly into transformers' Chameleon classes, in the checkpoint's dtype
+    (bf16 for the releases: `visar.load` then casts once to the dtype asked for, never through float32 copies)."""
     chameleon = chameleon_config(config)
     hf_model = empty_chameleon(chameleon)
     state = repeat_qk_norms(read_safetensors(folder), chameleon)
@@ -187,7 +188,7 @@ def load_language_model(folder: Path, config: dict):
         hf_model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as err:
         raise VisarError(f"{folder}: the weights do not match a Lumina-mGPT of this config.json: {err}") from err
-    return hf_model.float().eval()
+    return hf_model.eval()
 
 
 # -- the text tokenizer and the prompt ------------------------------------------------------------------
@@ -361,7 +362,7 @@ def build_lumina(hf_model, tokenizer, version: int, size: tuple[int, int], vq: t
 
 
 def load_folder(folder: os.PathLike, model_args: dict | None = None) -> FolderParts:
-    """A Lumina-mGPT release folder -> model (float32), VQ tokenizer, prompt encoder, sampling defaults."""
+    """A Lumina-mGPT release folder -> model (the checkpoint's dtype), VQ tokenizer, prompt encoder, defaults."""
     folder, options = Path(folder), dict(model_args or {})
     unknown = sorted(set(options) - set(LOAD_OPTIONS))
     if unknown:

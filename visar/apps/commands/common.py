@@ -44,7 +44,8 @@ def add_model_args(parser: argparse.ArgumentParser):
         metavar="KEY=VALUE",
         help="a load option, repeatable (values read as JSON when they parse): for an Emu3 folder image_area, "
         "ratio, negative_prompt, negative_prompt_format (text or generation), max_prompt_tokens; for a Janus "
-        "folder max_prompt_tokens; for an aMUSEd folder negative_prompt, aesthetic_score, crop_coord; with "
+        "folder max_prompt_tokens; for a Lumina-mGPT folder width, height, max_prompt_tokens, text_tokenizer, vq, "
+        "version; for an aMUSEd folder negative_prompt, aesthetic_score, crop_coord; with "
         "--checkpoint and `llamagen`, the model's constructor arguments",
     )
     group.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")

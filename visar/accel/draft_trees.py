@@ -281,8 +281,6 @@ class TreePass(CacheSlots):
         self.main_depth = layout.main_depth[1:].to(device)
         self.on_main = layout.on_main[1:].to(device)
         self.side_slot = (self.scratch + layout.side_slot[1:]).to(device)
-        self.slot_row = self.slots[None, None]  # [1, 1, S]
-        self.true_slots = (self.slots < self.scratch)[None, None]  # [1, 1, S] condition and image slots
 
     def nodes(self, committed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Nodes 1 .. T - 1 of every image -> (input_pos, cache_pos, mask), each [B, T - 1(, S)]."""

@@ -118,6 +118,12 @@ class CacheSlots:
         self.size = self.trash + 1
         self.device = model.device
         self.slots = torch.arange(self.size, device=self.device)
+        # made once, not once a pass: the slots as a mask row, which of them are true (condition and
+        # image) slots, the trash slot alone, and a chain's columns by width
+        self.slot_row = self.slots[None, None]  # [1, 1, S]
+        self.true_slots = (self.slots < self.scratch)[None, None]  # [1, 1, S]
+        self.trash_only = (self.slots == self.trash)[None, None]  # [1, 1, S]
+        self.columns: dict[int, Tensor] = {}
 
     def chain(
         self, tokens: Tensor, fed: Tensor, committed: Tensor, width: int
@@ -125,15 +131,16 @@ class CacheSlots:
         """Committed tokens fed .. committed - 1 of each image (at most `width`), at their true slots,
         left-padded to `width`. -> (tokens [B, P], input_pos [B, P], cache_pos [B, P], mask [B, P, S]);
         the last column is each image's newest committed token (the root), when it has one to feed."""
-        count = committed - fed  # [B] >= 0
-        column = torch.arange(width, device=self.device)
-        index = committed[:, None] - width + column  # [B, P]
-        real = column >= width - count[:, None]
+        if width not in self.columns:
+            self.columns[width] = torch.arange(width, device=self.device) - width  # [P] -width .. -1
+        committed = committed[:, None]
+        index = committed + self.columns[width]  # [B, P]
+        real = index >= fed[:, None]
         feed = tokens.gather(1, index.clamp(min=0))
-        input_pos = (self.num_cond + torch.where(real, index, committed[:, None] - 1)).clamp(0, self.max_pos)
+        input_pos = (self.num_cond + torch.where(real, index, committed - 1)).clamp(0, self.max_pos)
         cache_pos = torch.where(real, input_pos, self.trash)
-        causal = (self.slots[None, None] <= input_pos[..., None]) & (self.slots < self.scratch)[None, None]
-        mask = torch.where(real[..., None], causal, self.slots[None, None] == self.trash)
+        causal = (self.slot_row <= input_pos[..., None]) & self.true_slots
+        mask = torch.where(real[..., None], causal, self.trash_only)
         return feed, input_pos, cache_pos, mask
 
 

@@ -280,16 +280,16 @@ class TreePass(CacheSlots):
         self.depth = layout.tree.depth[1:].to(device)
         self.main_depth = layout.main_depth[1:].to(device)
         self.on_main = layout.on_main[1:].to(device)
-        self.side_slot = (self.scratch + layout.side_slot[1:]).to(device)
+        # where a node that is not a main one at a true slot writes: a side node its scratch slot, a
+        # main node past the image the trash slot
+        self.other_slot = torch.where(self.on_main, self.trash, (self.scratch + layout.side_slot[1:]).to(device))
 
     def nodes(self, committed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Nodes 1 .. T - 1 of every image -> (input_pos, cache_pos, mask), each [B, T - 1(, S)]."""
-        root = self.num_cond + committed - 1  # [B] the root's position (the last condition slot at first)
-        position = root[:, None] + self.depth
-        cache_pos = torch.where(
-            self.on_main, torch.where(position <= self.max_pos, position, self.trash), self.side_slot
-        )
-        seen = root[:, None] + self.main_depth  # [B, T - 1] the last true slot each node sees
+        root = committed[:, None] + (self.num_cond - 1)  # [B, 1] the root's position (the last condition slot at first)
+        position = root + self.depth
+        cache_pos = torch.where(self.on_main & (position <= self.max_pos), position, self.other_slot)
+        seen = root + self.main_depth  # [B, T - 1] the last true slot each node sees
         mask = (self.true_slots & (self.slot_row <= seen[..., None])) | self.side_visible
         return position.clamp(max=self.max_pos), cache_pos, mask
 
@@ -389,8 +389,7 @@ def tree_randomness(
     )
     window_u = torch.zeros(active.shape[0], NUM_PURPOSES * main_len, device=device)  # `Window.row`'s layout
     window_u[:, DRAFT * main_len : (DRAFT + 1) * main_len - 1] = draft_u
-    length = torch.where(active, main_len, 0)
-    return Window(length, window_u, main_len - 1), extra_u, test_u
+    return Window(active * main_len, window_u, main_len - 1), extra_u, test_u
 
 
 def commit_path(state: DecodeState, layout: DraftTree, verdict: WindowVerdict, commit_count: Tensor) -> Tensor:

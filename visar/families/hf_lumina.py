@@ -213,10 +213,24 @@ def text_tokenizer(folder: Path, version: Version, options: dict):
     if not Path(str(source)).is_dir():
         if not hub.is_hub_name(str(source)):
             raise VisarError(f"text_tokenizer {source!r}: not a folder nor a Hub name (owner/name)")
-        source = hub.fetch_folder(str(source), allow_patterns=["tokenizer*", "special_tokens_map.json"])
+        source = fetch_tokenizer(str(source))
     if not has_tokenizer(Path(source)):
         raise VisarError(f"{source} holds no text tokenizer (tokenizer.json / tokenizer_config.json)")
     return transformers.AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def fetch_tokenizer(repo_id: str) -> Path:
+    """A Hub repository's tokenizer files only (a release repository also holds 14 GB of weights)."""
+    local = f"model_args={{'text_tokenizer': FOLDER}} with {', '.join(TOKENIZER_FILES)}"
+    paths = [hub.fetch_file(repo_id, name, None, local) for name in TOKENIZER_FILES]
+    try:  # optional: older tokenizers keep their special tokens here
+        hub.fetch_file(repo_id, "special_tokens_map.json", None, local)
+    except VisarError:
+        pass
+    return Path(paths[0]).parent
 
 
 def token_id(tokenizer, name: str) -> int:

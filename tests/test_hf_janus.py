@@ -185,7 +185,7 @@ def test_folder_of_a_model_without_image_generation(tmp_path, config):
     import json
 
     (tmp_path / "config.json").write_text(json.dumps(config))
-    expected = "visar loads transformers folders of ChameleonXLLMXForConditionalGeneration, Emu3ForConditionalGeneration"
+    expected = "visar loads transformers folders of ChameleonXLLMXForConditionalGeneration, Emu3ForConditional"
     with pytest.raises(VisarError, match=expected) as err:
         visar.load(str(tmp_path), device="cpu")
     assert config["architectures"][0] in str(err.value) and "\n" not in str(err.value)

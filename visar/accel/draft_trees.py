@@ -169,8 +169,10 @@ def without_replacement(
     base [B, P, V] candidate 0's law, first [B, P] its token, noise [B, P, V] one uniform per token;
     fixed [B, P, J] (optional): known neighbour tokens (-1 unknown), which come first, each as a
     one-hot law, while one is not a candidate yet. Otherwise candidate k is drawn from norm(w with
-    candidates 0 .. k - 1 removed), w = max(base, tiny): where base has no mass left (a one-hot copy,
-    or a law with fewer than K tokens) that is uniform over the unused tokens. Either way the law is
+    candidates 0 .. k - 1 removed), w = max(base, tiny): a token base gives no mass weighs the
+    smallest normal float, so it ranks after every token with mass (but for odds of about 1e-38,
+    which its reported law carries), and where base has no mass left (a one-hot copy, or a law
+    with fewer than K tokens) the draw is uniform over the unused tokens. Either way the law is
     fixed by what the verifier's uniforms are independent of, as recursive rejection needs.
     -> tokens [B, P, K], laws [B, P, K, V]: each candidate's law given those before it.
     """
@@ -200,9 +202,11 @@ def ranked_candidates(
     a draw one after another, each from norm(w without the tokens ranked before), in one step instead
     of K - 1 dependent rounds. A picked neighbour's key outranks every draw, and candidate 0 never
     ranks, so the draws come from w without candidate 0 and the picks, as rank by rank picking
-    "the first known neighbour not tried yet, else a draw" gives.
+    "the first known neighbour not tried yet, else a draw" gives. (Float32 uniforms bound g to
+    [-2.8, 16.6]: an order of odds below about 1e-8 is never drawn, a rounding of the law of the
+    order of the inverse-CDF draw's, whose 24-bit grid resolves masses to about 6e-8.)
     weights [B, P, V] > 0, first [B, P, 1], noise [B, P, V], fixed [B, P, J] or None
-    -> tokens [B, P, K - 1], picked [B, P, K - 1] (a neighbour's rank; None without neighbours).
+    -> tokens [B, P, K - 1], picked [B, P, K - 1]: True at a picked neighbour (None without neighbours).
     """
     keys = weights.log() - noise.log().neg_().log_()  # [B, P, V]
     if fixed is not None:

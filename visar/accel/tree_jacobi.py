@@ -57,7 +57,7 @@ from .jacobi import chain_costs, decode_chain_budget, image_keys, new_state
 from .passes import decode_passes, running_batch, score_first_passes_apart
 from .proposers import JacobiProposer, Window, maximal_coupling_carry
 from .registry import Request, register_method
-from .sampling import UniformStream
+from .sampling import UniformStream, stream_block
 from .scoring import GuidedScorer
 from .stats import DecodeLog
 
@@ -113,8 +113,10 @@ class TreePasses:
         self.layouts = {size: layout.to(self.device) for size, layout in layouts.items()}
         self.sizes_chosen: dict[int, int] = {}
         self.fed = torch.zeros(batch, dtype=torch.long, device=self.device)  # tokens with their KV cached
-        # each pass's uniforms, the same numbers as a draw per pass, drawn 16 passes of the largest tree at a time
-        self.uniforms = UniformStream(generators, self.device, block=16 * tree_uniforms(self.largest, self.vocab))
+        # each pass's uniforms, the same numbers as a draw per pass, drawn up to 16 passes of the largest tree at a time
+        self.uniforms = UniformStream(
+            generators, self.device, block=stream_block(tree_uniforms(self.largest, self.vocab))
+        )
 
     def __enter__(self):
         self.scorer.open_cache(self.passes[max(self.passes)].size)

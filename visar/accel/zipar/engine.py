@@ -23,7 +23,7 @@ from ..jacobi import check_spans, image_keys
 from ..passes import decode_passes, running_batch
 from ..proposers import CARRY, DRAFT, NUM_PURPOSES, RESIDUAL, CarryRequest, independent_carry
 from ..registry import Request
-from ..sampling import UniformStream, draw_uniforms, sample_from_probs, to_device
+from ..sampling import UniformStream, draw_uniforms, sample_from_probs, stream_block, to_device
 from ..scoring import GuidedScorer
 from .plan import (
     GridIndex,
@@ -194,9 +194,9 @@ class Fronts:
         if window > 1:
             keys = image_keys(generators, device)
             carried = CarriedDrafts(batch, num_tokens, vocab, device)
-            # each pass's uniforms, the same numbers as a draw per pass, drawn 16 of the largest passes at a time
+            # each pass's uniforms, the same numbers as a draw per pass, drawn up to 16 of the largest passes at a time
             per_pass = NUM_PURPOSES * height * window + (0 if trees is None else trees.draws_per_pass(height))
-            draws = UniformStream(generators, device, block=16 * per_pass)
+            draws = UniformStream(generators, device, block=stream_block(per_pass))
         else:
             keys = torch.zeros(batch, dtype=torch.long, device=device)
             position_uniforms = to_device(draw_uniforms(generators, num_tokens), device)

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -46,12 +46,64 @@ class GenerationOutput:
     """images: per output_type (None for "tokens"). tokens, per model kind: raster and masked models
     give the token grid, a LongTensor [B, h, w] (h, w = the model's grid_size); continuous models (MAR) the
     float latent [B, C, h * p, w * p] their VAE decodes (scaled as the model sees it); next-scale
-    models (VAR) a list of LongTensors [B, pn, pn], one per scale, small to large. stats: see
-    Pipeline.generate."""
+    models (VAR) a list of LongTensors [B, pn, pn], one per scale, small to large. stats: docs/GENERATE.md,
+    "`Pipeline.generate`"."""
 
     images: list[Image.Image] | Tensor | np.ndarray | None
     tokens: Tensor | list[Tensor]
     stats: dict[str, Any] = field(default_factory=dict)
+
+
+OUTPUT_TYPES = ("pil", "pt", "np", "tokens")
+
+
+class ImageConditions(NamedTuple):
+    """A call's conditions, one row per image: cond [N, ...], cond_mask [N, T] or None, the negative
+    prompt's (cond, mask) or None; `items` class labels / prompts, `copies` images of each."""
+
+    cond: Tensor
+    cond_mask: Tensor | None
+    negative: tuple[Tensor, Tensor] | None
+    items: int
+    copies: int
+
+    @property
+    def count(self) -> int:
+        return self.cond.shape[0]
+
+
+class Run(NamedTuple):
+    """One method call's arguments (`Pipeline.run_method`): the method, its request, the negative
+    prompt (or None), its second model (draft / refiner, or None) and its options."""
+
+    method: Any
+    request: Request
+    negative: tuple[Tensor, Tensor] | None
+    second: Any
+    options: dict
+
+    @property
+    def name(self) -> str:
+        return self.method.name
+
+
+def check_flag(name: str, value) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise VisarError(f"{name} must be True or False, got {value!r}")
+
+
+def image_generators(generator, seed, images: ImageConditions) -> list[torch.Generator]:
+    """One generator per image: generator= as given (one per image, or one for a single image), else image
+    j of item i (of P items) seeded seed + j * P + i (`item_seeds`)."""
+    if generator is None:
+        check_seed(seed, images.count)
+        return [torch.Generator().manual_seed(s) for s in item_seeds(images.items, images.copies, seed)]
+    generators = [generator] if isinstance(generator, torch.Generator) else list(generator)
+    if not all(isinstance(g, torch.Generator) for g in generators):
+        raise VisarError("generator= takes a torch.Generator or a list of them, one per image")
+    if len(generators) != images.count:
+        raise VisarError(f"got {len(generators)} generators for {images.count} images: pass one per image")
+    return generators
 
 
 def same_tokenizer(a: TokenGridTokenizer, b: TokenGridTokenizer) -> bool:
@@ -278,135 +330,102 @@ class Pipeline:
         deterministic: bool = False,
         **method_options,
     ) -> GenerationOutput:
-        """Generate `num_images_per_prompt` images (default 1) per class label / prompt.
-
-        negative_prompt (text-conditional models): the unconditional branch of classifier-free guidance
-        for this call, in place of the model's own (None): one string for every prompt, or a list of
-        one per prompt. It is encoded as the model's prompts are and used only under guidance
-        (guidance_scale != 1). Per family: LlamaGen t2i, the negative caption's embeddings in place of
-        the null caption; Emu3, the negative prompt's ids as transformers' docs format
-        `negative_prompt_ids` (load option `negative_prompt_format`); aMUSEd, as AmusedPipeline's
-        `negative_prompt`; Janus, visar's extension (upstream has none): the negative prompt formatted
-        as a prompt, in place of the padded prompt. A class-conditional model refuses it.
-        num_images_per_prompt: the images are item-major (those of item 0, then those of item 1, ...),
-        and image j of item i (of P items) draws from a generator seeded `seed + j * P + i`, the seed
-        `visar generate` gives its image g = j * P + i (item g mod P), so both give the same images.
-
-        method: a registered method of the model's kind (`visar methods`); None: plain sampling of
-        that kind ("ar" for raster models, "var" for next-scale models); "auto": the fastest lossless
-        method for this model, device and batch (raster models: AR, mc-sjd or tree-mc-sjd with
-        measured budgets, `visar.accel.auto`; other kinds: their plain sampling).
-        Anything else than this describes (no or empty conditions, class labels that are not integer
-        ids, prompts that are not non-empty strings, negative prompts neither one nor one per prompt,
-        an empty negative prompt the model's encoder cannot encode, num_images_per_prompt < 1, a
-        seed outside 0..2**64 - 1 - (B - 1), settings out
-        of range: guidance_scale 0..1e4, temperature 1e-4..1e4, top_k >= 1, top_p in (0, 1], an unknown
-        method or option, an option value its method refuses) raises one VisarError.
-        Sampling settings left None take the model's defaults (`self.defaults`). Image i of the
-        batch draws from its own generator, seeded `seed + i` (one image per item; see
-        num_images_per_prompt otherwise) unless `generator` (one per image, or a single one for a
-        single image) is given. output_type: "pil" (list of PIL images),
-        "pt" (float tensor [B, 3, H, W] in [0, 1]), "np" (uint8 [B, H, W, 3]) or "tokens".
-        batch_size: decode at most this many images at once (None: all of them). A method that
-        refills (`visar methods`: every raster method) runs a running batch: when an image has all
-        its tokens its slot takes the next image, so a slot never feeds padding for a finished image
-        while images are left (ar's slots all free at once: consecutive batches); methods of the
-        other kinds decode consecutive batches. An image's
-        tokens and passes are those of its decode alone at any batch_size (not under budget="auto",
-        which chooses for the batch). on_image(index, tokens, info): called with each image's tokens
-        (the shape of `GenerationOutput.tokens`' entries) as soon as it is done (a running batch; ar:
-        when its batch is), or, for a method of another kind, once all the call's batches are, e.g. to
-        save it; info: its {"forward_passes", "commit_pass"} (as in stats) and what its method adds
-        (auto: "auto", what it ran).
-        A method's second model (option `draft`, or `refiner` for code) may be a registered name or
-        folder (loaded once per process), a Pipeline, or a model; its tokenizer must be this pipeline's.
-        stats (every method, `visar.accel.stats`): forward_passes (the batch's target passes),
-        forward_passes_per_image, tokens_per_forward, latency_s (token sampling wall time), draft_tokens
-        (drafts tested), accepted_tokens, acceptance_rate (None without drafts), draft_forward_passes,
-        draft_tokens_by_row / accepted_tokens_by_row (per grid row; per scale for next-scale models),
-        commit_pass (LongTensor [B, h, w]: the forward pass that committed each token, 1 = the first;
-        next-scale models: one [B, pn, pn] per scale); plus decode_s, method,
-        lossless (for these options: some lossy methods are exact at some settings), batch_size
-        and what the method reports.
-        kv_keep (raster models, every method): the fraction of the target's KV-cache slots kept, in
-        (0, 1]; below 1 the cache keeps the condition, the last grid row and the pass whole and evicts
-        the older image slots that drew the least attention (lossy: docs/SPEED.md has its distortion).
-        1 (default): the whole cache, exact. A draft model's cache stays whole.
-        deterministic: decode each image alone (a batch of one; on CUDA under torch's deterministic
-        algorithms), so that its tokens are bit-identical whatever batch, refill, resume or number of
-        processes it is decoded in, on the same device and torch thread count. The law is exact
-        either way; without it an image's tokens are those of its decode alone in law, and in bits
-        only on a CPU at one torch thread (a multi-threaded BLAS or a GPU picks its reduction order
-        by batch shape). Costs the batching (docs/SPEED.md); on_image is called as each image is done.
+        """Generate `num_images_per_prompt` images (default 1) per class label / prompt with `method`
+        (None: plain sampling; "auto": the fastest lossless method here), and `method_options` for it.
+        Sampling settings left None take the model's defaults (`self.defaults`). Every argument, the
+        seeds, the stats and what is guaranteed: docs/GENERATE.md, "`Pipeline.generate`"; bad input
+        raises one VisarError.
         """
-        if output_type not in ("pil", "pt", "np", "tokens"):
+        if output_type not in OUTPUT_TYPES:
             raise VisarError(f"output_type must be 'pil', 'pt', 'np' or 'tokens', got {output_type!r}")
-        method = self.resolve_method(method)
-        decoding_method = get_method(method)
-        decoding_method.check_options(method_options)
-        decoding_method.check_model(self.model, self.name)
+        method, decoding_method = self.checked_method(method, method_options)
         params = self.sampling_params(guidance_scale, temperature, top_k, top_p)
         kv_keep = self.check_kv_keep(kv_keep)
-        if not isinstance(deterministic, (bool, np.bool_)):
-            raise VisarError(f"deterministic must be True or False, got {deterministic!r}")
-        copies = check_images_per_item(num_images_per_prompt)
-        cond, cond_mask = self.condition(class_labels, prompts, caption_embeds, caption_mask)
-        num_items = cond.shape[0]
-        if num_items == 0:
-            raise VisarError("nothing to generate: the class labels or prompts are empty (one image per entry)")
-        negative = None if negative_prompt is None else self.negative_condition(negative_prompt, num_items)
-        if copies > 1:  # item i's images next to each other, as diffusers lays out num_images_per_prompt
-            cond, cond_mask = repeat_items(cond, copies), repeat_items(cond_mask, copies)
-            negative = None if negative is None else tuple(repeat_items(part, copies) for part in negative)
-        batch = cond.shape[0]
-        slots = check_batch_size(batch_size, batch)
-        if generator is None:
-            check_seed(seed, batch)
-            generators = [torch.Generator().manual_seed(s) for s in item_seeds(num_items, copies, seed)]
-        else:
-            generators = [generator] if isinstance(generator, torch.Generator) else list(generator)
-            if not all(isinstance(g, torch.Generator) for g in generators):
-                raise VisarError("generator= takes a torch.Generator or a list of them, one per image")
-            if len(generators) != batch:
-                raise VisarError(f"got {len(generators)} generators for {batch} images: pass one per image")
-        second_model = decoding_method.draft_option  # "draft", or code's "refiner"
-        if method_options.get(second_model) is not None:
-            method_options[second_model] = self.resolve_draft(method_options[second_model])
+        check_flag("deterministic", deterministic)
+        images = self.image_conditions(
+            class_labels, prompts, caption_embeds, caption_mask, negative_prompt, num_images_per_prompt
+        )
+        slots = check_batch_size(batch_size, images.count)
+        generators = image_generators(generator, seed, images)
+        second = self.second_model(decoding_method, method_options)
+        request = self.request(images, params, generators, progress, kv_keep)
+        run = Run(decoding_method, request, images.negative, second, method_options)
+        tokens, stats = self.decode_images(run, slots, deterministic, on_image)
+        lossless = decoding_method.is_lossless(method_options, self.model) and kv_keep == 1
+        stats = {**stats, "method": method, "lossless": lossless, "batch_size": images.count}
+        stats |= {"deterministic": True} if deterministic else {}
+        stats |= {"kv_keep": kv_keep} if kv_keep < 1 else {}
+        return self.output(tokens, stats, output_type)
+
+    def checked_method(self, method: str | None, options: dict):
+        """(name, registered method) for `method` (None: the kind's plain sampling), its options and this
+        model checked against it."""
+        name = self.resolve_method(method)
+        decoding_method = get_method(name)
+        decoding_method.check_options(options)
+        decoding_method.check_model(self.model, self.name)
+        return name, decoding_method
+
+    def second_model(self, decoding_method, options: dict):
+        """The method's second model (option `draft`, or code's `refiner`: a registered name, folder, Pipeline or
+        model), resolved to a model in `options`; None when it has none."""
+        option = decoding_method.draft_option
+        if options.get(option) is not None:
+            options[option] = self.resolve_draft(options[option])
+        return options.get(option)
+
+    def request(self, images: ImageConditions, params: SamplingParams, generators, progress: bool, kv_keep: float):
         passes = self.compile_options if self.is_compiled else None  # eager again after a compile failure
-        request = Request(
+        return Request(
             self.model,
-            cond,
+            images.cond,
             params,
             generators,
-            cond_mask,
+            images.cond_mask,
             progress,
             tokenizer=self.tokenizer,
             compile_passes=passes,
             kv_keep=kv_keep,
         )
-        second = method_options.get(second_model)
-        running = slots is not None and decoding_method.refills and not deterministic
-        run = (decoding_method, request, negative, second, method_options)
+
+    def image_conditions(self, class_labels, prompts, caption_embeds, caption_mask, negative_prompt, copies):
+        """The call's conditions, one row per image (item i's `copies` images next to each other, as
+        diffusers lays out num_images_per_prompt), and the negative prompt's, if any."""
+        copies = check_images_per_item(copies)
+        cond, cond_mask = self.condition(class_labels, prompts, caption_embeds, caption_mask)
+        items = cond.shape[0]
+        if items == 0:
+            raise VisarError("nothing to generate: the class labels or prompts are empty (one image per entry)")
+        negative = None if negative_prompt is None else self.negative_condition(negative_prompt, items)
+        if copies > 1:
+            cond, cond_mask = repeat_items(cond, copies), repeat_items(cond_mask, copies)
+            negative = None if negative is None else tuple(repeat_items(part, copies) for part in negative)
+        return ImageConditions(cond, cond_mask, negative, items, copies)
+
+    def decode_images(self, run: Run, slots: int | None, deterministic: bool, on_image):
+        """The method over the call's images: each alone (deterministic), as a running batch of `slots`
+        (a method that refills), or in consecutive batches -> tokens and stats in the output's shapes;
+        on_image gets each image as it is done (a running batch, one alone) or all at the end."""
+        running = slots is not None and run.method.refills and not deterministic
         try:
             with deterministic_algorithms(self.device, deterministic):
                 if deterministic:  # one image a batch: every model call has the shapes of its decode alone
                     tokens, stats = self.run_batches(*run, 1, self.image_done(on_image))
                 elif running:
-                    request = replace(request, slots=slots, on_image=self.image_callback(on_image))
-                    tokens, stats = self.run_method(decoding_method, request, negative, second, method_options)
+                    request = replace(run.request, slots=slots, on_image=self.image_callback(on_image))
+                    tokens, stats = self.run_method(*run._replace(request=request))
                 else:
                     tokens, stats = self.run_batches(*run, slots)
         except torch.OutOfMemoryError as err:
-            raise out_of_memory(err, 1 if deterministic else slots or batch, method, self.device) from err
+            images = run.request.cond.shape[0]
+            raise out_of_memory(err, 1 if deterministic else slots or images, run.name, self.device) from err
         tokens, stats["commit_pass"] = output_maps(self.model, tokens, stats["commit_pass"])
         if on_image is not None and not running and not deterministic:
             hand_over_images(on_image, 0, tokens, stats)
-        lossless = decoding_method.is_lossless(method_options, self.model) and kv_keep == 1
-        stats = {**stats, "method": method, "lossless": lossless, "batch_size": batch}
-        if deterministic:
-            stats["deterministic"] = True
-        if kv_keep < 1:
-            stats["kv_keep"] = kv_keep
+        return tokens, stats
+
+    def output(self, tokens, stats: dict, output_type: str) -> GenerationOutput:
+        """Tokens -> the output_type's images (timed as decode_s), unless "tokens"."""
         images = None
         if output_type != "tokens":
             start = synchronized_clock(self.device)

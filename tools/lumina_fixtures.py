@@ -8,6 +8,9 @@ and `data.item_processor`:
     PYTHONPATH=$SIDE/tf446:$SIDE/stubs:$REPO/lumina_mgpt nice -n 10 python3 tools/lumina_fixtures.py \
         --version 1 --repo $REPO --out tests/fixtures/lumina
 
+`--sjd` (version 2) instead runs 2.0's own speculative Jacobi sampler against its vanilla generate and writes
+v2/official_sjd.json and v2/official_sjd_law.safetensors (about 35 min).
+
 `$SIDE/stubs` holds one-line stand-ins for `pytorch_lightning` (MoVQ subclasses LightningModule), `fairscale`
 (imported by xllmx.util.misc) and `absl.logging` (the 2.0 SJD sampler). tests/fixtures/lumina/README.md says
 what each file holds and which behaviour it pins down.
@@ -20,12 +23,14 @@ functions.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -679,11 +684,301 @@ def build_models(version: int, vocab: dict[str, int], out: Path, tmp: Path):
     return make_solver(version, model)
 
 
+# ----------------------------------------------------------------------------------------------------------
+# 2.0's own speculative Jacobi decoding (generate_examples/jacobi_utils_static.py, sjds.py), with the
+# settings of generate.py --speculative_jacobi, against 2.0's vanilla generate on the same tiny model.
+
+SJD_RECORD = dict(size=(64, 64), seeds=range(4), cfgs=(1.0, 3.0), image_top_ks=(4096, 1))
+# The law test: a grid small enough to enumerate the exact laws of the first tokens, an image top-k of 8, and
+# lm_head scaled by 0.1 (logits of about unit scale) so that the top 8 are not dominated by one token.
+SJD_LAW = dict(size=(32, 32), n=2000, cfg=1.0, image_top_k=8, lm_head_scale=0.1, tokens=4)
+HEADER_LEN = 3
+
+
+def sjd_settings(size: tuple[int, int], cfg: float, image_top_k: int) -> dict:
+    """generate.py's renew_pipeline_sampler arguments, shifted because the header is in the prompt here.
+
+    generate.py runs Jacobi from 3 tokens after the prompt (the header) to `rows * cols + rows - 10`; with
+    the header appended to the prompt the same absolute interval is (0, that - 3).
+    """
+    width, height = size
+    return dict(
+        jacobi_loop_interval_l=3 - HEADER_LEN,
+        jacobi_loop_interval_r=(height // 8) * (width // 8) + height // 8 - 10 - HEADER_LEN,
+        max_num_new_tokens=16,
+        guidance_scale=cfg,
+        seed=None,
+        multi_token_init_scheme="random",
+        do_cfg=True,
+        image_top_k=image_top_k,
+        text_top_k=10,
+        prefix_token_sampler_scheme="speculative_jacobi",
+    )
+
+
+def configure_sjd(solver, settings: dict) -> None:
+    """What renew_pipeline_sampler does to an already renewed solver: set the pipeline, sampler, backbone."""
+    solver._init_new_params(**settings)
+    solver.model._init_new_params(**settings)
+    solver.model.model._init_new_params(**settings)
+
+
+def shift_sjd_for_given_header(jacobi, model) -> None:
+    """Keep the sampler's header-relative rules where they are when the header comes with the prompt.
+
+    The sampler skips guidance for its first 3 steps (the header) and masks all prompt tokens but the last in
+    the unconditional row (`prefill_num`); shift both by the 3 header tokens, so the first image token is
+    guided and the unconditional row sees [separator, start, H, W], as in a run that sampled the header.
+    """
+    official_force_no_cfg = jacobi.check_is_force_no_cfg
+
+    def force_no_cfg(*args, current_step=0, **kwargs):
+        return official_force_no_cfg(*args, current_step=current_step + HEADER_LEN, **kwargs)
+
+    jacobi.check_is_force_no_cfg = force_no_cfg
+    official_cfg_input = model.prepare_cfg_input
+
+    def cfg_input(model_inputs, cfg_repeat_name_list, prefill_num=None, neg_input_ids=None):
+        prefill_num = None if prefill_num is None else prefill_num - HEADER_LEN
+        return official_cfg_input(
+            model_inputs, cfg_repeat_name_list, prefill_num=prefill_num, neg_input_ids=neg_input_ids
+        )
+
+    model.prepare_cfg_input = cfg_input
+
+
+class ForwardCounter:
+    """Counts model forward calls (one call may carry the conditional and unconditional rows)."""
+
+    def __init__(self, model):
+        self.calls = 0
+        official_forward = model.forward
+
+        @functools.wraps(official_forward)  # generate inspects forward's signature for attention_mask
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return official_forward(*args, **kwargs)
+
+        model.forward = counted
+
+
+def reset_processors(processors, cfg: float, image_top_k: int) -> None:
+    """One processor list serves many images (building one takes ~50 s on 2.0's vocabulary, and generate.py
+    builds one per image): clear the per-image state the official classes keep, set guidance and top-k."""
+    for processor in processors:
+        for name in ("h_latent_dim", "w_latent_dim", "image_start_token_id_index", "unconditional_context"):
+            if hasattr(processor, name):
+                setattr(processor, name, None)
+        if hasattr(processor, "guidance_scale"):
+            processor.guidance_scale = cfg
+        if hasattr(processor, "image_top_k"):
+            processor.image_top_k = image_top_k
+
+
+def sample_image(solver, processors, counter, size, cfg, image_top_k, seed) -> dict:
+    """One official generate call after xllmx's random_seed(seed) (python, torch and numpy, as generate.py)."""
+    from xllmx.util.misc import random_seed
+
+    width, height = size
+    rows, cols = height // 8, width // 8
+    question = f"Generate an image of {width}x{height} according to the following prompt:\n{PROMPTS['short']}"
+    reset_processors(processors, cfg, image_top_k)
+    capture = HeaderAndCapture(solver.model, grid_header(solver, width, height))
+    solver.model.generate, counter.calls = capture, 0
+    random_seed(seed)
+    start = time.perf_counter()
+    try:
+        solver.generate(
+            images=[],
+            qas=[[question, None]],
+            max_gen_len=rows * (cols + 1) + 1,
+            temperature=1.0,
+            logits_processor=processors,
+        )
+    finally:
+        del solver.model.generate
+    ids = capture.generated_ids
+    codes = [t - 155000 for t in ids if 155000 <= t < 171384]
+    return dict(
+        seed=seed,
+        forward_calls=counter.calls,
+        seconds=round(time.perf_counter() - start, 4),
+        codes=codes,
+        generated_ids=ids,
+        prompt_ids=capture.prompt_ids,
+    )
+
+
+@torch.no_grad()
+def exact_token_laws(model, processor_sets: dict, prompt: list[int], depth: int) -> dict:
+    """The exact marginal law of each of the first `depth` image tokens under each processor list, by
+    enumerating every prefix with positive probability (the lists are applied as the samplers apply them:
+    2-D scores for vanilla, [B, L, V] for SJD; softmax after the last processor)."""
+    laws = {name: [{} for _ in range(depth)] for name in processor_sets}
+    for name, (processors, three_dim) in processor_sets.items():
+        frontier = {(): 1.0}
+        for step in range(depth):
+            next_frontier = {}
+            for prefix, mass in frontier.items():
+                input_ids = torch.tensor([prompt + list(prefix)])
+                scores = model(input_ids).logits[:, -1]
+                reset_processors(processors, 1.0, processors_top_k(processors))
+                scores = processors(input_ids, scores[:, None] if three_dim else scores)
+                probs = torch.softmax(scores.reshape(-1), -1)
+                for token in torch.nonzero(probs).flatten().tolist():
+                    p = mass * probs[token].item()
+                    laws[name][step][token] = laws[name][step].get(token, 0.0) + p
+                    next_frontier[prefix + (token,)] = p
+            frontier = next_frontier
+    return laws
+
+
+def processors_top_k(processors) -> int:
+    return next(p.image_top_k for p in processors if hasattr(p, "image_top_k"))
+
+
+def compare_laws(samples: dict[str, torch.Tensor], exact: dict, tokens: int) -> list[dict]:
+    """Per token position: chi-square of each sampler against each exact law (cells with expected count < 5
+    pooled), a two-sample chi-square between the samplers, and total variation distances."""
+    from scipy.stats import chi2, chi2_contingency
+
+    rows = []
+    names = list(samples)
+    for t in range(tokens):
+        support = sorted(
+            set().union(*(law[t] for law in exact.values()), *(set(s[:, t].tolist()) for s in samples.values()))
+        )
+        counts = {
+            n: torch.tensor([(samples[n][:, t] == tok).sum().item() for tok in support], dtype=torch.float64)
+            for n in names
+        }
+        probs = {n: torch.tensor([exact[n][t].get(tok, 0.0) for tok in support], dtype=torch.float64) for n in exact}
+        row = {"token": t, "support": [tok - 155000 for tok in support]}
+        for n in names:
+            row[f"{n}_counts"] = counts[n].long().tolist()
+        for n in exact:
+            row[f"exact_{n}"] = [round(p, 6) for p in probs[n].tolist()]
+        for sampler in names:
+            for law in exact:
+                expected = probs[law] * counts[sampler].sum()
+                big = expected >= 5
+                obs = torch.cat([counts[sampler][big], counts[sampler][~big].sum()[None]])
+                exp = torch.cat([expected[big], expected[~big].sum()[None]])
+                keep = exp > 0
+                stat = (((obs - exp) ** 2)[keep] / exp[keep]).sum().item()
+                impossible = int(counts[sampler][probs[law] == 0].sum().item())
+                df = int(keep.sum().item()) - 1
+                row[f"chi2_{sampler}_vs_exact_{law}"] = dict(
+                    stat=round(stat, 3),
+                    df=df,
+                    p=float(chi2.sf(stat, df)) if impossible == 0 else 0.0,
+                    samples_outside_support=impossible,
+                )
+                row[f"tv_{sampler}_vs_exact_{law}"] = round(
+                    0.5 * (counts[sampler] / counts[sampler].sum() - probs[law]).abs().sum().item(), 4
+                )
+        table = torch.stack([counts[n] for n in names])
+        table = table[:, table.sum(0) > 0]
+        stat, p, df, _ = chi2_contingency(table.numpy())
+        row["two_sample_chi2"] = dict(stat=round(float(stat), 3), df=int(df), p=float(p))
+        freq = [counts[n] / counts[n].sum() for n in names]
+        row["tv_between_samplers"] = round(0.5 * (freq[0] - freq[1]).abs().sum().item(), 4)
+        rows.append(row)
+    return rows
+
+
+def official_sjd(out: Path, tmp: Path) -> None:
+    """Forward calls, time and codes per image for the official SJD and vanilla paths, then the law test."""
+    import jacobi_utils_static as jacobi
+    from safetensors.torch import save_file
+
+    vanilla = build_models(2, vocab_v2(), tmp / "v2", tmp)
+    sjd = make_solver(2, load_lm(tmp / "lm"))
+    jacobi.renew_pipeline_sampler(sjd, **sjd_settings(SJD_RECORD["size"], 1.0, 1))
+    shift_sjd_for_given_header(jacobi, sjd.model)
+    counters = {"vanilla": ForwardCounter(vanilla.model), "sjd": ForwardCounter(sjd.model)}
+    processors = {
+        "vanilla": vanilla.create_logits_processor(cfg=1.0, image_top_k=1, text_top_k=10),
+        "sjd": sjd.create_logits_processor(),
+    }
+    solvers = {"vanilla": vanilla, "sjd": sjd}
+
+    records = []
+    for cfg in SJD_RECORD["cfgs"]:
+        for top_k in SJD_RECORD["image_top_ks"]:
+            configure_sjd(sjd, sjd_settings(SJD_RECORD["size"], cfg, top_k))
+            for method in ("vanilla", "sjd"):
+                for seed in SJD_RECORD["seeds"]:
+                    record = sample_image(
+                        solvers[method], processors[method], counters[method], SJD_RECORD["size"], cfg, top_k, seed
+                    )
+                    records.append(dict(method=method, cfg=cfg, image_top_k=top_k, **record))
+                    print(method, cfg, top_k, seed, record["forward_calls"], record["seconds"], flush=True)
+
+    with torch.no_grad():
+        for solver in solvers.values():
+            solver.model.lm_head.weight.mul_(SJD_LAW["lm_head_scale"])
+    configure_sjd(sjd, sjd_settings(SJD_LAW["size"], SJD_LAW["cfg"], SJD_LAW["image_top_k"]))
+    law_draws = {}
+    for method in ("vanilla", "sjd"):
+        law_draws[method] = [
+            sample_image(
+                solvers[method],
+                processors[method],
+                counters[method],
+                SJD_LAW["size"],
+                SJD_LAW["cfg"],
+                SJD_LAW["image_top_k"],
+                seed,
+            )
+            for seed in range(SJD_LAW["n"])
+        ]
+        print(method, "law samples done", flush=True)
+    prompt = law_draws["vanilla"][0]["prompt_ids"]
+    exact = exact_token_laws(
+        vanilla.model,
+        {"vanilla": (processors["vanilla"], False), "sjd": (processors["sjd"], True)},
+        prompt,
+        SJD_LAW["tokens"],
+    )
+    first_ids = {m: torch.tensor([d["generated_ids"][: SJD_LAW["tokens"]] for d in law_draws[m]]) for m in law_draws}
+    law = compare_laws(first_ids, exact, SJD_LAW["tokens"])
+
+    codes = {f"{m}_codes": torch.tensor([d["codes"] for d in law_draws[m]], dtype=torch.int32) for m in law_draws}
+    calls = {
+        f"{m}_forward_calls": torch.tensor([d["forward_calls"] for d in law_draws[m]], dtype=torch.int32)
+        for m in law_draws
+    }
+    save_file(
+        {**codes, **calls, "seeds": torch.arange(SJD_LAW["n"], dtype=torch.int32)}, out / "official_sjd_law.safetensors"
+    )
+    for record in records:
+        del record["generated_ids"], record["prompt_ids"]
+    summary = {
+        m: dict(
+            mean_forward_calls=calls[f"{m}_forward_calls"].float().mean().item(),
+            mean_seconds=sum(d["seconds"] for d in law_draws[m]) / len(law_draws[m]),
+        )
+        for m in law_draws
+    }
+    write_json(
+        out / "official_sjd.json",
+        dict(
+            upstream={"repository": UPSTREAM[2][0], "commit": UPSTREAM[2][1]},
+            sjd_settings=sjd_settings(SJD_RECORD["size"], 3.0, 4096),
+            record_size=SJD_RECORD["size"],
+            records=records,
+            law=dict(SJD_LAW, summary=summary, tokens_compared=law),
+        ),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--version", type=int, choices=[1, 2], required=True)
     parser.add_argument("--repo", type=Path, required=True, help="a checkout of the official repository")
     parser.add_argument("--out", type=Path, required=True, help="tests/fixtures/lumina")
+    parser.add_argument("--sjd", action="store_true", help="2.0 only: official_sjd.json and the law test")
     args = parser.parse_args()
     from safetensors.torch import save_file
 
@@ -692,6 +987,11 @@ def main() -> None:
     patch_cuda_hard_codes()
     version, out = args.version, args.out.resolve() / f"v{args.version}"
     out.mkdir(parents=True, exist_ok=True)
+    if args.sjd:
+        sys.path.insert(0, str(args.repo.resolve() / "lumina_mgpt" / "generate_examples"))
+        with tempfile.TemporaryDirectory() as tmp:
+            official_sjd(out, Path(tmp))
+        return
     vocab = vocab_v1() if version == 1 else vocab_v2()
     runs = [(p, s, g) for p in PROMPTS for s in SIZES[version] for g in CFGS]
     runs += [(p, s, g) for p in PROMPTS for s, g in EXTRA[version]]

@@ -27,7 +27,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
 
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 
 import visar  # noqa: E402
 from visar.errors import VisarError  # noqa: E402
@@ -39,7 +39,7 @@ EXACT_METHODS = ["ar"] + [pytest.param(m, marks=pytest.mark.slow) for m in ("sjd
 
 
 def fixture_tool():
-    """tools/lumina_fixtures.py, for seeded_weights and state_sha256 (its official imports are inside functions)."""
+    """tools/lumina_fixtures.py, for release_folder (its official imports are inside functions)."""
     path = Path(__file__).parents[1] / "tools" / "lumina_fixtures.py"
     spec = importlib.util.spec_from_file_location("lumina_fixtures", path)
     module = importlib.util.module_from_spec(spec)
@@ -51,30 +51,10 @@ def cases(version: int) -> dict:
     return json.loads((FIXTURES / f"v{version}" / "cases.json").read_text())
 
 
-def seeded(version: int, part: str) -> dict:
-    tool = fixture_tool()
-    entry = json.loads((FIXTURES / f"v{version}" / "manifest.json").read_text())[part]
-    state = tool.seeded_weights({k: tuple(v) for k, v in entry["shapes"].items()}, entry["seed"])
-    assert tool.state_sha256(state) == entry["sha256"]  # the very weights the official code ran
-    return state
-
-
 def write_release(version: int, folder: Path) -> Path:
-    """A Lumina-mGPT release folder as its authors publish it, plus the tokenizer and VQ files the official
-    code reads from elsewhere (so that the folder loads offline)."""
-    source = FIXTURES / f"v{version}"
-    folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(source / "config.json", folder / "config.json")
-    save_file(seeded(version, "lm"), str(folder / "model.safetensors"))
-    for file in (source / "tokenizer").iterdir():
-        shutil.copy(file, folder / file.name)
-    vq = seeded(version, "vq")
-    if version == 1:
-        shutil.copy(source / "vqgan.yaml", folder / "vqgan.yaml")
-        torch.save({"state_dict": vq}, folder / "vqgan.ckpt")
-    else:
-        torch.save(vq, folder / "movqgan_270M.ckpt")
-    return folder
+    """A release folder as its authors publish it, plus the tokenizer and VQ files the official code reads
+    from elsewhere, rebuilt from the fixtures (the weights checked against their sha256)."""
+    return fixture_tool().release_folder(version, FIXTURES, folder)
 
 
 @pytest.fixture(scope="module")

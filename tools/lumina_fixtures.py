@@ -15,9 +15,9 @@ v2/official_sjd.json and v2/official_sjd_law.safetensors (about 35 min).
 (imported by xllmx.util.misc) and `absl.logging` (the 2.0 SJD sampler). tests/fixtures/lumina/README.md says
 what each file holds and which behaviour it pins down.
 
-Only `seeded_weights` and `state_sha256` are meant for import from visar's own environment: they rebuild the
-tiny models' weights, which are not stored. Everything that touches the official code is imported inside
-functions.
+Only `seeded_weights`, `state_sha256` and `release_folder` are meant for import from visar's own environment:
+they rebuild the tiny models' weights, which are not stored, and a release folder from them. Everything that
+touches the official code is imported inside functions.
 """
 
 from __future__ import annotations
@@ -78,6 +78,38 @@ def state_sha256(state: dict[str, torch.Tensor]) -> str:
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.numpy().astype("<f4").tobytes())
     return digest.hexdigest()
+
+
+def release_folder(version: int, fixtures: Path, folder: Path) -> Path:
+    """A Lumina-mGPT release folder rebuilt from the fixtures of `version` (visar's tests and
+    tools/lumina_peer.py load it): config.json as the official save_pretrained wrote it, the seeded weights in
+    the official layout (checked against the manifest's sha256), the tokenizer files, and the VQ checkpoint as
+    the official loader reads it (1.0: vqgan.yaml and vqgan.ckpt; 2.0: movqgan_270M.ckpt), which the
+    official code takes from elsewhere (so that the folder loads offline)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    source = Path(fixtures) / f"v{version}"
+    manifest = json.loads((source / "manifest.json").read_text())
+    weights = {}
+    for part in ("lm", "vq"):
+        entry = manifest[part]
+        weights[part] = seeded_weights({k: tuple(v) for k, v in entry["shapes"].items()}, entry["seed"])
+        if state_sha256(weights[part]) != entry["sha256"]:
+            raise RuntimeError(f"the seeded {part} weights of v{version} are not the ones the fixtures were made with")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source / "config.json", folder / "config.json")
+    save_file(weights["lm"], str(folder / "model.safetensors"))
+    for file in (source / "tokenizer").iterdir():
+        shutil.copy(file, folder / file.name)
+    if version == 1:
+        shutil.copy(source / "vqgan.yaml", folder / "vqgan.yaml")
+        torch.save({"state_dict": weights["vq"]}, folder / "vqgan.ckpt")
+    else:
+        torch.save(weights["vq"], folder / "movqgan_270M.ckpt")
+    return folder
 
 
 def float_shapes(state: dict[str, torch.Tensor]) -> dict[str, list[int]]:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from .diffusers_vq import DiffusersVQTokenizer
 
 
 def vq_model_config(ddconfig: dict, n_embed: int, embed_dim: int, spatial: bool) -> dict:
@@ -84,24 +86,14 @@ def diffusers_state_dict(state: dict[str, Tensor], levels: int, spatial: bool) -
     return out
 
 
-class TamingVQTokenizer(nn.Module):
-    """A diffusers `VQModel` holding a taming VQGAN, behind visar's `TokenGridTokenizer` interface."""
-
-    def __init__(self, vq: nn.Module):
-        super().__init__()
-        self.vq = vq
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.vq.config.num_vq_embeddings)
+class TamingVQTokenizer(DiffusersVQTokenizer):
+    """A diffusers `VQModel` holding a taming VQGAN, behind visar's `TokenGridTokenizer` interface: decoded
+    as the official code decodes (no clipping; aMUSEd's `DiffusersVQTokenizer` clips to its [0, 1] output)."""
 
     @property
     def downsampling(self) -> int:
         """Pixels per token side."""
         return 2 ** (len(self.vq.config.block_out_channels) - 1)
-
-    def codebook(self) -> Tensor:
-        return self.vq.quantize.embedding.weight
 
     def decode(self, codes: Tensor) -> Tensor:
         """codes [B, h, w] -> images [B, 3, H, W] in about [-1, 1]."""

@@ -152,6 +152,19 @@ def test_the_vq_decodes_and_encodes_as_the_official_one(releases, version, offli
     assert codes.reshape(-1).tolist() == io["encode_indices"].reshape(-1).tolist()
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_8_bit_pixels_are_the_official_ones(releases, version, offline):
+    """1.0 truncates ((x + 1) / 2 * 255 as uint8), 2.0 rounds: the pipeline's images are the official bytes."""
+    io = load_file(str(FIXTURES / f"v{version}" / "vq_io.safetensors"))
+    pipe = load(releases, version)
+    height, width = io["decode_pixels"].shape[1:]
+    step = pipe.tokenizer.downsampling
+    codes = io["decode_codes"].long().reshape(1, height // step, width // step)
+    pixels = pipe.to_output(pipe.decode(codes), "np")[0]
+    different = (pixels.astype(int) != io["decode_uint8"].numpy().astype(int)).mean()
+    assert different <= 1e-3, different  # float noise may tip a pixel that sits on a level's edge
+
+
 # -- bad input -------------------------------------------------------------------------------------------------
 
 

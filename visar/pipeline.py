@@ -535,11 +535,14 @@ class Pipeline:
             images = self.tokenizer.decode(tokens)
         return ((images.float() + 1) / 2).clamp(0, 1)
 
-    @staticmethod
-    def to_output(images: Tensor, output_type: str):
+    def to_output(self, images: Tensor, output_type: str):
+        """Images [B, 3, H, W] in [0, 1] -> the output type; 8-bit pixels rounded, or truncated where the
+        tokenizer says its model's own code truncates (`pixel_rounding` "floor": Lumina-mGPT 1.0)."""
         if output_type == "pt":
             return images
-        array = (images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+        scaled = images * 255
+        scaled = scaled.floor() if getattr(self.tokenizer, "pixel_rounding", "round") == "floor" else scaled.round()
+        array = scaled.to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
         return array if output_type == "np" else [Image.fromarray(a) for a in array]
 
     @torch.no_grad()

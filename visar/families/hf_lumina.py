@@ -324,7 +324,7 @@ def load_vq(files: list[Path], version: int) -> TamingVQTokenizer:
         vq.load_state_dict(diffusers_state_dict(state, levels, version == 2), strict=True)
     except RuntimeError as err:
         raise VisarError(f"{files[-1]}: not the VQ of Lumina-mGPT {version}: {err}") from err
-    return TamingVQTokenizer(vq.eval())
+    return TamingVQTokenizer(vq.eval(), pixel_rounding="floor" if version == 1 else "round")
 
 
 # -- the model ---------------------------------------------------------------------------------------------

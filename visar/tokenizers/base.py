@@ -28,6 +28,9 @@ class TokenGridTokenizer(Protocol):
         """codes [B, h, w] -> images [B, 3, H, W] in about [-1, 1]."""
         ...
 
+    # Optional: `pixel_rounding`, "floor" where the model's own code truncates to 8-bit pixels (the
+    # pipeline rounds otherwise).
+
 
 @runtime_checkable
 class MultiScaleTokenizer(Protocol):

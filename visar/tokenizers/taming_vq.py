@@ -88,7 +88,13 @@ def diffusers_state_dict(state: dict[str, Tensor], levels: int, spatial: bool) -
 
 class TamingVQTokenizer(DiffusersVQTokenizer):
     """A diffusers `VQModel` holding a taming VQGAN, behind visar's `TokenGridTokenizer` interface: decoded
-    as the official code decodes (no clipping; aMUSEd's `DiffusersVQTokenizer` clips to its [0, 1] output)."""
+    as the official code decodes (no clipping; aMUSEd's `DiffusersVQTokenizer` clips to its [0, 1] output).
+    pixel_rounding: how the model's own code makes 8-bit pixels ("round", or "floor": Lumina-mGPT 1.0's
+    `astype(uint8)` after scaling, which truncates)."""
+
+    def __init__(self, vq, pixel_rounding: str = "round"):
+        super().__init__(vq)
+        self.pixel_rounding = pixel_rounding
 
     @property
     def downsampling(self) -> int:

@@ -436,12 +436,13 @@ def tiny_tokenizer(version: int, image_vocab: int):
     )
 
 
-def tiny_config(version: int, image_vocab: int = 8, hidden: int = 32) -> dict:
-    """A Lumina config.json's LM part: 2 layers, 4 heads (2.0: 2), qk-norm, the tiny vocabulary (2.0: up to
-    its image ids), a tiny VQ config (transformers builds one; visar removes it)."""
+def tiny_config(version: int, image_vocab: int = 8) -> dict:
+    """A Lumina config.json's LM part: 2 layers, qk-norm, the tiny vocabulary, a tiny VQ config (transformers
+    builds one; visar removes it). 1.0: 32 wide, 4 heads; 2.0: 16 wide, 2 heads, since its vocabulary runs up
+    to its image ids (155,008 rows)."""
     vocabulary = tiny_vocabulary(version, image_vocab)
     size = max(vocabulary.values()) + 1 if version == 1 else MOVQ_IMAGE_OFFSET + image_vocab
-    heads = 4 if version == 1 else 2
+    hidden, heads = (32, 4) if version == 1 else (16, 2)
     return dict(
         architectures=list(ARCHITECTURES),
         model_type="chameleon",

@@ -87,11 +87,6 @@ class Run(NamedTuple):
         return self.method.name
 
 
-def check_flag(name: str, value) -> None:
-    if not isinstance(value, (bool, np.bool_)):
-        raise VisarError(f"{name} must be True or False, got {value!r}")
-
-
 def image_generators(generator, seed, images: ImageConditions) -> list[torch.Generator]:
     """One generator per image: generator= as given (one per image, or one for a single image), else image
     j of item i (of P items) seeded seed + j * P + i (`item_seeds`)."""
@@ -341,7 +336,8 @@ class Pipeline:
         method, decoding_method = self.checked_method(method, method_options)
         params = self.sampling_params(guidance_scale, temperature, top_k, top_p)
         kv_keep = self.check_kv_keep(kv_keep)
-        check_flag("deterministic", deterministic)
+        if not isinstance(deterministic, (bool, np.bool_)):
+            raise VisarError(f"deterministic must be True or False, got {deterministic!r}")
         images = self.image_conditions(
             class_labels, prompts, caption_embeds, caption_mask, negative_prompt, num_images_per_prompt
         )

@@ -60,7 +60,7 @@ def cfg_mix(cond_logits: Tensor, uncond_logits: Tensor, scale: float | Tensor) -
 
 def split_cfg(logits: Tensor, params: SamplingParams, scale: Tensor | None = None) -> Tensor:
     """Logits of a batch laid out [cond ; uncond] (when CFG is on) -> guided logits of the cond half;
-    scale: the guidance scale of each output ([B or 1, L, 1], a model's own schedule), else the params'."""
+    scale: the guidance scale of each output ([L, 1] or [B, L, 1], a model's own schedule), else the params'."""
     if not params.uses_cfg:
         return logits
     cond, uncond = logits.chunk(2, dim=0)

@@ -137,7 +137,7 @@ class GuidedScorer:
         return split_cfg(out, self.params, self.scheduled_scale(input_pos, out.shape[1], with_condition))
 
     def scheduled_scale(self, input_pos: Tensor | None, length: int, with_condition: bool) -> Tensor | None:
-        """The guidance scale of each output [1 or B, L, 1] when the model's own sampler schedules it
+        """The guidance scale of each output ([L, 1] or [B, L, 1]) when the model's own sampler schedules it
         (`guidance_schedule`, e.g. Lumina-mGPT 2.0's), else None (the params' scale everywhere). Output
         at position p predicts image token p + 1 - T, so the schedule is read there."""
         schedule = getattr(self.model, "guidance_schedule", None)
@@ -147,8 +147,7 @@ class GuidedScorer:
         if input_pos is None:  # the model's default: from 0 with the condition, else from T
             input_pos = torch.arange(length, device=self.model.device) + (0 if with_condition else num_cond)
         image_index = (input_pos + 1 - num_cond).clamp(min=0)
-        scale = schedule(self.params.guidance_scale, image_index)
-        return scale.reshape(-1 if scale.dim() > 1 else 1, image_index.shape[-1], 1)
+        return schedule(self.params.guidance_scale, image_index)[..., None]
 
     def target_probs(self, logits: Tensor) -> Tensor:
         """Guided logits [..., V] -> the target distribution [..., V] (temperature, top-k, top-p)."""

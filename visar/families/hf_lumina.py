@@ -54,11 +54,11 @@ TEMPLATE = "Generate an image of {width}x{height} according to the following pro
 DEFAULT_MAX_PROMPT_TOKENS = 256
 LOAD_OPTIONS = ("height", "max_prompt_tokens", "text_tokenizer", "version", "vq", "width")
 MOVQ_IMAGE_OFFSET = 155000  # 2.0: image token id = 155000 + code (lumina_mgpt/data/item_processor.py)
-MOVQ_270M = dict(  # ai-forever/MoVQGAN's 270M model (Lumina-mGPT-2.0 lumina_mgpt/movqgan/__init__.py)
-    ddconfig=dict(z_channels=4, resolution=256, ch=256, ch_mult=[1, 2, 2, 4], num_res_blocks=2, attn_resolutions=[32]),
-    n_embed=16384,
-    embed_dim=4,
-)
+# MoVQGAN's ddconfig is read from its checkpoint (`movq_params`); the released 270M file gives the config the
+# official code hard-codes (Lumina-mGPT-2.0 lumina_mgpt/movqgan/__init__.py: ch 256, ch_mult [1, 2, 2, 4], 2 res
+# blocks, attention at resolution 32 of 256, z 4, embed 4, 16,384 codes). Its nominal resolution places the
+# attention levels.
+MOVQ_RESOLUTION = 256
 
 
 @dataclass(frozen=True)
@@ -284,20 +284,20 @@ def read_vq_checkpoint(path: Path) -> dict:
 
 
 def build_vq(params: dict, spatial: bool):
-    """diffusers' VQModel for a taming ddconfig / n_embed / embed_dim, and its number of levels."""
+    """diffusers' VQModel for a taming ddconfig / n_embed / embed_dim (spatial: MoVQ's decoder norms)."""
     diffusers = diffusers_module()
     config = vq_model_config(params["ddconfig"], params["n_embed"], params["embed_dim"], spatial)
     return diffusers.VQModel(**config)
 
 
 def movq_params(state: dict) -> dict:
-    """MoVQGAN's ddconfig, n_embed and embed_dim read from its checkpoint's shapes (the official code hard-codes
-    the 270M config, MOVQ_270M, which this gives for the released file); attention where the encoder has it."""
+    """MoVQGAN's ddconfig, n_embed and embed_dim read from its checkpoint's shapes (the 270M config for the
+    released file, see MOVQ_RESOLUTION); attention where the encoder has it."""
     levels = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("encoder.down."))
     ch = state["encoder.conv_in.weight"].shape[0]
     ch_mult = [state[f"encoder.down.{i}.block.0.conv1.weight"].shape[0] // ch for i in range(levels)]
     blocks = {k.split(".")[4] for k in state if k.startswith("encoder.down.0.block.")}
-    resolution = MOVQ_270M["ddconfig"]["resolution"]
+    resolution = MOVQ_RESOLUTION
     attention = [resolution // 2**i for i in range(levels) if f"encoder.down.{i}.attn.0.q.weight" in state]
     n_embed, embed_dim = state["quantize.embedding.weight"].shape
     z_channels = state["encoder.conv_out.weight"].shape[0]

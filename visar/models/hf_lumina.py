@@ -25,8 +25,6 @@ What differs from a plain raster model, and where it is handled:
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 from torch import Tensor, nn
 
@@ -35,7 +33,6 @@ from .row_ends import RowEndAdapter
 SCHEDULE_FLOOR = 4.0  # Lumina-mGPT 2.0's CFG processor never goes below this scale
 
 
-@lru_cache(maxsize=16)
 def lumina2_guidance(scale: float, height: int, width: int, area: int) -> tuple[float, ...]:
     """The guidance scale 2.0's CFG processor uses for each image token (raster order) of an H x W grid,
     computed step by step in Python floats as the processor does (so the float32 scale is the same);
@@ -52,8 +49,8 @@ class HFLumina(RowEndAdapter):
     """`ChameleonForConditionalGeneration` (no VQ module) as Lumina-mGPT runs it.
 
     version: 1 or 2; grid_size: (H, W) tokens; grid_units: (h, w) of the header; visual_ids [V]: the id of
-    code k; header_ids [3]:
-    `<racm3:break>`, height, width (the unconditional prompt, left-padded to max_prompt_tokens).
+    code k; header_ids [3]: `<racm3:break>`, height, width (the unconditional prompt, left-padded to
+    max_prompt_tokens).
     """
 
     def __init__(

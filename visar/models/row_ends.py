@@ -95,8 +95,8 @@ class RowEndAdapter(HFRasterAdapter):
         low = int(visual_ids.min())
         span = torch.arange(low, low + len(visual_ids), device=visual_ids.device)
         self.visual_span = slice(low, low + len(visual_ids)) if torch.equal(visual_ids.sort().values, span) else None
-        in_order = self.visual_span is not None and torch.equal(visual_ids, span)
-        self.register_buffer("code_order", None if in_order else visual_ids - low, persistent=False)
+        reorder = self.visual_span is not None and not torch.equal(visual_ids, span)
+        self.register_buffer("code_order", visual_ids - low if reorder else None, persistent=False)
         self.layout: RowEndLayout | None = None
         self.row_end_at: Tensor | None = None  # [B, S]: the token at visar slot s has a row end after it
         self.prompt_start: Tensor | None = None  # [B]: padding before each prompt (positions start there)

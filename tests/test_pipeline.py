@@ -116,6 +116,7 @@ def test_load_default_alias_and_dtype():
         (dict(class_labels=[0], negative_prompt="blurry"), "class-conditional: a negative prompt replaces"),
         (dict(class_labels=[0], num_images_per_prompt=0), "num_images_per_prompt must be at least 1, got 0"),
         (dict(class_labels=[0], num_images_per_prompt=1.5), "num_images_per_prompt must be a whole number"),
+        (dict(class_labels=[0, 1], num_images_per_prompt=10**9), "one call generates at most 1,048,576 images"),
         (dict(class_labels=[0, 1], num_images_per_prompt=2, generator=[torch.Generator()]), "1 generators for 4"),
     ],
 )

@@ -392,6 +392,11 @@ class Pipeline:
         items = cond.shape[0]
         if items == 0:
             raise VisarError("nothing to generate: the class labels or prompts are empty (one image per entry)")
+        if items * copies > MAX_IMAGES_PER_CALL:  # its conditions alone would not fit in memory
+            raise VisarError(
+                f"one call generates at most {MAX_IMAGES_PER_CALL:,} images, not {items} x {copies:,}: split it "
+                "into calls (`visar generate` queues any number)"
+            )
         negative = None if negative_prompt is None else self.negative_condition(negative_prompt, items)
         if copies > 1:
             cond, cond_mask = repeat_items(cond, copies), repeat_items(cond_mask, copies)
@@ -640,6 +645,10 @@ def negative_prompt_list(negative_prompt, num_prompts: int) -> list[str]:
             "per prompt"
         )
     return list(negatives)
+
+
+# The images one `generate` call takes: their conditions, generators and tokens are held at once.
+MAX_IMAGES_PER_CALL = 2**20
 
 
 def check_images_per_item(num_images_per_prompt) -> int:

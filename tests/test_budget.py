@@ -1,4 +1,4 @@
-"""Budgets matched to the device (visar.accel.budget) and `auto`: the exact law under sizes chosen
+"""Budgets matched to the device (visar.accel.budget): the exact law under sizes chosen
 per pass, a negative control that peeks at the next pass's randomness, the cost measurement and
 its fallback, the choices the cost model makes, and the budget option's bad values."""
 
@@ -31,11 +31,6 @@ COSTS = {"chain": {0: 0.9, 1: 1.0, 2: 1.2, 4: 1.6}}  # size 0: an AR step
 
 def pinned(engine: str, size: int) -> float:
     return COSTS[engine][size] if engine in COSTS else 1.8 + 0.05 * size  # a tree's, of any size
-
-
-def drafting_pays(engine: str, size: int) -> float:
-    """`pinned`, with an AR step dear enough that `auto` drafts (then switches sizes as mc-sjd does)."""
-    return 3.0 if size == 0 else pinned(engine, size)
 
 
 def trees_pay(engine: str, size: int) -> float:
@@ -83,7 +78,6 @@ CASES = [  # (method, options, sampling, costs): the tree methods once as chains
     ("tree-mc-sjd", dict(budget="auto", branch=3, depth=2), CFG_TOPK_TOPP, pinned),
     ("tree-mc-sjd", dict(budget="auto", branch=5, depth=2), TOPP_TEMP, trees_pay),
     ("sjd-pac", dict(budget="auto", branch=2, depth=3), CFG_TOPK, deep_trees_pay),
-    ("auto", {}, CFG_TOPK, drafting_pays),
 ]
 
 
@@ -131,19 +125,15 @@ def test_a_budget_that_peeks_at_the_next_uniforms_is_detected(model):
     assert pvalue < 1e-6
 
 
-def test_auto_tokens_are_reproducible_and_equal_greedy_ar(model, choosing_every_pass):
+def test_auto_budget_tokens_are_reproducible_and_equal_greedy_ar(model, choosing_every_pass):
     """Lossless under greedy sampling means AR's tokens; the same seed twice, the same tokens."""
     cond, greedy = torch.tensor([0, 1, 2]), SamplingParams(top_k=1)
     ar_tokens, _ = get_method("ar").fn(Request(model, cond, greedy, make_generators(3, 0)))
-    for name in ("sjd", "mc-sjd", "tree-mc-sjd", "sjd-pac", "auto"):
-        tokens, stats = get_method(name).fn(Request(model, cond, greedy, make_generators(3, 0)), **budget_option(name))
+    for name in ("sjd", "mc-sjd", "tree-mc-sjd", "sjd-pac"):
+        tokens, stats = get_method(name).fn(Request(model, cond, greedy, make_generators(3, 0)), budget="auto")
         assert torch.equal(tokens, ar_tokens), name
-        again, _ = get_method(name).fn(Request(model, cond, greedy, make_generators(3, 0)), **budget_option(name))
+        again, _ = get_method(name).fn(Request(model, cond, greedy, make_generators(3, 0)), budget="auto")
         assert torch.equal(again, tokens), name
-
-
-def budget_option(name: str) -> dict:
-    return {} if name == "auto" else {"budget": "auto"}
 
 
 def test_stats_say_which_sizes_ran_and_what_they_cost(model, choosing_every_pass):
@@ -154,25 +144,6 @@ def test_stats_say_which_sizes_ran_and_what_they_cost(model, choosing_every_pass
     assert sum(stats["sizes_chosen"].values()) == stats["forward_passes"]
     assert set(stats["sizes_chosen"]) <= {1, 2, 4}
     assert stats["pass_ms"] == {0: 900.0, 1: 1000.0, 2: 1200.0, 4: 1600.0}
-
-
-def test_auto_samples_plainly_where_rows_cost_and_drafts_where_they_do_not(model):
-    cond = torch.tensor([0, 1])
-    try:
-        expensive = {"chain": 1.2, "tree": 1.2}
-        pin_costs(model, lambda engine, size: expensive[engine] * max(size, 1))
-        _, stats = get_method("auto").fn(Request(model, cond, TOPP_TEMP, make_generators(2, 0)))
-        assert stats["auto"] == "ar" and stats["forward_passes"] == model.num_image_tokens
-        flat = {"chain": 1.0, "tree": 1.05}
-        pin_costs(model, lambda engine, size: flat[engine])  # a GPU: rows nearly free, trees pay
-        _, stats = get_method("auto").fn(Request(model, cond, TOPP_TEMP, make_generators(2, 0)))
-        assert stats["auto"] == "tree-mc-sjd" and stats["tree"] == "tree"
-        cpu = {"chain": (1.0, 0.05), "tree": (2.0, 0.1)}  # chains pay, trees' rows do not
-        pin_costs(model, lambda engine, size: cpu[engine][0] + cpu[engine][1] * size)
-        _, stats = get_method("auto").fn(Request(model, cond, TOPP_TEMP, make_generators(2, 0)))
-        assert stats["auto"] == "mc-sjd" and stats["tree"] == "chain"
-    finally:
-        pin_costs(model, None)
 
 
 def test_costs_are_measured_once_and_a_failed_measurement_falls_back(model, monkeypatch, tmp_path):

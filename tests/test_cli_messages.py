@@ -1,5 +1,5 @@
 """What `visar generate` and `visar demo` say to a user (issue 58): refusals before any work, messages
-that name what the user gave, and a last line that says what `auto` ran and from which pass costs."""
+that name what the user gave, and a last line that says what `auto` ran and what its choice rests on."""
 
 import pytest
 
@@ -37,20 +37,20 @@ def test_a_method_of_another_kind_names_the_model_given(tmp_path, capsys):
     assert "LlamaGen" not in error
 
 
-def test_the_last_line_says_what_auto_ran_and_where_its_pass_costs_came_from(tmp_path, capsys, monkeypatch):
-    from visar.accel import budget
+def test_the_last_line_says_what_auto_ran_and_what_its_choice_rests_on(tmp_path, capsys, monkeypatch):
+    from visar.accel import auto
 
     monkeypatch.setenv("VISAR_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(budget, "_COSTS", {})  # this process has measured nothing yet
-    assert main([*GENERATE, "--out", str(tmp_path / "one")]) == 0
+    auto.forget_tunings()  # this process has timed nothing yet
+    four = [*GENERATE, "--n", "4", "--batch-size", "1"]
+    assert main([*four, "--out", str(tmp_path / "one")]) == 0
     first = capsys.readouterr().out.strip().splitlines()[-1]
-    assert "; auto ran " in first and "pass costs measured now (kept on disk for later runs)" in first
-    monkeypatch.setattr(budget, "_COSTS", {})  # as a second process: the costs come from the file
-    assert main([*GENERATE, "--out", str(tmp_path / "two")]) == 0
+    assert "; auto ran mc-sjd: tuning: 1 of 5 candidates timed so far (images/s: mc-sjd " in first
+    auto.forget_tunings()  # as a second process: the round timed so far comes from the file
+    assert main([*four, "--out", str(tmp_path / "two")]) == 0
     second = capsys.readouterr().out.strip().splitlines()[-1]
-    assert f"pass costs kept on disk ({tmp_path / 'cache' / 'pass_costs.json'}" in second
-    ran = first.split("; auto ran ")[1].split(":")[0]
-    assert ran in ("ar", "mc-sjd", "tree-mc-sjd")
+    assert "; auto ran mc-sjd:8: tuning: 2 of 5 candidates timed so far" in second and "(kept on disk)" in second
+    auto.forget_tunings()
 
 
 class FakeBlocks:

@@ -17,6 +17,7 @@ from PIL import Image
 
 import visar
 from visar.accel import METHODS, reference_method
+from visar.accel.auto import DEFAULT_CANDIDATES
 from visar.apps.demo import (
     EMPTY_VIEWS,
     MAX_OPTIONS,
@@ -83,38 +84,38 @@ def test_a_speedup_below_one_is_not_bolded_as_a_win():
 
 
 def test_the_first_and_second_click_time_sampling_alike(cache, tmp_path, monkeypatch):
-    """auto's first call on a model measures its pass costs (once, kept on disk): that time is in the
-    set-up row, not in the sampling time the speed-up compares, so a first and a second click compare
-    the same work."""
+    """auto's first call on a model times a few AR steps (the reference its tuning is kept against):
+    that time is in the set-up row, not in the sampling time the speed-up compares, so a first and a
+    second click compare the same work."""
     import time as clock
 
-    from visar.accel import budget, jacobi, tree_jacobi
+    from visar.accel import auto
 
-    monkeypatch.setenv("VISAR_CACHE", str(tmp_path / "cache"))  # no pass costs kept from another test
-    monkeypatch.setattr(budget, "_COSTS", {})
-    spent, measure = [], budget.measured_costs
+    monkeypatch.setenv("VISAR_CACHE", str(tmp_path / "cache"))  # no tuning kept from another test
+    auto.forget_tunings()
+    spent, probe = [], auto.ar_step_seconds
 
     def timed(*args, **kwargs):
         start = clock.perf_counter()
         try:
-            return measure(*args, **kwargs)
+            return probe(*args, **kwargs)
         finally:
             spent.append(clock.perf_counter() - start)
 
-    for module in (jacobi, tree_jacobi):  # where auto's chain and tree costs are measured
-        monkeypatch.setattr(module, "measured_costs", timed)
+    monkeypatch.setattr(auto, "ar_step_seconds", timed)
     args = (cache, MODEL, "3", "", "", "auto", 0, 1.0, 1.0, 0, 1.0, [""] * MAX_OPTIONS)
     clicks = []
     for _ in range(2):
         spent.clear()
         *_, stats = compare(*args)
         clicks.append((stats, sum(spent)))
-    (first, measuring), (second, _) = clicks
-    assert measuring > 0 and first["method"]["setup_s"] >= measuring  # the measurement is set-up time
+    (first, measuring), (second, again) = clicks
+    assert measuring > 0 and first["method"]["setup_s"] >= measuring and again == 0  # once a process
     assert first["method"]["sampling_s"] <= first["method"]["wall_s"] - measuring
     for stats in (first, second):
-        if stats["speedup"] is not None:  # auto drafted (on this machine's costs): sampling against sampling
+        if stats["speedup"] is not None:  # auto drafted: sampling against sampling
             assert stats["speedup"] == pytest.approx(stats["ar"]["sampling_s"] / stats["method"]["sampling_s"])
+    auto.forget_tunings()
 
 
 def test_choosing_a_model_clears_the_last_result_and_a_text_model_opens_with_a_prompt(cache):
@@ -238,8 +239,10 @@ def test_the_reference_against_itself_reports_no_speedup(cache, model, method):
 def test_auto_reports_what_it_ran_and_a_speedup_only_over_other_work(cache):
     *_, summary, _, _, stats = compare(cache, MODEL, "3", "", "", "auto", 0, 1.0, 1.0, 0, 1.0, [""] * MAX_OPTIONS)
     ran = stats["method"]["ran"]
-    assert ran in ("ar", "mc-sjd", "tree-mc-sjd") and f"| auto (ran {ran}) |" in summary
+    assert ran in DEFAULT_CANDIDATES.split(",") and f"| auto (ran {ran}) |" in summary
     assert (stats["speedup"] is None) == (ran == "ar")
+    timed = stats["method"]["tuning"]["auto_tuning"]  # each timed candidate's images per second, said
+    assert ran in timed and f"auto: {stats['method']['tuning']['auto_reason']}" in summary
 
 
 def test_a_next_scale_heatmap_is_about_square_and_names_its_reference(cache):

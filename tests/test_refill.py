@@ -28,7 +28,7 @@ from laws import (
 )
 
 import visar
-from visar.accel import get_method
+from visar.accel import auto, get_method
 from visar.accel.registry import Request
 from visar.accel.sampling import SamplingParams, make_generators
 from visar.errors import VisarError
@@ -263,10 +263,10 @@ def test_a_running_batch_with_a_compressed_kv_cache_starts_each_image_afresh(mod
 
 @pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit
 @pytest.mark.slow  # whole decodes of the 256-token text model, seven of them
-def test_auto_and_ar_run_a_running_batch_with_a_negative_prompt():
-    """auto (here with AR chosen on a drafting-hostile budget, and drafting) and ar take a running batch,
-    on a text model with a negative prompt held for the whole call: every batch's null condition is
-    its images' negative prompts."""
+def test_auto_and_ar_run_a_running_batch_with_a_negative_prompt(tmp_path, monkeypatch):
+    """auto (timing its candidates on parts of the queue) and ar take a running batch, on a text model
+    with a negative prompt held for the whole call: every batch's null condition is its images'
+    negative prompts."""
     t2i = visar.load("visar-tiny-t2i", device="cpu")
     prompts = ["a red circle", "two blue squares", "a green star", "a small yellow triangle", "an orange square"]
     negative = ["blurry", "dark", "noisy", "blurry", "cropped"]
@@ -276,5 +276,30 @@ def test_auto_and_ar_run_a_running_batch_with_a_negative_prompt():
             prompts=prompts, negative_prompt=negative, method=method, seed=4, output_type="tokens", batch_size=2
         )
         assert torch.equal(whole.tokens, running.tokens), method
-    out = t2i.generate(prompts=prompts, negative_prompt=negative, method="auto", output_type="tokens", batch_size=2)
-    assert out.tokens.shape[0] == 5 and out.stats["auto"] in ("ar", "mc-sjd", "tree-mc-sjd")
+    # auto times its candidates on the queue's first images, each part with its own images' negative
+    # prompts: every image is the candidate that decoded it, as that candidate decodes it alone
+    monkeypatch.setenv("VISAR_CACHE", str(tmp_path))  # no tuning kept by another test
+    auto.forget_tunings()
+    ran = {}
+    out = t2i.generate(
+        prompts=prompts,
+        negative_prompt=negative,
+        method="auto",
+        seed=4,
+        output_type="tokens",
+        batch_size=2,
+        on_image=lambda index, tokens, info: ran.setdefault(index, info["auto"]),
+    )
+    assert out.tokens.shape[0] == 5 and sorted(ran) == list(range(5)) and len(set(ran.values())) >= 2
+    for spec in set(ran.values()):
+        name, _, size = spec.partition(":")
+        alone = t2i.generate(
+            prompts=prompts,
+            negative_prompt=negative,
+            method=name,
+            seed=4,
+            output_type="tokens",
+            **({"budget": int(size)} if size else {}),
+        )
+        for image in (i for i, s in ran.items() if s == spec):
+            assert torch.equal(out.tokens[image], alone.tokens[image]), (spec, image)

@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -326,7 +327,8 @@ class Pipeline:
         **method_options,
     ) -> GenerationOutput:
         """Generate `num_images_per_prompt` images (default 1) per class label / prompt with `method`
-        (None: plain sampling; "auto": the fastest lossless method here), and `method_options` for it.
+        (None: plain sampling; "auto": the fastest lossless method here, timed on the first calls' own
+        images), and `method_options` for it.
         Sampling settings left None take the model's defaults (`self.defaults`). Every argument, the
         seeds, the stats and what is guaranteed: docs/GENERATE.md, "`Pipeline.generate`"; bad input
         raises one VisarError.
@@ -436,11 +438,18 @@ class Pipeline:
 
     def run_method(self, decoding_method, request: Request, negative, second, method_options: dict):
         """One call of the method, with the negative prompt (if any) held on the model and its draft."""
+        request = replace(request, images_runner=partial(self.run_images, negative))
         with ExitStack() as held:
             if negative is not None:  # the model's (and its draft's) null_condition returns it meanwhile
                 for model in text_models(self.model, second):
                     held.enter_context(model.negative_prompt(*negative))
             return decoding_method.fn(request, **method_options)
+
+    def run_images(self, negative, request: Request, name: str, options: dict, start: int, stop: int):
+        """`Request.images_runner`: method `name` on the request's images [start, stop) as a call of
+        their own, their rows of the negative prompt held meanwhile (`auto`'s candidates)."""
+        part = None if negative is None else tuple(x[start:stop] for x in negative)
+        return self.run_method(get_method(name), request.images(start, stop), part, None, options)
 
     def run_batches(self, decoding_method, request: Request, negative, second, method_options: dict, size, done=None):
         """The method on consecutive batches of at most `size` images (None: one batch), stats merged;

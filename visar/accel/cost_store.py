@@ -1,4 +1,4 @@
-"""Pass costs kept on disk, so that a second process on the same machine measures nothing.
+"""Measurements kept on disk, so that a second process on the same machine measures nothing.
 
 `budget.measured_costs` times an engine's passes once per model, device, dtype, batch size,
 guidance and engine; a process that starts again (a second `visar generate`, each torchrun worker)
@@ -7,7 +7,8 @@ JSON file in visar's cache folder (`cache_root`: `$VISAR_CACHE`, else `~/.cache/
 relaxed methods keep their codebook neighbours too). An entry is found again only by the same
 key on the same machine: the model's fingerprint (its class, parameter names, shapes, dtypes and
 first values), the torch version, the processor or GPU, and the CPU thread count, beside the
-budget's own key. Delete the file to measure again.
+budget's own key. `auto`'s tuning is kept the same way, in a file of its own (`auto.TUNING_FILE`).
+Delete a file to measure again.
 """
 
 from __future__ import annotations
@@ -70,28 +71,37 @@ def read_entries(path: Path) -> dict:
     return entries if isinstance(entries, dict) else {}
 
 
-def load_costs(name: str) -> tuple[list[int], list[float]] | None:
-    """(sizes, seconds) kept under `name` (`entry_name`), or None."""
-    entry = read_entries(cache_root() / FILE_NAME).get(name)
-    if not (
-        isinstance(entry, dict) and isinstance(entry.get("sizes"), list) and isinstance(entry.get("seconds"), list)
-    ):
-        return None
-    return entry["sizes"], entry["seconds"]
+def load_entry(file_name: str, name: str) -> dict | None:
+    """The entry kept under `name` (`entry_name`) in `file_name` of the cache folder, or None."""
+    entry = read_entries(cache_root() / file_name).get(name)
+    return entry if isinstance(entry, dict) else None
 
 
-def save_costs(name: str, sizes, seconds) -> None:
-    """Keep (sizes, seconds) under `name` (`entry_name`); a folder that cannot be written keeps nothing
-    (the costs are then measured again next time, as before there was a store)."""
+def save_entry(file_name: str, name: str, entry: dict) -> None:
+    """Keep `entry` under `name` (`entry_name`) in `file_name`; a folder that cannot be written keeps
+    nothing (what it holds is then measured again next time, as before there was a store)."""
     folder = cache_root()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / FILE_NAME
+        path = folder / file_name
         entries = read_entries(path)
-        entries[name] = {"sizes": list(sizes), "seconds": list(seconds)}
+        entries[name] = entry
         # written whole and renamed into place: a process reading it meanwhile sees the old or the new file
         with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as tmp:
             json.dump(entries, tmp, indent=1)
         os.replace(tmp.name, path)
     except OSError:
         return
+
+
+def load_costs(name: str) -> tuple[list[int], list[float]] | None:
+    """(sizes, seconds) kept under `name` (`entry_name`), or None."""
+    entry = load_entry(FILE_NAME, name)
+    if entry is None or not (isinstance(entry.get("sizes"), list) and isinstance(entry.get("seconds"), list)):
+        return None
+    return entry["sizes"], entry["seconds"]
+
+
+def save_costs(name: str, sizes, seconds) -> None:
+    """Keep (sizes, seconds) under `name` (`entry_name`)."""
+    save_entry(FILE_NAME, name, {"sizes": list(sizes), "seconds": list(seconds)})

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -58,10 +58,37 @@ class Request:
     # 1: the whole cache, exact
     kv_keep: float = 1.0
 
+    # (request, method name, its options, start, stop) -> what that method returns for the request's
+    # images [start, stop) decoded as a call of their own: how `auto` runs its candidates. The
+    # pipeline's holds those images' negative prompt on the model meanwhile; None: `Request.images`.
+    images_runner: Callable | None = None
+
     @property
     def batch_size(self) -> int:
         """The images decoded at once: the slots of a running batch, else every image."""
         return self.slots if self.slots is not None else self.cond.shape[0]
+
+    def images(self, start: int, stop: int) -> Request:
+        """The request for the queue's images [start, stop) alone (a running batch keeps its slots, at
+        most as many as images; on_image is told each image's index in this queue)."""
+        hand_over = self.on_image
+        return replace(
+            self,
+            cond=self.cond[start:stop],
+            cond_mask=None if self.cond_mask is None else self.cond_mask[start:stop],
+            generators=self.generators[start:stop],
+            slots=None if self.slots is None else min(self.slots, stop - start),
+            on_image=None if hand_over is None else lambda index, *info: hand_over(start + index, *info),
+            images_runner=None,
+        )
+
+
+def run_images(request: Request, name: str, options: dict, start: int, stop: int) -> tuple:
+    """Method `name` with `options` on the request's images [start, stop), as a call of their own
+    (through the caller's `images_runner`, which holds what belongs to those images, if it gave one)."""
+    if request.images_runner is not None:
+        return request.images_runner(request, name, options, start, stop)
+    return get_method(name).fn(request.images(start, stop), **options)
 
 
 @dataclass(frozen=True)

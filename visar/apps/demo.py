@@ -5,8 +5,9 @@ with the reference of the model's kind (`ar` for raster models) and with the cho
 image from one `torch.Generator` seeded with the seed, and shows both images, their forward passes,
 step compression (image tokens / forward passes), sampling time, the measured speed-up (sampling
 time against sampling time, bold only where the method was faster; none for the reference against
-itself), the one-time set-up apart (auto's pass costs, measured on a model's first call and kept on
-disk), the class or prompt and negative prompt used, and whether the method is lossless at these
+itself), the one-time set-up apart (auto's AR-step probe on a model's first call), what auto timed
+(each candidate's images per second: its first clicks on a model decode with the candidates in
+turn, then with the fastest), the class or prompt and negative prompt used, and whether the method is lossless at these
 options; then how the method decoded: a heatmap over the token grid of the forward pass that
 committed each token (`stats["commit_pass"]`; for a next-scale model every scale's map, in lines)
 and the tokens committed per pass (an axis from 0). The note under the images says what the chosen
@@ -316,12 +317,14 @@ def run_side(pipe, method: str, seed: int, condition: dict, sampling: dict, opti
             "step_compression": pipe.model.num_image_tokens / passes,
             "wall_s": wall,
             "sampling_s": out.stats["latency_s"],
-            # the call's wall time besides sampling and the VQ decode: what runs once (pass costs
-            # measured for auto's budgets, kept on disk) and the call's own bookkeeping
+            # the call's wall time besides sampling and the VQ decode: what runs once (auto's AR-step
+            # probe, pass costs measured for a budget="auto", kept on disk) and the call's own bookkeeping
             "setup_s": max(0.0, wall - out.stats["latency_s"] - out.stats.get("decode_s", 0.0)),
             "lossless": bool(out.stats["lossless"]),
             "acceptance_rate": out.stats["acceptance_rate"],
             "ran": out.stats.get("auto", method) if method == "auto" else method,  # what auto chose
+            # auto: each candidate's images per second as timed on this machine, and what the choice rests on
+            "tuning": {key: out.stats[key] for key in ("auto_tuning", "auto_reason") if key in out.stats},
             "options": {k: v for k, v in options.items()},
         },
     }
@@ -355,7 +358,7 @@ def compare(cache: ModelCache, *values):
         fast = run_side(pipe, method, int(seed), condition, sampling, options)
     # the reference against itself (chosen, or what auto ran) is the same work twice: two timings of
     # it differ by noise, which a speed-up would report as a gain or a loss. Sampling is timed against
-    # sampling: a first call's one-time set-up (auto's pass costs) is shown apart, not in the ratio.
+    # sampling: a first call's one-time set-up (auto's AR-step probe) is shown apart, not in the ratio.
     same_work = fast["summary"]["ran"] == reference
     stats = {
         "ar": ar["summary"],
@@ -427,7 +430,10 @@ def summary_markdown(stats: dict) -> str:
         said.append(f"negative prompt: {stats['negative_prompt']}")
     elif stats["condition"].startswith("prompt:"):
         said.append("negative prompt: the model's own")
-    return "\n".join(lines) + "\n\n" + "; ".join(said)
+    text = "\n".join(lines) + "\n\n" + "; ".join(said)
+    if fast.get("tuning"):  # what auto timed: the candidates' images per second on this machine
+        text += f"\n\nauto: {fast['tuning']['auto_reason']}"
+    return text
 
 
 def speedup_text(speedup: float | None) -> str:

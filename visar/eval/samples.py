@@ -194,8 +194,8 @@ QUEUE_BATCHES = 32
 
 
 def auto_choice(stats: dict) -> dict:
-    """What `auto` ran, why and from which pass costs ({} for another method): the last call's."""
-    return {key: stats[key] for key in ("auto", "auto_reason", "auto_costs") if key in stats}
+    """What `auto` ran, why, and each timed candidate's images per second ({} for another method): the last call's."""
+    return {key: stats[key] for key in ("auto", "auto_reason", "auto_tuning") if key in stats}
 
 
 def generate_missing(

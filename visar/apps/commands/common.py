@@ -94,8 +94,9 @@ def add_sampling_args(parser: argparse.ArgumentParser, default_method: str | Non
     if default_method == "auto":
         method_help = (
             "decoding method (see `visar methods`); default auto: the fastest lossless method for this model, "
-            "device and batch size (raster models: ar, mc-sjd or tree-mc-sjd with budgets measured on this "
-            "device; other kinds: their reference, e.g. maskgit for masked models)"
+            "device, batch size and sampling (raster models: ar, mc-sjd at 8 / 16 / 32 slots or tree-mc-sjd, "
+            "timed on the first images of the first runs and kept in the cache folder; other kinds: their "
+            "reference, e.g. maskgit for masked models)"
         )
     else:
         method_help = (

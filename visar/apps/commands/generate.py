@@ -144,8 +144,8 @@ def run(args) -> int:
         processes.close()
     if stats is not None:
         ran = ""
-        if "auto" in stats:  # what auto ran, why, and whether it measured or read its pass costs
-            ran = f"; auto ran {stats['auto']}: {stats['auto_reason']}; {stats['auto_costs']}"
+        if "auto" in stats:  # what auto ran, and what its choice rests on (candidates timed now or kept)
+            ran = f"; auto ran {stats['auto']}: {stats['auto_reason']}"
         print(
             f"{args.out}: {stats['n']} images ({stats['generated']} generated, {stats['reused']} already there), "
             f"images.jsonl and stats.json; {stats['forward_passes_per_image']:.1f} forward passes per image, "

@@ -49,17 +49,22 @@ def passes_fed(outs: list, refill: bool, batch_size: int) -> int:
     return sum(o.stats["forward_passes"] * len(o.stats["forward_passes_per_image"]) for o in outs)
 
 
-def throughput_row(pipe, name: str, options: dict, conds: list, batch_size: int, refill: bool) -> dict:
-    run_queue(pipe, name, conds[:batch_size], batch_size, False, options)  # warm-up
+def throughput_row(pipe, name: str, options: dict, conds: list, batch_size: int, refill: bool, label: str = "") -> dict:
+    # warm-up; auto's with the reference, so that its timed run is its first call at this batch (tuning and all)
+    warm = reference_method(pipe.model) if name == "auto" else name
+    run_queue(pipe, warm, conds[:batch_size], batch_size, False, options if warm == name else {})
     start = synchronized_clock(pipe.device)
     with PeakMemory(pipe.device, count_tensors=False) as memory:
         outs = run_queue(pipe, name, conds, batch_size, refill, options)
     wall = synchronized_clock(pipe.device) - start
     if memory.peak_mb is None:  # CPU: counted in an untimed run (counting slows it)
+        if name == "auto":  # as the candidate it ran most: a run slowed by counting must not be timed as tuning
+            ran = auto_columns(outs)["ran"]
+            options = {**options, "candidates": max(ran, key=ran.get)}
         with PeakMemory(pipe.device) as memory:
             run_queue(pipe, name, conds[: 2 * batch_size], batch_size, refill, options)
     return {
-        "method": name,
+        "method": label or name,
         "options": {k: v for k, v in options.items() if isinstance(v, (str, int, float, bool))},
         "batch_size": batch_size,
         "refill": refill,
@@ -71,7 +76,19 @@ def throughput_row(pipe, name: str, options: dict, conds: list, batch_size: int,
         # what the same images take decoded alone (each image's own passes, batch-invariant at a fixed budget)
         "passes_alone_per_image": sum(p for o in outs for p in o.stats["forward_passes_per_image"]) / len(conds),
         "peak_mem_mb": memory.peak_mb,
+        **({"auto": auto_columns(outs)} if name == "auto" else {}),
     }
+
+
+def auto_columns(outs: list) -> dict:
+    """What `auto` ran over the run's calls (images per candidate), each timed candidate's images per
+    second as it kept them, and its winner (None while still tuning)."""
+    ran: dict[str, int] = {}
+    for out in outs:
+        for spec, images in out.stats["auto_images"].items():
+            ran[spec] = ran.get(spec, 0) + images
+    last = outs[-1].stats
+    return {"ran": ran, "timed": last["auto_tuning"], "winner": last["auto_winner"]}
 
 
 def throughput(
@@ -93,24 +110,28 @@ def throughput(
     if not batch_sizes or min(batch_sizes) < 1 or images_per_slot < 1:
         raise VisarError("--batch-sizes must be whole numbers >= 1 and --images-per-slot >= 1")
     reference = reference_method(pipe.model)
-    names = [reference] + [m for m in methods if m != reference]
-    for name in names:
-        get_method(name).check_options(method_options.get(name, {}))
+    labels = [reference] + [m for m in methods if m != reference]
+    for label in labels:
+        name, size_option = method_size(label)
+        get_method(name).check_options({**method_options.get(name, {}), **size_option})
     plan = []
-    for name in names:
+    for label in labels:
+        name, size_option = method_size(label)
         for keep in (None, *kv_keeps):
-            options = {**method_options.get(name, {}), **({} if keep is None else {"kv_keep": keep})}
+            options = {**method_options.get(name, {}), **size_option, **({} if keep is None else {"kv_keep": keep})}
             for size in batch_sizes:
                 # ar's running batch is its consecutive batches (its images all take N passes)
                 refills = get_method(name).refills and size > 1 and name != reference
                 for refill in (False, True) if refills else (False,):
-                    plan.append((name, options, size, refill))
+                    plan.append((label, name, options, size, refill))
+                    if name == "auto":  # its second call: what runs once tuned (kept for later calls and processes)
+                        plan.append((f"{label}, second call", name, options, size, refill))
                 if deterministic and size > 1:
-                    plan.append((name, {**options, "deterministic": True}, size, False))
+                    plan.append((label, name, {**options, "deterministic": True}, size, False))
     rows = []
-    for name, options, size, refill in progress_bar(plan, enabled=progress, desc="throughput", leave=True):
+    for label, name, options, size, refill in progress_bar(plan, enabled=progress, desc="throughput", leave=True):
         conds = conditions(pipe, max(images_per_slot * size, 2 * size))
-        rows.append(throughput_row(pipe, name, options, conds, size, refill))
+        rows.append(throughput_row(pipe, name, options, conds, size, refill, label))
     add_ratios(rows)
     return {
         "model": pipe.name,
@@ -126,6 +147,17 @@ def throughput(
         },
         "rows": rows,
     }
+
+
+def method_size(label: str) -> tuple[str, dict]:
+    """ "mc-sjd:8" -> ("mc-sjd", {"budget": 8}): a row of the method at that fixed size, as auto's
+    candidates are written; "mc-sjd" -> ("mc-sjd", {})."""
+    name, colon, size = label.partition(":")
+    if not colon:
+        return name, {}
+    if not size.isdigit() or int(size) < 1:
+        raise VisarError(f"--methods takes METHOD or METHOD:N (N a whole number >= 1, its fixed budget), got {label!r}")
+    return name, {"budget": int(size)}
 
 
 def add_ratios(rows: list[dict]):
@@ -171,7 +203,50 @@ def throughput_table(report: dict) -> str:
         f"model {report['model']} on {s['device']} ({s['dtype']}), {s['images_per_slot']} images per slot at each "
         f"batch size, sampling {s['sampling']}",
     ]
+    tuning = auto_table(report["rows"])
+    return "\n".join(lines + (["", tuning] if tuning else []))
+
+
+def auto_table(rows: list[dict]) -> str:
+    """auto's rows: what each call ran, the candidates' images per second it timed, and its seconds per
+    image against the fastest candidate's row and AR's at the same batch (rows of its candidates
+    present in the run; "-" where none is)."""
+    autos = [r for r in rows if "auto" in r]
+    if not autos:
+        return ""
+    lines = [
+        "auto: what each call ran (images), the images/s it timed per candidate, and its s / image against the "
+        "fastest candidate row and AR's at the same batch",
+        "",
+        "| call | batch | running batch | ran | timed (images/s) | winner | x fastest candidate | x AR |",
+        "|" + "---|" * 8,
+    ]
+    reference = rows[0]["method"]
+    for r in autos:
+        same = [
+            o for o in rows if (o["batch_size"], o["alone"], o["kv_keep"]) == (r["batch_size"], False, r["kv_keep"])
+        ]
+        # a candidate's row decoded as auto's was (running or not); AR's fixed batches are its running batch
+        candidates = [
+            o
+            for o in same
+            if o["method"] in r["auto"]["timed"] and (o["refill"] == r["refill"] or o["method"] == reference)
+        ]
+        fastest = max((o["images_per_s"] for o in candidates), default=None)
+        ar = next((o["images_per_s"] for o in same if o["method"] == reference), None)
+        ran = ", ".join(f"{spec} {images}" for spec, images in r["auto"]["ran"].items())
+        timed = ", ".join(f"{spec} {rate:.2f}" for spec, rate in r["auto"]["timed"].items())
+        winner = r["auto"]["winner"] or "tuning"
+        lines.append(
+            f"| {r['method']} | {r['batch_size']} | {decoding(r)} | {ran} | {timed} | {winner} "
+            f"| {ratio(fastest, r['images_per_s'])} | {ratio(ar, r['images_per_s'])} |"
+        )
     return "\n".join(lines)
+
+
+def ratio(other: float | None, images_per_s: float) -> str:
+    """auto's seconds per image over another row's ("-" without one)."""
+    return "-" if other is None else f"{other / images_per_s:.2f}"
 
 
 def decoding(row: dict) -> str:

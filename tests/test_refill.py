@@ -280,6 +280,8 @@ def test_auto_and_ar_run_a_running_batch_with_a_negative_prompt(tmp_path, monkey
     # prompts: every image is the candidate that decoded it, as that candidate decodes it alone
     monkeypatch.setenv("VISAR_CACHE", str(tmp_path))  # no tuning kept by another test
     auto.forget_tunings()
+    # eight images: mc-sjd's two rounds of two (a candidate is timed on four), then mc-sjd:8's
+    prompts, negative = prompts + ["a blue circle", "two red stars", "a big green square"], negative + ["dark"] * 3
     ran = {}
     out = t2i.generate(
         prompts=prompts,
@@ -290,7 +292,7 @@ def test_auto_and_ar_run_a_running_batch_with_a_negative_prompt(tmp_path, monkey
         batch_size=2,
         on_image=lambda index, tokens, info: ran.setdefault(index, info["auto"]),
     )
-    assert out.tokens.shape[0] == 5 and sorted(ran) == list(range(5)) and len(set(ran.values())) >= 2
+    assert out.tokens.shape[0] == 8 and sorted(ran) == list(range(8)) and len(set(ran.values())) >= 2
     for spec in set(ran.values()):
         name, _, size = spec.partition(":")
         alone = t2i.generate(

@@ -5,13 +5,13 @@ by default ar, mc-sjd at 8, 16 and 32 slots, and tree-mc-sjd's tree (option `can
 samples the model's exact law on its own and keeps its size for the whole decode. The first calls
 for a key (the model's weights, device, dtype, batch size, running batch or not, guidance scale,
 temperature, top-k, top-p and the ladder) decode their own first images with the candidates in
-turn, a round each (a batch of the call's size, and rounds until a candidate has LEAST_IMAGES),
-timed as they run in seconds per image: they are the call's outputs, so tuning throws no work away. The first round
-runs the middle of the ladder; each next one an untimed neighbour of the fastest so far (the one
-with fewer rows first), or of a candidate timed within TIE of it; tuning ends when all those
-neighbours have been timed. Speed is taken to rise and then fall
-along the ladder (a pass with more rows commits more tokens, and costs more), so where rows are
-dear (a CPU at a large batch) three rounds walk down to AR and never time a tree. The rest of the
+turn, timed as they run in seconds per image (a round is a batch of the call's size; a candidate
+takes rounds until it has LEAST_IMAGES): they are the call's outputs, so tuning throws no work
+away. The first round runs the middle of the ladder; each next one an untimed neighbour of the
+fastest so far (the one with fewer rows first), or of a candidate timed within TIE of it; tuning
+ends when all those neighbours have been timed. Speed is taken to rise and then fall along the
+ladder (a pass with more rows commits more tokens, and costs more), so where rows are dear (a CPU
+at a large batch) the walk times three candidates down to AR and never a tree. The rest of the
 call, and every later call and process, runs the winner, as `torch.backends.cudnn.benchmark`
 keeps its choice per shape.
 

@@ -10,6 +10,7 @@ import time
 import urllib.request
 
 import pytest
+import torch
 
 
 def needs(module: str):
@@ -29,7 +30,10 @@ def free_port() -> int:
 
 
 def start_demo(model: str, method: str, port: int) -> subprocess.Popen:
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
+    # the server decodes at this process's torch thread count (one under xdist, conftest.py): a test that
+    # compares its AR image with one decoded here, byte for byte, then sees the same rounding
+    threads = str(torch.get_num_threads())
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": threads}
     command = [sys.executable, "-m", "visar", "demo", "--model", model, "--method", method, "--port", str(port)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 

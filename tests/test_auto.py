@@ -23,7 +23,6 @@ from laws import (
 from visar.accel import auto, get_method, registry
 from visar.accel.registry import Request
 from visar.accel.sampling import make_generators
-from visar.accel.stats import COMMON_STATS, merge_batch_stats
 from visar.errors import VisarError
 
 # seconds per image of each candidate: where rows are dear (a CPU at a large batch) and where they are not
@@ -257,8 +256,7 @@ def test_a_choice_that_reads_the_image_s_own_draws_is_detected(model, timed, mon
             peek, _ = get_method("ar").fn(Request(one.model, one.cond, one.params, [copy]))
             choice = ("mc-sjd", {"budget": 8}) if int(peek[0, -1]) == 0 else ("ar", {})
             parts.append(registry.run_images(request, *choice, image, image + 1))
-        common = [{key: stats[key] for key in COMMON_STATS} for _, stats in parts]
-        return torch.cat([t for t, _ in parts]), merge_batch_stats(common)
+        return torch.cat([t for t, _ in parts]), auto.merged_stats([stats for _, stats in parts], request)
 
     monkeypatch.setattr(auto, "run_images", peeking)
     tokens = []

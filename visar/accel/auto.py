@@ -138,6 +138,10 @@ class Tuning:
                     return ladder[i]
         return None
 
+    def winner(self, ladder: list[str]) -> str | None:
+        """The fastest candidate once tuning is over, else None."""
+        return None if self.next_candidate(ladder) is not None else self.fastest()
+
     def images_per_second(self) -> dict[str, float]:
         return {spec: round(1 / self.seconds_per_image(spec), 3) for spec in self.timed}
 
@@ -228,11 +232,12 @@ def auto(request: Request, *, candidates: str = DEFAULT_CANDIDATES) -> tuple[Ten
     module's docstring); stats["auto"] says what ran, stats["auto_tuning"] each timed candidate's
     images per second."""
     ladder = {c.spec: c for c in parse_candidates(candidates)}
-    tuning = tuning_for(request, list(ladder))
+    specs = list(ladder)
+    tuning = tuning_for(request, specs)
     queue, device = request.cond.shape[0], torch.device(str(request.model.device))
     parts, ran, tuned_images, start = [], {}, 0, 0
     while start < queue:
-        spec = tuning.next_candidate(list(ladder))
+        spec = tuning.next_candidate(specs)
         stop = start + round_images(request, queue - start)
         timed = spec is not None and stop <= queue
         if not timed:  # tuned; or too few images left for a round of this size: the fastest so far
@@ -253,8 +258,8 @@ def auto(request: Request, *, candidates: str = DEFAULT_CANDIDATES) -> tuple[Ten
         "auto": " + ".join(ran),
         "auto_images": ran,
         "auto_tuning": tuning.images_per_second(),
-        "auto_winner": None if tuning.next_candidate(list(ladder)) else tuning.fastest(),
-        "auto_reason": reason(tuning, list(ladder), tuned_images),
+        "auto_winner": tuning.winner(specs),
+        "auto_reason": reason(tuning, specs, tuned_images),
     }
 
 
@@ -279,7 +284,7 @@ def merged_stats(parts: list[dict], request: Request) -> dict:
 def reason(tuning: Tuning, ladder: list[str], tuned_images: int) -> str:
     """One sentence: what the choice rests on."""
     speeds = ", ".join(f"{spec} {rate:.2f}" for spec, rate in tuning.images_per_second().items())
-    if tuning.next_candidate(ladder) is not None:
+    if tuning.winner(ladder) is None:
         said = (
             f"tuning: {len(tuning.timed)} of {len(ladder)} candidates timed so far (images/s: {speeds}); "
             f"{tuned_images} of this call's images decoded while timing; later calls go on"

@@ -22,7 +22,7 @@ def _test_device() -> torch.device:
     return device
 
 
-# What visar caches on disk (pass costs measured by budget="auto", codebook neighbours) goes to a
+# What visar caches on disk (auto's tuning, codebook neighbours) goes to a
 # folder of this run, so that no test reads what another run (or the user) left there.
 if "VISAR_CACHE" not in os.environ:
     import tempfile

@@ -225,7 +225,7 @@ def test_every_budget_of_every_method_returns_images_or_one_visar_error(method):
     for its trees to branch from)."""
     pipe = pipe_of("llamagen")
     lags = [{"s": s} for s in (1, 2, 3)] if method.startswith("zipar") else [{}]
-    for budget in [*range(1, 10), 16, 64, "auto"]:
+    for budget in [*range(1, 10), 16, 64, "auto"]:  # "auto": the sentence that says it is gone
         for lag in lags:
             one_call(pipe, {"method": method, "class_labels": [1, 2], "output_type": "tokens", "budget": budget, **lag})
 

@@ -108,11 +108,11 @@ def test_a_whole_pass_traces_as_one_graph(engine):
         )
         rule = acceptance.AcceptanceRule(grouped, acceptance.speculative_residual)
         rule = rule if engine == "gsd" else acceptance.SPECULATIVE
-        passes = ChainPasses(request, proposers.JacobiProposer(init, updater), 6, 0, 0, rule, None)
+        passes = ChainPasses(request, proposers.JacobiProposer(init, updater), 6, 0, 0, rule)
     else:
         layout = check_tree(model, 16, 3, 2 if engine == "tree-mc-sjd" else 3)
         names = parse_neighbours("left,above" if engine == "tree-mc-sjd" else "")
-        passes = TreePasses(request, layout, init, names, None)
+        passes = TreePasses(request, layout, init, names)
     explained = pass_graphs(passes)
     assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
     assert explained.graph_count == 1

@@ -25,7 +25,7 @@ def test_device_check_dry_run(tmp_path):
     assert [t["name"] for t in report["suite"]] == ["suite-fp32", "suite-bf16", "exact-law", "lumina-bf16"]
     assert all(t["rc"] == 0 and "passed" in t["summary"] for t in report["suite"]), report["suite"]
     cells = {(r["mode"], r["batch"], r["method"]) for r in report["bench"] if "method" in r}
-    methods = ("ar", "sjd", "mc-sjd", "mc-sjd, budget auto", "auto", "zipar")  # rows named by their budget
+    methods = ("ar", "sjd", "mc-sjd", "mc-sjd, budget 8", "auto", "zipar")  # rows named by their budget
     expected = {("eager", b, m) for b in (1, 2) for m in methods}
     assert expected | {("reduce-overhead", 1, "ar"), ("reduce-overhead", 1, "sjd")} == cells
     for row in report["bench"]:

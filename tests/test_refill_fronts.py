@@ -15,8 +15,7 @@ import pytest
 import torch
 from laws import CFG_TOPK, SAMPLES, LocalLlamaGen, compare_laws, exact_law, sequence_index, tiny_llamagen, tiny_pipeline
 
-from visar.accel import Request, ar, budget, get_method
-from visar.accel.budget import pin_costs
+from visar.accel import Request, ar, get_method
 from visar.accel.sampling import SamplingParams, draw_uniforms, make_generators
 from visar.accel.zipar import engine
 
@@ -70,23 +69,6 @@ def test_each_image_of_a_running_batch_is_its_decode_alone(model, name, options)
     assert_as_alone(name, model, options, tokens, stats)
     if name == "zipar-tree":
         assert sum(stats["side_taken_per_image"]) > 0
-
-
-@pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit
-def test_an_auto_budget_refills(model, monkeypatch):
-    """Under budget="auto" (its choices made every pass, from costs pinned so sizes switch) the budget's
-    counts span the images that come and go: every image is finished, its first pass its own."""
-    monkeypatch.setattr(budget, "CHOOSE_EVERY", 1)
-    pin_costs(model, lambda engine, size: 1.0 + 0.05 * size)
-    try:
-        request = Request(model, LABELS, PARAMS, make_generators(len(LABELS), SEED), slots=2)
-        tokens, stats = get_method("zipar-tree").fn(request, s=2, branch=3, budget="auto")
-    finally:
-        pin_costs(model, None)
-    assert stats["refills"] == 4 and stats["budget"] == "auto" and len(stats["sizes_chosen"]) > 1
-    commit_pass = stats["commit_pass"]
-    assert commit_pass.shape == tokens.shape and bool((commit_pass >= 1).all())
-    assert (commit_pass[:, 0] == 1).all() and commit_pass.amax(1).tolist() == stats["forward_passes_per_image"]
 
 
 @pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit

@@ -33,6 +33,7 @@ import torch
 import visar
 from visar.errors import VisarError
 from visar.eval.bench import bench, row_name
+from visar.eval.throughput import method_size
 from visar.models.llamagen import preset_config
 
 TINY_ARGS = dict(dim=32, n_layer=2, n_head=2, multiple_of=32, vocab_size=256, num_classes=10, block_size=16)
@@ -164,7 +165,7 @@ def main():
     parser.add_argument(
         "--methods",
         default="sjd,mc-sjd",
-        help="comma-separated; METHOD:auto runs it with budget='auto' (e.g. mc-sjd:auto)",
+        help="comma-separated; METHOD:N runs it at a fixed budget of N rows per pass (e.g. mc-sjd:8)",
     )
     parser.add_argument("--rows", help="JSONL file the rows are appended to")
     parser.add_argument("--deadline", type=float, default=float("inf"), help="start no cell after this (epoch s)")
@@ -185,10 +186,8 @@ def main():
     params_m = sum(p.numel() for p in pipe.model.parameters()) / 1e6
     notes = CudaGraphNotes()
     logging.getLogger("torch").addHandler(notes)
-    # "mc-sjd:auto" runs mc-sjd with budget="auto", beside "mc-sjd" at its fixed window
-    runs = [
-        (m.partition(":")[0], {"budget": m.partition(":")[2]} if ":" in m else {}) for m in args.methods.split(",") if m
-    ]
+    # "mc-sjd:8" runs mc-sjd at budget=8, beside "mc-sjd" at its own window
+    runs = [method_size(m) for m in args.methods.split(",") if m]
     rows_file = Path(args.rows)
     rows_file.parent.mkdir(parents=True, exist_ok=True)
     for mode in args.modes.split(","):

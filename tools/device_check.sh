@@ -129,7 +129,7 @@ if [ $DRY -eq 1 ]; then
         -k "exact_settings and gsd"
     run_tests lumina-bf16 120 VISAR_TEST_DEVICE=cpu VISAR_TEST_DTYPES=bf16 -- tests/test_conformance.py \
         -k "test_method_on_every_family and lumina and mc-sjd"
-    run_bench $(($(date +%s) + 60)) --model tiny --modes eager --batches 1,2 --methods sjd,mc-sjd,mc-sjd:auto,auto,zipar
+    run_bench $(($(date +%s) + 60)) --model tiny --modes eager --batches 1,2 --methods sjd,mc-sjd,mc-sjd:8,auto,zipar
     run_bench $(($(date +%s) + 60)) --model tiny --modes reduce-overhead --batches 1 --methods sjd \
         --compile-backend eager
     run_split $(($(date +%s) + 60)) --model visar-tiny-random --methods mc-sjd --n 2
@@ -148,8 +148,8 @@ else
         tests/test_conformance.py -k lumina
     run_deterministic 70 --model gpt-b --n 16 --batch-size 8
     # eager rows of every model first (cheap, and the ones that matter most), then the compiled modes
-    run_bench $((START + 300)) --model default --modes eager --methods sjd,mc-sjd,mc-sjd:auto,tree-mc-sjd,tree-mc-sjd:auto,auto,zipar
-    run_bench $((START + 300)) --model gpt-b --modes eager --methods sjd,mc-sjd,mc-sjd:auto,tree-mc-sjd:auto,auto
+    run_bench $((START + 300)) --model default --modes eager --methods sjd,mc-sjd,mc-sjd:8,tree-mc-sjd,tree-mc-sjd:32,auto,zipar
+    run_bench $((START + 300)) --model gpt-b --modes eager --methods sjd,mc-sjd,mc-sjd:8,mc-sjd:32,tree-mc-sjd,auto
     run_bench $((START + 300)) --model gpt-xl --modes eager
     run_split $((START + 330)) --model default --methods mc-sjd,tree-mc-sjd,auto --n 4
     run_bench $((START + 420)) --model default --modes reduce-overhead,default --methods sjd,mc-sjd,zipar

@@ -48,7 +48,7 @@ class ModelTimer:
 def split(pipe, timer: ModelTimer, method: str, conds: list, compiled: bool) -> dict:
     if compiled:  # every shape the timed images meet, compiled before them
         run_images(pipe, method, conds, 1, {}, "tokens")
-    else:  # pass costs measured (budget="auto", auto), first-call allocations
+    else:  # auto's AR-step probe, first-call allocations
         run_images(pipe, method, conds[:1], 1, {}, "tokens", seed=10**6)
     timer.calls, timer.seconds = 0, 0.0
     start = time.perf_counter()

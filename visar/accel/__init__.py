@@ -11,7 +11,7 @@ from . import next_scale  # next-scale models
 from . import maskgit, halton, lpd  # masked models
 
 # isort: on
-from . import budget, draft_trees, drafts, proposers
+from . import draft_trees, drafts, proposers
 from .registry import METHODS, Method, Request, get_method, list_methods, reference_method, register_method
 
 __all__ = [
@@ -24,7 +24,6 @@ __all__ = [
     "register_method",
     "ar",
     "auto",
-    "budget",
     "cspd",
     "draft_trees",
     "drafts",

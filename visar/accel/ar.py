@@ -13,11 +13,11 @@ import torch
 from torch import Tensor
 
 from ..progress import progress_bar
-from .budget import ProbeBudget
 from .registry import Request, register_method
 from .sampling import draw_uniforms, sample_from_probs, to_device
 from .scoring import GuidedScorer
 from .stats import DecodeLog, merge_batch_stats
+from .timing import StepTimer
 
 
 @torch.no_grad()
@@ -27,16 +27,16 @@ def generate(request: Request) -> tuple[Tensor, dict]:
     return sample_tokens(request)
 
 
-def sample_tokens(request: Request, probe: ProbeBudget | None = None) -> tuple[Tensor, dict]:
-    """The AR loop; `probe` (timing an AR step for `jacobi.chain_costs`) may stop it early. A running
-    batch's queue is decoded `slots` images at a time (`sample_queue`)."""
-    if request.slots is not None and probe is None:
+def sample_tokens(request: Request, timer: StepTimer | None = None) -> tuple[Tensor, dict]:
+    """The AR loop; `timer` (timing AR steps for `auto`) may stop it early. A running batch's queue
+    is decoded `slots` images at a time (`sample_queue`)."""
+    if request.slots is not None and timer is None:
         return sample_queue(request)
-    # a probe of a running batch times its first slots' images
+    # a timer of a running batch times its first slots' images
     scorer = GuidedScorer(
         request.model, request.cond, request.cond_mask, request.params, slots=request.slots, kv_keep=request.kv_keep
     )
-    return sample_batch(request, scorer, request.generators[: scorer.batch], probe)
+    return sample_batch(request, scorer, request.generators[: scorer.batch], timer)
 
 
 def sample_queue(request: Request) -> tuple[Tensor, dict]:
@@ -72,7 +72,7 @@ def sample_batch(
     request: Request,
     scorer: GuidedScorer,
     generators: list,
-    probe: ProbeBudget | None = None,
+    timer: StepTimer | None = None,
     admit: Tensor | None = None,
 ) -> tuple[Tensor, dict]:
     """The AR loop over `scorer`'s batch (admit: the queue images its slots take first)."""
@@ -90,7 +90,7 @@ def sample_batch(
             scorer.admit(torch.arange(batch, device=device), admit)
         probs = scorer.prefill()  # [B, V]
         for i in progress_bar(range(num_tokens), enabled=request.progress, desc="ar"):
-            if probe is not None and probe.size() is None:
+            if timer is not None and not timer.tick():
                 break
             tokens[:, i] = sample_from_probs(probs, uniforms[:, i])
             if i + 1 < num_tokens:

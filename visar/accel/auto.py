@@ -38,10 +38,9 @@ from .. import __version__
 from ..errors import VisarError
 from . import cost_store
 from .ar import sample_tokens
-from .budget import ProbeBudget, scratch_request
 from .registry import METHODS, Request, register_method, run_images
 from .stats import COMMON_STATS, merge_batch_stats
-from .timing import synchronized_clock
+from .timing import StepTimer, synchronized_clock
 
 DEFAULT_CANDIDATES = "ar,mc-sjd:8,mc-sjd,mc-sjd:32,tree-mc-sjd"
 TUNING_FILE = "auto_tuning.json"
@@ -180,16 +179,25 @@ def kept_tuning(name: str, ladder: list[str]) -> Tuning | None:
     return Tuning(ar_step_s, timed, name, "kept on disk")
 
 
+def scratch_request(request: Request) -> Request:
+    """The caller's model and conditions with throwaway generators: a probe draws none of the caller's
+    randomness, so what it measures cannot bias the decode."""
+    # a running batch's probe keeps the queue (the null conditions of a negative prompt held for the
+    # call are made for all of it) and times its first slots' images; it stops long before any is done
+    generators = [torch.Generator().manual_seed(i) for i in range(len(request.generators))]
+    return replace(request, generators=generators, progress=False, on_image=None)
+
+
 def ar_step_seconds(request: Request) -> float:
     """The fastest of a few AR steps at this batch, on throwaway generators."""
     device = torch.device(str(request.model.device))
     scratch, fastest = scratch_request(request), float("inf")
     for _ in range(PROBE_ROUNDS):
         start = synchronized_clock(device)
-        probe = ProbeBudget(0, PROBE_PASSES + 1, device)
-        sample_tokens(scratch, probe)
+        timer = StepTimer(PROBE_PASSES + 1, device)
+        sample_tokens(scratch, timer)
         whole = synchronized_clock(device) - start  # a one-token image has no step to time apart
-        fastest = min(fastest, *(probe.times[1:] or [whole]))
+        fastest = min(fastest, *(timer.times[1:] or [whole]))
     return fastest
 
 

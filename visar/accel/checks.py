@@ -23,3 +23,17 @@ def check_number(
 def check_choice(name: str, value, choices) -> None:
     if not isinstance(value, str) or value not in choices:
         raise VisarError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def check_budget(budget, method: str, number: str = "rows per pass") -> int | None:
+    """A method's `budget`: None (its own size) or a whole number of `number` >= 1, the size of every
+    pass; else one VisarError. Every pass has the same size: a per-pass choice ("auto") lost to the
+    best fixed size on every method it ran (docs/SPEED.md), and `method="auto"` times fixed sizes."""
+    if budget is None or (isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1):
+        return budget
+    if budget == "auto":
+        raise VisarError(
+            f"budget='auto' is gone (a size chosen per pass lost to the best fixed size, docs/SPEED.md): give "
+            f"{method} a whole number of {number} >= 1, or use method='auto', which times fixed sizes on your machine"
+        )
+    raise VisarError(f"budget for {method} must be a whole number of {number} >= 1, or None; got {budget!r}")

@@ -1,14 +1,13 @@
 """Measurements kept on disk, so that a second process on the same machine measures nothing.
 
-`budget.measured_costs` times an engine's passes once per model, device, dtype, batch size,
-guidance and engine; a process that starts again (a second `visar generate`, each torchrun worker)
-would time them again, seconds of probes before its first image. What it measured is kept in one
-JSON file in visar's cache folder (`cache_root`: `$VISAR_CACHE`, else `~/.cache/visar`, where the
-relaxed methods keep their codebook neighbours too). An entry is found again only by the same
-key on the same machine: the model's fingerprint (its class, parameter names, shapes, dtypes and
-first values), the torch version, the processor or GPU, and the CPU thread count, beside the
-budget's own key. `auto`'s tuning is kept the same way, in a file of its own (`auto.TUNING_FILE`).
-Delete a file to measure again.
+`auto` times its candidates once per model, device, dtype, batch size, guidance and sampling
+settings; a process that starts again (a second `visar generate`, each torchrun worker) would time
+them again, images decoded by slower candidates before it runs the fastest. What it measured is
+kept in one JSON file in visar's cache folder (`cache_root`: `$VISAR_CACHE`, else
+`~/.cache/visar`, where the relaxed methods keep their codebook neighbours too). An entry is found
+again only by the same key on the same machine: the model's fingerprint (its class, parameter
+names, shapes, dtypes and first values), the torch version, the processor or GPU, and the CPU
+thread count, beside the caller's own key (`auto.TUNING_FILE`). Delete the file to measure again.
 """
 
 from __future__ import annotations
@@ -21,8 +20,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-
-FILE_NAME = "pass_costs.json"
 
 
 def cache_root() -> Path:
@@ -58,7 +55,7 @@ def cpu_name() -> str:
 
 
 def entry_name(model, key: tuple) -> str:
-    """The name this model's costs under `key` are kept by on this machine."""
+    """The name what was measured for this model under `key` is kept by on this machine."""
     device = torch.device(str(model.device))
     return json.dumps([model_fingerprint(model), torch.__version__, machine(device), *map(str, key)])
 
@@ -92,16 +89,3 @@ def save_entry(file_name: str, name: str, entry: dict) -> None:
         os.replace(tmp.name, path)
     except OSError:
         return
-
-
-def load_costs(name: str) -> tuple[list[int], list[float]] | None:
-    """(sizes, seconds) kept under `name` (`entry_name`), or None."""
-    entry = load_entry(FILE_NAME, name)
-    if entry is None or not (isinstance(entry.get("sizes"), list) and isinstance(entry.get("seconds"), list)):
-        return None
-    return entry["sizes"], entry["seconds"]
-
-
-def save_costs(name: str, sizes, seconds) -> None:
-    """Keep (sizes, seconds) under `name` (`entry_name`)."""
-    save_entry(FILE_NAME, name, {"sizes": list(sizes), "seconds": list(seconds)})

@@ -78,7 +78,7 @@ class DraftTree:
     @functools.lru_cache(maxsize=256)
     def build(cls, window: int, branch: int, depth: int) -> DraftTree:
         """The tree of these numbers, built once per process (its index tensors are only read): a
-        budget's decode asks for every size's tree, which took some 500 small ops each time."""
+        build takes some 500 small ops, and every decode of a tree method asks for its tree."""
         for name, value, minimum in (("window", window, 2), ("branch", branch, 1), ("depth", depth, 1)):
             check_number(name, value, minimum, integer=True)
         paths = [p for d in range(1, depth) for p in _rank_paths(branch, d)]

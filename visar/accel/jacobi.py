@@ -14,8 +14,7 @@ One pass per image: propose a window of drafts (proposers.py), score it in one t
 verify left to right (acceptance.py), commit 1..L tokens per image (ragged), truncate its KV
 cache, carry the rest over. docs/RASTER.md has the iteration step by step, the deliberate
 differences from the upstream code (each needed for exactness at every batch size) and the
-randomness, which makes an image's tokens independent of its batch unless `budget="auto"`
-chooses each pass's window for the batch and device (`decode_with_budget`, `visar.accel.budget`).
+randomness, which makes an image's tokens independent of its batch.
 """
 
 from __future__ import annotations
@@ -30,21 +29,7 @@ from torch import Tensor
 from ..errors import VisarError
 from ..models.base import RasterModel
 from .acceptance import SPECULATIVE, AcceptanceRule, verify_slots
-from .ar import sample_tokens
-from .budget import (
-    AUTO,
-    CHAIN_SIZES,
-    MAX_AGE,
-    PassCosts,
-    ProbeBudget,
-    SurvivalCounts,
-    WindowBudget,
-    check_budget,
-    cost_key,
-    measured_costs,
-    scratch_request,
-)
-from .checks import check_number
+from .checks import check_budget, check_number
 from .drafts import DecodeState, resolve_initialiser
 from .passes import decode_passes, running_batch, score_first_passes_apart
 from .proposers import (
@@ -217,18 +202,17 @@ class ChainPasses:
     ([last committed token, drafts]), verifies the drafts left to right, commits the leading
     accepted ones and one token more (ragged), and carries the rest over (`Proposer`).
 
-    budget: chooses each pass's window (at most `window`) from what earlier passes committed, or
-    stops a probe (`budget.size()` None); None: every pass has `window` slots. A running batch
+    Every pass has `window` slots (fewer where an image's window reaches its end). A running batch
     (`request.slots`) refills a slot between passes (`admit`); the slot's state is then what a decode
     of the new image alone starts with.
     """
 
     desc = "speculative"
 
-    def __init__(self, request: Request, proposer: Proposer, window: int, warmup, tail, rule, budget):
+    def __init__(self, request: Request, proposer: Proposer, window: int, warmup, tail, rule):
         check_spans(window, warmup, tail)
         model, self.generators = request.model, request.generators
-        self.proposer, self.rule, self.budget = proposer, rule, budget
+        self.proposer, self.rule = proposer, rule
         self.spans = (warmup, tail)  # the plain-AR spans at the start and end
         self.batch, self.device = request.batch_size, model.device
         self.num_cond, self.total = model.num_condition_tokens, model.num_image_tokens
@@ -246,7 +230,6 @@ class ChainPasses:
         self.passes = 0  # passes planned
         self.fresh = tuple(range(self.batch))  # slots whose image has not had its first pass
         self.start_pass = [0] * self.batch  # the pass at which each slot's image started
-        self.sizes_chosen: dict[int, int] = {}  # window -> passes
         self.full_lengths: dict[int, Tensor] = {}  # slots -> window_len [B] of a pass of full windows
         # Compiled passes draft padded windows: slots past an image's window are padding (never
         # tested, after every real slot, forgotten with the cache), so the tokens are the same.
@@ -254,7 +237,7 @@ class ChainPasses:
 
     def __enter__(self):
         self.scorer.open_cache(self.num_cond + self.total)
-        self.proposer.start(self.state, track_ages=self.budget is not None)
+        self.proposer.start(self.state)
         return self
 
     def __exit__(self, *exc):
@@ -265,13 +248,9 @@ class ChainPasses:
 
     def plan(self) -> Window | None:
         """Each image's window this pass (its uniforms included), or None when the decode is over."""
-        pass_size = self.window if self.budget is None else self.budget.size()
-        if pass_size is None:  # a probe's last timed pass
-            return None
-        window_len, num_slots, least, full = self.pass_shape(min(pass_size, self.window))
+        window_len, num_slots, least, full = self.pass_shape(self.window)
         if num_slots == 0:
             return None
-        self.sizes_chosen[pass_size] = self.sizes_chosen.get(pass_size, 0) + 1
         uniforms = self.uniforms.take(NUM_PURPOSES * self.window)  # [B, 4 * window] (`Window.row`)
         fresh, self.fresh = self.fresh, ()
         self.passes += 1
@@ -331,9 +310,6 @@ class ChainPasses:
             1, slot_index if slot_index.shape[1] == length else slot_index[:, :length], verdict.slot_tokens
         )
         self.record.write(state.committed, plan.window_len, verdict.num_accepted)
-        if self.budget is not None:
-            active, num_drafts = plan.window_len > 0, (plan.window_len - 1).clamp(min=0)
-            self.budget.count(verdict.num_accepted, num_drafts, active, self.proposer.draft_age, state.committed)
         self.proposer.after_commit(
             state, plan, probs, verdict.slot_tokens, commit_count, verdict.slot_laws, verdict.p_draws
         )
@@ -346,8 +322,7 @@ class ChainPasses:
 
     def finish(self) -> tuple[Tensor, dict]:
         stats = self.record.stats(self.scorer.forward_passes, draft_forward_passes=self.proposer.forward_passes)
-        sizes = dict(sorted(self.sizes_chosen.items()))
-        return self.state.tokens[:, : self.total], {**stats, "window": self.window, "sizes_chosen": sizes}
+        return self.state.tokens[:, : self.total], {**stats, "window": self.window}
 
     def done(self) -> Tensor:
         return self.state.committed >= self.total
@@ -379,71 +354,11 @@ def speculative_decode(
     warmup: int = 0,
     tail: int = 0,
     rule: AcceptanceRule = SPECULATIVE,
-    budget: WindowBudget | ProbeBudget | None = None,
 ) -> tuple[Tensor, dict]:
     """Propose, score, verify, commit (ragged), truncate, carry over, pass after pass
     (`ChainPasses` on the pass loop). -> (tokens [B, N], stats)."""
-    engine = ChainPasses(request, proposer, window, warmup, tail, rule, budget)
+    engine = ChainPasses(request, proposer, window, warmup, tail, rule)
     return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))
-
-
-# -- budgets: the window of each pass matched to the device --------------------------------------------
-
-
-def chain_costs(request: Request, make_proposer: Callable[[], Proposer]) -> PassCosts | None:
-    """Seconds per pass of this engine at each window of CHAIN_SIZES (clipped to the image), and at
-    size 0 an AR step (`ar.sample_tokens`), measured in the same rounds (`budget.measured_costs`),
-    once per model, device, dtype, batch size and guidance: the one-slot window pays for the
-    engine's bookkeeping, which an AR step does not."""
-    model = request.model
-    sizes = (0, *(s for s in CHAIN_SIZES if s <= model.num_image_tokens))
-    key = cost_key("chain", model, request.batch_size, request.params.uses_cfg, (model.num_condition_tokens,))
-
-    def probe(budget: ProbeBudget):
-        if budget.fixed == 0:
-            sample_tokens(scratch_request(request), budget)
-        else:
-            speculative_decode(scratch_request(request), make_proposer(), window=max(sizes), budget=budget)
-
-    return measured_costs(model, key, sizes, probe, model.device, lambda size: max(size, 1), warm_up=(0, 1))
-
-
-def decode_chain_budget(request: Request, proposer: Proposer, costs: PassCosts, **spans) -> tuple[Tensor, dict]:
-    """`speculative_decode` with each pass's window chosen by an auto budget over `costs`: window w
-    has w - 1 draft slots (size 0, an AR step, is not the engine's to run)."""
-    model = request.model
-    counts = SurvivalCounts(MAX_AGE, model.device)
-    windows = tuple(size for size in costs.sizes if size >= 1)
-    controller = WindowBudget(costs, windows, lambda size: size - 1, counts, tuple(model.grid_size))
-    tokens, stats = speculative_decode(request, proposer, window=max(windows), budget=controller, **spans)
-    return tokens, {**stats, **controller.stats()}
-
-
-def decode_with_budget(
-    request: Request,
-    make_proposer: Callable[[], Proposer],
-    budget: str | int | None,
-    method: str,
-    *,
-    window: int,
-    warmup: int = 0,
-    tail: int = 0,
-    rule: AcceptanceRule = SPECULATIVE,
-) -> tuple[Tensor, dict]:
-    """`speculative_decode` under a budget: None, the fixed `window`; a number, that window; "auto",
-    each pass's window chosen from the measured pass costs and the decode's own acceptance counts
-    (falling back to `window`, said in stats["budget"], when the costs cannot be measured)."""
-    budget = check_budget(budget, method)
-    spans = {"warmup": warmup, "tail": tail, "rule": rule}
-    if budget != AUTO:
-        window = window if budget is None else budget
-        tokens, stats = speculative_decode(request, make_proposer(), window=window, **spans)
-        return tokens, {**stats, "budget": budget if budget is not None else "fixed"}
-    costs = chain_costs(request, make_proposer)
-    if costs is None:
-        tokens, stats = speculative_decode(request, make_proposer(), window=window, **spans)
-        return tokens, {**stats, "budget": f"fixed window {window}: the pass costs could not be measured"}
-    return decode_chain_budget(request, make_proposer(), costs, **spans)
 
 
 # -- the registered methods ----------------------------------------------------------------------------
@@ -462,7 +377,7 @@ def sjd(
     warmup: int = 0,
     tail: int = 0,
     init: str | Callable = "above",
-    budget: str | int | None = None,
+    budget: int | None = None,
 ) -> tuple[Tensor, dict]:
     """Speculative Jacobi decoding (Teng et al. 2024), exact at every batch size.
 
@@ -470,20 +385,13 @@ def sjd(
     tokens per pass; warmup / tail: the first / last tokens decoded one per pass (plain AR);
     init: the draft initialiser for new slots: "above" (the token one row up; the default, as it
     takes the fewest passes, docs/DEFAULTS.md), "random" (the paper's), "left", "above-left";
-    budget: "auto" chooses each pass's window (1 .. 32) for the most tokens per second on this
-    device and batch (`visar.accel.budget`), a number is the window, None keeps `window`.
+    budget: rows per pass, the window's other name (`auto`'s candidates set it), None keeps `window`.
     """
+    window = check_budget(budget, "sjd") or window
     check_spans(window, warmup, tail)
-    initialiser = resolve_initialiser(init)
-    return decode_with_budget(
-        request,
-        lambda: JacobiProposer(initialiser, independent_carry),
-        budget,
-        "sjd",
-        window=window,
-        warmup=warmup,
-        tail=tail,
-    )
+    proposer = JacobiProposer(resolve_initialiser(init), independent_carry)
+    tokens, stats = speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail)
+    return tokens, {**stats, "budget": budget or "fixed"}
 
 
 @register_method(
@@ -500,7 +408,7 @@ def mc_sjd(
     tail: int = 0,
     coupling: str = "maximal",
     init: str | Callable = "above",
-    budget: str | int | None = None,
+    budget: int | None = None,
 ) -> tuple[Tensor, dict]:
     """Coupled speculative Jacobi decoding (So et al. 2025): SJD whose carried drafts are coupled to the old ones.
 
@@ -508,19 +416,11 @@ def mc_sjd(
     noise keyed to image and absolute position, pi_GS). Other options as `sjd` (init "above" by
     default: the fewest passes, docs/DEFAULTS.md), budget as `sjd`'s.
     """
+    window = check_budget(budget, "mc-sjd") or window
     check_spans(window, warmup, tail)
-    initialiser = resolve_initialiser(init)
-    carry_updater(coupling, "mc-sjd")  # checked before any probe
-    tokens, stats = decode_with_budget(
-        request,
-        lambda: JacobiProposer(initialiser, carry_updater(coupling, "mc-sjd")),
-        budget,
-        "mc-sjd",
-        window=window,
-        warmup=warmup,
-        tail=tail,
-    )
-    return tokens, {**stats, "coupling": coupling}
+    proposer = JacobiProposer(resolve_initialiser(init), carry_updater(coupling, "mc-sjd"))
+    tokens, stats = speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail)
+    return tokens, {**stats, "budget": budget or "fixed", "coupling": coupling}
 
 
 def check_draft(model: RasterModel, draft, method: str = "spec") -> RasterModel:

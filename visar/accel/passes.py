@@ -6,9 +6,9 @@ verifies them under the acceptance rule, and commits what holds (tokens, statist
 drafts, the cache). What differs between the shapes of pass is a `PassEngine`: `ChainPasses`
 (jacobi.py: sjd, mc-sjd, spec, gsd, lantern), `TreePasses` (tree_jacobi.py: sjd-pac,
 tree-mc-sjd), `StaticTreePasses` (tree.py: lantern++) and `FrontPasses` (zipar/engine.py: the zipar
-family, wavefront). The pass policy is the `budget` an engine is handed: None for its fixed size,
-a budget that chooses each pass's size from what earlier passes committed, or a probe that times
-the engine and then stops it (`visar.accel.budget`).
+family, wavefront). Every pass of a decode has the engine's one size (a method's `budget=N` sets
+it): sizes chosen pass by pass lost to the best fixed size on every method they ran, and `auto`
+chooses among fixed sizes by timing them (docs/SPEED.md).
 
 A running batch (`Request.slots`): the engine decodes `slots` images of a longer queue at once; when a
 slot's image has all its tokens it leaves, and the next image of the queue takes the slot before the
@@ -31,9 +31,8 @@ class PassEngine(Protocol):
     """One shape of pass, with the state it carries from pass to pass.
 
     `with engine:` holds what a decode holds open (the KV cache, a draft model's); `plan()` is the
-    next pass's shape, asking the budget for its size (None: every image is done, or a probe has
-    timed its passes); `commit` writes the pass's tokens and statistics, tells the budget what it
-    committed, carries drafts over and trims the cache.
+    next pass's shape (None: every image is done); `commit` writes the pass's tokens and
+    statistics, carries drafts over and trims the cache.
     """
 
     desc: str  # the progress bar's label
@@ -115,7 +114,7 @@ class RunningBatch:
     `on_image(index, tokens [N], {"forward_passes", "commit_pass" [N]})` at once, so a caller can
     save it) and take the next images of the queue (`PassEngine.admit`); a slot left when the queue
     is empty idles (an engine gives a finished image no slots). An image's passes and commit_pass
-    are counted from its own first pass, so at a fixed budget they, like its tokens, are those of
+    are counted from its own first pass, so they, like its tokens, are those of
     its decode alone."""
 
     def __init__(self, num_images: int, slots: int, on_image: Callable | None = None):
@@ -159,10 +158,7 @@ class RunningBatch:
 
     def finish(self, engine: PassEngine) -> tuple[Tensor, dict]:
         """After the last pass: the images still in slots, then every image's tokens [Q, N] and the
-        engine's statistics with the per-image ones of the whole queue. A decode stopped before its
-        queue is done (a budget's probe, timing the first passes) returns the engine's own."""
-        if self.next < self.num_images and not bool(engine.done().all()):  # a probe, stopped early
-            return engine.finish()
+        engine's statistics with the per-image ones of the whole queue."""
         self.collect(engine, [row for row, image in enumerate(self.holds) if image is not None])
         _, stats = engine.finish()
         tokens = torch.stack(self.tokens)

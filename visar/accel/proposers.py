@@ -66,17 +66,14 @@ class Window:
 
 
 class Proposer(Protocol):
-    """Where drafts come from. `forward_passes` counts the proposer's own model calls; `draft_age`
-    [B, G] is how many passes each draft of the last proposal was carried (0: new), kept only when
-    `start` was asked to track ages (an auto budget learns from them), else None."""
+    """Where drafts come from. `forward_passes` counts the proposer's own model calls."""
 
     forward_passes: int
-    draft_age: Tensor | None
     # the carry-over draws from p at every slot with the CARRY uniforms (SJD's): verification makes
     # that draw with its own and hands it to `after_commit` (p_draws)
     draws_from_p: bool
 
-    def start(self, state: DecodeState, track_ages: bool = False) -> None: ...
+    def start(self, state: DecodeState) -> None: ...
 
     def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
         """-> draft_tokens [B, G], draft_probs [B, G, V] for image indices committed + j, G = max_drafts."""
@@ -200,7 +197,7 @@ class JacobiProposer:
         self.draws_from_p = updater is independent_carry
         self.forward_passes = 0
 
-    def start(self, state: DecodeState, track_ages: bool = False):
+    def start(self, state: DecodeState):
         batch, vocab, device = state.tokens.shape[0], state.vocab_size, state.tokens.device
         self.window = state.window
         self.slots = torch.arange(self.window, device=device)  # sliced each pass rather than made again
@@ -211,9 +208,6 @@ class JacobiProposer:
         self.carry_tokens = torch.zeros(batch, self.window, dtype=torch.long, device=device)
         self.carry_probs = torch.zeros(batch, self.window, vocab, device=device)
         self.carried = torch.zeros(batch, self.window, dtype=torch.bool, device=device)  # [B, C] slot holds a draft
-        # passes each carried draft has been through (its age; a new slot's draft is 0), for a budget
-        self.carry_age = torch.zeros(batch, self.window, dtype=torch.long, device=device) if track_ages else None
-        self.draft_age = None if self.carry_age is None else self.carry_age[:, :0]  # [B, G] of the last proposal
 
     def canvas(self, state: DecodeState) -> Tensor:
         """[B, N + window] committed tokens and carried drafts at their indices, -1 elsewhere."""
@@ -232,7 +226,9 @@ class JacobiProposer:
     def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
         self.last_canvas = None
         num_slots = window.max_drafts
-        if num_slots > self.carry_tokens.shape[1]:  # more slots than the last pass had (a budget's choice)
+        if (
+            num_slots > self.carry_tokens.shape[1]
+        ):  # more slots than the last pass had (after a span of plain-AR passes)
             more = num_slots - self.carry_tokens.shape[1]
             self.carry_tokens, self.carry_probs, self.carried = (
                 F.pad(self.carry_tokens, (0, more)),
@@ -243,12 +239,8 @@ class JacobiProposer:
         if num_slots < draft_tokens.shape[1]:  # fewer slots than the last pass carried (the image's end)
             draft_tokens, draft_probs, from_carry = (x[:, :num_slots] for x in (draft_tokens, draft_probs, from_carry))
         if num_slots == 0:  # a pass of plain AR steps: no draft slots
-            if self.carry_age is not None:
-                self.draft_age = self.carry_age[:, :0]
             return draft_tokens, draft_probs
         slots = self.slot_prefix[num_slots]
-        if self.carry_age is not None:
-            self.draft_age = torch.where(from_carry, self.carry_age[:, :num_slots], 0)
         # Every slot the carry-over does not cover is filled, padding past an image's window too (its
         # draft is never tested, and no real slot sees a padding slot's input): asking which slots
         # need a draft would cost ops, and whether any does would wait for the device.
@@ -275,7 +267,7 @@ class JacobiProposer:
         carry, law = self.updater(request)
         # Slots commit_count .. window_len - 1 become drafts for the indices right after the new commit
         # (new tensors of this pass's length less one, as every image commits a token or is done; not
-        # copies into the window's: the next pass has no more slots unless a budget chooses more, and
+        # copies into the window's: the next pass has no more slots unless a plain-AR span ends, and
         # `propose` pads for those).
         source = commit_count[:, None] + self.slot_prefix[length - 1]  # [B, L - 1] the slot each carries
         shift = source.clamp(max=length - 1)
@@ -283,9 +275,6 @@ class JacobiProposer:
         self.carry_probs = law[self.rows, shift]  # [B, L - 1, V]: one index, not an expand and a gather
         # a carried slot holds a draft where its source lies in the window (every slot's is L long when full)
         self.carried = source < (length if window.full else window.window_len[:, None])
-        if self.carry_age is not None:
-            slot_age = F.pad(self.draft_age, (0, length - self.draft_age.shape[1])) + 1  # the bonus slot: a new draw
-            self.carry_age[:, : length - 1] = slot_age.gather(1, shift)
 
     def slot_index(self, state: DecodeState, window: Window, length: int) -> Tensor:
         """[B, length] the image index of each slot: the plan's, else made here."""
@@ -294,10 +283,8 @@ class JacobiProposer:
         return window.slot_index[:, :length]
 
     def admit(self, rows: Tensor, images: Tensor):
-        """Slots `rows` start new images: nothing carried over, no ages."""
+        """Slots `rows` start new images: nothing carried over."""
         self.carried[rows] = False
-        if self.carry_age is not None:
-            self.carry_age[rows] = 0
         if hasattr(self.updater, "admit"):
             self.updater.admit(rows)
 
@@ -316,14 +303,13 @@ class DraftModelProposer:
         self.scorer = GuidedScorer(draft, cond, cond_mask, params, slots=slots)
         self.num_cond = draft.num_condition_tokens
 
-    draft_age = None  # a draft model's drafts are new every pass
     draws_from_p = False
 
     @property
     def forward_passes(self) -> int:
         return self.scorer.forward_passes
 
-    def start(self, state: DecodeState, track_ages: bool = False):
+    def start(self, state: DecodeState):
         self.max_pos = self.num_cond + state.num_tokens - 1
         self.scorer.open_cache(self.max_pos + 1)
         self.draft_len: Tensor | None = None  # [B] valid cache length; None before the prefill

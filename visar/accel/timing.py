@@ -17,3 +17,21 @@ def synchronized_clock(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+class StepTimer:
+    """Times a loop's steps, then stops it: each `tick()` (one a step, before it) records the
+    seconds since the last, and answers False once `steps` of them are timed. `auto` times AR steps
+    with it (`auto.ar_step_seconds`: the reference its tuning is kept against)."""
+
+    def __init__(self, steps: int, device: torch.device):
+        self.steps, self.device = steps, device
+        self.times: list[float] = []
+        self.clock: float | None = None
+
+    def tick(self) -> bool:
+        now = synchronized_clock(self.device)
+        if self.clock is not None:
+            self.times.append(now - self.clock)
+        self.clock = now
+        return len(self.times) < self.steps

@@ -9,15 +9,13 @@ Papers and upstream code the rules were checked against:
 
 One pass per image: draft a tree after the committed prefix (draft_trees.py), score it in one
 target pass, verify every node, commit the reached path plus one token, carry the main path's
-outputs over. `tree_jacobi_decode` is the engine; budgets choose each pass's tree, or the
-one-branch chain, from the measured pass costs. docs/RASTER.md ("Draft trees") has the rules,
+outputs over. `tree_jacobi_decode` is the engine. docs/RASTER.md ("Draft trees") has the rules,
 where the two methods differ from upstream and the randomness.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -25,22 +23,7 @@ from torch import Tensor
 
 from ..errors import VisarError
 from ..models.base import RasterModel
-from .budget import (
-    AUTO,
-    DRAFT_MARGIN,
-    MAX_AGE,
-    TREE_SIZES,
-    PassCosts,
-    ProbeBudget,
-    SurvivalCounts,
-    WindowBudget,
-    check_budget,
-    cost_key,
-    measured_costs,
-    prior_tokens,
-    scratch_request,
-)
-from .checks import check_number
+from .checks import check_budget, check_number
 from .draft_trees import (
     NEIGHBOURS,
     DraftTree,
@@ -53,7 +36,7 @@ from .draft_trees import (
     verify_tree,
 )
 from .drafts import resolve_initialiser
-from .jacobi import chain_costs, decode_chain_budget, image_keys, new_state
+from .jacobi import image_keys, new_state
 from .passes import decode_passes, running_batch, score_first_passes_apart
 from .proposers import JacobiProposer, Window, maximal_coupling_carry
 from .registry import Request, register_method
@@ -81,24 +64,19 @@ class TreePasses:
     scored in one pass, every node verified, the reached path plus one token committed, the main
     path's outputs carried over (MC-SJD's coupling).
 
-    layouts: one tree, or trees by size (one branch and depth, main paths of several lengths), of
-    which `budget` chooses each pass's (from what earlier passes committed), or stops a probe.
-    A running batch (`request.slots`) refills a slot between passes (`admit`); the slot's state is
-    then what a decode of the new image alone starts with.
+    layout: the tree every pass drafts. A running batch (`request.slots`) refills a slot between
+    passes (`admit`); the slot's state is then what a decode of the new image alone starts with.
     """
 
     desc = "tree"
 
-    def __init__(self, request: Request, layouts, initialiser: Callable, neighbours: tuple[str, ...], budget):
+    def __init__(self, request: Request, layout: DraftTree, initialiser: Callable, neighbours: tuple[str, ...]):
         model, self.generators = request.model, request.generators
-        self.budget, self.neighbours = budget, neighbours
+        self.neighbours = neighbours
         self.device, self.total, self.vocab = model.device, model.num_image_tokens, model.vocab_size
         self.batch = batch = request.batch_size
         generators = self.generators[:batch]
-        if isinstance(layouts, DraftTree):
-            layouts = {layouts.num_nodes: layouts}
-        self.largest = layouts[max(layouts)]
-        main_len = self.largest.main_length
+        main_len = layout.main_length
         self.state = new_state(model, generators, main_len, spare=main_len + 1)
         self.scorer = GuidedScorer(
             model, request.cond, request.cond_mask, request.params, slots=request.slots, kv_keep=request.kv_keep
@@ -108,19 +86,15 @@ class TreePasses:
         self.passes_run = 0  # passes planned: the pass number the log records (an image's own, less its start)
         self.fresh = tuple(range(batch))  # slots whose image has not had its first pass
         self.start_pass = [0] * batch  # the pass after which each slot's image started
-        # one cache layout for every size: the same side nodes
-        self.passes = {size: TreePass(self.scorer, layout) for size, layout in layouts.items()}
-        self.layouts = {size: layout.to(self.device) for size, layout in layouts.items()}
-        self.sizes_chosen: dict[int, int] = {}
+        self.tree_pass = TreePass(self.scorer, layout)
+        self.layout = layout.to(self.device)
         self.fed = torch.zeros(batch, dtype=torch.long, device=self.device)  # tokens with their KV cached
-        # each pass's uniforms, the same numbers as a draw per pass, drawn up to 16 passes of the largest tree at a time
-        self.uniforms = UniformStream(
-            generators, self.device, block=stream_block(tree_uniforms(self.largest, self.vocab))
-        )
+        # each pass's uniforms, the same numbers as a draw per pass, drawn up to 16 passes at a time
+        self.uniforms = UniformStream(generators, self.device, block=stream_block(tree_uniforms(layout, self.vocab)))
 
     def __enter__(self):
-        self.scorer.open_cache(self.passes[max(self.passes)].size)
-        self.proposer.start(self.state, track_ages=self.budget is not None)
+        self.scorer.open_cache(self.tree_pass.size)
+        self.proposer.start(self.state)
         return self
 
     def __exit__(self, *exc):
@@ -130,15 +104,11 @@ class TreePasses:
         active = self.state.committed < self.total
         if not bool(active.any()):  # the one read-back of the loop
             return None
-        size = max(self.layouts) if self.budget is None else self.budget.size()
-        if size is None:  # a probe's last timed pass
-            return None
-        self.sizes_chosen[size] = self.sizes_chosen.get(size, 0) + 1
-        layout = self.layouts[size]
+        layout = self.layout
         window, extra_u, test_u = tree_randomness(self.uniforms, layout, active, self.vocab)
         fresh, self.fresh = self.fresh, ()
         self.passes_run += 1
-        return TreePlan(layout, self.passes[size], active, window, extra_u, test_u, fresh)
+        return TreePlan(layout, self.tree_pass, active, window, extra_u, test_u, fresh)
 
     def propose(self, plan: TreePlan) -> tuple[Tensor, Tensor]:
         return draft_tree(self.proposer, self.state, plan.window, plan.layout, self.neighbours, plan.extra_u)
@@ -172,9 +142,6 @@ class TreePasses:
         columns = index - state.committed[:, None] + 1
         log.commit(index, (columns <= commit_count[:, None]) & (index < self.total), self.passes_run)
         log.count_pass(active)
-        if self.budget is not None:
-            depths = (self.total - state.committed).clamp(max=layout.main_length - 1)
-            self.budget.count(verdict.accepted, depths, active, self.proposer.draft_age, state.committed)
         # The main path's outputs past the commit are the next drafts, coupled to the old ones.
         main_probs = probs[:, layout.main]
         self.proposer.after_commit(state, plan.window, main_probs, verdict.main_outputs, commit_count, main_probs)
@@ -186,13 +153,12 @@ class TreePasses:
         return self.state.committed.min()
 
     def finish(self) -> tuple[Tensor, dict]:
-        largest = self.largest
-        shape = {"window": largest.num_nodes, "branch": largest.branch, "depth": largest.depth}
+        layout = self.layout
+        shape = {"window": layout.num_nodes, "branch": layout.branch, "depth": layout.depth}
         return self.state.tokens[:, : self.total], {
             **self.log.stats(self.scorer.forward_passes),
             **shape,
-            "rows_per_pass": largest.num_nodes,
-            "sizes_chosen": dict(sorted(self.sizes_chosen.items())),
+            "rows_per_pass": layout.num_nodes,
         }
 
     def done(self) -> Tensor:
@@ -222,105 +188,24 @@ class TreePasses:
 
 def tree_jacobi_decode(
     request: Request,
-    layouts: DraftTree | dict[int, DraftTree],
+    layout: DraftTree,
     initialiser: Callable,
     neighbours: tuple[str, ...] = (),
-    budget: WindowBudget | ProbeBudget | None = None,
 ) -> tuple[Tensor, dict]:
     """Propose a tree, score it in one pass, verify every node, commit, carry over, pass after pass
     (`TreePasses` on the pass loop). -> (tokens [B, N], stats)."""
-    engine = TreePasses(request, layouts, initialiser, neighbours, budget)
+    engine = TreePasses(request, layout, initialiser, neighbours)
     return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))
 
 
-def tree_costs(request: Request, layouts: dict[int, DraftTree], initialiser, neighbours) -> PassCosts | None:
-    """Seconds per pass of the tree engine at each of `layouts`' sizes (one branch and depth),
-    measured once per model, device, dtype, batch size, guidance and tree (`budget.measured_costs`)."""
-    model, some = request.model, next(iter(layouts.values()))
-    key = cost_key(
-        "tree",
-        model,
-        request.batch_size,
-        request.params.uses_cfg,
-        (model.num_condition_tokens, some.branch, some.depth),
-    )
-
-    def probe(budget: ProbeBudget):
-        tree_jacobi_decode(scratch_request(request), layouts, initialiser, neighbours, budget)
-
-    most = {size: layout.main_length for size, layout in layouts.items()}
-    return measured_costs(model, key, tuple(sorted(layouts)), probe, model.device, most.__getitem__)
-
-
-def tree_layouts(model: RasterModel, branch: int, depth: int) -> dict[int, DraftTree]:
-    """The trees of this branch and depth at every TREE_SIZES size that holds them (clipped to the image)."""
-    layouts = {}
-    for size in TREE_SIZES:
-        try:
-            layout = check_tree(model, size, branch, depth)
-        except VisarError:  # a tree bigger than this size
-            continue
-        layouts.setdefault(layout.num_nodes, layout)
-    return layouts
-
-
-@dataclass
-class DraftShape:
-    """What the measured costs say before the first pass: the chain's and (where one could pay) the
-    tree's pass costs, which one to run, and its expected tokens per second at the prior acceptance."""
-
-    chain: PassCosts
-    tree: PassCosts | None
-    use_tree: bool
-    rate: float
-
-
-def choose_draft_shape(
-    request: Request, layouts: dict[int, DraftTree], initialiser: Callable, neighbours: tuple[str, ...]
-) -> DraftShape | None:
-    """Chain or tree, from the measured costs and the prior acceptance (None when the chain's costs
-    cannot be measured). A tree must promise DRAFT_MARGIN more tokens per second than the best chain
-    window. The trees are measured only where one could pay: a tree pass costs at least a chain pass
-    of as many rows, so on a device where rows cost (a CPU) the chain's costs already rule trees out."""
-    chain = chain_costs(request, lambda: JacobiProposer(initialiser, maximal_coupling_carry))
-    if chain is None:
-        return None
-    batch = request.batch_size
-    chain_rate = max(prior_tokens(s - 1, batch) / chain(s) for s in chain.sizes if s >= 1)
-    if not layouts:
-        return DraftShape(chain, None, False, chain_rate)
-    branch = next(iter(layouts.values())).branch
-
-    def tree_rate(costs: PassCosts) -> float:
-        return max(prior_tokens(layouts[s].main_length - 1, batch, branch) / costs(s) for s in costs.sizes)
-
-    at_chain_cost = PassCosts(tuple(sorted(layouts)), tuple(chain(s) for s in sorted(layouts)))
-    if tree_rate(at_chain_cost) <= chain_rate * (1 + DRAFT_MARGIN):
-        return DraftShape(chain, None, False, chain_rate)
-    tree = tree_costs(request, layouts, initialiser, neighbours)
-    if tree is None or tree_rate(tree) <= chain_rate * (1 + DRAFT_MARGIN):
-        return DraftShape(chain, tree, False, chain_rate)
-    return DraftShape(chain, tree, True, tree_rate(tree))
-
-
-def decode_tree_with_budget(
+def decode_tree(
     request: Request, layout: DraftTree, initialiser: Callable, neighbours: tuple[str, ...], budget, method: str
 ) -> tuple[Tensor, dict]:
-    """`tree_jacobi_decode` under a budget: None, the fixed tree; a number, the tree with that many
-    nodes; "auto": `decode_draft_shape` of the shape the measured costs choose; the pass costs
-    unmeasurable: the fixed tree, said in stats["budget"]."""
-    budget = check_budget(budget, method)
-    if budget != AUTO:
-        if budget is not None:
-            layout = check_tree(request.model, check_tree_budget(budget, layout, method), layout.branch, layout.depth)
-        tokens, stats = tree_jacobi_decode(request, layout, initialiser, neighbours)
-        return tokens, {**stats, "budget": budget if budget is not None else "fixed"}
-    layouts = tree_layouts(request.model, layout.branch, layout.depth)
-    shape = choose_draft_shape(request, layouts, initialiser, neighbours)
-    if shape is None:
-        tokens, stats = tree_jacobi_decode(request, layout, initialiser, neighbours)
-        return tokens, {**stats, "budget": f"fixed tree of {layout.num_nodes}: the pass costs could not be measured"}
-    return decode_draft_shape(request, shape, layouts, initialiser, neighbours)
+    """`tree_jacobi_decode` of `layout`, or under a number budget the tree of that many nodes."""
+    if check_budget(budget, method) is not None:
+        layout = check_tree(request.model, check_tree_budget(budget, layout, method), layout.branch, layout.depth)
+    tokens, stats = tree_jacobi_decode(request, layout, initialiser, neighbours)
+    return tokens, {**stats, "budget": budget or "fixed"}
 
 
 def check_tree_budget(budget: int, layout: DraftTree, method: str) -> int:
@@ -330,33 +215,9 @@ def check_tree_budget(budget: int, layout: DraftTree, method: str) -> int:
     if budget < least:
         raise VisarError(
             f"budget for {method} is the tree's nodes per pass: a tree of branch {layout.branch} and depth "
-            f"{layout.depth} needs {least} or more, got {budget}; or budget='auto'"
+            f"{layout.depth} needs {least} or more, got {budget}"
         )
     return budget
-
-
-def decode_draft_shape(
-    request: Request,
-    shape: DraftShape,
-    layouts: dict[int, DraftTree],
-    initialiser: Callable,
-    neighbours: tuple[str, ...],
-) -> tuple[Tensor, dict]:
-    """Decode as `shape` says, each pass's size chosen by an auto budget: the tree's main path for
-    the most tokens per second, or, when no tree of this branch and depth pays for its extra rows on
-    this device and batch (by DRAFT_MARGIN), the tree's one-branch case, a coupled chain (mc-sjd's
-    engine with this method's init)."""
-    if not shape.use_tree:
-        proposer = JacobiProposer(initialiser, maximal_coupling_carry)
-        tokens, stats = decode_chain_budget(request, proposer, shape.chain)
-        return tokens, {**stats, "branch": 1, "depth": 1, "tree": "chain"}
-    tree = shape.tree
-    counts = SurvivalCounts(MAX_AGE, request.model.device)
-    drafts_of = lambda size: layouts[size].main_length - 1  # noqa: E731
-    controller = WindowBudget(tree, tree.sizes, drafts_of, counts, tuple(request.model.grid_size))
-    measured = {size: layouts[size] for size in tree.sizes}
-    tokens, stats = tree_jacobi_decode(request, measured, initialiser, neighbours, controller)
-    return tokens, {**stats, **controller.stats(), "tree": "tree"}
 
 
 @register_method(
@@ -373,19 +234,18 @@ def sjd_pac(
     branch: int = 3,
     depth: int = 3,
     init: str | Callable = "random",
-    budget: str | int | None = None,
+    budget: int | None = None,
 ) -> tuple[Tensor, dict]:
     """SJD-PAC (Kang et al. 2026), exact at every batch size.
 
     window: tree nodes per pass, the root included (L); branch: candidates at each branching
     position (K); depth: the tree's depth, root included (D: positions 1 .. D - 1 branch);
     init: the draft of a new slot, "random" as upstream ("above", "left", "above-left" as sjd).
-    Defaults are those of upstream's `eval_model.py` (L = 16, K = 3, D = 3). budget: "auto"
-    chooses each pass's main path (nodes 16 .. 64) for the most tokens per second on this device
-    and batch, or the one-branch chain when no tree pays for its rows here; a number is the window.
+    Defaults are those of upstream's `eval_model.py` (L = 16, K = 3, D = 3). budget: tree nodes
+    per pass, the window's other name (`auto`'s candidates set it), None keeps `window`.
     """
     layout = check_tree(request.model, window, branch, depth)
-    return decode_tree_with_budget(request, layout, resolve_initialiser(init), (), budget, "sjd-pac")
+    return decode_tree(request, layout, resolve_initialiser(init), (), budget, "sjd-pac")
 
 
 @register_method(
@@ -403,7 +263,7 @@ def tree_mc_sjd(
     depth: int = 2,
     init: str | Callable = "above",
     neighbours: str = "left,above,above-right,above-left",
-    budget: str | int | None = None,
+    budget: int | None = None,
 ) -> tuple[Tensor, dict]:
     """Coupled draft trees: SJD-PAC's tree after each commit, MC-SJD's coupled carry-over, 2-D drafts.
 
@@ -412,13 +272,11 @@ def tree_mc_sjd(
     `neighbours` of the position not tried yet (one-hot laws; "left", "above", "above-left",
     "above-right", comma-separated, "" for none), then draws without replacement from the
     carried draft's law; init: the draft of a new slot ("above"). Defaults chosen on held-out
-    seeds for passes and rows per pass (docs/DEFAULTS.md). budget: "auto" chooses each pass's
-    main path (nodes 8 .. 64) for the most tokens per second on this device and batch, or the
-    one-branch chain (mc-sjd's engine) when no tree pays for its rows here; a number is the window.
+    seeds for passes and rows per pass (docs/DEFAULTS.md). budget: as sjd-pac's.
     """
     layout = check_tree(request.model, window, branch, depth)
     names = parse_neighbours(neighbours)
-    return decode_tree_with_budget(request, layout, resolve_initialiser(init), names, budget, "tree-mc-sjd")
+    return decode_tree(request, layout, resolve_initialiser(init), names, budget, "tree-mc-sjd")
 
 
 def parse_neighbours(neighbours: str) -> tuple[str, ...]:

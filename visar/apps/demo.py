@@ -318,7 +318,7 @@ def run_side(pipe, method: str, seed: int, condition: dict, sampling: dict, opti
             "wall_s": wall,
             "sampling_s": out.stats["latency_s"],
             # the call's wall time besides sampling and the VQ decode: what runs once (auto's AR-step
-            # probe, pass costs measured for a budget="auto", kept on disk) and the call's own bookkeeping
+            # probe, once a process) and the call's own bookkeeping
             "setup_s": max(0.0, wall - out.stats["latency_s"] - out.stats.get("decode_s", 0.0)),
             "lossless": bool(out.stats["lossless"]),
             "acceptance_rate": out.stats["acceptance_rate"],

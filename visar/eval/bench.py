@@ -243,36 +243,18 @@ def speed_row(pipe, name: str, options: dict, conds: list, batch_size: int) -> d
         "warmup_s": warmup,
         **acceptance_columns([o.stats for o in outs]),
         **layer_token_columns([o.stats for o in outs]),
-        **budget_columns([o.stats for o in outs]),
+        **auto_columns([o.stats for o in outs]),
     }
 
 
-def budget_columns(stats: list[dict]) -> dict:
-    """The sizes (window slots or tree nodes) each pass ran at, pooled over the run's batches, what
-    `auto` ran, and the pass costs a budget measured: what `budget="auto"` chose on this device."""
-    chosen: dict[int, int] = {}
-    for s in stats:
-        for size, passes in s.get("sizes_chosen", {}).items():
-            chosen[int(size)] = chosen.get(int(size), 0) + passes
-    columns = {"sizes_chosen": dict(sorted(chosen.items()))} if chosen else {}
+def auto_columns(stats: list[dict]) -> dict:
+    """What `auto` ran over the run's batches (its candidates, "mc-sjd + mc-sjd:8" while it tuned)."""
     ran = sorted({s["auto"] for s in stats if "auto" in s})
-    if ran:
-        columns["auto"] = ran
-    costs = next((s["pass_ms"] for s in stats if "pass_ms" in s), None)
-    if costs is not None:
-        columns["pass_ms"] = costs
-    return columns
+    return {"auto": ran} if ran else {}
 
 
-def budget_label(row: dict) -> str:
-    """ "8 (62%), 16 (38%)" for the sizes a row's passes ran at, with what `auto` ran; "-" without."""
-    chosen = row.get("sizes_chosen") or {}
-    total = sum(chosen.values())
-    sizes = ", ".join(f"{size} ({passes / total:.0%})" for size, passes in chosen.items()) if total else ""
-    if len(chosen) == 1:
-        sizes = str(next(iter(chosen)))
-    ran = " / ".join(row.get("auto", []))
-    return " ".join(part for part in (ran + ":" if ran and sizes else ran, sizes) if part) or "-"
+def auto_label(row: dict) -> str:
+    return " / ".join(row.get("auto", [])) or "-"
 
 
 def layer_token_columns(stats: list[dict]) -> dict:
@@ -312,7 +294,7 @@ def quality_columns(pipe, name: str, options: dict, conds: list, row: dict, ar_f
 
 
 def row_name(row: dict) -> str:
-    """A row's method, with its budget when it has one ("mc-sjd, budget auto"): runs of one method
+    """A row's method, with its budget when it has one ("mc-sjd, budget 8"): runs of one method
     under several budgets stay apart."""
     options = row.get("options") or {}
     name = row["method"] if options.get("budget") is None else f"{row['method']}, budget {options['budget']}"
@@ -327,7 +309,7 @@ def markdown_table(report: dict) -> str:
     header = (
         "| method | lossless | forward passes | step compression | tokens/forward | latency / AR | images/s "
         f"| peak MB | {quality[0]} | Frechet vs AR | ms/forward | draft acceptance | read-backs/pass "
-        "| ops/pass | rows/pass chosen |"
+        "| ops/pass | auto ran |"
     )
     lines = [header, "|" + "---|" * 15]
 
@@ -345,7 +327,7 @@ def markdown_table(report: dict) -> str:
             f"| {r['images_per_s']:.2f} | {fmt(r['peak_mem_mb'], '.1f')} "
             f"| {fmt(r.get(quality[1]), '.1%')} | {fmt(r['frechet_vs_ar'], '.3f')} "
             f"| {fmt(r.get('ms_per_forward'), '.1f')} | {fmt(r.get('acceptance_rate'), '.1%')} "
-            f"| {fmt(r.get('read_backs_per_pass'), '.2f')} | {fmt(r.get('ops_per_pass'), '.0f')} | {budget_label(r)} |"
+            f"| {fmt(r.get('read_backs_per_pass'), '.2f')} | {fmt(r.get('ops_per_pass'), '.0f')} | {auto_label(r)} |"
         )
     s = report["settings"]
     lines.append("")
@@ -383,8 +365,8 @@ REPORT_NOTES = (
     "ops/pass: aten operations dispatched per forward pass (the model's and the method's bookkeeping), counted in "
     "the same extra eager batch: each is a Python dispatch and, on a GPU, a kernel launch; a row's ops above the AR "
     "row's are what its bookkeeping costs.",
-    "rows/pass chosen: the window slots or tree nodes of the row's passes (share of passes in brackets); under "
-    "budget=auto chosen per pass from pass costs measured on this device (report.json: pass_ms), and what `auto` ran.",
+    "auto ran: the candidates `auto` decoded the row's images with (a tuning call runs several, a tuned call "
+    "its winner).",
     "Compiled rows (--compiled-rows, or --compile): the generator under torch.compile; their warm-up is the first "
     "batch, compilation included, kept out of the latency; latency / AR is against the eager AR row.",
 )

@@ -17,7 +17,6 @@ from torch import Tensor
 from ...models.base import RasterModel
 from ...models.lag_mask import check_lag
 from ..acceptance import SPECULATIVE, AcceptanceRule
-from ..budget import FrontBudget, ProbeBudget
 from ..drafts import DecodeState, FillRequest, random_init
 from ..jacobi import check_spans, image_keys
 from ..passes import decode_passes, running_batch
@@ -58,12 +57,10 @@ class CarriedDrafts:
         self.valid = torch.zeros(batch, num_tokens + 1, dtype=torch.bool, device=device)
         self.entry = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
         self.probs = torch.zeros(batch, 0, vocab, device=device)  # [B, K, V]
-        # passes each carried draft has been through (0: the initialiser's), for an auto budget
-        self.age = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
 
     def forget(self, rows: Tensor):
         """Slots `rows` [R] start new images: no draft carried (their packed laws go unread)."""
-        for held in (self.tokens, self.valid, self.entry, self.age):
+        for held in (self.tokens, self.valid, self.entry):
             held[rows] = 0
 
     def laws(self, index: Tensor) -> Tensor:
@@ -91,24 +88,15 @@ class CarriedDrafts:
             draft_probs = torch.where(needs_fill[..., None], fill_probs.to(draft_probs.dtype), draft_probs)
         return draft_tokens, draft_probs
 
-    def draft_age(self, plan: PassPlan) -> Tensor:
-        """[B, M] the age of each slot's draft this pass (0 where the initialiser drew it, or no draft)."""
-        target = (plan.input_index + 1).clamp(max=self.num_tokens - 1)
-        return torch.where(plan.has_draft & self.valid.gather(1, target), self.age.gather(1, target), 0)
-
     def canvas(self, state: DecodeState, generated: Tensor) -> Tensor:
         """What a 2-D draft may copy from: generated tokens and carried drafts, -1 elsewhere [B, N + 1]."""
         canvas = torch.where(self.valid, self.tokens, -1)
         canvas[:, : self.num_tokens] = torch.where(generated, state.tokens[:, : self.num_tokens], canvas[:, :-1])
         return canvas
 
-    def carry_over(
-        self, updater, plan: PassPlan, state, target_probs, slot_tokens, lane_commits, uniforms, generated, age=None
-    ):
+    def carry_over(self, updater, plan: PassPlan, state, target_probs, slot_tokens, lane_commits, uniforms, generated):
         """Store the updater's next drafts at the indices past each front's commit; generated [B, N]:
-        the tokens generated once this pass has committed (their drafts are forgotten); age [B, M]:
-        this pass's `draft_age`, so that each stored draft is one pass older (None where no budget
-        reads the ages).
+        the tokens generated once this pass has committed (their drafts are forgotten).
 
         Slots that leaned on the row above's drafts carry nothing (the initialiser refills them from
         the rows above, which they follow more closely than a draw from a guessed context)."""
@@ -121,8 +109,6 @@ class CarriedDrafts:
             after &= ~plan.leans
         stored = torch.where(after, target, self.num_tokens)  # [B, M] (N: nowhere)
         self.tokens.scatter_(1, stored, next_drafts)
-        if age is not None:
-            self.age.scatter_(1, stored, age + 1)
         self.valid.scatter_(1, stored, True)
         if plan.leans is not None:
             self.valid.scatter_(1, torch.where(plan.leans, target, self.num_tokens), False)
@@ -268,11 +254,11 @@ def score_and_verify(
 
 def commit_fronts(
     fronts: Fronts, plan: PassPlan, accept: Tensor, slot_tokens: Tensor, log: FrontRecord, forward_pass: int, rules
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor]:
     """Write each front's commit (its leading accepted drafts and one token more) into the tokens
-    and the record -> commits [B, H], each input's front's commits [B, M], and each front's leading
-    accepted drafts that held [B, H]. rules: (s, whether the plan has cross-row drafts, the fronts'
-    trees or None); the plan carries what the cross-row checks need of s."""
+    and the record -> commits [B, H] and each input's front's commits [B, M]. rules: (s, whether the
+    plan has cross-row drafts, the fronts' trees or None); the plan carries what the cross-row checks
+    need of s."""
     _, cross_row, trees = rules
     count, num_tokens = fronts.count, fronts.state.num_tokens
     width = num_tokens // count.shape[1]
@@ -284,7 +270,7 @@ def commit_fronts(
     lane_commits = extended.gather(1, plan.row)
     skip = plan.slot >= lane_commits  # a front commits at most its window: every slot kept predicts
     fronts.tokens.scatter_(1, (plan.input_index + 1).masked_fill(skip, num_tokens), slot_tokens)
-    return extended, lane_commits, good
+    return extended, lane_commits
 
 
 class FrontPlan(NamedTuple):
@@ -301,15 +287,13 @@ class FrontPasses:
 
     cross_row (Jacobi fronts only): a front may also predict past its plain reach from the drafts the
     row above feeds in the same pass (kept only if those drafts are accepted); trees (Jacobi fronts
-    only): each front also drafts K candidates for its first draft (`tree_pass`); budget (Jacobi
-    fronts only): chooses each pass's window per front (at most `window`) from the committed counts
-    (`decode_fronts_under`), or stops a probe that times the engine. A running batch
+    only): each front also drafts K candidates for its first draft (`tree_pass`). A running batch
     (`request.slots`) refills a slot between passes (`admit`), whose new image has its first pass
     there; the slot's state is then what a decode of that image alone has after its first pass."""
 
-    def __init__(self, request: Request, s: int, window: int, parts: dict, budget):
+    def __init__(self, request: Request, s: int, window: int, parts: dict):
         model, self.generators = request.model, request.generators
-        self.desc, self.s, self.budget = parts["method"], s, budget
+        self.desc, self.s = parts["method"], s
         self.grid = token_grid(model, parts["method"])
         check_lag(s)
         check_spans(window, 0, 0)
@@ -328,7 +312,6 @@ class FrontPasses:
         self.holds = list(range(self.batch))  # the queue image in each slot
         scratch = 0 if self.trees is None else self.trees.scratch(self.grid[0])
         self.cache_length = model.num_condition_tokens + self.total + scratch
-        self.sizes_chosen: dict[int, int] = {}  # window -> passes (under a budget)
 
     def __enter__(self):
         self.scorer.open_cache(self.cache_length)
@@ -339,22 +322,18 @@ class FrontPasses:
 
     def plan(self) -> FrontPlan | None:
         first, count, fronts = self.passes == 0, self.fronts.count, self.fronts
-        window = 1 if first else self.window if self.budget is None else self.budget.size(count)
-        if window is None:  # a probe's last timed pass
-            return None
+        window = 1 if first else self.window
         cross_row = self.cross_row and not first
         plan = plan_pass(count, fronts.fed, self.grid, self.s, window, cross_row, fronts.index)
         if plan.row.shape[1] == 0:
             return None
-        if self.budget is not None and not first:
-            self.sizes_chosen[window] = self.sizes_chosen.get(window, 0) + 1
         fronts.state.committed = count.sum(1)
         self.passes += 1
         return FrontPlan(first, window, plan, generated_mask(count, self.grid[1], fronts.index))
 
     def propose(self, plan: FrontPlan) -> PassDraft:
-        block = self.window if self.budget is None else plan.window  # each pass's uniforms: [4, H, block] an image
-        return pass_drafts(self.fronts, plan.plan, plan.generated, self.initialiser, block, self.trees)
+        # each pass's uniforms: [4, H, window] an image
+        return pass_drafts(self.fronts, plan.plan, plan.generated, self.initialiser, self.window, self.trees)
 
     def score(self, plan: FrontPlan, draft: PassDraft) -> tuple[Tensor, Tensor, Tensor]:
         # scored and verified in one step: a front's tree (zipar-tree) scores its side nodes in the pass
@@ -365,26 +344,17 @@ class FrontPasses:
         return scored  # target probs [B, M, V], slot tokens [B, M], accept [B, M] (`score`)
 
     def commit(self, plan: FrontPlan, draft: PassDraft, scored, verdict):
-        fronts, budget, width = self.fronts, self.budget, self.grid[1]
+        fronts, width = self.fronts, self.grid[1]
         target_probs, slot_tokens, accept = verdict
         count = fronts.count
         rules = (self.s, self.cross_row and not plan.first, self.trees)
-        commits, lane_commits, good = commit_fronts(
-            fronts, plan.plan, accept, slot_tokens, self.log, self.passes, rules
-        )
-        # the ages of this pass's drafts, for a budget's counts and the carry-over (read once, before
-        # the carry-over replaces them; a pass of one slot per front has none)
-        age = fronts.carried.draft_age(plan.plan) if budget is not None and plan.window > 1 else None
-        if budget is not None and not plan.first:
-            count_fronts(budget, plan.plan, good, commits, age, plan.window)
-        # The slots after a front's commit become drafts for the same indices. A budget's pass of one
-        # slot per front leaves none; the drafts of indices it generated stay flagged until the next
-        # carry-over clears them, and nothing reads a generated index's draft.
-        if self.speculative and not (budget is not None and plan.window == 1):
+        commits, lane_commits = commit_fronts(fronts, plan.plan, accept, slot_tokens, self.log, self.passes, rules)
+        # The slots after a front's commit become drafts for the same indices.
+        if self.speculative:
             after_pass = generated_mask(count + commits, width, fronts.index)
             carry_u = draft.uniforms[:, CARRY]
             fronts.carried.carry_over(
-                self.updater, plan.plan, fronts.state, target_probs, slot_tokens, lane_commits, carry_u, after_pass, age
+                self.updater, plan.plan, fronts.state, target_probs, slot_tokens, lane_commits, carry_u, after_pass
             )
         fronts.fed = fed_after_pass(plan.plan, fronts.fed, count, commits, width)
         fronts.count = count + commits
@@ -409,10 +379,9 @@ class FrontPasses:
         generators = [self.generators[image] for image in images]
         index, image_index = (torch.tensor(x, device=self.fronts.tokens.device) for x in (rows, images))
         self.scorer.admit(index, image_index)
-        # an image's first pass (window 1) takes each pass's block of uniforms: [4, H, block]
-        block = self.window if self.budget is None else 1
+        # an image's first pass (window 1) takes each pass's block of uniforms: [4, H, window]
         extra = 0 if self.trees is None else self.trees.draws_per_pass(self.grid[0])
-        uniform = self.fronts.admit(rows, generators, self.grid[0] * block, extra)
+        uniform = self.fronts.admit(rows, generators, self.grid[0] * self.window, extra)
         token = sample_from_probs(self.scorer.prefill(index), uniform)  # [R]
         self.fronts.tokens[index, 0] = token
         self.fronts.count[index, 0] = 1
@@ -428,8 +397,6 @@ class FrontPasses:
         stats.update(s=self.s, max_fronts=self.log.max_fronts())
         if self.speculative:
             stats.update(window=self.window, cross_row=self.cross_row)
-        if self.budget is not None:
-            stats.update(sizes_chosen=dict(sorted(self.sizes_chosen.items())), **self.budget.stats())
         return self.fronts.tokens[:, : self.total], stats
 
 
@@ -444,7 +411,6 @@ def decode_fronts(
     method: str = "zipar",
     cross_row: bool = False,
     trees: FrontTrees | None = None,
-    budget: FrontBudget | ProbeBudget | None = None,
 ) -> tuple[Tensor, dict]:
     """Decode all row fronts of every image together, pass after pass (`FrontPasses` on the pass
     loop); window 1 = plain zipar. -> (tokens [B, N], stats)."""
@@ -456,30 +422,4 @@ def decode_fronts(
         "cross_row": cross_row,
         "trees": trees,
     }
-    return decode_passes(FrontPasses(request, s, window, parts, budget), request.progress, queue=running_batch(request))
-
-
-def count_fronts(
-    budget: FrontBudget | ProbeBudget, plan: PassPlan, good: Tensor, commits: Tensor, age: Tensor | None, window: int
-):
-    """Hand a pass's outcome to the budget: per front, its leading accepted drafts that held (`good`),
-    the drafts it tested and their ages (`CarriedDrafts.draft_age`, None for a pass of one slot per
-    front, which tests none; fronts in row 0, whose drafts have no row above, are not learnt from);
-    per image, the tokens it committed."""
-    if window == 1:  # no drafts to count
-        budget.progress(commits.sum(1))
-        return
-    batch, height = good.shape
-    drafts = max(window - 1, 1)
-    lane = torch.where(plan.has_draft, plan.row * drafts + plan.slot.clamp(max=drafts - 1), height * drafts)
-    ages = torch.zeros(batch, height * drafts + 1, dtype=torch.long, device=good.device).scatter_(1, lane, age)
-    rows = torch.arange(height, device=good.device)
-    learn = (plan.window_len > 0) & (rows > 0)
-    available = (plan.window_len - 1).clamp(min=0)
-    budget.count(
-        good.flatten(),
-        available.flatten(),
-        learn.flatten(),
-        ages[:, :-1].reshape(batch * height, drafts),
-        commits.sum(1),
-    )
+    return decode_passes(FrontPasses(request, s, window, parts), request.progress, queue=running_batch(request))

@@ -10,13 +10,13 @@ from torch import Tensor
 
 from ...errors import VisarError
 from ...models.lag_mask import check_lag
+from ..checks import check_budget
 from ..drafts import resolve_initialiser
 from ..jacobi import check_spans
 from ..proposers import carry_updater, independent_carry, maximal_coupling_carry
 from ..registry import Request, register_method
 from ..relaxed import gsd_rule
 from ..tree_jacobi import clip_branch, parse_neighbours
-from .budgets import decode_fronts_under
 from .engine import decode_fronts
 from .plan import token_grid
 from .tree_fronts import FrontTrees
@@ -62,18 +62,22 @@ def zipar(
 
 def jacobi_fronts(request: Request, method: str, fronts: dict, **engine) -> tuple[Tensor, dict]:
     """What zipar-sjd, zipar-mc-sjd, zipar-gsd and zipar-tree share: their front options (s, window,
-    init, cross_row, budget) checked and handed to `decode_fronts_under` with the method's updater,
-    rule or trees (`engine`)."""
-    return decode_fronts_under(
+    init, cross_row, budget: a number is the window per front) checked and handed to `decode_fronts`
+    with the method's updater, rule or trees (`engine`)."""
+    budget = check_budget(fronts["budget"], method, "slots per front and pass")
+    window = budget or fronts["window"]
+    if window == 1:  # one slot per front is plain zipar: it drafts nothing for zipar-tree's trees to branch from
+        engine = {**engine, "trees": None}
+    tokens, stats = decode_fronts(
         request,
-        fronts["budget"],
         s=fronts["s"],
-        window=fronts["window"],
+        window=window,
         initialiser=resolve_initialiser(fronts["init"]),
         method=method,
         cross_row=check_flag("cross_row", fronts["cross_row"]),
         **engine,
     )
+    return tokens, {**stats, "budget": budget or "fixed"}
 
 
 @register_method(
@@ -90,7 +94,7 @@ def zipar_sjd(
     window: int = 16,
     init: str | Callable = "random",
     cross_row: bool = True,
-    budget: str | int | None = None,
+    budget: int | None = None,
 ) -> tuple[Tensor, dict]:
     """ZipAR whose row fronts each run a speculative Jacobi window (SJD: fresh drafts from p).
 
@@ -100,9 +104,8 @@ def zipar_sjd(
     default stays the one its quality was measured with, docs/DETAILS.md); cross_row: a front may
     also draft past its lag from the row above's drafts of the same pass (kept only when those are
     accepted; without it lower fronts settle at exactly s behind the row above, one token a pass,
-    and the combination needs as many passes as zipar); budget: "auto" chooses each pass's window
-    per front (1 .. 32, at most the row) for the most tokens per second on this device and batch
-    (`visar.accel.budget.FrontBudget`), a number is the window, None keeps `window`.
+    and the combination needs as many passes as zipar); budget: slots per front and pass, the
+    window's other name (`auto`'s candidates set it), None keeps `window`.
     Lossy for s < W as zipar is; lossless for s >= W.
     """
     token_grid(request.model, "zipar-sjd")
@@ -125,7 +128,7 @@ def zipar_mc_sjd(
     coupling: str = "maximal",
     init: str | Callable = "random",
     cross_row: bool = True,
-    budget: str | int | None = None,
+    budget: int | None = None,
 ) -> tuple[Tensor, dict]:
     """ZipAR whose row fronts each run a coupled speculative Jacobi window (MC-SJD).
 
@@ -156,7 +159,7 @@ def zipar_tree(
     init: str | Callable = "above",
     neighbours: str = "left,above,above-right,above-left",
     cross_row: bool = True,
-    budget: str | int | None = None,
+    budget: int | None = None,
 ) -> tuple[Tensor, dict]:
     """ZipAR whose row fronts each run zipar-mc-sjd's window with tree-mc-sjd's tree at its head.
 
@@ -214,7 +217,7 @@ def zipar_gsd(
     window: int = 16,
     init: str | Callable = "random",
     cross_row: bool = True,
-    budget: str | int | None = None,
+    budget: int | None = None,
 ) -> tuple[Tensor, dict]:
     """ZipAR whose row fronts each run a GSD window: SJD drafts, verified with GSD's grouped test
     (relaxed.py; lossy even for s >= W). group_size, prob_gap, max_distance as `gsd`;

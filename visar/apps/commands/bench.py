@@ -36,9 +36,9 @@ def add_parser(subparsers):
     parser.add_argument(
         "--methods",
         default="",
-        help="comma-separated methods besides the reference (ar for raster models; default: none); METHOD:BUDGET "
-        "runs a method under a budget beside its other rows (e.g. mc-sjd,mc-sjd:auto,mc-sjd:8; with --throughput "
-        "a whole-number budget, as auto's candidates are written); auto's rows under --throughput are its first "
+        help="comma-separated methods besides the reference (ar for raster models; default: none); METHOD:N "
+        "runs a method at a fixed budget of N rows per pass beside its other rows (e.g. mc-sjd,mc-sjd:8,mc-sjd:32, "
+        "as auto's candidates are written); auto's rows under --throughput are its first "
         "call (tuning on its own images where nothing is kept: set VISAR_CACHE to an empty folder to see it) "
         "and its second, with a table of what it ran and timed",
     )
@@ -114,6 +114,7 @@ def add_parser(subparsers):
 def run(args) -> int:
     from ...accel import reference_method
     from ...eval.bench import bench, markdown_table, write_bench_report, write_report
+    from ...eval.throughput import method_size
 
     pipe = load_pipeline(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -153,15 +154,10 @@ def run(args) -> int:
             files = write_bench_report(report, args.report)
             print(f"report: {files['md']}, {files['json']}, {files['png']}")
         return 0
-    # METHOD:BUDGET (e.g. mc-sjd:auto) runs the method with that budget, beside its other rows
+    # METHOD:N (e.g. mc-sjd:8) runs the method at that fixed budget, beside its other rows
     runs = None
     if any(":" in m for m in methods):
-        runs = []
-        for m in methods:
-            name, _, budget = m.partition(":")
-            runs.append(
-                (name, {**options.get(name, {}), **({"budget": parse_option(f"b={budget}")[1]} if budget else {})})
-            )
+        runs = [(name, {**options.get(name, {}), **size}) for name, size in map(method_size, methods)]
     report = bench(
         pipe,
         [m.partition(":")[0] for m in methods],

@@ -118,6 +118,53 @@ def test_a_whole_pass_traces_as_one_graph(engine):
     assert explained.graph_count == 1
 
 
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("spec", {"window": 4}),  # the chain engine with a draft model, which catches up before it drafts
+        ("lantern++", {"tree": [[0], [1], [0, 0], [0, 1], [0, 0, 0]], "lambda_cap": 1.0}),  # the static tree engine
+        ("zipar", {"s": 2}),
+        ("zipar-mc-sjd", {"s": 2, "window": 4}),
+        ("zipar-mc-sjd", {"s": 8, "window": 4, "coupling": "gumbel", "init": "above"}),  # s >= W: cross-row off
+        ("zipar-tree", {"s": 2, "window": 4, "branch": 3}),
+        ("wavefront", {}),
+    ],
+)
+def test_a_method_s_whole_pass_traces_as_one_graph(method, options, monkeypatch):
+    """The front and static-tree engines, and a draft model's chain, as the chain and tree engines:
+    their plan reads back what a pass's shape needs (the fronts: the pass's width, the carried laws'
+    K and the trees' tokens to feed again; lantern++: whether an image is left and the committed
+    tokens not fed yet; spec: the positions its draft catches up on), all at once; the pass itself has no host sync, so a compiled pass replays as one graph per shape (the
+    decode is the method's own, its engine traced after a few passes)."""
+    from visar.accel import jacobi, tree
+    from visar.accel.zipar import engine as front_engine
+
+    model = tiny_llamagen(vocab=32, block_size=64, seed=3, std=0.3)  # an 8 x 8 grid
+    if method == "wavefront":
+        model.dependency_reach = 2  # declares local dependence: the exact wavefront runs
+    if method in ("spec", "lantern++"):
+        options = {**options, "draft": tiny_llamagen(vocab=32, block_size=64, seed=4, std=0.3)}
+    traced = []
+
+    def trace_a_pass(engine, *loop_options):
+        traced.append(pass_graphs(engine))
+        return engine.finish()  # the decode's tokens so far, as the method expects a result
+
+    monkeypatch.setattr(front_engine, "decode_passes", trace_a_pass)
+    monkeypatch.setattr(tree, "decode_passes", trace_a_pass)
+    monkeypatch.setattr(jacobi, "decode_passes", trace_a_pass)
+    params, codebook = SamplingParams(guidance_scale=2.0, top_k=8), torch.randn(32, 4)  # lantern++ reads a codebook
+    request = Request(model, torch.tensor([0, 2]), params, make_generators(2, 0), tokenizer=codebook)
+    get_method(method).fn(request, **options)
+    (explained,) = traced
+    assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
+    assert explained.graph_count == 1
+
+
+# the chain, tree and front engines (zipar-mc-sjd's compiled passes padded to a few widths)
+COMPILED_METHODS = ("mc-sjd", "sjd-pac", "zipar-mc-sjd")
+
+
 @pytest.mark.slow  # dynamo traces every shape of pass (backend "eager": no code generated)
 def test_whole_passes_under_compile_give_the_eager_tokens():
     import visar
@@ -125,11 +172,11 @@ def test_whole_passes_under_compile_give_the_eager_tokens():
 
     pipe = visar.load("visar-tiny-random", device="cpu")
     eager = {
-        m: pipe.generate(class_labels=[3, 5], seed=1, method=m, output_type="tokens") for m in ("mc-sjd", "sjd-pac")
+        m: pipe.generate(class_labels=[3, 5], seed=1, method=m, output_type="tokens") for m in COMPILED_METHODS
     }
     running = {  # a running batch: refill passes call the model on the new and the other slots apart
         m: pipe.generate(class_labels=[3, 5, 7, 1], seed=1, method=m, output_type="tokens", batch_size=2)
-        for m in ("mc-sjd", "sjd-pac")
+        for m in COMPILED_METHODS
     }
     pipe.compile(backend="eager", whole_passes=True)
     for method, reference in eager.items():

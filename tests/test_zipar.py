@@ -347,7 +347,8 @@ def test_cross_row_windows_and_commits_equal_the_row_loops():
         assert torch.equal(window_len, loop_len) and torch.equal(above_drafts, loop_drafts), trial
         chains += int(((above_drafts[:, 1:] > 0) & (above_drafts[:, :-1] > 0)).sum())
         plan = zipar.plan.plan_pass(count, count.clone(), (height, width), s, int(window[0]), cross_row=True)
-        accept = plan.has_draft & (torch.rand(plan.slot.shape, generator=gen) < 0.7)
+        has_draft = torch.zeros_like(plan.predicts) if plan.has_draft is None else plan.has_draft  # None: no drafts
+        accept = has_draft & (torch.rand(plan.slot.shape, generator=gen) < 0.7)
         if trial % 3 == 0:  # any accept, the last slot of a front included
             accept = torch.rand(plan.slot.shape, generator=gen) < 0.7
         fast = zipar.plan.valid_commits(plan, accept, count)
@@ -443,8 +444,8 @@ def test_carried_laws_are_kept_for_live_drafts_only(monkeypatch, coupling):
     held = {"laws": 0, "noise": 0}
     pack, carry = zipar.engine.CarriedDrafts.pack, proposers.GumbelCarry.__call__
 
-    def counted_pack(self, stored, laws):
-        pack(self, stored, laws)
+    def counted_pack(self, size):
+        pack(self, size)
         held["laws"] = max(held["laws"], self.probs.shape[1])
 
     def counted_carry(self, request):

@@ -194,10 +194,11 @@ class Pipeline:
         1, 2, 4, 8 or 16 slots); zipar's passes vary in width and recompile per width up to
         `COMPILED_SHAPES`, then run eagerly. Outputs match eager mode up to kernel numerics.
         compile_kwargs go to torch.compile (e.g. mode="reduce-overhead" for CUDA graphs on a GPU).
-        whole_passes: the raster engines that draft (`visar.accel.passes`) also run each whole pass,
-        their bookkeeping with the model call, under torch.compile with these options: one graph a
-        pass (tests/test_compile.py), windows padded to powers of two, so that on a GPU a pass can
-        replay as one CUDA graph. Off by default: on a CPU it measured slower than eager passes
+        whole_passes: the raster engines that draft (`visar.accel.passes`: chains, trees, zipar's
+        fronts, lantern++'s static trees) also run each whole pass, their bookkeeping with the model
+        call, under torch.compile with these options: one graph a pass (tests/test_compile.py),
+        windows and front passes padded to powers of two, so that on a GPU a pass can replay as one
+        CUDA graph. Off by default: on a CPU it measured slower than eager passes
         (docs/SPEED.md), and it is not yet measured on a GPU.
         Where compiling fails (no C++ compiler, an unsupported platform or Python), the generator
         runs eagerly from that call on, rerunning it, with one warning saying why (`EagerFallback`).

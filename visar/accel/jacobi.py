@@ -248,7 +248,7 @@ class ChainPasses:
 
     def plan(self) -> Window | None:
         """Each image's window this pass (its uniforms included), or None when the decode is over."""
-        window_len, num_slots, least, full = self.pass_shape(self.window)
+        window_len, num_slots, least, full, catch_up = self.pass_shape(self.window)
         if num_slots == 0:
             return None
         uniforms = self.uniforms.take(NUM_PURPOSES * self.window)  # [B, 4 * window] (`Window.row`)
@@ -258,30 +258,36 @@ class ChainPasses:
         scored = min(1 << (num_slots - 1).bit_length(), self.window)  # slots scored, padding included
         slots = self.slot_range if scored == self.window else self.slot_range[:scored]
         slot_index = self.state.committed[:, None] + slots  # [B, scored]: the image index of each
-        return Window(window_len, uniforms, num_slots - 1, fresh, full, least, slot_index)
+        return Window(window_len, uniforms, num_slots - 1, fresh, full, least, slot_index, catch_up)
 
-    def pass_shape(self, window: int) -> tuple[Tensor, int, int, bool]:
+    def pass_shape(self, window: int) -> tuple[Tensor, int, int, bool, int]:
         """The one host sync of the loop the engine needs -> (window_len [B], the pass's slots, the
-        fewest tokens any image has committed, whether every image's window has all the slots).
+        fewest tokens any image has committed, whether every image's window has all the slots, and
+        what the proposer asked to know: a draft model's positions to catch up on, else 0).
         Without spans, the fewest and most committed give the rest (window_len = min(N - committed,
         window)), and a pass of full windows takes its window_len made once; with spans or compiled
         passes (a power of two of slots, as scoring pads anyway: a few shapes to compile, each of
         the general graph) only the slots are read."""
-        committed = self.state.committed
+        committed, need = self.state.committed, self.proposer.catch_up_need(self.state)
         if self.spans != (0, 0) or self.compiled:
             window_len = window_lengths(committed, window, *self.spans, self.total)
-            num_slots = int(window_len.max())
+            if need is None:
+                num_slots, catch_up = int(window_len.max()), 0
+            else:
+                num_slots, catch_up = torch.stack([window_len.max(), need]).tolist()
             if self.compiled and num_slots:
                 num_slots = min(1 << (num_slots - 1).bit_length(), self.window)
-            return window_len, num_slots, 0, False
-        counts = committed.tolist()  # B numbers: read whole, as the least and most would cost two ops more
+            return window_len, num_slots, 0, False, catch_up
+        # B numbers: read whole, as the least and most would cost two ops more
+        counts = committed.tolist() if need is None else torch.cat([committed, need[None]]).tolist()
+        catch_up = 0 if need is None else counts.pop()
         least, most = min(counts), max(counts)
         num_slots = min(self.total - least, window)
         if min(self.total - most, window) < num_slots:
-            return window_lengths(committed, window, 0, 0, self.total), num_slots, least, False
+            return window_lengths(committed, window, 0, 0, self.total), num_slots, least, False, catch_up
         if num_slots not in self.full_lengths:
             self.full_lengths[num_slots] = torch.full_like(committed, num_slots)
-        return self.full_lengths[num_slots], num_slots, least, True
+        return self.full_lengths[num_slots], num_slots, least, True, catch_up
 
     def propose(self, plan: Window) -> tuple[Tensor, Tensor]:
         return self.proposer.propose(self.state, plan)  # [B, G], [B, G, V]

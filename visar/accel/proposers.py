@@ -50,6 +50,9 @@ class Window:
     # [B, S] committed + j: the image index of slot j, for the pass's S >= G + 1 scored slots (the
     # chain engine's, made once a pass; None: made where needed)
     slot_index: Tensor | None = None
+    # the most positions a draft model must catch up on before it drafts (`Proposer.catch_up_need`,
+    # read back by the plan with the pass's shape; 0 for proposers without a model)
+    catch_up: int = 0
 
     def row(self, purpose: int, length: int) -> Tensor:
         """[B, length] the uniforms of one purpose for the first `length` slots (one slice)."""
@@ -74,6 +77,11 @@ class Proposer(Protocol):
     draws_from_p: bool
 
     def start(self, state: DecodeState) -> None: ...
+
+    def catch_up_need(self, state: DecodeState) -> Tensor | None:
+        """What the next `propose` must know on the host (a 0-d integer tensor the plan reads back with
+        the pass's shape, into `Window.catch_up`), or None."""
+        ...
 
     def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
         """-> draft_tokens [B, G], draft_probs [B, G, V] for image indices committed + j, G = max_drafts."""
@@ -197,6 +205,9 @@ class JacobiProposer:
         self.draws_from_p = updater is independent_carry
         self.forward_passes = 0
 
+    def catch_up_need(self, state: DecodeState) -> None:
+        return None  # drafts come from the last pass: nothing to feed first
+
     def start(self, state: DecodeState):
         batch, vocab, device = state.tokens.shape[0], state.vocab_size, state.tokens.device
         self.window = state.window
@@ -315,15 +326,21 @@ class DraftModelProposer:
         self.draft_len: Tensor | None = None  # [B] valid cache length; None before the prefill
         self.pending: Tensor | None = None  # [B, V] the prefill's law of image token 0
 
-    def catch_up(self, state: DecodeState) -> Tensor:
-        """Feed the draft what it has not seen (positions draft_len .. T + committed - 1).
+    def catch_up_need(self, state: DecodeState) -> Tensor:
+        """The most positions any image's draft has not seen (before the prefill: every committed token)."""
+        if self.draft_len is None:
+            return state.committed.max()
+        return (self.num_cond + state.committed - self.draft_len).max()
+
+    def catch_up(self, state: DecodeState, steps: int) -> Tensor:
+        """Feed the draft what it has not seen (positions draft_len .. T + committed - 1; steps: the
+        most of any image, `catch_up_need` as the plan read it).
 
         -> q of the next token [B, V]."""
         device = state.tokens.device
         catch_up = self.num_cond + state.committed - self.draft_len  # [B] >= 0
-        if not bool((catch_up > 0).any()):
+        if steps == 0:
             return self.pending
-        steps = int(catch_up.max())
         positions = self.draft_len[:, None] + torch.arange(steps, device=device)  # [B, C]
         feed = state.tokens.gather(1, (positions - self.num_cond).clamp(0, state.tokens.shape[1] - 1))
         logits = self.scorer.logits(feed, positions.clamp(max=self.max_pos))
@@ -339,7 +356,7 @@ class DraftModelProposer:
             self.pending = self.scorer.prefill()
             self.draft_len = torch.full((batch,), self.num_cond, dtype=torch.long, device=device)
         self.base = state.committed.clone()
-        draft_q = self.catch_up(state)
+        draft_q = self.catch_up(state, window.catch_up)
         draft_tokens, draft_probs = [], []
         draft_u = window.row(DRAFT, num_drafts)
         for k in range(num_drafts):

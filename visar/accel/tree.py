@@ -166,10 +166,6 @@ class TreeAttention(CacheSlots):
     def close(self):
         self.scorer.close_cache()
 
-    def committed_chain(self, tokens: Tensor, fed: Tensor, committed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """`chain` as wide as the longest run of committed tokens without KV (a host read-back)."""
-        return self.chain(tokens, fed, committed, max(int((committed - fed).max()), 1))
-
     def nodes(self, node_ids: Tensor, node_tokens: Tensor, committed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Tree nodes node_ids [n] (>= 1) of every image: tokens node_tokens [B, n], at scratch slots."""
         root_pos = self.num_cond + committed - 1  # [B]
@@ -191,10 +187,18 @@ class TreeDrafter:
         self.fed = torch.zeros(self.attention.scorer.batch, dtype=torch.long, device=self.attention.device)
         depth = tree.depth.tolist()
         has_children = (tree.children >= 0).any(1).tolist()
-        self.levels = [
-            torch.tensor([i for i in range(tree.num_nodes + 1) if depth[i] == d and has_children[i]])
-            for d in range(tree.max_depth)
-        ]
+        device = self.attention.device
+        self.levels = []  # per depth: its parents (nodes with children) and, per child rank, the children there
+        for d in range(tree.max_depth):
+            parents = [i for i in range(tree.num_nodes + 1) if depth[i] == d and has_children[i]]
+            kids = tree.children[parents].tolist()  # [n][C], read once: which children exist is known here
+            ranks = []
+            for rank in range(tree.children.shape[1]):
+                at = [j for j in range(len(parents)) if kids[j][rank] >= 0]  # parents with a child of this rank
+                if at:  # (children fill ranks 0, 1, ..: a parent without this rank has no later one)
+                    index = [torch.tensor(x, device=device) for x in (at, [kids[j][rank] for j in at])]
+                    ranks.append((*index, torch.tensor([parents[j] for j in at], device=device)))
+            self.levels.append((torch.tensor(parents, device=device), ranks))
 
     @property
     def forward_passes(self) -> int:
@@ -203,41 +207,34 @@ class TreeDrafter:
     def q(self, logits: Tensor) -> Tensor:
         return self.attention.scorer.target_probs(logits)
 
-    def propose(self, tokens: Tensor, committed: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def propose(self, tokens: Tensor, committed: Tensor, uniforms: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
         """-> node_tokens [B, T + 1], node_q [B, T + 1, V] (the law each node was drawn from),
-        node_ok [B, T + 1] (False where the draft ran out of tokens to draw). uniforms [B, T + 1]."""
+        node_ok [B, T + 1] (False where the draft ran out of tokens to draw). uniforms [B, T + 1];
+        width: the most committed tokens any image has not fed yet (read by the plan)."""
         batch, tree = committed.shape[0], self.tree
         device = self.attention.device
         # the tokens committed since the last call; the newest is the root, its output q(root's children)
-        root_logits = self.attention.run(*self.attention.committed_chain(tokens, self.fed, committed))[:, -1]
+        root_logits = self.attention.run(*self.attention.chain(tokens, self.fed, committed, width))[:, -1]
         self.fed = committed.clone()
         size, vocab = tree.num_nodes + 1, root_logits.shape[-1]
         node_tokens = torch.zeros(batch, size, dtype=torch.long, device=device)
         node_q = torch.zeros(batch, size, vocab, device=device)
         node_ok = torch.ones(batch, size, dtype=torch.bool, device=device)
-        children = tree.children.to(device)
-        for depth, parents in enumerate(self.levels):
+        for depth, (parents, ranks) in enumerate(self.levels):
             if depth == 0:
                 parent_q = self.q(root_logits)[:, None]  # [B, 1, V]
             else:
-                ids = parents.to(device)
-                logits = self.attention.run(*self.attention.nodes(ids, node_tokens[:, ids], committed))
+                logits = self.attention.run(*self.attention.nodes(parents, node_tokens[:, parents], committed))
                 parent_q = self.q(logits)  # [B, n, V]
-            kids = children[parents.to(device)]  # [n, C]
             remaining = parent_q.clone()
-            for rank in range(kids.shape[1]):
-                kid = kids[:, rank]
-                exists = kid >= 0
+            for at, kids, kid_parents in ranks:  # at [k]: this level's parents with a child of this rank
                 mass = remaining.sum(-1, keepdim=True)  # [B, n, 1]
                 law = remaining / mass.clamp(min=torch.finfo(mass.dtype).tiny)
-                ids = kid.clamp(min=0)
-                drawn = sample_from_probs(law, uniforms[:, ids])  # [B, n]
-                write = exists[None].expand(batch, -1)
-                b, j = write.nonzero(as_tuple=True)
-                node_tokens[b, ids[j]] = drawn[b, j]
-                node_q[b, ids[j]] = law[b, j]
-                node_ok[b, ids[j]] = (mass[b, j, 0] > 0) & node_ok[b, parents.to(device)[j]]
-                remaining.scatter_(-1, drawn[..., None], 0.0)
+                drawn = sample_from_probs(law[:, at], uniforms[:, kids])  # [B, k]
+                node_tokens[:, kids] = drawn
+                node_q[:, kids] = law[:, at]
+                node_ok[:, kids] = (mass[:, at, 0] > 0) & node_ok[:, kid_parents]
+                remaining[:, at] = remaining[:, at].scatter(-1, drawn[..., None], 0.0)
         return node_tokens, node_q, node_ok
 
     def admit(self, rows: Tensor, images: Tensor):
@@ -276,6 +273,7 @@ def walk_tree(
 class StaticTreePlan(NamedTuple):
     active: Tensor  # [B] images not done
     uniforms: Tensor  # [B, T + 1 + D * C + 1]: draft draws, accept tests, the final draw
+    width: int  # committed tokens not fed yet, the most of any image (the draft's fed equals the target's)
 
 
 class StaticTreePasses:
@@ -331,18 +329,23 @@ class StaticTreePasses:
 
     def plan(self) -> StaticTreePlan | None:
         active = self.committed < self.total
-        if not bool(active.any()):  # the one read-back of the loop
+        # the one read-back of the loop: whether any image is left, and the most committed tokens any
+        # image has not fed to the target and the draft (both feed them at the next pass's start)
+        left, width = torch.stack([active.any().long(), (self.committed - self.fed).max()]).tolist()
+        if not left:
             return None
         self.passes_run += 1
-        return StaticTreePlan(active, self.uniforms.take(self.block))
+        return StaticTreePlan(active, self.uniforms.take(self.block), max(width, 1))
 
     def propose(self, plan: StaticTreePlan) -> tuple[Tensor, Tensor, Tensor]:
-        node_tokens, node_q, node_ok = self.drafter.propose(self.tokens, self.committed, plan.uniforms[:, : self.size])
+        node_tokens, node_q, node_ok = self.drafter.propose(
+            self.tokens, self.committed, plan.uniforms[:, : self.size], plan.width
+        )
         # nodes past the image's end are never verified: the deepest usable depth leaves room for one more token
         return node_tokens, node_q, node_ok & (self.depths[None] <= (self.total - 1 - self.committed)[:, None])
 
     def score(self, plan: StaticTreePlan, drafts) -> Tensor:
-        chain = self.target.committed_chain(self.tokens, self.fed, self.committed)
+        chain = self.target.chain(self.tokens, self.fed, self.committed, plan.width)
         nodes = self.target.nodes(self.node_range, drafts[0][:, 1:], self.committed)
         logits = self.target.run(*(torch.cat([a, b], 1) for a, b in zip(chain, nodes, strict=True)))
         self.fed = self.committed.clone()
@@ -409,4 +412,5 @@ def tree_decode(
 ) -> tuple[Tensor, dict]:
     """Draft a static tree, verify it in one target pass, commit the accepted path + 1, pass after
     pass (`StaticTreePasses` on the pass loop). -> (tokens [B, N], stats)."""
-    return decode_passes(StaticTreePasses(request, draft, tree, relax), request.progress, queue=running_batch(request))
+    engine = StaticTreePasses(request, draft, tree, relax)
+    return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))

@@ -33,6 +33,7 @@ from .plan import (
     grid_index,
     pass_inputs,
     plan_pass,
+    power_of_two,
     token_grid,
     valid_commits,
     visibility,
@@ -57,6 +58,8 @@ class CarriedDrafts:
         self.valid = torch.zeros(batch, num_tokens + 1, dtype=torch.bool, device=device)
         self.entry = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
         self.probs = torch.zeros(batch, 0, vocab, device=device)  # [B, K, V]
+        # the last carry-over's (stored [B, M], laws [B, M, V]), packed before the next pass (`pack`)
+        self.unpacked: tuple[Tensor, Tensor] | None = None
 
     def forget(self, rows: Tensor):
         """Slots `rows` [R] start new images: no draft carried (their packed laws go unread)."""
@@ -80,12 +83,13 @@ class CarriedDrafts:
         carried = plan.has_draft & self.valid.gather(1, target)
         draft_tokens = self.tokens.gather(1, target)
         draft_probs = self.laws(target)
+        # filled whether or not a slot needs it: asking would wait for the device inside the pass, and
+        # nearly every pass opens new slots at the fronts' ends
         needs_fill = plan.has_draft & ~carried
-        if bool(needs_fill.any()):
-            request = FillRequest(state, torch.where(needs_fill, target, -1), uniforms, self.canvas(state, generated))
-            fill_tokens, fill_probs = initialiser(request)
-            draft_tokens = torch.where(needs_fill, fill_tokens, draft_tokens)
-            draft_probs = torch.where(needs_fill[..., None], fill_probs.to(draft_probs.dtype), draft_probs)
+        request = FillRequest(state, torch.where(needs_fill, target, -1), uniforms, self.canvas(state, generated))
+        fill_tokens, fill_probs = initialiser(request)
+        draft_tokens = torch.where(needs_fill, fill_tokens, draft_tokens)
+        draft_probs = torch.where(needs_fill[..., None], fill_probs.to(draft_probs.dtype), draft_probs)
         return draft_tokens, draft_probs
 
     def canvas(self, state: DecodeState, generated: Tensor) -> Tensor:
@@ -113,15 +117,22 @@ class CarriedDrafts:
         if plan.leans is not None:
             self.valid.scatter_(1, torch.where(plan.leans, target, self.num_tokens), False)
         self.valid &= F.pad(~generated, (0, 1))  # generated indices, and the scratch column N, hold no draft
-        self.pack(stored, laws)
+        self.unpacked = (stored, laws)  # packed at the next plan, which reads K with the pass's shape
 
-    def pack(self, stored: Tensor, laws: Tensor):
-        """Rebuild probs with the live drafts only: the laws stored this pass ([B, M] indices,
-        laws [B, M, V]) and the earlier ones still live."""
+    def live_most(self) -> Tensor:
+        """The most live drafts of any image (0-d): K of the next `pack`."""
+        return self.valid[:, : self.num_tokens].sum(1).max()
+
+    def pack(self, size: int):
+        """Rebuild probs with the live drafts only (`size`: `live_most`, read back by the plan): the laws
+        the last carry-over stored and the earlier ones still live. Run between passes, so that no
+        pass waits for the device to learn K."""
+        if self.unpacked is None:
+            return
+        (stored, laws), self.unpacked = self.unpacked, None
         batch, vocab = laws.shape[0], laws.shape[-1]
         device = laws.device
         live = self.valid[:, : self.num_tokens]
-        size = int(live.sum(1).max())  # K (a host sync)
         index = live.long().argsort(dim=1, descending=True, stable=True)[:, :size]  # [B, K] live indices first
         source = torch.full_like(self.tokens, -1)
         source.scatter_(1, stored, torch.arange(stored.shape[1], device=device).expand(batch, -1))
@@ -136,10 +147,10 @@ class CarriedDrafts:
         self.probs = packed
 
 
-def pass_uniforms(draws: UniformStream, plan: PassPlan, height: int, window: int) -> Tensor:
-    """Jacobi fronts: each image's block [4, H, window] for this pass, read at (purpose, row, slot) of
-    every input -> [B, 4, M]."""
-    block = draws.take(NUM_PURPOSES * height * window).view(plan.row.shape[0], NUM_PURPOSES, -1)
+def pass_uniforms(block: Tensor, plan: PassPlan, height: int, window: int) -> Tensor:
+    """Jacobi fronts: each image's block [4, H, window] for this pass (block [B, 4 * H * window], taken
+    from its uniform stream), read at (purpose, row, slot) of every input -> [B, 4, M]."""
+    block = block.view(plan.row.shape[0], NUM_PURPOSES, -1)
     lane = (plan.row * window + plan.slot.clamp(max=window - 1))[:, None].expand(-1, NUM_PURPOSES, -1)
     return block.gather(2, lane)
 
@@ -224,13 +235,15 @@ class PassDraft(NamedTuple):
     draws: Tensor  # [B, M] each slot's draw: ar.py's uniform of its index (plain fronts), else the residual's
 
 
-def pass_drafts(fronts: Fronts, plan: PassPlan, generated: Tensor, initialiser, window: int, trees):
+def pass_drafts(fronts: Fronts, front_plan: FrontPlan, initialiser, window: int, trees):
     """This pass's randomness and drafts -> PassDraft."""
+    plan, generated = front_plan.plan, front_plan.generated
     if fronts.carried is None:
         return PassDraft(None, None, None, None, fronts.position_uniforms.gather(1, plan.input_index + 1))
     height = fronts.count.shape[1]
-    uniforms = pass_uniforms(fronts.draws, plan, height, window)
-    tree_u = None if trees is None else trees.uniforms(fronts.draws, height)
+    block, tree_block = front_plan.blocks
+    uniforms = pass_uniforms(block, plan, height, window)
+    tree_u = None if trees is None else tree_block.view(tree_block.shape[0], height, -1)
     if not plan.drafts:  # a pass of one slot per front has no drafts
         return PassDraft(None, None, uniforms, tree_u, uniforms[:, RESIDUAL])
     target = plan.input_index + 1
@@ -253,7 +266,7 @@ def score_and_verify(
 
 
 def commit_fronts(
-    fronts: Fronts, plan: PassPlan, accept: Tensor, slot_tokens: Tensor, log: FrontRecord, forward_pass: int, rules
+    fronts: Fronts, plan: PassPlan, accept: Tensor, slot_tokens: Tensor, log: FrontRecord, rules
 ) -> tuple[Tensor, Tensor]:
     """Write each front's commit (its leading accepted drafts and one token more) into the tokens
     and the record -> commits [B, H] and each input's front's commits [B, M]. rules: (s, whether the
@@ -266,7 +279,7 @@ def commit_fronts(
     extended = commits  # a taken side candidate commits its side node's draw too
     if trees is not None:
         extended = trees.extend(plan, valid, commits, count, width)
-    log.write(count, extended, commits, good, plan.window_len, forward_pass)
+    log.write(count, extended, commits, good, plan.window_len)
     lane_commits = extended.gather(1, plan.row)
     skip = plan.slot >= lane_commits  # a front commits at most its window: every slot kept predicts
     fronts.tokens.scatter_(1, (plan.input_index + 1).masked_fill(skip, num_tokens), slot_tokens)
@@ -280,6 +293,10 @@ class FrontPlan(NamedTuple):
     window: int  # slots per front this pass
     plan: PassPlan
     generated: Tensor  # [B, N] the tokens generated before this pass
+    # Jacobi fronts: this pass's blocks of each image's uniform stream, the fronts' [B, 4 * H * window]
+    # and the trees' [B, H * (V + K + 1)] (None without trees), taken by the plan: drawing a new block
+    # from the generators would break a compiled pass's graph
+    blocks: tuple[Tensor, Tensor | None] | None = None
 
 
 class FrontPasses:
@@ -312,6 +329,8 @@ class FrontPasses:
         self.holds = list(range(self.batch))  # the queue image in each slot
         scratch = 0 if self.trees is None else self.trees.scratch(self.grid[0])
         self.cache_length = model.num_condition_tokens + self.total + scratch
+        # compiled passes (`request.compile_passes`) are padded to a few shapes (`plan_pass`'s round_up)
+        self.compiled = request.compile_passes is not None
 
     def __enter__(self):
         self.scorer.open_cache(self.cache_length)
@@ -324,16 +343,32 @@ class FrontPasses:
         first, count, fronts = self.passes == 0, self.fronts.count, self.fronts
         window = 1 if first else self.window
         cross_row = self.cross_row and not first
-        plan = plan_pass(count, fronts.fed, self.grid, self.s, window, cross_row, fronts.index)
+        # what the pass needs to know on the host, read with its shape: the carried laws' K, the
+        # trees' tokens to feed again
+        also_read = () if fronts.carried is None else (fronts.carried.live_most(),)
+        if self.trees is not None:
+            also_read += (self.trees.refeed_most(),)
+        plan = plan_pass(
+            count, fronts.fed, self.grid, self.s, window, cross_row, fronts.index, also_read, self.compiled
+        )
         if plan.row.shape[1] == 0:
             return None
+        if fronts.carried is not None:
+            fronts.carried.pack(plan.read[0])
+        if self.trees is not None:
+            self.trees.refeed_width = power_of_two(plan.read[-1]) if self.compiled else plan.read[-1]
         fronts.state.committed = count.sum(1)
         self.passes += 1
-        return FrontPlan(first, window, plan, generated_mask(count, self.grid[1], fronts.index))
+        self.log.reserve(self.passes)
+        blocks = None
+        if fronts.draws is not None:  # each pass's block is [4, H, window] an image, the first pass's too
+            height = self.grid[0]
+            block = fronts.draws.take(NUM_PURPOSES * height * self.window)  # then the trees', as drawn
+            blocks = (block, None if self.trees is None else fronts.draws.take(self.trees.draws_per_pass(height)))
+        return FrontPlan(first, window, plan, generated_mask(count, self.grid[1], fronts.index), blocks)
 
     def propose(self, plan: FrontPlan) -> PassDraft:
-        # each pass's uniforms: [4, H, window] an image
-        return pass_drafts(self.fronts, plan.plan, plan.generated, self.initialiser, self.window, self.trees)
+        return pass_drafts(self.fronts, plan, self.initialiser, self.window, self.trees)
 
     def score(self, plan: FrontPlan, draft: PassDraft) -> tuple[Tensor, Tensor, Tensor]:
         # scored and verified in one step: a front's tree (zipar-tree) scores its side nodes in the pass
@@ -348,7 +383,7 @@ class FrontPasses:
         target_probs, slot_tokens, accept = verdict
         count = fronts.count
         rules = (self.s, self.cross_row and not plan.first, self.trees)
-        commits, lane_commits = commit_fronts(fronts, plan.plan, accept, slot_tokens, self.log, self.passes, rules)
+        commits, lane_commits = commit_fronts(fronts, plan.plan, accept, slot_tokens, self.log, rules)
         # The slots after a front's commit become drafts for the same indices.
         if self.speculative:
             after_pass = generated_mask(count + commits, width, fronts.index)
@@ -422,4 +457,5 @@ def decode_fronts(
         "cross_row": cross_row,
         "trees": trees,
     }
-    return decode_passes(FrontPasses(request, s, window, parts), request.progress, queue=running_batch(request))
+    engine = FrontPasses(request, s, window, parts)
+    return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))

@@ -7,7 +7,6 @@ KV cached after it (`fed_after_pass`). The rules are in docs/RASTER.md (ZipAR se
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -77,17 +76,17 @@ class PassPlan:
     above_drafts: Tensor | None = None  # [B, H] drafts row r - 1 feeds in this pass
     leans: Tensor | None = None  # [B, M] bool: predicts (r, c) with c + s - 1 past row r - 1's generated tokens
     need: Tensor | None = None  # [B, M] c + s - count[r - 1]: of row r - 1's drafts, how many it needs to hold
+    drafting_fronts: int = 0  # the most fronts of any image whose window has 2 slots or more
+    read: tuple[int, ...] = ()  # what `plan_pass` was asked to read back with the pass's width (`also_read`)
+    # [B, M] bool: the next input is a draft for input_index + 1 (None when no front drafts: a pass of
+    # plain fronts never reads it). Made by the plan, not on first use in the pass: a cached property's
+    # lock would break the pass's graph under torch.compile.
+    has_draft: Tensor | None = None
 
     @property
     def real(self) -> Tensor:
         """[B, M] bool, False for padding."""
         return ~self.padding
-
-    @cached_property
-    def has_draft(self) -> Tensor:
-        """[B, M] bool: the next input is a draft for input_index + 1 (made on first use: a pass of
-        plain fronts never reads it)."""
-        return self.slot + 1 < self.length
 
 
 def capped(length: Tensor, window: int | Tensor) -> Tensor:
@@ -161,9 +160,15 @@ def plan_pass(
     window: int,
     cross_row: bool = False,
     index: GridIndex | None = None,
+    also_read: tuple[Tensor, ...] = (),
+    round_up: bool = False,
 ) -> PassPlan:
     """count [B, H]: generated tokens of each row; fed [B, H]: how many of them have their KV cached;
-    index: the grid's `GridIndex` (made here when None).
+    index: the grid's `GridIndex` (made here when None); also_read: 0-d integer tensors the engine
+    needs on the host before the pass, read back with the pass's width (`PassPlan.read`), so that a
+    pass has one host sync, here, and none inside it; round_up (compiled passes): the pass's width M
+    and `drafting_fronts` rounded up to a power of two (the latter at most H), the rest padding, so that a compiled pass
+    meets a few shapes, not one a pass.
 
     A row predicts columns count .. reach - 1 (at most `window` of them), where reach is the first
     column not yet allowed: W once the row above is complete, else (row above's count) - s + 1.
@@ -181,7 +186,10 @@ def plan_pass(
     feed_only, fed_by_next = fed_alone(count, fed, window_len, width)
     inputs = window_len + feed_only  # [B, H] inputs of each row's front
     ends = inputs.cumsum(1)
-    num_inputs, drafts = pass_width(ends, window_len, window)  # a host sync
+    num_inputs, drafting, read = pass_width(ends, window_len, window, also_read)  # the pass's one host sync
+    if round_up:
+        # (drafting fronts at most the rows: the trees' scratch cache holds a side node set per row)
+        num_inputs, drafting = power_of_two(num_inputs), min(power_of_two(drafting), height)
     m = torch.arange(num_inputs, device=count.device).expand(batch, -1).contiguous()
     row = torch.searchsorted(ends, m, right=True)  # [B, M]
     padding = row >= height
@@ -197,17 +205,28 @@ def plan_pass(
     above_start = leans = need = None  # without cross-row drafts no slot leans on the row above
     if cross_row:
         above_start, leans, need = leaning_slots(above, above_drafts, row, input_index, predicts, width, s)
-    per_input = (row, slot, input_index, predicts, length, padding, drafts, source)
-    return PassPlan(*per_input, window_len, feed_only, fed_by_next, above_start, above_drafts, leans, need)
+    per_input = (row, slot, input_index, predicts, length, padding, drafting > 0, source)
+    per_row = (window_len, feed_only, fed_by_next, above_start, above_drafts, leans, need)
+    has_draft = slot + 1 < length if drafting else None
+    return PassPlan(*per_input, *per_row, drafting, read, has_draft)
 
 
-def pass_width(ends: Tensor, window_len: Tensor, window: int) -> tuple[int, bool]:
-    """The pass width M (the most inputs of any image, ends [B, H] their cumulative counts by row) and
-    whether any front drafts (a window of 2 slots or more), read back together."""
-    if window == 1:  # a window of one slot has no draft
-        return int(ends.max()), False
-    num_inputs, longest = torch.stack([ends.max(), window_len.max()]).tolist()
-    return num_inputs, longest > 1
+def power_of_two(n: int) -> int:
+    """The least power of two >= n (0 stays 0)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+def pass_width(
+    ends: Tensor, window_len: Tensor, window: int, also_read: tuple[Tensor, ...] = ()
+) -> tuple[int, int, tuple[int, ...]]:
+    """The pass width M (the most inputs of any image, ends [B, H] their cumulative counts by row), the
+    most fronts of any image with a draft (a window of 2 slots or more) and `also_read`'s values (0-d
+    integer tensors), read back together."""
+    if window == 1 and not also_read:  # a window of one slot has no draft
+        return int(ends.max()), 0, ()
+    drafting = (window_len >= 2).sum(1).max() if window > 1 else torch.zeros_like(ends[0, 0])
+    num_inputs, drafting, *read = torch.stack([ends.max(), drafting, *also_read]).tolist()
+    return num_inputs, drafting, tuple(read)
 
 
 def fed_alone(count: Tensor, fed: Tensor, window_len: Tensor, width: int) -> tuple[Tensor, Tensor]:

@@ -1,5 +1,6 @@
-"""`FrontRecord`: what a decode of row fronts records a pass, raw, in a device buffer grown a block of
-passes at a time (one copy a pass); the COMMON_STATS follow from it once, at the end.
+"""`FrontRecord`: what a decode of row fronts records a pass, raw, in a device buffer grown between
+passes (one copy a pass, at a cursor on the device, so that a compiled pass is one graph whatever its
+number); the COMMON_STATS follow from it once, at the end.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from torch import Tensor
 
 from ..stats import DecodeLog
 
-PASSES_PER_BLOCK = 64  # the buffer grows by this many passes (a host-known count: no read-back)
+PASSES_PER_BLOCK = 64  # the buffer's first size in passes; it doubles when a decode needs more
 
 
 class FrontRecord:
@@ -26,18 +27,20 @@ class FrontRecord:
     def __init__(self, batch: int, grid_size: tuple[int, int], max_slots: int, device: torch.device):
         self.log = DecodeLog(batch, grid_size, max_slots, device)  # starts the clock
         self.shape = (PASSES_PER_BLOCK, 5, batch, grid_size[0])
-        self.blocks: list[Tensor] = []
+        self.buffer = torch.zeros(self.shape, dtype=torch.long, device=device)
+        self.cursor = torch.zeros(1, dtype=torch.long, device=device)  # the next pass's record
         self.forward_pass: list[int] = []  # each record's forward pass number (host ints)
 
-    def write(
-        self, count: Tensor, commits: Tensor, base_commits: Tensor, good: Tensor, window_len: Tensor, forward_pass
-    ):
-        """count, commits, base_commits, good, window_len: [B, H] each; forward_pass: its number (an int)."""
-        slot = len(self.forward_pass) % PASSES_PER_BLOCK
-        if slot == 0:
-            self.blocks.append(torch.empty(self.shape, dtype=torch.long, device=count.device))
-        torch.stack([count, commits, base_commits, good, window_len], out=self.blocks[-1][slot])
+    def reserve(self, forward_pass: int):
+        """Between passes: room for the next pass's record, whose forward pass number is `forward_pass`."""
         self.forward_pass.append(forward_pass)
+        if len(self.forward_pass) > len(self.buffer):
+            self.buffer = torch.cat([self.buffer, torch.zeros_like(self.buffer)])
+
+    def write(self, count: Tensor, commits: Tensor, base_commits: Tensor, good: Tensor, window_len: Tensor):
+        """The pass `reserve` made room for: count, commits, base_commits, good, window_len, [B, H] each."""
+        self.buffer.index_put_((self.cursor,), torch.stack([count, commits, base_commits, good, window_len])[None])
+        self.cursor += 1
 
     def max_fronts(self) -> int:
         """The most fronts that predicted in one pass of one image."""
@@ -47,7 +50,7 @@ class FrontRecord:
 
     def records(self) -> Tensor:
         """[P, 5, B, H] the passes written."""
-        return torch.cat(self.blocks)[: len(self.forward_pass)]
+        return self.buffer[: len(self.forward_pass)]
 
     def image_commits(self, records: Tensor, row: int, start: int, admitted: bool) -> tuple[Tensor, Tensor]:
         """The image slot `row` holds, which started after `start` passes (records: `records()`) -> (its

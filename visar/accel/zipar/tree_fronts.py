@@ -18,7 +18,7 @@ from torch import Tensor
 from ..acceptance import AcceptanceRule
 from ..draft_trees import neighbour_candidates, without_replacement
 from ..proposers import RESIDUAL
-from ..sampling import UniformStream, sample_from_probs
+from ..sampling import sample_from_probs
 from ..scoring import GuidedScorer
 from ..tree_verify import residual_ladder
 from .plan import PassPlan, front_outputs, pass_inputs, visibility
@@ -40,7 +40,12 @@ class FrontTrees:
         self.side_taken = torch.zeros(batch, dtype=torch.long, device=device)
         self.side: Tensor | None = None
         self.refeed = torch.full((batch, height), -1, dtype=torch.long, device=device)
+        self.refeed_width = 0  # the most tokens any image feeds again this pass (`refeed_most`, read by the plan)
         self.released: dict[int, int] = {}  # a running batch's finished images: image -> side_taken
+
+    def refeed_most(self) -> Tensor:
+        """The most tokens any image waits to feed again (0-d)."""
+        return (self.refeed >= 0).sum(1).max()
 
     def admit(self, rows: Tensor):
         """Slots `rows` start new images: no side taken yet, nothing to feed again."""
@@ -80,12 +85,6 @@ class FrontTrees:
         """The uniforms `uniforms` takes a pass, per image."""
         return height * (self.vocab + self.branch + 1)
 
-    def uniforms(self, draws: UniformStream, height: int) -> Tensor:
-        """Each image's block for this pass [B, H, V + K + 1]: per row, the extra candidates' V (one
-        per token), K - 1 candidate tests, the draw after the last rejection, the side node's draw."""
-        block = draws.take(self.draws_per_pass(height))
-        return block.view(block.shape[0], height, -1)
-
 
 @dataclass
 class SideNodes:
@@ -106,7 +105,7 @@ def side_nodes(plan: PassPlan, branch: int) -> SideNodes:
     per_row = has_tree.long() * (branch - 1)
     ends = per_row.cumsum(1)
     batch, height = per_row.shape
-    size = int(ends[:, -1].max())  # the number of side inputs (a host sync)
+    size = plan.drafting_fronts * (branch - 1)  # the most side inputs of any image (read with the plan)
     m = torch.arange(size, device=ends.device).expand(batch, -1).contiguous()
     row = torch.searchsorted(ends, m, right=True)
     real = row < height
@@ -132,10 +131,11 @@ def front_candidates(
 
 
 def score_with_sides(
-    scorer: GuidedScorer, plan: PassPlan, sides: SideNodes, refeed: Tensor, context, drafts, side_tokens, scratch
+    scorer: GuidedScorer, plan: PassPlan, sides: SideNodes, refeed, context, drafts, side_tokens, scratch
 ) -> tuple[Tensor, Tensor]:
     """One pass over every front's inputs, the side nodes and the re-fed tokens -> p [B, M, V],
-    side p [B, S, V]. context: (tokens, count, generated, s) as score_fronts takes them.
+    side p [B, S, V]. context: (tokens, count, generated, s) as score_fronts takes them; refeed:
+    (FrontTrees.refeed, its `refeed_width`).
 
     A side node stands in for its front's slot 1 (the same position and view) with its candidate
     in place of the front's draft: it sees its own scratch slot instead of that draft's slot. A
@@ -143,6 +143,7 @@ def score_with_sides(
     newest token sees when it is fed (the tokens generated before it).
     """
     tokens, count, generated, s = context
+    refeed, refeed_width = refeed
     num_cond, num_tokens, device = scorer.model.num_condition_tokens, generated.shape[1], generated.device
     batch, num_inputs, num_sides = plan.slot.shape[0], plan.slot.shape[1], sides.row.shape[1]
     feed = pass_inputs(plan, tokens, drafts)
@@ -152,7 +153,7 @@ def score_with_sides(
     side_index = torch.where(sides.real, plan.input_index.gather(1, twin), num_tokens - 1)
     side_visible = visible.gather(1, twin[..., None].expand(-1, -1, num_tokens))
     side_visible &= (slots != side_index[..., None]) & sides.real[..., None]
-    pending = refeed.sort(1, descending=True).values[:, : int((refeed >= 0).sum(1).max())]  # [B, R] (a host sync)
+    pending = refeed.sort(1, descending=True).values[:, :refeed_width]  # [B, R]
     again, index = pending >= 0, pending.clamp(min=0)
     earlier = (slots <= index[..., None]) & generated[:, None]  # [B, R, N]
     again_visible = (earlier | (slots == index[..., None])) & again[..., None]
@@ -227,7 +228,9 @@ def tree_pass(
         )
         side_tokens = candidates.flatten(1).gather(1, sides.row * branch + sides.rank)
     scratch = trees.scratch(count.shape[1])
-    probs, side_probs = score_with_sides(scorer, plan, sides, trees.refeed, context, draft_tokens, side_tokens, scratch)
+    probs, side_probs = score_with_sides(
+        scorer, plan, sides, (trees.refeed, trees.refeed_width), context, draft_tokens, side_tokens, scratch
+    )
     trees.refeed = torch.full_like(trees.refeed, -1)
     slot_tokens, accept = front_outputs(rule, plan, probs, draft_tokens, draft_probs, uniforms, uniforms[:, RESIDUAL])
     if candidates is None:

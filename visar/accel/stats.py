@@ -61,6 +61,9 @@ class DecodeLog:
         self.tested_by_slot = torch.zeros(max_slots, dtype=torch.long, device=device)
         self.accepted_by_slot = torch.zeros_like(self.tested_by_slot)
         self.pending_drafts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # `drafts`' passes not yet counted
+        # count each pass's drafts as it hands them over: a compiled pass's engine sets it, since a
+        # pending list that grows by a pass would make torch.compile trace the pass again at each length
+        self.count_at_once = False
 
     def count_pass(self, active: Tensor):
         """active [B] bool: the images this pass worked for."""
@@ -77,7 +80,7 @@ class DecodeLog:
         counted DRAFT_PASSES_AT_ONCE passes at a time (and at `stats`): integer counts, the same
         in any order, in a dozen ops for many passes instead of a dozen a pass."""
         self.pending_drafts.append((index, slot, tested, accepted))
-        if len(self.pending_drafts) == DRAFT_PASSES_AT_ONCE:
+        if self.count_at_once or len(self.pending_drafts) == DRAFT_PASSES_AT_ONCE:
             self.count_drafts()
 
     def count_drafts(self):

@@ -307,6 +307,7 @@ class StaticTreePasses:
         self.committed = torch.ones(self.batch, dtype=torch.long, device=self.device)
         self.fed = torch.zeros(self.batch, dtype=torch.long, device=self.device)
         self.log = DecodeLog(self.batch, model.grid_size, self.max_depth, self.device)
+        self.log.count_at_once = request.compile_passes is not None
         # the same numbers as a draw per pass, drawn 16 passes at a time
         self.uniforms = UniformStream(self.generators[: self.batch], self.device, block=16 * self.block)
         self.passes_run = 0  # passes so far, the prefill the first: the pass number the log records

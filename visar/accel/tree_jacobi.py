@@ -83,6 +83,7 @@ class TreePasses:
         )
         self.proposer = JacobiProposer(initialiser, maximal_coupling_carry)
         self.log = DecodeLog(batch, model.grid_size, main_len, self.device)
+        self.log.count_at_once = request.compile_passes is not None
         self.passes_run = 0  # passes planned: the pass number the log records (an image's own, less its start)
         self.fresh = tuple(range(batch))  # slots whose image has not had its first pass
         self.start_pass = [0] * batch  # the pass after which each slot's image started

@@ -134,8 +134,9 @@ def test_a_method_s_whole_pass_traces_as_one_graph(method, options, monkeypatch)
     """The front and static-tree engines, and a draft model's chain, as the chain and tree engines:
     their plan reads back what a pass's shape needs (the fronts: the pass's width, the carried laws'
     K and the trees' tokens to feed again; lantern++: whether an image is left and the committed
-    tokens not fed yet; spec: the positions its draft catches up on), all at once; the pass itself has no host sync, so a compiled pass replays as one graph per shape (the
-    decode is the method's own, its engine traced after a few passes)."""
+    tokens not fed yet; spec: the positions its draft catches up on), all at once; the pass itself
+    has no host sync, so a compiled pass replays as one graph per shape (the decode is the method's
+    own, its engine traced after a few passes)."""
     from visar.accel import jacobi, tree
     from visar.accel.zipar import engine as front_engine
 
@@ -171,9 +172,7 @@ def test_whole_passes_under_compile_give_the_eager_tokens():
     from visar.accel import passes
 
     pipe = visar.load("visar-tiny-random", device="cpu")
-    eager = {
-        m: pipe.generate(class_labels=[3, 5], seed=1, method=m, output_type="tokens") for m in COMPILED_METHODS
-    }
+    eager = {m: pipe.generate(class_labels=[3, 5], seed=1, method=m, output_type="tokens") for m in COMPILED_METHODS}
     running = {  # a running batch: refill passes call the model on the new and the other slots apart
         m: pipe.generate(class_labels=[3, 5, 7, 1], seed=1, method=m, output_type="tokens", batch_size=2)
         for m in COMPILED_METHODS
@@ -201,3 +200,23 @@ def test_whole_passes_fall_back_to_eager_where_compiling_fails():
     with pytest.warns(RuntimeWarning, match="torch.compile failed on this platform.*no C.. compiler"):
         out = pipe.generate(class_labels=[3], seed=2, method="mc-sjd", output_type="tokens")
     assert torch.equal(out.tokens, eager)
+
+
+@pytest.mark.slow  # dynamo traces every shape of pass of two engines with a draft model (backend "eager")
+def test_draft_model_passes_under_compile_give_the_eager_tokens():
+    """spec (the chain engine, its draft's catch-up width read by the plan) and lantern++ (the static
+    tree engine) under compiled whole passes: the eager tokens, in a batch and in a running batch."""
+    import visar
+
+    pipe = visar.load("visar-tiny-c2i", device="cpu")
+    calls = [dict(class_labels=[3, 5]), dict(class_labels=[3, 5, 7, 1], batch_size=2)]
+    options = dict(seed=1, output_type="tokens", draft="visar-tiny-c2i-draft")
+    eager = {
+        (m, i): pipe.generate(method=m, **call, **options)
+        for m in ("spec", "lantern++")
+        for i, call in enumerate(calls)
+    }
+    pipe.compile(backend="eager", whole_passes=True)
+    for (method, i), reference in eager.items():
+        out = pipe.generate(method=method, **calls[i], **options)
+        assert torch.equal(out.tokens, reference.tokens), (method, i)

@@ -128,6 +128,10 @@ def test_tree_layout():
         (dict(depth=0), "depth must be an integer >= 1"),
         (dict(window=1), "window must be an integer >= 2"),
         (dict(window=8, branch=3, depth=3), "13 nodes, more than the window of 8"),
+        # counted before a path is listed: 6 ** 16 paths once filled the memory (the fuzz test found it)
+        (dict(window=64, depth=17), "branch 6 and depth 17 has over 64 nodes"),
+        (dict(window=64, branch=1, depth=10**9), "has over 64 nodes"),
+        (dict(window=[]), "window must be an integer >= 2, got \\[\\]"),  # a list is no cache key
         (dict(budget="fast"), "budget for tree-mc-sjd must be a whole number of rows"),
         (dict(budget=0), "budget for tree-mc-sjd must be a whole number"),
         (dict(budget=4), "a tree of branch 6 and depth 2 needs 7 or more, got 4"),

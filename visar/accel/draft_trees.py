@@ -75,19 +75,29 @@ class DraftTree:
         return self.num_nodes - self.main_length
 
     @classmethod
-    @functools.lru_cache(maxsize=256)
     def build(cls, window: int, branch: int, depth: int) -> DraftTree:
-        """The tree of these numbers, built once per process (its index tensors are only read): a
-        build takes some 500 small ops, and every decode of a tree method asks for its tree."""
+        """The tree of these numbers, or one VisarError, checked before anything is built (a list is no
+        cache key, and branch ** depth paths could fill the memory before the count said no)."""
         for name, value, minimum in (("window", window, 2), ("branch", branch, 1), ("depth", depth, 1)):
             check_number(name, value, minimum, integer=True)
+        tree_nodes, level = 0, 1  # nodes at depths 0 .. D - 1, the root included, counted until past the window
+        for d in range(depth):
+            tree_nodes, level = tree_nodes + level, level * branch
+            if tree_nodes > window:
+                counted = str(tree_nodes) if d == depth - 1 else f"over {window}"
+                raise VisarError(
+                    f"a tree of branch {branch} and depth {depth} has {counted} nodes, more than the window of "
+                    f"{window} slots: raise window or lower branch / depth"
+                )
+        return cls.built(window, branch, depth)
+
+    @classmethod
+    @functools.lru_cache(maxsize=256)
+    def built(cls, window: int, branch: int, depth: int) -> DraftTree:
+        """`build`'s tree, made once per process (its index tensors are only read): a build takes some
+        500 small ops, and every decode of a tree method asks for its tree."""
         paths = [p for d in range(1, depth) for p in _rank_paths(branch, d)]
-        tree_nodes = len(paths) + 1  # depths 0 .. D - 1, the root included
-        if tree_nodes > window:
-            raise VisarError(
-                f"a tree of branch {branch} and depth {depth} has {tree_nodes} nodes, more than the window of "
-                f"{window} slots: raise window or lower branch / depth"
-            )
+        tree_nodes = len(paths) + 1
         paths += [(0,) * d for d in range(depth, window - tree_nodes + depth)]
         tree = StaticTree.from_paths(paths)
         main_nodes = [True] + [max(p) == 0 for p in tree.paths]

@@ -790,3 +790,26 @@ def test_vectorised_above_fill_equals_the_slot_loop():
         source = index - width
         chains += int(((index[:, None, :] == source[:, :, None]) & (index[:, None, :] >= 0)).any(-1).sum())
     assert chains > 50  # the case the loop exists for is exercised
+
+
+def test_consecutive_above_fill_equals_the_slot_loop():
+    """A window's or a tree's slots lie at committed + 0 .. G - 1 (`FillRequest.consecutive`): the
+    forward fill down each column of W (`latest_known_above`) copies what neighbour_fill copies slot by
+    slot, with committed tokens, carried drafts and gaps past the commit, G longer than several rows."""
+    from types import SimpleNamespace
+
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(300):
+        batch, width, vocab = 3, int(torch.randint(1, 6, (1,), generator=gen)), 8
+        slots = int(torch.randint(1, 20, (1,), generator=gen))
+        committed = torch.randint(0, 3 * width, (batch,), generator=gen)
+        size = 7 * width + slots
+        canvas = torch.randint(0, vocab, (batch, size), generator=gen)
+        gaps = (torch.arange(size) >= committed[:, None]) & (torch.rand(batch, size, generator=gen) < 0.6)
+        canvas[gaps] = -1  # past the commit: carried drafts at some indices, none at the rest
+        index = committed[:, None] + torch.arange(slots)
+        state = SimpleNamespace(grid_size=(size // width + 1, width), vocab_size=vocab)
+        uniforms = torch.rand(batch, slots, generator=gen)
+        fast = drafts.above_fill(drafts.FillRequest(state, index, uniforms, canvas, consecutive=True))
+        loop = drafts.neighbour_fill(drafts.FillRequest(state, index, uniforms, canvas), True, False)
+        assert torch.equal(fast[0], loop[0]) and torch.equal(fast[1], loop[1]), trial

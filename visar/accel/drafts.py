@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import VisarError
@@ -70,6 +71,9 @@ class FillRequest:
     # and lies inside the image (every image has committed a row or more): no uniform fallback, and
     # the one-hot q comes as bool [B, G, V] (the asker, `JacobiProposer`, merges it by a where)
     sources_inside: bool = False
+    # draft_index[b] is committed[b] + 0 .. G - 1 (a Jacobi window's or a tree's main path): slot j's
+    # neighbour one row up is slot j - W of the same call, so copies of copies follow columns
+    consecutive: bool = False
 
     @property
     def uniforms(self) -> Tensor:
@@ -153,6 +157,8 @@ def above_fill(request: FillRequest) -> tuple[Tensor, Tensor]:
     has_source = (index >= 0) & (source >= 0)
     last = request.canvas.shape[1] - 1
     known = torch.where(has_source, request.canvas.gather(1, source.clamp(0, last)), -1)  # [B, G]
+    if request.consecutive:
+        return one_hot_or(latest_known_above(known, width), tokens, probs)
     # the earlier slot (in pass order, as neighbour_fill visits them) that drafts the source index
     earlier = torch.ones(index.shape[1], index.shape[1], dtype=torch.bool, device=index.device).tril(-1)
     match = (index[:, None, :] == source[:, :, None]) & earlier & (index[:, None, :] >= 0)  # [B, G, G]
@@ -164,6 +170,20 @@ def above_fill(request: FillRequest) -> tuple[Tensor, Tensor]:
     for _ in range((index.shape[1] - 1).bit_length()):
         root = root.gather(1, root)
     return one_hot_or(known.gather(1, root), tokens, probs)
+
+
+def latest_known_above(known: Tensor, width: int) -> Tensor:
+    """Consecutive slots (`FillRequest.consecutive`): known [B, G] each slot's token one row up (-1:
+    none) -> the token each slot copies: its own known one, else the copy made for slot j - W, and so
+    on up its column; -1 where none in the column is known. A forward fill down each column of the
+    slots laid out W a row: the same copies as `above_fill`'s chains, in a dozen ops at any G."""
+    batch, slots = known.shape
+    rows = -(-slots // width)
+    grid = F.pad(known, (0, rows * width - slots), value=-1).view(batch, rows, width)
+    row = torch.arange(rows, device=known.device)[None, :, None]
+    latest = torch.where(grid >= 0, row, -1).cummax(1).values  # the last row at or above with a known token
+    copies = torch.where(latest >= 0, grid.gather(1, latest.clamp(min=0)), -1)
+    return copies.view(batch, -1)[:, :slots]
 
 
 def above_committed_fill(request: FillRequest, source: Tensor) -> tuple[Tensor, Tensor]:

@@ -262,6 +262,7 @@ class JacobiProposer:
             lambda: self.proposal_canvas(state),
             above_committed=num_slots <= state.grid_size[1],
             sources_inside=window.least_committed >= state.grid_size[1],
+            consecutive=True,
         )
         fill_tokens, fill_probs = self.initialiser(request)
         draft_tokens = torch.where(from_carry, draft_tokens, fill_tokens)

@@ -406,10 +406,10 @@ def tree_randomness(
     return Window(active * main_len, window_u, main_len - 1), extra_u, test_u
 
 
-def commit_path(state: DecodeState, layout: DraftTree, verdict: WindowVerdict, commit_count: Tensor) -> Tensor:
-    """Write the reached path and the token after it past each image's commit; -> the image index
-    of every path column [B, M] (column d holds index committed - 1 + d)."""
-    columns = torch.arange(1, layout.main_length + 1, device=commit_count.device)
+def commit_path(state: DecodeState, columns: Tensor, verdict: WindowVerdict) -> Tensor:
+    """Write the reached path and the token after it past each image's commit (columns [M]: 1 .. M,
+    made once a decode); -> the image index of every path column [B, M] (column d holds index
+    committed - 1 + d)."""
     index = state.committed[:, None] - 1 + columns
     state.tokens.scatter_(1, index.clamp(min=0), verdict.path[:, 1:])
     return index

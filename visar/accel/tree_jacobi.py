@@ -89,6 +89,8 @@ class TreePasses:
         self.start_pass = [0] * batch  # the pass after which each slot's image started
         self.tree_pass = TreePass(self.scorer, layout)
         self.layout = layout.to(self.device)
+        # the reached path's columns 1 .. M past the newest committed token, made once (`commit_path`)
+        self.path_columns = torch.arange(1, layout.main_length + 1, device=self.device)
         self.fed = torch.zeros(batch, dtype=torch.long, device=self.device)  # tokens with their KV cached
         # each pass's uniforms, the same numbers as a draw per pass, drawn up to 16 passes at a time
         self.uniforms = UniformStream(generators, self.device, block=stream_block(tree_uniforms(layout, self.vocab)))
@@ -136,12 +138,11 @@ class TreePasses:
     def commit(self, plan: TreePlan, drafts, probs: Tensor, verdict: WindowVerdict):
         state, layout, active, log = self.state, plan.layout, plan.active, self.log
         commit_count = torch.where(active, verdict.accepted + 1, 0)  # the reached path and one token more
-        index = commit_path(state, layout, verdict, commit_count)
+        index = commit_path(state, self.path_columns, verdict)
         node_index = state.committed[:, None] + layout.depth_less_one
         node_slot = layout.draft_slot.expand(len(active), -1)
         log.drafts(node_index, node_slot, verdict.tried & active[:, None], verdict.accept)
-        columns = index - state.committed[:, None] + 1
-        log.commit(index, (columns <= commit_count[:, None]) & (index < self.total), self.passes_run)
+        log.commit(index, (self.path_columns <= commit_count[:, None]) & (index < self.total), self.passes_run)
         log.count_pass(active)
         # The main path's outputs past the commit are the next drafts, coupled to the old ones.
         main_probs = probs[:, layout.main]

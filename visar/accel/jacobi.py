@@ -31,7 +31,7 @@ from ..models.base import RasterModel
 from .acceptance import SPECULATIVE, AcceptanceRule, verify_slots
 from .checks import check_budget, check_number
 from .drafts import DecodeState, resolve_initialiser
-from .passes import decode_passes, running_batch, score_first_passes_apart
+from .passes import decode_passes, power_of_two, running_batch, score_first_passes_apart
 from .proposers import (
     ACCEPT,
     NUM_PURPOSES,
@@ -91,7 +91,7 @@ def score_window(
     """
     num_cond = scorer.model.num_condition_tokens
     needed = draft_tokens.shape[1] + 1
-    num_slots = min(1 << (needed - 1).bit_length(), max(state.window, needed))
+    num_slots = min(power_of_two(needed), max(state.window, needed))
     if num_slots > needed:
         draft_tokens = F.pad(draft_tokens, (0, num_slots - needed))
     device = draft_tokens.device
@@ -255,7 +255,7 @@ class ChainPasses:
         fresh, self.fresh = self.fresh, ()
         self.passes += 1
         self.record.reserve(self.passes)
-        scored = min(1 << (num_slots - 1).bit_length(), self.window)  # slots scored, padding included
+        scored = min(power_of_two(num_slots), self.window)  # slots scored, padding included
         slots = self.slot_range if scored == self.window else self.slot_range[:scored]
         slot_index = self.state.committed[:, None] + slots  # [B, scored]: the image index of each
         return Window(window_len, uniforms, num_slots - 1, fresh, full, least, slot_index, catch_up)
@@ -276,7 +276,7 @@ class ChainPasses:
             else:
                 num_slots, catch_up = torch.stack([window_len.max(), need]).tolist()
             if self.compiled and num_slots:
-                num_slots = min(1 << (num_slots - 1).bit_length(), self.window)
+                num_slots = min(power_of_two(num_slots), self.window)
             return window_len, num_slots, 0, False, catch_up
         # B numbers: read whole, as the least and most would cost two ops more
         counts = committed.tolist() if need is None else torch.cat([committed, need[None]]).tolist()

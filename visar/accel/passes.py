@@ -77,6 +77,12 @@ class PassEngine(Protocol):
         ...
 
 
+def power_of_two(n: int) -> int:
+    """The least power of two >= n (0 stays 0): the widths a pass is padded to, so that scoring (and a
+    compiled pass) meets a few shapes, not one a width."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def run_pass(engine: PassEngine, plan) -> None:
     """One pass of a planned shape: propose, score, verify, commit. Only `plan` reads the device
     back (the pass's shape); this part traces as one graph (tests/test_compile.py)."""

@@ -237,9 +237,8 @@ class JacobiProposer:
     def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
         self.last_canvas = None
         num_slots = window.max_drafts
-        if (
-            num_slots > self.carry_tokens.shape[1]
-        ):  # more slots than the last pass had (after a span of plain-AR passes)
+        # more slots than the last pass had (after a span of plain-AR passes)
+        if num_slots > self.carry_tokens.shape[1]:
             more = num_slots - self.carry_tokens.shape[1]
             self.carry_tokens, self.carry_probs, self.carried = (
                 F.pad(self.carry_tokens, (0, more)),

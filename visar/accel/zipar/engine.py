@@ -19,7 +19,7 @@ from ...models.lag_mask import check_lag
 from ..acceptance import SPECULATIVE, AcceptanceRule
 from ..drafts import DecodeState, FillRequest, random_init
 from ..jacobi import check_spans, image_keys
-from ..passes import decode_passes, running_batch
+from ..passes import decode_passes, power_of_two, running_batch
 from ..proposers import CARRY, DRAFT, NUM_PURPOSES, RESIDUAL, CarryRequest, independent_carry
 from ..registry import Request
 from ..sampling import UniformStream, draw_uniforms, sample_from_probs, stream_block, to_device
@@ -33,7 +33,6 @@ from .plan import (
     grid_index,
     pass_inputs,
     plan_pass,
-    power_of_two,
     token_grid,
     valid_commits,
     visibility,

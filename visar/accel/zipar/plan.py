@@ -14,6 +14,7 @@ from torch import Tensor
 
 from ...errors import VisarError
 from ..acceptance import AcceptanceRule, verify_slots
+from ..passes import power_of_two
 from ..proposers import ACCEPT, RESIDUAL
 from ..sampling import sample_from_probs
 
@@ -167,8 +168,8 @@ def plan_pass(
     index: the grid's `GridIndex` (made here when None); also_read: 0-d integer tensors the engine
     needs on the host before the pass, read back with the pass's width (`PassPlan.read`), so that a
     pass has one host sync, here, and none inside it; round_up (compiled passes): the pass's width M
-    and `drafting_fronts` rounded up to a power of two (the latter at most H), the rest padding, so that a compiled pass
-    meets a few shapes, not one a pass.
+    and `drafting_fronts` rounded up to a power of two (the latter at most H), the rest padding, so
+    that a compiled pass meets a few shapes, not one a pass.
 
     A row predicts columns count .. reach - 1 (at most `window` of them), where reach is the first
     column not yet allowed: W once the row above is complete, else (row above's count) - s + 1.
@@ -209,11 +210,6 @@ def plan_pass(
     per_row = (window_len, feed_only, fed_by_next, above_start, above_drafts, leans, need)
     has_draft = slot + 1 < length if drafting else None
     return PassPlan(*per_input, *per_row, drafting, read, has_draft)
-
-
-def power_of_two(n: int) -> int:
-    """The least power of two >= n (0 stays 0)."""
-    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 def pass_width(

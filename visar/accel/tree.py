@@ -184,7 +184,6 @@ class TreeDrafter:
         self.tree = tree
         self.attention = TreeAttention(GuidedScorer(draft, cond, cond_mask, params, slots=slots), tree)
         self.attention.scorer.prefill()  # the condition into the cache (token 0 is the target's AR step)
-        self.fed = torch.zeros(self.attention.scorer.batch, dtype=torch.long, device=self.attention.device)
         depth = tree.depth.tolist()
         has_children = (tree.children >= 0).any(1).tolist()
         device = self.attention.device
@@ -207,15 +206,18 @@ class TreeDrafter:
     def q(self, logits: Tensor) -> Tensor:
         return self.attention.scorer.target_probs(logits)
 
-    def propose(self, tokens: Tensor, committed: Tensor, uniforms: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
+    def propose(
+        self, tokens: Tensor, fed: Tensor, committed: Tensor, uniforms: Tensor, width: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """-> node_tokens [B, T + 1], node_q [B, T + 1, V] (the law each node was drawn from),
         node_ok [B, T + 1] (False where the draft ran out of tokens to draw). uniforms [B, T + 1];
-        width: the most committed tokens any image has not fed yet (read by the plan)."""
+        fed [B]: the committed tokens each image has fed (the target's count: the draft feeds the same
+        tokens, one pass after the other); width: the most committed tokens any image has not fed yet
+        (read by the plan)."""
         batch, tree = committed.shape[0], self.tree
         device = self.attention.device
         # the tokens committed since the last call; the newest is the root, its output q(root's children)
-        root_logits = self.attention.run(*self.attention.chain(tokens, self.fed, committed, width))[:, -1]
-        self.fed = committed.clone()
+        root_logits = self.attention.run(*self.attention.chain(tokens, fed, committed, width))[:, -1]
         size, vocab = tree.num_nodes + 1, root_logits.shape[-1]
         node_tokens = torch.zeros(batch, size, dtype=torch.long, device=device)
         node_q = torch.zeros(batch, size, vocab, device=device)
@@ -241,7 +243,6 @@ class TreeDrafter:
         """Slots `rows` start queue images `images`: their conditions into the draft's cache, nothing fed yet."""
         self.attention.scorer.admit(rows, images)
         self.attention.scorer.prefill(rows)
-        self.fed[rows] = 0
 
     def close(self):
         self.attention.close()
@@ -273,7 +274,7 @@ def walk_tree(
 class StaticTreePlan(NamedTuple):
     active: Tensor  # [B] images not done
     uniforms: Tensor  # [B, T + 1 + D * C + 1]: draft draws, accept tests, the final draw
-    width: int  # committed tokens not fed yet, the most of any image (the draft's fed equals the target's)
+    width: int  # committed tokens not fed yet (to the target or the draft: they feed the same), the most of any image
 
 
 class StaticTreePasses:
@@ -340,7 +341,7 @@ class StaticTreePasses:
 
     def propose(self, plan: StaticTreePlan) -> tuple[Tensor, Tensor, Tensor]:
         node_tokens, node_q, node_ok = self.drafter.propose(
-            self.tokens, self.committed, plan.uniforms[:, : self.size], plan.width
+            self.tokens, self.fed, self.committed, plan.uniforms[:, : self.size], plan.width
         )
         # nodes past the image's end are never verified: the deepest usable depth leaves room for one more token
         return node_tokens, node_q, node_ok & (self.depths[None] <= (self.total - 1 - self.committed)[:, None])

@@ -332,6 +332,22 @@ def test_draft_with_another_tokenizer_is_rejected():
     assert out.stats["acceptance_rate"] == 1.0
 
 
+def test_the_draft_tokenizer_check_reads_the_device_back_once():
+    # a VQ has dozens of tensors: one read-back for all, not one each before the first pass
+    from visar.eval.readbacks import ReadBackCounter
+    from visar.pipeline import same_tokenizer
+
+    pipe = visar.load("visar-tiny-random", device="cpu")
+    other = visar.load("visar-tiny-random", device="cpu")
+    assert len(pipe.tokenizer.state_dict()) > 10
+    with ReadBackCounter() as counter:
+        assert same_tokenizer(pipe.tokenizer, other.tokenizer)
+    assert counter.total == 1
+    with torch.no_grad():
+        next(iter(other.tokenizer.parameters()))[..., -1:].add_(1.0)  # one value of one tensor
+    assert not same_tokenizer(pipe.tokenizer, other.tokenizer)
+
+
 def test_pipeline_and_unknown_option():
     pipe = visar.load("visar-tiny-random", device="cpu")
     out = pipe.generate(class_labels=[1, 2], method="mc-sjd", window=8, output_type="tokens", seed=3)

@@ -182,8 +182,8 @@ def latest_known_above(known: Tensor, width: int) -> Tensor:
     grid = F.pad(known, (0, rows * width - slots), value=-1).view(batch, rows, width)
     row = torch.arange(rows, device=known.device)[None, :, None]
     latest = torch.where(grid >= 0, row, -1).cummax(1).values  # the last row at or above with a known token
-    copies = torch.where(latest >= 0, grid.gather(1, latest.clamp(min=0)), -1)
-    return copies.view(batch, -1)[:, :slots]
+    # where none is known (latest -1) row 0 of that column is -1 itself, so gathering it gives -1
+    return grid.gather(1, latest.clamp(min=0)).view(batch, -1)[:, :slots]
 
 
 def above_committed_fill(request: FillRequest, source: Tensor) -> tuple[Tensor, Tensor]:

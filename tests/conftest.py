@@ -111,7 +111,7 @@ def fixtures_dir(family: str) -> Path:
 def private_neighbour_cache(tmp_path, monkeypatch):
     """Neighbour tables (the relaxed methods' codebook neighbours) go to a fresh cache folder per test,
     never the user's."""
-    from visar.accel import relaxed
+    from visar.accel.raster.methods import relaxed
 
     monkeypatch.setenv("VISAR_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(relaxed, "LOADED_TABLES", {})

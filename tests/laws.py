@@ -22,7 +22,7 @@ from scipy.stats import chisquare
 
 import visar
 from visar.accel import Request, get_method
-from visar.accel.sampling import SamplingParams, cfg_mix, logits_to_probs, make_generators, split_cfg
+from visar.accel.core.sampling import SamplingParams, cfg_mix, logits_to_probs, make_generators, split_cfg
 from visar.families import FAMILIES
 from visar.loading import resolve_dtype, seeded_init
 from visar.models.llamagen import LlamaGen, LlamaGenConfig

@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from visar.accel.acceptance import (
+from visar.accel.core.acceptance import (
     SPECULATIVE,
     AcceptanceRule,
     gumbel_coupling,
@@ -19,7 +19,7 @@ from visar.accel.acceptance import (
     speculative_accept,
     speculative_residual,
 )
-from visar.accel.sampling import sample_from_probs
+from visar.accel.core.sampling import sample_from_probs
 
 DRAWS = 200_000
 VOCAB = 8

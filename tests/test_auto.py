@@ -1,4 +1,4 @@
-"""`auto` as an autotuner (visar.accel.auto): the ladder walk on timed rounds of the call's own images,
+"""`auto` as an autotuner (visar.accel.policy.auto): the ladder walk on timed rounds of the call's own images,
 the tuning kept on disk and read by a later process, re-timed when an AR step drifts, bad candidates
 and bad files, an interrupted tuning, and the exact law while tuning in a refilling queue, with a
 negative control whose choice reads each image's own draws."""
@@ -20,9 +20,11 @@ from laws import (
     tiny_pipeline,
 )
 
-from visar.accel import auto, get_method, registry
-from visar.accel.registry import Request
-from visar.accel.sampling import make_generators
+from visar.accel import get_method
+from visar.accel.core import method_registry
+from visar.accel.core.method_registry import Request
+from visar.accel.core.sampling import make_generators
+from visar.accel.policy import auto
 from visar.errors import VisarError
 
 # seconds per image of each candidate: where rows are dear (a CPU at a large batch) and where they are not
@@ -255,7 +257,7 @@ def test_a_choice_that_reads_the_image_s_own_draws_is_detected(model, timed, mon
             copy = torch.Generator().set_state(one.generators[0].get_state())
             peek, _ = get_method("ar").fn(Request(one.model, one.cond, one.params, [copy]))
             choice = ("mc-sjd", {"budget": 8}) if int(peek[0, -1]) == 0 else ("ar", {})
-            parts.append(registry.run_images(request, *choice, image, image + 1))
+            parts.append(method_registry.run_images(request, *choice, image, image + 1))
         return torch.cat([t for t, _ in parts]), auto.merged_stats([stats for _, stats in parts], request)
 
     monkeypatch.setattr(auto, "run_images", peeking)

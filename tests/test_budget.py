@@ -7,8 +7,8 @@ import torch
 from laws import TOPP_TEMP, tiny_llamagen, unit_codebook
 
 from visar.accel import METHODS, get_method
-from visar.accel.registry import Request
-from visar.accel.sampling import SamplingParams, make_generators
+from visar.accel.core.method_registry import Request
+from visar.accel.core.sampling import SamplingParams, make_generators
 from visar.errors import VisarError
 
 BUDGET_METHODS = sorted(name for name, method in METHODS.items() if "budget" in method.options)

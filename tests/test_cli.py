@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from visar.accel.auto import DEFAULT_CANDIDATES
+from visar.accel.policy.auto import DEFAULT_CANDIDATES
 from visar.apps.cli import main
 
 

@@ -38,7 +38,7 @@ def test_a_method_of_another_kind_names_the_model_given(tmp_path, capsys):
 
 
 def test_the_last_line_says_what_auto_ran_and_what_its_choice_rests_on(tmp_path, capsys, monkeypatch):
-    from visar.accel import auto
+    from visar.accel.policy import auto
 
     monkeypatch.setenv("VISAR_CACHE", str(tmp_path / "cache"))
     auto.forget_tunings()  # this process has timed nothing yet

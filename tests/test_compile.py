@@ -13,7 +13,7 @@ import torch._dynamo as dynamo
 from laws import tiny_llamagen
 
 from visar.accel import Request, get_method
-from visar.accel.sampling import SamplingParams, make_generators
+from visar.accel.core.sampling import SamplingParams, make_generators
 
 
 def explained_calls(model, method: str, **options) -> dict:
@@ -75,7 +75,7 @@ def mutated_inputs(graph) -> list[str]:
 def pass_graphs(engine, passes_before: int = 3):
     """Trace one whole pass of a pass-loop engine after a few real ones (propose, score, verify,
     commit: what runs between two plans, the model call and the bookkeeping) -> dynamo's explanation."""
-    from visar.accel.passes import run_pass
+    from visar.accel.raster.pass_loop import run_pass
 
     with torch.no_grad(), engine:
         for _ in range(passes_before):
@@ -93,9 +93,10 @@ def test_a_whole_pass_traces_as_one_graph(engine):
     # one CUDA graph per shape.
     from functools import partial
 
-    from visar.accel import acceptance, drafts, proposers
-    from visar.accel.jacobi import ChainPasses
-    from visar.accel.tree_jacobi import TreePasses, check_tree, parse_neighbours
+    from visar.accel.core import acceptance
+    from visar.accel.raster import drafts, proposers
+    from visar.accel.raster.chain import ChainPasses
+    from visar.accel.raster.tree_passes import TreePasses, check_tree, parse_neighbours
 
     model = tiny_llamagen(vocab=32, block_size=64, seed=3, std=0.3)  # an 8 x 8 grid
     request = Request(model, torch.tensor([0, 2]), SamplingParams(guidance_scale=2.0, top_k=8), make_generators(2, 0))
@@ -137,8 +138,8 @@ def test_a_method_s_whole_pass_traces_as_one_graph(method, options, monkeypatch)
     tokens not fed yet; spec: the positions its draft catches up on), all at once; the pass itself
     has no host sync, so a compiled pass replays as one graph per shape (the decode is the method's
     own, its engine traced after a few passes)."""
-    from visar.accel import jacobi, tree
-    from visar.accel.zipar import engine as front_engine
+    from visar.accel.raster import chain, static_tree
+    from visar.accel.raster.zipar import engine as front_engine
 
     model = tiny_llamagen(vocab=32, block_size=64, seed=3, std=0.3)  # an 8 x 8 grid
     if method == "wavefront":
@@ -152,8 +153,8 @@ def test_a_method_s_whole_pass_traces_as_one_graph(method, options, monkeypatch)
         return engine.finish()  # the decode's tokens so far, as the method expects a result
 
     monkeypatch.setattr(front_engine, "decode_passes", trace_a_pass)
-    monkeypatch.setattr(tree, "decode_passes", trace_a_pass)
-    monkeypatch.setattr(jacobi, "decode_passes", trace_a_pass)
+    monkeypatch.setattr(static_tree, "decode_passes", trace_a_pass)
+    monkeypatch.setattr(chain, "decode_passes", trace_a_pass)
     params, codebook = SamplingParams(guidance_scale=2.0, top_k=8), torch.randn(32, 4)  # lantern++ reads a codebook
     request = Request(model, torch.tensor([0, 2]), params, make_generators(2, 0), tokenizer=codebook)
     get_method(method).fn(request, **options)
@@ -169,7 +170,7 @@ COMPILED_METHODS = ("mc-sjd", "sjd-pac", "zipar-mc-sjd")
 @pytest.mark.slow  # dynamo traces every shape of pass (backend "eager": no code generated)
 def test_whole_passes_under_compile_give_the_eager_tokens():
     import visar
-    from visar.accel import passes
+    from visar.accel.raster import pass_loop
 
     pipe = visar.load("visar-tiny-random", device="cpu")
     eager = {m: pipe.generate(class_labels=[3, 5], seed=1, method=m, output_type="tokens") for m in COMPILED_METHODS}
@@ -184,7 +185,7 @@ def test_whole_passes_under_compile_give_the_eager_tokens():
         assert out.stats["forward_passes"] == reference.stats["forward_passes"]
         out = pipe.generate(class_labels=[3, 5, 7, 1], seed=1, method=method, output_type="tokens", batch_size=2)
         assert torch.equal(out.tokens, running[method].tokens), method
-    assert any(callable(step) for step in passes.COMPILED_PASSES.values())  # the passes ran compiled
+    assert any(callable(step) for step in pass_loop.COMPILED_PASSES.values())  # the passes ran compiled
 
 
 @pytest.mark.slow

@@ -27,8 +27,8 @@ from laws import (
 )
 
 from visar.accel import METHODS, Request, reference_method
-from visar.accel.sampling import SamplingParams, make_generators
-from visar.accel.stats import COMMON_STATS
+from visar.accel.core.sampling import SamplingParams, make_generators
+from visar.accel.core.stats import COMMON_STATS
 from visar.errors import VisarError
 from visar.families import FAMILIES
 

@@ -1,4 +1,4 @@
-"""CSpD (visar/accel/cspd.py): exactness by two-sample tests with a negative control (the official inner
+"""CSpD (visar/accel/continuous/cspd.py): exactness by two-sample tests with a negative control (the official inner
 temperature), on a toy diffusion head and on a tiny MAR with CFG; the model head's chain samples as its
 transitions do; a draft equal to the target is accepted and reproduces plain sampling.
 
@@ -14,7 +14,7 @@ from laws import tiny_mar
 from scipy.stats import ks_2samp
 
 import visar
-from visar.accel.cspd import TokenHead, speculate
+from visar.accel.continuous.cspd import TokenHead, speculate
 from visar.families import FAMILIES
 from visar.loading import seeded_init
 from visar.models.diffusion import DiffusionSchedule, cosine_betas, diffusion_step
@@ -137,7 +137,7 @@ def test_a_draft_identical_to_the_target_is_accepted():
 def test_a_model_heads_chain_samples_as_its_transitions_do():
     """cspd's residual chains run through diffusion_chain (conditions embedded once per chain); with
     guidance, the path and token equal those of the transition called step by step, row by row."""
-    from visar.accel.cspd import model_head
+    from visar.accel.continuous.cspd import model_head
 
     model = tiny_mar(0, num_sampling_steps="ddim4")
     constants = model.diffusion_schedule().constants("cpu")

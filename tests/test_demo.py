@@ -17,7 +17,7 @@ from PIL import Image
 
 import visar
 from visar.accel import METHODS, reference_method
-from visar.accel.auto import DEFAULT_CANDIDATES
+from visar.accel.policy.auto import DEFAULT_CANDIDATES
 from visar.apps.demo import (
     EMPTY_VIEWS,
     MAX_OPTIONS,
@@ -89,7 +89,7 @@ def test_the_first_and_second_click_time_sampling_alike(cache, tmp_path, monkeyp
     second click compare the same work."""
     import time as clock
 
-    from visar.accel import auto
+    from visar.accel.policy import auto
 
     monkeypatch.setenv("VISAR_CACHE", str(tmp_path / "cache"))  # no tuning kept from another test
     auto.forget_tunings()

@@ -30,7 +30,7 @@ from laws import prompt_law, random_emu3, sample_each_prompt_s_law, save_emu3_fo
 
 import visar  # noqa: E402
 from visar.accel import Request, get_method  # noqa: E402
-from visar.accel.sampling import SamplingParams, make_generators  # noqa: E402
+from visar.accel.core.sampling import SamplingParams, make_generators  # noqa: E402
 from visar.errors import VisarError  # noqa: E402
 from visar.families import hf_emu3  # noqa: E402
 

@@ -29,7 +29,7 @@ from laws import (  # noqa: E402
 
 import visar  # noqa: E402
 from visar.accel import Request, get_method  # noqa: E402
-from visar.accel.sampling import SamplingParams, make_generators  # noqa: E402
+from visar.accel.core.sampling import SamplingParams, make_generators  # noqa: E402
 from visar.errors import VisarError  # noqa: E402
 
 PROMPTS = ["a red circle", "the blue dog on a green square"]  # 9 and 13 tokens with the template

@@ -21,7 +21,7 @@ from conftest import law_samples  # noqa: E402
 from laws import all_sequences, compare_laws, sequence_index  # noqa: E402
 
 from visar.accel import Request, get_method  # noqa: E402
-from visar.accel.sampling import SamplingParams, logits_to_probs, make_generators  # noqa: E402
+from visar.accel.core.sampling import SamplingParams, logits_to_probs, make_generators  # noqa: E402
 from visar.families import hf_lumina  # noqa: E402
 from visar.loading import seeded_init  # noqa: E402
 
@@ -66,7 +66,7 @@ def test_1_0_has_no_schedule():
 
 
 def test_the_scorer_mixes_with_the_scheduled_scale():
-    from visar.accel.scoring import GuidedScorer
+    from visar.accel.core.scoring import GuidedScorer
 
     model, encoder = tiny_lumina(2, 64, 8)
     ids, mask = encoder.encode(PROMPTS)

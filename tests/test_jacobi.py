@@ -30,11 +30,13 @@ from laws import (
 )
 
 import visar
-from visar.accel import METHODS, ar, drafts, get_method, jacobi, proposers
-from visar.accel.acceptance import AcceptanceRule, lossless, speculative_accept
-from visar.accel.registry import Request
-from visar.accel.sampling import SamplingParams, make_generators
-from visar.accel.stats import COMMON_STATS
+from visar.accel import METHODS, get_method
+from visar.accel.core.acceptance import AcceptanceRule, lossless, speculative_accept
+from visar.accel.core.method_registry import Request
+from visar.accel.core.sampling import SamplingParams, make_generators
+from visar.accel.core.stats import COMMON_STATS
+from visar.accel.raster import chain, drafts, proposers
+from visar.accel.raster.methods import ar, jacobi
 from visar.errors import VisarError
 
 
@@ -143,7 +145,7 @@ def test_wrong_residual_is_detected(model):
     rule = AcceptanceRule(speculative_accept, from_target)
     cond = torch.full((law_samples(SAMPLES),), label, device=model.device)
     request = Request(model, cond, params, make_generators(len(cond), 4000))
-    tokens, _ = jacobi.speculative_decode(request, proposer, window=4, rule=rule)
+    tokens, _ = chain.speculative_decode(request, proposer, window=4, rule=rule)
     pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(model, label, params))
     print(f"wrong residual: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
     assert pvalue < 1e-3 and tv > tolerance

@@ -1,4 +1,4 @@
-"""LPD's locality-aware order (visar/accel/lpd.py) on a grid: a step picks cells near the decoded ones
+"""LPD's locality-aware order (visar/accel/masked/lpd.py) on a grid: a step picks cells near the decoded ones
 that keep the repulsion distance, then the farthest points; the groups partition the grid; the order
 is fixed by the seed; proximity weights are LPD's. The lpd methods' reveal counts and bad options:
 tests/test_maskgit.py, with the other masked schedules.
@@ -6,8 +6,8 @@ tests/test_maskgit.py, with the other masked schedules.
 
 import torch
 
-from visar.accel.lpd import Grid, lpd_order
-from visar.accel.masked import reveal_counts
+from visar.accel.masked.loop import reveal_counts
+from visar.accel.masked.lpd import Grid, lpd_order
 
 
 def test_lpd_step_picks_near_cells_apart_then_farthest_points():

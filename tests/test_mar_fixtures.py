@@ -8,7 +8,7 @@ from conftest import fixtures_dir
 from safetensors.torch import load_file
 
 import visar
-from visar.accel.mar import BatchNoise, denoise, sample_tokens
+from visar.accel.continuous.mar import BatchNoise, denoise, sample_tokens
 from visar.families import FAMILIES
 from visar.models.diffusion import DiffusionSchedule, diffusion_step, respaced_timesteps
 from visar.models.mar import MAR, MARConfig, preset_config

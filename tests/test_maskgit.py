@@ -1,4 +1,4 @@
-"""Masked-model schedules (visar/accel/masked.py, maskgit.py, halton.py, lpd.py) on visar's tiny MaskGIT.
+"""Masked-model schedules (visar/accel/masked/loop.py, maskgit.py, halton.py, lpd.py) on visar's tiny MaskGIT.
 
 The checks of the parallel-family brief (section 5): per-step reveal counts follow the schedule and
 sum to N; revealed tokens never change; with Gumbel scale 0 the lowest-confidence tokens go back
@@ -14,9 +14,9 @@ import torch
 from laws import tiny_pipeline
 
 import visar
-from visar.accel.halton import halton_order, radical_inverse
-from visar.accel.masked import reveal_counts, sample_positions
-from visar.accel.maskgit import noise_temperatures
+from visar.accel.masked.halton import halton_order, radical_inverse
+from visar.accel.masked.loop import reveal_counts, sample_positions
+from visar.accel.masked.maskgit import noise_temperatures
 from visar.errors import VisarError
 from visar.families import FAMILIES
 from visar.loading import seeded_init

@@ -1,13 +1,14 @@
-"""One raster pass loop: every raster method that drafts runs its passes through `passes.run_pass`
+"""One raster pass loop: every raster method that drafts runs its passes through `pass_loop.run_pass`
 (`decode_passes`' body), so a method with a loop of its own fails here."""
 
 import pytest
 import torch
 from laws import LocalLlamaGen, tiny_llamagen
 
-from visar.accel import METHODS, Request, passes
-from visar.accel.sampling import SamplingParams, make_generators
-from visar.accel.stats import DRAFT_PASSES_AT_ONCE, DecodeLog
+from visar.accel import METHODS, Request
+from visar.accel.core.sampling import SamplingParams, make_generators
+from visar.accel.core.stats import DRAFT_PASSES_AT_ONCE, DecodeLog
+from visar.accel.raster import pass_loop
 
 DRAFTING = sorted(
     name for name, method in METHODS.items() if method.model_kind == "raster" and name not in ("ar", "auto")
@@ -27,9 +28,9 @@ def test_every_drafting_raster_method_runs_on_the_pass_loop(name, models, monkey
     method = METHODS[name]
     target = local if name == "wavefront" else target  # a model that declares local dependence
     calls = []
-    run_pass = passes.run_pass
+    run_pass = pass_loop.run_pass
     counted = lambda engine, plan: calls.append(type(engine).__name__) or run_pass(engine, plan)  # noqa: E731
-    monkeypatch.setattr(passes, "run_pass", counted)
+    monkeypatch.setattr(pass_loop, "run_pass", counted)
     options = {method.draft_option: draft} if method.needs_draft else {}
     codebook = torch.randn(32, 4)  # what gsd and lantern compare tokens by
     request = Request(

@@ -8,7 +8,7 @@ from laws import tiny_llamagen
 
 import visar
 from visar.accel import Request, get_method
-from visar.accel.sampling import SamplingParams, make_generators
+from visar.accel.core.sampling import SamplingParams, make_generators
 from visar.eval.readbacks import ReadBackCounter, count_read_backs
 
 
@@ -123,11 +123,11 @@ def test_op_sites_names_a_site_from_inside_the_package_wherever_the_checkout_lie
         exec(code, scope)
         return scope[name]()
 
-    assert op_sites.site(frame_in("accel/jacobi.py", "commit"), package) == "accel/jacobi.py:commit"
+    assert op_sites.site(frame_in("accel/raster/chain.py", "commit"), package) == "accel/raster/chain.py:commit"
     assert op_sites.site(frame_in("pipeline.py", "generate"), package) == "pipeline.py:generate"
     assert op_sites.site(frame_in("models/llamagen.py", "forward"), package) == op_sites.MODEL
     # the same files under another package root are not visar's
-    assert op_sites.site(frame_in("accel/jacobi.py", "commit"), checkout + sep + "other") == "elsewhere"
+    assert op_sites.site(frame_in("accel/raster/chain.py", "commit"), checkout + sep + "other") == "elsewhere"
 
 
 def test_op_sites_charge_every_op_once_and_the_models_to_its_forward(model):
@@ -155,4 +155,4 @@ def test_op_sites_charge_every_op_once_and_the_models_to_its_forward(model):
             delattr(model, name)
     assert sum(sites.sites.values()) == counter.ops
     assert sites.sites[op_sites.MODEL] == in_model.ops > 0
-    assert sites.sites["elsewhere"] == 0 and any(name.startswith("accel/jacobi.py:") for name in sites.sites)
+    assert sites.sites["elsewhere"] == 0 and any(name.startswith("accel/raster/chain.py:") for name in sites.sites)

@@ -1,5 +1,5 @@
 """A running batch (`Request.slots`, `Pipeline.generate(batch_size=)`): B slots over a queue of images,
-a finished image's slot taken by the next one (`visar.accel.passes.RunningBatch`).
+a finished image's slot taken by the next one (`visar.accel.raster.pass_loop.RunningBatch`).
 
 At a fixed budget every image's tokens, passes and commit_pass are those of its decode alone, whatever
 slot it took and whoever shared the batch; the joint law holds with refills happening (and a refill
@@ -28,9 +28,10 @@ from laws import (
 )
 
 import visar
-from visar.accel import auto, get_method
-from visar.accel.registry import Request
-from visar.accel.sampling import SamplingParams, make_generators
+from visar.accel import get_method
+from visar.accel.core.method_registry import Request
+from visar.accel.core.sampling import SamplingParams, make_generators
+from visar.accel.policy import auto
 from visar.errors import VisarError
 from visar.eval.samples import SampleJob, generate_missing
 
@@ -118,7 +119,7 @@ def test_the_joint_law_holds_with_refills(name, options, monkeypatch):
     print(f"{name} with refills: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
     assert pvalue > 1e-3 and tv < tolerance
 
-    from visar.accel.scoring import GuidedScorer
+    from visar.accel.core.scoring import GuidedScorer
 
     def stale_admit(self, rows, images):  # resets the rows' cache, keeps their old conditions
         self.model.reset_cache_rows(torch.cat([rows, rows + self.batch]) if self.guided else rows)

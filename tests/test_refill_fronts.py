@@ -15,9 +15,10 @@ import pytest
 import torch
 from laws import CFG_TOPK, SAMPLES, LocalLlamaGen, compare_laws, exact_law, sequence_index, tiny_llamagen, tiny_pipeline
 
-from visar.accel import Request, ar, get_method
-from visar.accel.sampling import SamplingParams, draw_uniforms, make_generators
-from visar.accel.zipar import engine
+from visar.accel import Request, get_method
+from visar.accel.core.sampling import SamplingParams, draw_uniforms, make_generators
+from visar.accel.raster.methods import ar
+from visar.accel.raster.zipar import engine
 
 PARAMS = SamplingParams(guidance_scale=2.0, top_k=20)
 LABELS = torch.tensor([0, 2, 1, 1, 0, 2])

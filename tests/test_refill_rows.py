@@ -17,8 +17,8 @@ import pytest
 import torch
 from laws import tiny_llamagen, tiny_pipeline
 
-from visar.accel.sampling import SamplingParams
-from visar.accel.scoring import GuidedScorer
+from visar.accel.core.sampling import SamplingParams
+from visar.accel.core.scoring import GuidedScorer
 from visar.models.llamagen import LlamaGen
 
 # a rows call against the same rows of the whole batch's call, bit for bit:

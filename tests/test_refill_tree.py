@@ -12,8 +12,8 @@ import torch
 from laws import SAMPLES, VOCAB, compare_laws, exact_law, perturbed, sequence_index, tiny_llamagen, unit_codebook
 
 from visar.accel import Request, get_method
-from visar.accel.sampling import SamplingParams, make_generators
-from visar.accel.scoring import GuidedScorer
+from visar.accel.core.sampling import SamplingParams, make_generators
+from visar.accel.core.scoring import GuidedScorer
 
 # a running batch's images against their decodes alone, bit for bit:
 # at one torch thread, where that holds (tests/conftest.py, one_torch_thread)

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from laws import CFG_TOPK, SAMPLES, VOCAB, all_sequences, perturbed, sequence_index, tiny_llamagen, unit_codebook
 
 import visar
-from visar.accel import METHODS, drafts, get_method, jacobi, proposers, relaxed
-from visar.accel.acceptance import (
+from visar.accel import METHODS, get_method
+from visar.accel.core.acceptance import (
     AcceptanceRule,
     grouped_accept,
     lantern_relax_bounded,
@@ -28,8 +28,10 @@ from visar.accel.acceptance import (
     speculative_accept,
     speculative_residual,
 )
-from visar.accel.registry import Request
-from visar.accel.sampling import SamplingParams, logits_to_probs, make_generators, split_cfg
+from visar.accel.core.method_registry import Request
+from visar.accel.core.sampling import SamplingParams, logits_to_probs, make_generators, split_cfg
+from visar.accel.raster import chain, drafts, proposers
+from visar.accel.raster.methods import jacobi, relaxed
 from visar.errors import VisarError
 
 pytestmark = pytest.mark.usefixtures("private_neighbour_cache")
@@ -224,7 +226,7 @@ def lantern_runs(model):
             speculative_residual,
             lossless(False)(partial(relax, neighbours=neighbours, delta=DELTA)),
         )
-        runs[name] = jacobi.speculative_decode(
+        runs[name] = chain.speculative_decode(
             Request(model, cond, CFG_TOPK, make_generators(SAMPLES, 7)),
             proposer(drafts.random_init, proposers.independent_carry),
             window=4,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from visar.accel.sampling import (
+from visar.accel.core.sampling import (
     SamplingParams,
     UniformStream,
     draw_uniforms,

@@ -1,4 +1,4 @@
-"""LANTERN++'s static draft tree (visar/accel/tree.py): exact at lambda_cap 1, greedy equality with AR, tree layout.
+"""LANTERN++'s static draft tree (visar/accel/raster/static_tree.py): exact at lambda_cap 1, greedy equality with AR, tree layout.
 
 The exactness test enumerates the joint law of the tiny LlamaGen of tests/laws.py (vocabulary 6,
 2x2 tokens) and draws 20,000 images. lantern++'s passes against sjd's and its bad options are
@@ -21,9 +21,10 @@ from laws import (
     unit_codebook,
 )
 
-from visar.accel import Request, ar, relaxed
-from visar.accel.sampling import SamplingParams, make_generators
-from visar.accel.tree import resolve_tree
+from visar.accel import Request
+from visar.accel.core.sampling import SamplingParams, make_generators
+from visar.accel.raster.methods import ar, relaxed
+from visar.accel.raster.static_tree import resolve_tree
 from visar.errors import VisarError
 
 pytestmark = pytest.mark.usefixtures("private_neighbour_cache")

@@ -22,9 +22,12 @@ from laws import (
     tiny_llamagen,
 )
 
-from visar.accel import METHODS, Request, ar, draft_trees, get_method, tree_verify
-from visar.accel.sampling import SamplingParams, make_generators
-from visar.accel.stats import COMMON_STATS
+from visar.accel import METHODS, Request, get_method
+from visar.accel.core import tree_acceptance
+from visar.accel.core.sampling import SamplingParams, make_generators
+from visar.accel.core.stats import COMMON_STATS
+from visar.accel.raster import draft_trees
+from visar.accel.raster.methods import ar
 from visar.errors import VisarError
 
 
@@ -64,7 +67,7 @@ def test_joint_law_is_exact(model, name, options, params):
 @pytest.mark.slow
 def test_dropping_the_residual_after_a_rejected_candidate_is_detected(model, monkeypatch):
     """Negative control: each candidate tested against p rather than the residual its earlier siblings left."""
-    monkeypatch.setattr(tree_verify, "ladder_residual", lambda target, draft: target)
+    monkeypatch.setattr(tree_acceptance, "ladder_residual", lambda target, draft: target)
     tokens, _ = draw("tree-mc-sjd", model, 1, TOPP_TEMP, SAMPLES, 4100, window=6, branch=3, depth=2, init="random")
     pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(model, 1, TOPP_TEMP))
     print(f"no residual: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
@@ -154,7 +157,7 @@ def test_bad_tree_options(model16, options, message):
 @pytest.mark.parametrize("method", ["tree-mc-sjd", "zipar-tree"])
 def test_branch_is_clipped_to_the_vocabulary_by_one_rule(method):
     """A default branch larger than a small vocabulary runs with every token a candidate, in both tree
-    methods (tree_jacobi.clip_branch), where tree-mc-sjd used to refuse it."""
+    methods (tree_passes.clip_branch), where tree-mc-sjd used to refuse it."""
     model = tiny_llamagen(vocab=4, block_size=16, seed=3, std=0.3)
     assert get_method(method).defaults["branch"] > 4
     tokens, stats = get_method(method).fn(Request(model, torch.tensor([0]), SamplingParams(), make_generators(1, 0)))

@@ -10,7 +10,7 @@ from laws import tiny_llamagen
 from safetensors.torch import load_file
 
 import visar
-from visar.accel.next_scale import ramped_guidance
+from visar.accel.next_scale.methods import ramped_guidance
 from visar.errors import CheckpointMismatchError, VisarError
 from visar.families import FAMILIES
 from visar.families import var as var_family

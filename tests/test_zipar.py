@@ -19,8 +19,11 @@ from laws import LocalLlamaGen, exact_law, tiny_llamagen
 from scipy.stats import chisquare
 
 import visar
-from visar.accel import METHODS, Request, ar, drafts, get_method, jacobi, proposers, tree_verify, zipar
-from visar.accel.sampling import SamplingParams, make_generators
+from visar.accel import METHODS, Request, get_method
+from visar.accel.core import tree_acceptance
+from visar.accel.core.sampling import SamplingParams, make_generators
+from visar.accel.raster import drafts, proposers, zipar
+from visar.accel.raster.methods import ar, jacobi
 from visar.apps.cli import main
 from visar.errors import VisarError
 from visar.models.lag_mask import lag_training_mask
@@ -584,7 +587,7 @@ def test_tree_fronts_sample_the_exact_law(model4, options, params):
 def test_tree_fronts_without_the_residual_ladder_are_detected(model4, monkeypatch, options, params):
     """Negative control: each candidate tested against p instead of the residual its earlier
     candidates left (and the last draw from p) biases the law, and the same test sees it."""
-    monkeypatch.setattr(tree_verify, "ladder_residual", lambda target, draft: target)
+    monkeypatch.setattr(tree_acceptance, "ladder_residual", lambda target, draft: target)
     label, cond = 1, torch.full((SAMPLES,), 1)
     tokens, _ = zipar.zipar_tree(Request(model4, cond, params, make_generators(SAMPLES, 3100)), **options)
     ok, summary = law_matches(tokens, exact_law(model4, label, params), model4.vocab_size)

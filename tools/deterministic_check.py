@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/ as a folder o
 from device_bench import random_folder  # noqa: E402
 
 import visar  # noqa: E402
-from visar.accel.timing import synchronized_clock  # noqa: E402
+from visar.accel.core.timing import synchronized_clock  # noqa: E402
 from visar.eval.bench import conditions, run_images  # noqa: E402
 from visar.eval.throughput import run_queue  # noqa: E402
 

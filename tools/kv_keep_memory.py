@@ -18,7 +18,7 @@ import torch
 
 import visar
 from visar.accel import Request
-from visar.accel.ar import sample_tokens
+from visar.accel.raster.methods.ar import sample_tokens
 from visar.eval.memory import PeakMemory
 
 

@@ -26,7 +26,7 @@ import visar
 from visar.eval.bench import conditions, run_images
 
 MODEL = "the model"  # its forward and its KV cache's upkeep (visar/models)
-# The package's own folder, so that a site is named from inside it ("accel/jacobi.py:commit") wherever
+# The package's own folder, so that a site is named from inside it ("accel/raster/chain.py:commit") wherever
 # the checkout lies, a folder that is itself called visar (what `git clone` makes) included.
 PACKAGE = os.path.dirname(os.path.abspath(visar.__file__))
 

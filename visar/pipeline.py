@@ -21,10 +21,10 @@ from PIL import Image
 from torch import Tensor
 
 from .accel import Request, get_method, reference_method
-from .accel.passes import compile_failure
-from .accel.sampling import MAX_SEED, SamplingParams
-from .accel.stats import concat_batches, merge_batch_stats, per_image
-from .accel.timing import synchronized_clock
+from .accel.core.sampling import MAX_SEED, SamplingParams
+from .accel.core.stats import concat_batches, merge_batch_stats, per_image
+from .accel.core.timing import synchronized_clock
+from .accel.raster.pass_loop import compile_failure
 from .errors import VisarError
 from .models.base import MaskedModel, NextScaleModel, RasterModel, model_kind
 from .models.outputs import output_maps
@@ -199,7 +199,7 @@ class Pipeline:
         1, 2, 4, 8 or 16 slots); zipar's passes vary in width and recompile per width up to
         `COMPILED_SHAPES`, then run eagerly. Outputs match eager mode up to kernel numerics.
         compile_kwargs go to torch.compile (e.g. mode="reduce-overhead" for CUDA graphs on a GPU).
-        whole_passes: the raster engines that draft (`visar.accel.passes`: chains, trees, zipar's
+        whole_passes: the raster engines that draft (`visar.accel.raster.pass_loop`: chains, trees, zipar's
         fronts, lantern++'s static trees) also run each whole pass, their bookkeeping with the model
         call, under torch.compile with these options: one graph a pass (tests/test_compile.py),
         windows and front passes padded to powers of two, so that on a GPU a pass can replay as one

@@ -1,18 +1,29 @@
-"""Decoding methods: one file per method family, each method registered beside its code with
-`registry.register_method`; importing a module registers its methods, in the order below, which is
-the order `visar methods` and the demo list them (each kind's reference first)."""
+"""Decoding methods, laid out by what they decode:
+
+- `core/`: what every kind shares: the method registry (`Request`, `register_method`), sampling,
+  guided scoring, the acceptance rules, tree verification, decode statistics, option checks;
+- `raster/`: next-token models: the pass loop (`pass_loop.py`), its engines (`chain.py`,
+  `tree_passes.py`, `static_tree.py`, `zipar/`), drafts, proposers and draft trees, and the
+  registered raster methods (`raster/methods/`, `zipar/methods.py`);
+- `next_scale/`, `masked/`, `continuous/`: the methods of VAR, MaskGIT / aMUSEd and MAR models;
+- `policy/`: `auto`, which times candidate methods on a call and keeps the winner.
+
+Importing a module registers its methods, in the order below, which is the order `visar methods`
+and the demo list them (each kind's reference first)."""
 
 from __future__ import annotations
 
 # isort: off
-from . import ar, jacobi, tree_jacobi, auto, relaxed, zipar  # raster models
-from . import mar, cspd, mar_cache  # continuous-token models
-from . import next_scale  # next-scale models
-from . import maskgit, halton, lpd  # masked models
+from .raster.methods import ar, jacobi, trees  # raster models
+from .policy import auto
+from .raster.methods import relaxed
+from .raster import zipar
+from .continuous import mar, cspd, mar_cache  # continuous-token models
+from .next_scale import methods as next_scale  # next-scale models
+from .masked import maskgit, halton, lpd  # masked models
 
 # isort: on
-from . import draft_trees, drafts, proposers
-from .registry import METHODS, Method, Request, get_method, list_methods, reference_method, register_method
+from .core.method_registry import METHODS, Method, Request, get_method, list_methods, reference_method, register_method
 
 __all__ = [
     "METHODS",
@@ -25,8 +36,6 @@ __all__ = [
     "ar",
     "auto",
     "cspd",
-    "draft_trees",
-    "drafts",
     "halton",
     "jacobi",
     "lpd",
@@ -34,8 +43,7 @@ __all__ = [
     "mar_cache",
     "maskgit",
     "next_scale",
-    "proposers",
     "relaxed",
-    "tree_jacobi",
+    "trees",
     "zipar",
 ]

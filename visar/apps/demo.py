@@ -37,7 +37,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from ..accel import METHODS, get_method, reference_method
-from ..accel.stats import per_image
+from ..accel.core.stats import per_image
 from ..errors import VisarError, require
 from ..models.base import model_kind
 from ..registry import DEFAULT_MODEL, embedded_models, resolve_name

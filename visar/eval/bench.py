@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ..accel import get_method, reference_method
-from ..accel.timing import synchronized_clock
+from ..accel.core.timing import synchronized_clock
 from ..errors import VisarError
 from ..progress import progress_bar
 from .memory import PeakMemory

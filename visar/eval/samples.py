@@ -35,8 +35,8 @@ import torch
 from PIL import Image
 
 from ..accel import get_method
-from ..accel.sampling import MAX_SEED
-from ..accel.stats import per_image
+from ..accel.core.sampling import MAX_SEED
+from ..accel.core.stats import per_image
 from ..errors import VisarError
 from ..progress import progress_bar
 

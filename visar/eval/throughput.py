@@ -19,7 +19,7 @@ seed i), after a warm-up of one batch. Columns:
 from __future__ import annotations
 
 from ..accel import get_method, reference_method
-from ..accel.timing import synchronized_clock
+from ..accel.core.timing import synchronized_clock
 from ..errors import VisarError
 from ..progress import progress_bar
 from .bench import conditions, run_images

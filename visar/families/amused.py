@@ -1,7 +1,7 @@
 """The aMUSEd family: diffusers' `UVit2DModel` + `VQModel` + CLIP text encoder, from an `AmusedPipeline` folder.
 
 diffusers 0.42 marks `AmusedPipeline` deprecated and untested; visar runs the same components with
-its own loop (`visar.accel.masked`, method "maskgit" reproduces the pipeline's tokens for a seed).
+its own loop (`visar.accel.masked.loop`, method "maskgit" reproduces the pipeline's tokens for a seed).
 A folder written by `AmusedPipeline.save_pretrained` (model_index.json with "_class_name":
 "AmusedPipeline"; transformer/, vqvae/, text_encoder/, tokenizer/, scheduler/) loads with
 `visar.load(FOLDER)`, offline; diffusers and transformers are optional dependencies

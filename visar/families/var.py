@@ -4,7 +4,7 @@ Official releases (FoundationVision/VAR): var_d16/d20/d24/d30.pth at 256 px and 
 AdaLN) at 512 px, all with vae_ch160v4096z32.pth, on the Hub in FoundationVision/var (the VAR
 README's links), where `visar.load(preset)` fetches them. They are bare state_dicts and load
 strictly; a file of another depth names the preset that fits. Sampling defaults are upstream's FID setting:
-cfg 1.5 (guidance_scale 2.5 here, see visar/accel/next_scale.py), top-k 900, top-p 0.96.
+cfg 1.5 (guidance_scale 2.5 here, see visar/accel/next_scale/methods.py), top-k 900, top-p 0.96.
 """
 
 from __future__ import annotations

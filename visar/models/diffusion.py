@@ -2,8 +2,8 @@
 its respacing (`DiffusionSchedule`), and the transition a head output fixes (`diffusion_step`).
 
 A `ContinuousTokenModel` (`visar.models.base`) hands its schedule out through
-`diffusion_schedule(steps)`; MAR's plain sampling (`visar/accel/mar.py`), cspd's verification
-(`visar/accel/cspd.py`) and training (`visar/train/continuous.py`) all turn the head's output into
+`diffusion_schedule(steps)`; MAR's plain sampling (`visar/accel/continuous/mar.py`), cspd's verification
+(`visar/accel/continuous/cspd.py`) and training (`visar/train/continuous.py`) all turn the head's output into
 the transition with `diffusion_step`, so sampling and verification use one formula.
 """
 

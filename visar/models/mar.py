@@ -7,7 +7,7 @@ from timm's ViT `Block`; timm is not a dependency here: `Block` below keeps timm
 math (pre-norm, fused qkv with bias, SDPA, exact GELU), so official files load into it.
 
 The model implements `ContinuousTokenModel` (visar.models.base); the sampling loop is a decoding
-method (visar.accel.mar), written once against that interface.
+method (visar.accel.continuous.mar), written once against that interface.
 """
 
 from __future__ import annotations

@@ -15,14 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.maskgit import MaskGIT, MaskGITConfig, init_maskgit, masking_ratio
-from .loop import (
-    build_token_dataset,
-    export_averaged,
-    export_generator,
-    fit,
-    load_tokenizer_export,
-    prepare_out_dir,
-)
+from .loop import build_token_dataset, export_averaged, export_generator, fit, load_tokenizer_export, prepare_out_dir
 from .recipes import MASKED_RECIPES, resolve_recipe
 
 

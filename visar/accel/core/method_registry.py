@@ -1,0 +1,196 @@
+"""The registry of decoding methods: each method registers itself beside its code with `@register_method`.
+
+A method is a function `fn(request, *, option=default, ...) -> (tokens, stats)`. `request` holds
+what the caller gives every method: the model (implementing the interface of the kind the method
+decodes, `visar.models.base`, e.g. `RasterModel`), the condition, the sampling settings, one
+generator per image, and the caption mask, progress flag and tokenizer where there are any. The
+method's keyword-only parameters are its options: what `Pipeline.generate` and the CLI accept for
+it. Tokens are [B, N] for raster models and a list of [B, pn, pn] token maps (one per scale) for
+next-scale models, and stats hold `stats.COMMON_STATS`. Anything the method must not resolve
+itself (a draft given by name) is resolved by the pipeline before the call.
+
+Lossless is a property of the options: a method registered lossy may name the settings at which
+it is exact (`exact_when`, e.g. gsd with group_size=1 is sjd); `Method.is_lossless(options, model)`
+says which, and tests/test_conformance.py checks each such claim against the exact law.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import Tensor
+
+from ...errors import VisarError
+from ...models.base import model_kind
+from .sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Request:
+    """What every method is called with besides its own options: the caller's part of a call, not
+    the user's, handed on to an engine as one object."""
+
+    model: object
+    cond: Tensor
+    params: SamplingParams
+    generators: list[torch.Generator]
+    cond_mask: Tensor | None = None
+    progress: bool = False
+    # The pipeline's tokenizer, which some methods need: next-scale methods build each scale's input
+    # with it, gsd and lantern compare tokens by its code vectors (a codebook [V, C] may stand in).
+    tokenizer: object | None = None
+    # torch.compile options a compiled pipeline runs each pass of a pass-loop engine under
+    # (`passes.decode_passes`); None: eager passes
+    compile_passes: dict | None = None
+    # A running batch (`passes.RunningBatch`): cond and generators hold a queue of images, `slots` of
+    # them decoded at once, each finished image's slot taken by the next; None: all at once. Only a
+    # method registered `refills=True` is handed one (`Pipeline.generate` cuts the queue into
+    # batches for the others).
+    slots: int | None = None
+    # called (image index, tokens [N], {"forward_passes", "commit_pass" [N], what the method adds}) as each
+    # image of a running batch finishes
+    on_image: Callable | None = None
+
+    # raster models: the fraction of KV-cache slots the target keeps (`RasterModel.setup_cache`);
+    # 1: the whole cache, exact
+    kv_keep: float = 1.0
+
+    # (request, method name, its options, start, stop) -> what that method returns for the request's
+    # images [start, stop) decoded as a call of their own: how `auto` runs its candidates. The
+    # pipeline's holds those images' negative prompt on the model meanwhile; None: `Request.images`.
+    images_runner: Callable | None = None
+
+    @property
+    def batch_size(self) -> int:
+        """The images decoded at once: the slots of a running batch, else every image."""
+        return self.slots if self.slots is not None else self.cond.shape[0]
+
+    def images(self, start: int, stop: int) -> Request:
+        """The request for the queue's images [start, stop) alone (a running batch keeps its slots, at
+        most as many as images; on_image is told each image's index in this queue)."""
+        hand_over = self.on_image
+        return replace(
+            self,
+            cond=self.cond[start:stop],
+            cond_mask=None if self.cond_mask is None else self.cond_mask[start:stop],
+            generators=self.generators[start:stop],
+            slots=None if self.slots is None else min(self.slots, stop - start),
+            on_image=None if hand_over is None else lambda index, *info: hand_over(start + index, *info),
+            images_runner=None,
+        )
+
+
+def run_images(request: Request, name: str, options: dict, start: int, stop: int) -> tuple:
+    """Method `name` with `options` on the request's images [start, stop), as a call of their own
+    (through the caller's `images_runner`, which holds what belongs to those images, if it gave one)."""
+    if request.images_runner is not None:
+        return request.images_runner(request, name, options, start, stop)
+    return get_method(name).fn(request.images(start, stop), **options)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    fn: Callable
+    lossless: bool  # exact at every setting of its options
+    description: str
+    model_kind: str = "raster"  # the model interface it decodes (visar.models.base)
+    # (options with defaults filled in, model) -> exact at these settings; with `exact_when_text`
+    # saying which, and `exact_example`, options that make it exact on any model (for the tests).
+    exact_when: Callable[[dict, object], bool] | None = None
+    exact_when_text: str = ""
+    exact_example: dict = field(default_factory=dict)
+    needs_draft: bool = False  # cannot run without a second model of the same family
+    # the option that takes a second model (a name, folder, Pipeline or model, resolved by the
+    # pipeline): `draft` for drafters, `refiner` for code's refiner; needed or optional (lantern)
+    draft_option: str = "draft"
+    requires: tuple[str, ...] = ()  # model attributes it needs beyond its kind's interface
+    # an image's tokens do not depend on the rest of its batch (False for `auto`, whose choices are
+    # made for the batch size: the same law, other random numbers)
+    batch_invariant: bool = True
+    # decodes a running batch (`Request.slots`): a finished image's slot is refilled from the queue
+    refills: bool = False
+
+    @property
+    def options(self) -> list[str]:
+        """The method's keyword-only parameters (everything after the request)."""
+        return list(self.defaults)
+
+    @property
+    def defaults(self) -> dict:
+        parameters = inspect.signature(self.fn).parameters.values()
+        return {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    @property
+    def lossless_label(self) -> str:
+        """ "lossless", "lossy", or "lossy (exact when ...)" for listings."""
+        if self.lossless:
+            return "lossless"
+        return f"lossy (exact when {self.exact_when_text})" if self.exact_when else "lossy"
+
+    def is_lossless(self, options: dict, model) -> bool:
+        """Whether the method samples the model's exact law with these options on this model."""
+        if self.lossless:
+            return True
+        return self.exact_when is not None and bool(self.exact_when({**self.defaults, **options}, model))
+
+    def check_options(self, options: dict):
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            known = ", ".join(self.options) or "none"
+            raise VisarError(f"unknown option(s) {unknown} for method {self.name!r}; its options: {known}")
+
+    def check_model(self, model, name: str | None = None):
+        """One clear error when the model is not of the kind this method decodes; `name`: what the user
+        called the model (the pipeline's name), else its class."""
+        name = name or type(model).__name__
+        kind = model_kind(model)
+        if kind != self.model_kind:
+            what = f"a {kind} model" if kind else "a model of no declared kind (no model_kind)"
+            raise VisarError(
+                f"method {self.name!r} decodes {self.model_kind} models; {name} is {what}: "
+                f"see `visar methods` for the methods of each kind"
+            )
+        missing = [need for need in self.requires if getattr(model, need, None) is None]
+        if missing:
+            raise VisarError(
+                f"method {self.name!r} needs a model that declares {', '.join(missing)}; {name} does not "
+                "(see `visar methods`)"
+            )
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register_method(name: str, *, lossless: bool, description: str, **properties) -> Callable[[Callable], Callable]:
+    """Decorator: register the decorated function as decoding method `name` (`Method`'s fields as keywords)."""
+
+    def register(fn: Callable) -> Callable:
+        if name in METHODS:
+            raise VisarError(f"method {name!r} is registered twice")
+        METHODS[name] = Method(name, fn, lossless, description, **properties)
+        return fn
+
+    return register
+
+
+def get_method(name: str) -> Method:
+    if not isinstance(name, str) or name not in METHODS:
+        raise VisarError(f"unknown method {name!r}; available: {', '.join(sorted(METHODS))}")
+    return METHODS[name]
+
+
+def list_methods() -> list[str]:
+    return sorted(METHODS)
+
+
+# The method each kind's accelerated methods are compared with, and what a command runs without --method.
+REFERENCE_METHODS = {"raster": "ar", "next-scale": "var", "masked": "maskgit", "continuous": "mar"}
+
+
+def reference_method(model) -> str:
+    """The reference decoding of the model's kind: plain AR, plain next-scale (VAR), MaskGIT's loop, plain MAR."""
+    return REFERENCE_METHODS.get(model_kind(model), "ar")

@@ -1,0 +1,359 @@
+"""Speculative Jacobi decoding: one engine for SJD, coupled SJD (MC-SJD) and draft-model speculative sampling.
+
+Papers and the upstream code the rules were checked against:
+- SJD: Teng et al., "Accelerating Auto-regressive Text-to-Image Generation with Training-free
+  Speculative Jacobi Decoding", ICLR 2025 (arXiv 2410.01699); tyshiwo1/Accelerating-T2I-AR-with-SJD,
+  `scheduler/jacobi_iteration_lumina_mgpt.py`.
+- MC-SJD / SCD: So, Kook, Jang, Park, "Speculative Coupled Decoding" (arXiv 2510.24211); junhyukso/SCD,
+  `cosmos/cosmos1/models/autoregressive/sjd/speculative_sampler.py` (maximal coupling at every slot,
+  carried q := current p) and the Gumbel-sharing variant of its Lumina/Janus schedulers.
+- Speculative sampling with a draft model: Leviathan et al. 2023, Chen et al. 2023; gpt-fast
+  `generate.py::speculative_decode`.
+
+One pass per image: propose a window of drafts (proposers.py), score it in one target pass,
+verify left to right (acceptance.py), commit 1..L tokens per image (ragged), truncate its KV
+cache, carry the rest over. docs/RASTER.md has the iteration step by step, the deliberate
+differences from the upstream code (each needed for exactness at every batch size) and the
+randomness, which makes an image's tokens independent of its batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ...models.base import RasterModel
+from ..core.acceptance import SPECULATIVE, AcceptanceRule, verify_slots
+from ..core.checks import check_number
+from ..core.method_registry import Request
+from ..core.sampling import UniformStream, sample_from_probs, to_device
+from ..core.scoring import GuidedScorer
+from ..core.stats import ChainRecord
+from .drafts import DecodeState
+from .pass_loop import decode_passes, power_of_two, running_batch, score_first_passes_apart
+from .proposers import (
+    ACCEPT,
+    NUM_PURPOSES,
+    RESIDUAL,
+    Proposer,
+    Window,
+)
+
+
+def check_spans(window, warmup, tail):
+    for name, value, minimum in (("window", window, 1), ("warmup", warmup, 0), ("tail", tail, 0)):
+        check_number(name, value, minimum, integer=True)
+
+
+def window_lengths(committed: Tensor, window: int, warmup: int, tail: int, num_tokens: int) -> Tensor:
+    """[B] slots per image: 1 (plain AR) in the warm-up and tail spans, else the window clipped so it
+    ends before the tail; 0 for finished images."""
+    remaining = num_tokens - committed
+    if warmup == 0 and tail == 0:  # the default: the window clipped to the image (0 when done)
+        return remaining.clamp(max=window)
+    jacobi = (num_tokens - tail - committed).clamp(1, window)  # 1 past the Jacobi span, in the tail
+    return torch.where(committed >= warmup, jacobi, 1).minimum(remaining)
+
+
+def score_window(
+    scorer: GuidedScorer,
+    state: DecodeState,
+    draft_tokens: Tensor,
+    first: bool,
+    offsets: Tensor | None = None,
+    fresh: tuple[int, ...] = (),
+    input_pos: Tensor | None = None,
+) -> Tensor:
+    """One target forward over [last committed token, drafts] for every image -> target probs [B, G + 1, V].
+
+    Slot j predicts image index committed + j. The first pass (nothing committed yet) feeds the
+    condition instead of a last token. Slots past an image's window are padding: their positions
+    lie after its real ones (clamped to the last position), so no real query sees them, and the
+    truncation after the pass forgets them. The pass is padded to a power of two of slots (at
+    most `state.window`), so a compiled model meets a handful of shapes (1, 2, 4, 8, 16 for a
+    16-slot window) instead of one per length the end of an image leaves; the padding's
+    outputs are dropped. offsets: num_cond - 1 + arange(window), made once per decode (else here).
+    fresh: the slots of a running batch whose image has its first pass now (not `first`, the whole
+    batch's): they feed the condition and the others their last token, in one call each.
+    input_pos: a later window's positions [B, padded slots] for every image, made by the caller
+    (`ChainPasses.score`), else from offsets.
+    """
+    num_cond = scorer.model.num_condition_tokens
+    needed = draft_tokens.shape[1] + 1
+    num_slots = min(power_of_two(needed), max(state.window, needed))
+    if num_slots > needed:
+        draft_tokens = F.pad(draft_tokens, (0, num_slots - needed))
+    device = draft_tokens.device
+    if offsets is None:
+        offsets = num_cond - 1 + torch.arange(max(state.window, num_slots), device=device)
+    if first:
+        logits = first_window_logits(scorer, draft_tokens, num_slots)
+    elif not fresh:
+        slot_offsets = offsets[:num_slots] if input_pos is None else None
+        logits = next_window_logits(scorer, state, draft_tokens, slot_offsets, input_pos=input_pos)
+    else:
+
+        def score(rows, first):
+            if first:
+                return first_window_logits(scorer, draft_tokens[rows], num_slots, rows)
+            return next_window_logits(scorer, state, draft_tokens[rows], offsets[:num_slots], rows)
+
+        logits = score_first_passes_apart(len(draft_tokens), fresh, device, score)
+    return scorer.target_probs(logits[:, :needed])
+
+
+def first_window_logits(scorer: GuidedScorer, draft_tokens: Tensor, num_slots: int, rows=None) -> Tensor:
+    """An image's first window: [condition, drafts] at positions 0 .. -> logits [R, num_slots, V] of
+    the window's slots (the condition's last position predicts token 0)."""
+    num_cond = scorer.model.num_condition_tokens
+    input_pos = torch.arange(num_cond + num_slots - 1, device=draft_tokens.device)
+    tokens = draft_tokens if num_slots > 1 else None
+    return scorer.logits(tokens, input_pos, with_condition=True, rows=rows)[:, num_cond - 1 :]
+
+
+def next_window_logits(
+    scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor, offsets: Tensor | None, rows=None, input_pos=None
+):
+    """A later window: [last committed token, drafts] right after the commit -> logits [R, num_slots, V].
+    input_pos: the slots' positions [R, num_slots] where the caller made them, else from offsets
+    [num_slots] (num_cond - 1 + j)."""
+    committed = state.committed if rows is None else state.committed[rows]
+    tokens = state.tokens if rows is None else state.tokens[rows]
+    # every image has committed a token since its first pass (a done one all N): committed - 1 >= 0
+    last = tokens.gather(1, (committed - 1)[:, None])
+    if input_pos is None:
+        last_position = scorer.model.num_condition_tokens + state.num_tokens - 1
+        input_pos = (committed[:, None] + offsets).clamp(max=last_position)
+    fed = torch.cat([last, draft_tokens], 1)  # [R, L]
+    return scorer.logits(fed, input_pos, rows=rows)
+
+
+@dataclass
+class Verdict:
+    """The outcome of verifying one window."""
+
+    slot_tokens: Tensor  # [B, L] every slot's output: its draft if accepted, else a residual (or p) draw
+    slot_laws: Tensor  # [B, L, V] the law each slot token follows: p, or a relaxed rule's p~ at a verified draft
+    num_accepted: Tensor  # [B] leading accepted drafts
+    p_draws: Tensor | None = None  # [B, L] a draw from p at every slot (with the CARRY uniforms), where asked for
+
+
+def verify_window(
+    rule: AcceptanceRule,
+    target_probs: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Tensor,
+    pass_window: Window,
+    draws_from_p: bool = False,
+) -> Verdict:
+    """Verify every drafted slot at once (`acceptance.verify_slots`); only the run of leading
+    accepts commits, with one token more (a residual draw, or a draw from p at the bonus slot).
+    draws_from_p: also draw from p at every slot with the CARRY uniforms, in the same draw
+    (`Proposer.draws_from_p`)."""
+    num_drafts, row = pass_window.max_drafts, pass_window.row
+    if num_drafts == 0:  # a pass of plain AR steps (what verify_slots draws there, without its bookkeeping)
+        tokens = sample_from_probs(target_probs, row(RESIDUAL, 1))
+        return Verdict(tokens, target_probs, torch.zeros_like(pass_window.window_len))
+    # [B, G] slot j holds a draft of image b (slot window_len[b] - 1 is its bonus slot); a full pass: every slot
+    has_draft = None
+    if not pass_window.full:
+        has_draft = torch.arange(1, num_drafts + 1, device=draft_tokens.device) < pass_window.window_len[:, None]
+    verdict = verify_slots(
+        rule, target_probs, draft_tokens, draft_probs, has_draft, row(ACCEPT, num_drafts),
+        pass_window.draw_rows(num_drafts + 1) if draws_from_p else row(RESIDUAL, num_drafts + 1), draws_from_p,
+    )  # fmt: skip
+    num_accepted = verdict.accept.cumprod(1).sum(1)  # bool cumprod: long
+    return Verdict(verdict.tokens, verdict.laws, num_accepted, verdict.p_draws)
+
+
+def image_keys(generators: list[torch.Generator], device) -> Tensor:
+    """[B] one 32-bit key per image, the first draw of its generator (for position-keyed noise)."""
+    return to_device(torch.stack([torch.randint(0, 2**32, (1,), generator=g) for g in generators])[:, 0], device)
+
+
+def new_state(model: RasterModel, generators: list[torch.Generator], window: int, spare: int) -> DecodeState:
+    """Nothing committed yet; the token buffer has `spare` scratch columns past the image for a pass's
+    tokens beyond the commit."""
+    batch, device, num_tokens = len(generators), model.device, model.num_image_tokens
+    return DecodeState(
+        tokens=torch.zeros(batch, num_tokens + spare, dtype=torch.long, device=device),
+        committed=torch.zeros(batch, dtype=torch.long, device=device),
+        keys=image_keys(generators, device),
+        num_tokens=num_tokens,
+        vocab_size=model.vocab_size,
+        grid_size=tuple(model.grid_size),
+        window=window,
+    )
+
+
+class ChainPasses:
+    """The chain engine's passes: each image scores a window right after its committed prefix
+    ([last committed token, drafts]), verifies the drafts left to right, commits the leading
+    accepted ones and one token more (ragged), and carries the rest over (`Proposer`).
+
+    Every pass has `window` slots (fewer where an image's window reaches its end). A running batch
+    (`request.slots`) refills a slot between passes (`admit`); the slot's state is then what a decode
+    of the new image alone starts with.
+    """
+
+    desc = "speculative"
+
+    def __init__(self, request: Request, proposer: Proposer, window: int, warmup, tail, rule):
+        check_spans(window, warmup, tail)
+        model, self.generators = request.model, request.generators
+        self.proposer, self.rule = proposer, rule
+        self.spans = (warmup, tail)  # the plain-AR spans at the start and end
+        self.batch, self.device = request.batch_size, model.device
+        self.num_cond, self.total = model.num_condition_tokens, model.num_image_tokens
+        self.window = min(window, self.total)  # a longer window is clipped, here once and for all
+        self.record = ChainRecord(self.batch, model.grid_size, self.window, self.device)
+        generators = self.generators[: self.batch]
+        self.state = new_state(model, generators, self.window, spare=self.window)
+        # each pass's uniforms, the same numbers as a draw per pass, drawn 16 passes at a time
+        self.uniforms = UniformStream(generators, self.device, block=16 * NUM_PURPOSES * self.window)
+        self.slot_range = torch.arange(self.window, device=self.device)
+        self.position_offsets = self.num_cond - 1 + self.slot_range  # slot j's position past the commit
+        self.scorer = GuidedScorer(
+            model, request.cond, request.cond_mask, request.params, slots=request.slots, kv_keep=request.kv_keep
+        )
+        self.passes = 0  # passes planned
+        self.fresh = tuple(range(self.batch))  # slots whose image has not had its first pass
+        self.start_pass = [0] * self.batch  # the pass at which each slot's image started
+        self.full_lengths: dict[int, Tensor] = {}  # slots -> window_len [B] of a pass of full windows
+        # Compiled passes draft padded windows: slots past an image's window are padding (never
+        # tested, after every real slot, forgotten with the cache), so the tokens are the same.
+        self.compiled = request.compile_passes is not None
+
+    def __enter__(self):
+        self.scorer.open_cache(self.num_cond + self.total)
+        self.proposer.start(self.state)
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.proposer.close()
+        finally:
+            self.scorer.close_cache()
+
+    def plan(self) -> Window | None:
+        """Each image's window this pass (its uniforms included), or None when the decode is over."""
+        window_len, num_slots, least, full, catch_up = self.pass_shape(self.window)
+        if num_slots == 0:
+            return None
+        uniforms = self.uniforms.take(NUM_PURPOSES * self.window)  # [B, 4 * window] (`Window.row`)
+        fresh, self.fresh = self.fresh, ()
+        self.passes += 1
+        self.record.reserve(self.passes)
+        scored = min(power_of_two(num_slots), self.window)  # slots scored, padding included
+        slots = self.slot_range if scored == self.window else self.slot_range[:scored]
+        slot_index = self.state.committed[:, None] + slots  # [B, scored]: the image index of each
+        return Window(window_len, uniforms, num_slots - 1, fresh, full, least, slot_index, catch_up)
+
+    def pass_shape(self, window: int) -> tuple[Tensor, int, int, bool, int]:
+        """The one host sync of the loop the engine needs -> (window_len [B], the pass's slots, the
+        fewest tokens any image has committed, whether every image's window has all the slots, and
+        what the proposer asked to know: a draft model's positions to catch up on, else 0).
+        Without spans, the fewest and most committed give the rest (window_len = min(N - committed,
+        window)), and a pass of full windows takes its window_len made once; with spans or compiled
+        passes (a power of two of slots, as scoring pads anyway: a few shapes to compile, each of
+        the general graph) only the slots are read."""
+        committed, need = self.state.committed, self.proposer.catch_up_need(self.state)
+        if self.spans != (0, 0) or self.compiled:
+            window_len = window_lengths(committed, window, *self.spans, self.total)
+            if need is None:
+                num_slots, catch_up = int(window_len.max()), 0
+            else:
+                num_slots, catch_up = torch.stack([window_len.max(), need]).tolist()
+            if self.compiled and num_slots:
+                num_slots = min(power_of_two(num_slots), self.window)
+            return window_len, num_slots, 0, False, catch_up
+        # B numbers: read whole, as the least and most would cost two ops more
+        counts = committed.tolist() if need is None else torch.cat([committed, need[None]]).tolist()
+        catch_up = 0 if need is None else counts.pop()
+        least, most = min(counts), max(counts)
+        num_slots = min(self.total - least, window)
+        if min(self.total - most, window) < num_slots:
+            return window_lengths(committed, window, 0, 0, self.total), num_slots, least, False, catch_up
+        if num_slots not in self.full_lengths:
+            self.full_lengths[num_slots] = torch.full_like(committed, num_slots)
+        return self.full_lengths[num_slots], num_slots, least, True, catch_up
+
+    def propose(self, plan: Window) -> tuple[Tensor, Tensor]:
+        return self.proposer.propose(self.state, plan)  # [B, G], [B, G, V]
+
+    def score(self, plan: Window, drafts) -> Tensor:
+        first = len(plan.fresh) == self.batch
+        input_pos = None
+        if not plan.fresh:  # every image's window follows its commit: positions from the slot index
+            input_pos = plan.slot_index + (self.num_cond - 1)
+            if not plan.full or plan.slot_index.shape[1] > plan.max_drafts + 1:  # padding may pass the image
+                input_pos = input_pos.clamp(max=self.num_cond + self.total - 1)
+        return score_window(self.scorer, self.state, drafts[0], first, self.position_offsets, plan.fresh, input_pos)
+
+    def verify(self, plan: Window, drafts, probs: Tensor) -> Verdict:
+        return verify_window(self.rule, probs, *drafts, plan, self.proposer.draws_from_p)
+
+    def commit(self, plan: Window, drafts, probs: Tensor, verdict: Verdict):
+        state = self.state
+        commit_count = verdict.num_accepted + 1
+        if not plan.full:  # 0 for finished images, at most the window for clipped ones
+            commit_count = commit_count.minimum(plan.window_len)
+        # Write every slot's token after the committed ones; only the first commit_count count
+        # (the buffer has `window` spare columns, and what lies past `committed` is scratch).
+        slot_index, length = plan.slot_index, plan.max_drafts + 1
+        state.tokens.scatter_(
+            1, slot_index if slot_index.shape[1] == length else slot_index[:, :length], verdict.slot_tokens
+        )
+        self.record.write(state.committed, plan.window_len, verdict.num_accepted)
+        self.proposer.after_commit(
+            state, plan, probs, verdict.slot_tokens, commit_count, verdict.slot_laws, verdict.p_draws
+        )
+        state.committed = state.committed + commit_count
+        # The cache keeps every committed token but the newest, which the next window feeds.
+        self.scorer.truncate_cache(state.committed + (self.num_cond - 1))
+
+    def least_done(self) -> Tensor:
+        return self.state.committed.min()
+
+    def finish(self) -> tuple[Tensor, dict]:
+        stats = self.record.stats(self.scorer.forward_passes, draft_forward_passes=self.proposer.forward_passes)
+        return self.state.tokens[:, : self.total], {**stats, "window": self.window}
+
+    def done(self) -> Tensor:
+        return self.state.committed >= self.total
+
+    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        commits = [self.record.image_commits(row, self.start_pass[row], self.passes) for row in rows]
+        passes, commit_pass = (torch.stack(part) for part in zip(*commits, strict=True))
+        return self.state.tokens[rows, : self.total], passes, commit_pass
+
+    def admit(self, rows: list[int], images: list[int]):
+        generators = [self.generators[image] for image in images]
+        index, image_index = (torch.tensor(x, device=self.device) for x in (rows, images))
+        state = self.state
+        state.committed[index] = 0
+        state.keys[index] = image_keys(generators, self.device)  # its generator's first draw, as in new_state
+        self.uniforms.replace(rows, generators)
+        self.scorer.admit(index, image_index)
+        self.proposer.admit(index, image_index)
+        for row in rows:
+            self.start_pass[row] = self.passes
+        self.fresh = tuple(sorted(rows))
+
+
+def speculative_decode(
+    request: Request,
+    proposer: Proposer,
+    *,
+    window: int,
+    warmup: int = 0,
+    tail: int = 0,
+    rule: AcceptanceRule = SPECULATIVE,
+) -> tuple[Tensor, dict]:
+    """Propose, score, verify, commit (ragged), truncate, carry over, pass after pass
+    (`ChainPasses` on the pass loop). -> (tokens [B, N], stats)."""
+    engine = ChainPasses(request, proposer, window, warmup, tail, rule)
+    return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))

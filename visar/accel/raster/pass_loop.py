@@ -1,0 +1,263 @@
+"""The raster pass loop: every raster decode that drafts is this one loop over passes.
+
+A pass plans which slots each image scores (a chain window after its committed prefix, a draft
+tree, its row fronts, a static tree), proposes their drafts, scores them in one target forward,
+verifies them under the acceptance rule, and commits what holds (tokens, statistics, carried
+drafts, the cache). What differs between the shapes of pass is a `PassEngine`: `ChainPasses`
+(chain.py: sjd, mc-sjd, spec, gsd, lantern), `TreePasses` (tree_passes.py: sjd-pac,
+tree-mc-sjd), `StaticTreePasses` (static_tree.py: lantern++) and `FrontPasses` (zipar/engine.py: the zipar
+family, wavefront). Every pass of a decode has the engine's one size (a method's `budget=N` sets
+it): sizes chosen pass by pass lost to the best fixed size on every method they ran, and `auto`
+chooses among fixed sizes by timing them (docs/SPEED.md).
+
+A running batch (`Request.slots`): the engine decodes `slots` images of a longer queue at once; when a
+slot's image has all its tokens it leaves, and the next image of the queue takes the slot before the
+next pass (`RunningBatch`), so no slot feeds padding for a finished image while the queue lasts.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from ...progress import progress_bar
+
+
+class PassEngine(Protocol):
+    """One shape of pass, with the state it carries from pass to pass.
+
+    `with engine:` holds what a decode holds open (the KV cache, a draft model's); `plan()` is the
+    next pass's shape (None: every image is done); `commit` writes the pass's tokens and
+    statistics, carries drafts over and trims the cache.
+    """
+
+    desc: str  # the progress bar's label
+    total: int  # image tokens, for the progress bar
+
+    def __enter__(self) -> PassEngine: ...
+
+    def __exit__(self, *exc) -> None: ...
+
+    def plan(self) -> Any | None: ...
+
+    def propose(self, plan) -> Any: ...
+
+    def score(self, plan, drafts) -> Tensor: ...
+
+    def verify(self, plan, drafts, probs: Tensor) -> Any: ...
+
+    def commit(self, plan, drafts, probs: Tensor, verdict) -> None: ...
+
+    def least_done(self) -> Tensor:
+        """The fewest tokens any image has committed (a 0-d tensor; read only for a progress bar)."""
+        ...
+
+    def finish(self) -> tuple[Tensor, dict]:
+        """-> (tokens [B, N], stats)."""
+        ...
+
+    # -- a running batch (only a refilling decode calls these) --
+
+    def done(self) -> Tensor:
+        """[B] bool: the slot's image has all its tokens."""
+        ...
+
+    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        """The finished images in slots `rows` -> (tokens [R, N], their passes [R], commit_pass [R, N]
+        counted from each image's own first pass, 1 = that pass), before the slots are reused."""
+        ...
+
+    def admit(self, rows: list[int], images: list[int]) -> None:
+        """Slots `rows` start queue images `images` (their conditions and generators): every state of
+        the slot made as a decode of that image alone starts it, its first pass the next."""
+        ...
+
+
+def power_of_two(n: int) -> int:
+    """The least power of two >= n (0 stays 0): the widths a pass is padded to, so that scoring (and a
+    compiled pass) meets a few shapes, not one a width."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+def run_pass(engine: PassEngine, plan) -> None:
+    """One pass of a planned shape: propose, score, verify, commit. Only `plan` reads the device
+    back (the pass's shape); this part traces as one graph (tests/test_compile.py)."""
+    drafts = engine.propose(plan)
+    probs = engine.score(plan, drafts)
+    verdict = engine.verify(plan, drafts, probs)
+    engine.commit(plan, drafts, probs, verdict)
+
+
+# compile options -> run_pass under torch.compile (False once compiling failed on this platform): one
+# compiled function for every engine and decode, so a later decode reuses the code compiled for its shapes
+COMPILED_PASSES: dict[tuple, Callable | bool] = {}
+
+
+def options_key(compile_options: dict) -> tuple:
+    return tuple(sorted(compile_options.items()))
+
+
+def pass_runner(compile_options: dict | None) -> Callable:
+    """run_pass, or run_pass under torch.compile with these options (Pipeline.compile's)."""
+    if compile_options is None:
+        return run_pass
+    key = options_key(compile_options)
+    if key not in COMPILED_PASSES:
+        # dynamic=None whatever the model's setting: a Python number a pass reads or counts (the
+        # scorer's forward passes) becomes an input after it first changes, instead of a new graph
+        # for each of its values; the few shapes of pass are still compiled once each
+        COMPILED_PASSES[key] = torch.compile(run_pass, **{**compile_options, "dynamic": None})
+    return COMPILED_PASSES[key] or run_pass
+
+
+class RunningBatch:
+    """A queue of `num_images` images decoded `slots` at a time. Between passes, the slots whose image
+    is done give it up (`PassEngine.release`: its tokens and per-image statistics, handed to
+    `on_image(index, tokens [N], {"forward_passes", "commit_pass" [N]})` at once, so a caller can
+    save it) and take the next images of the queue (`PassEngine.admit`); a slot left when the queue
+    is empty idles (an engine gives a finished image no slots). An image's passes and commit_pass
+    are counted from its own first pass, so they, like its tokens, are those of
+    its decode alone."""
+
+    def __init__(self, num_images: int, slots: int, on_image: Callable | None = None):
+        self.num_images, self.on_image = num_images, on_image
+        self.holds: list[int | None] = list(range(slots))  # the queue image in each slot
+        self.next = slots  # the next image to admit
+        self.tokens: list[Tensor | None] = [None] * num_images
+        self.passes = [0] * num_images
+        self.commit_pass: list[Tensor | None] = [None] * num_images
+        self.finished = 0
+        self.passes_run = 0  # the batch's passes (a refill pass makes two model calls, counted once)
+
+    def collect(self, engine: PassEngine, rows: list[int]):
+        tokens, passes, commit_pass = engine.release(rows)
+        for row, image_tokens, image_passes, image_commits in zip(
+            rows, tokens, passes.tolist(), commit_pass, strict=True
+        ):
+            image = self.holds[row]
+            self.tokens[image], self.passes[image], self.commit_pass[image] = image_tokens, image_passes, image_commits
+            self.holds[row] = None
+            self.finished += 1
+            if self.on_image is not None:
+                self.on_image(image, image_tokens, {"forward_passes": image_passes, "commit_pass": image_commits})
+
+    def refill(self, engine: PassEngine):
+        """Slots whose image is done: release it, admit the next images (one read-back a pass, only
+        while the queue lasts)."""
+        if self.next >= self.num_images:
+            return
+        done = engine.done().tolist()
+        rows = [row for row, image in enumerate(self.holds) if image is not None and done[row]]
+        if not rows:
+            return
+        self.collect(engine, rows)
+        rows = rows[: self.num_images - self.next]
+        images = list(range(self.next, self.next + len(rows)))
+        engine.admit(rows, images)
+        for row, image in zip(rows, images, strict=True):
+            self.holds[row] = image
+        self.next += len(rows)
+
+    def finish(self, engine: PassEngine) -> tuple[Tensor, dict]:
+        """After the last pass: the images still in slots, then every image's tokens [Q, N] and the
+        engine's statistics with the per-image ones of the whole queue."""
+        self.collect(engine, [row for row, image in enumerate(self.holds) if image is not None])
+        _, stats = engine.finish()
+        tokens = torch.stack(self.tokens)
+        num_tokens = tokens.shape[1]
+        passes = self.passes
+        return tokens, {
+            **stats,
+            "forward_passes_per_image": passes,
+            "tokens_per_forward": sum(num_tokens / max(p, 1) for p in passes) / len(passes),
+            "commit_pass": torch.stack(self.commit_pass).cpu(),
+            "slots": len(self.holds),
+            "refills": self.num_images - len(self.holds),
+            "batch_passes": self.passes_run,
+        }
+
+
+def score_first_passes_apart(batch: int, fresh: tuple[int, ...], device, score: Callable) -> Tensor:
+    """A running batch's pass in which slots `fresh` (new images) have their first pass: they feed
+    their condition and the other slots their committed tokens, so each group is scored in a call of
+    its own (`score(rows [R], first) -> [R, ...]`), and the two are joined in slot order -> [B, ...]."""
+    new = torch.tensor(fresh, device=device)
+    old = torch.tensor([row for row in range(batch) if row not in fresh], device=device)
+    new_scores, old_scores = score(new, True), score(old, False)
+    joined = new_scores.new_empty(batch, *new_scores.shape[1:])
+    return joined.index_copy(0, new, new_scores).index_copy(0, old, old_scores)
+
+
+def running_batch(request) -> RunningBatch | None:
+    """The running batch a request asks for (`Request.slots`), or None."""
+    if request.slots is None:
+        return None
+    return RunningBatch(request.cond.shape[0], request.slots, request.on_image)
+
+
+@torch.no_grad()
+def decode_passes(
+    engine: PassEngine,
+    progress: bool = False,
+    compile_options: dict | None = None,
+    queue: RunningBatch | None = None,
+) -> tuple[Tensor, dict]:
+    """Run `engine`'s passes until its plan says stop; compile_options (a compiled pipeline's): each
+    pass, bookkeeping and model call, under torch.compile (on a GPU with mode="reduce-overhead", one
+    CUDA graph per shape of pass). Where compiling fails, the pass runs eagerly from then on, with one
+    warning (torch.compile fails before it runs anything, so the pass is not run twice).
+    queue: a running batch, refilled before each pass (the bar then counts finished images)."""
+    step = pass_runner(compile_options)
+    if queue is None:
+        bar = progress_bar(total=engine.total, enabled=progress, desc=engine.desc)
+    else:
+        bar = progress_bar(total=queue.num_images, enabled=progress, desc=engine.desc, unit="img")
+    try:
+        with engine:
+            while True:
+                if queue is not None:
+                    queue.refill(engine)
+                if (plan := engine.plan()) is None:
+                    break
+                if queue is not None:
+                    queue.passes_run += 1
+                try:
+                    step(engine, plan)
+                except Exception as err:
+                    if step is run_pass:
+                        raise
+                    run_pass(engine, plan)  # an error of the pass itself is raised here, as eagerly
+                    COMPILED_PASSES[options_key(compile_options)] = False
+                    step = run_pass
+                    warn_compile_failed(err)
+                if progress:  # a read-back, so only when a bar shows
+                    bar.update((queue.finished if queue is not None else int(engine.least_done())) - bar.n)
+            if queue is not None:
+                return queue.finish(engine)
+    finally:
+        bar.close()
+    return engine.finish()
+
+
+def compile_failure(err: Exception) -> str:
+    """What made torch.compile fail, in one line: torch wraps the compiler's own error
+    (BackendCompilerFailed.inner_exception), which is the one worth reading."""
+    root = err
+    while isinstance(inner := root.__cause__ or getattr(root, "inner_exception", None), Exception):
+        root = inner
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    reason = f"{type(root).__name__}: {lines[0][:300] if lines else ''}"
+    return reason if root is err else f"{type(err).__name__}, {reason}"
+
+
+def warn_compile_failed(err: Exception):
+    warnings.warn(
+        f"torch.compile failed on this platform ({compile_failure(err)}); a decode's passes run eagerly "
+        "instead (the same outputs, without the compiled speed-up)",
+        RuntimeWarning,
+        stacklevel=3,
+    )

@@ -1,0 +1,418 @@
+"""Static-tree speculative decoding: a draft model proposes a fixed-shape tree, the target verifies it in one pass.
+
+Papers and upstream code:
+- EAGLE-1 static trees and their recursive rejection sampling (Li et al. 2024; SpecInfer, Miao
+  et al. 2024). Lossless.
+- LANTERN++ (Jang, Park et al., ICLR-W SCOPE 2025, arXiv 2502.06352; jadohu/LANTERN,
+  `models/ea_model_llamagen.py::evaluate_posterior_v1`, `--static_tree`), whose default tree
+  `naive_extend_57` (57 nodes, depth 5, from `models/drafters/choices.py`) is the default here.
+
+Tree nodes are written to scratch cache slots past the image (`CacheSlots`; RoPE keeps their true
+positions) and the accepted path is fed again at its true slots next pass. docs/RASTER.md
+("Static draft trees") has the iteration and the KV cache design.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from ...errors import VisarError
+from ...models.base import RasterModel
+from ..core.method_registry import Request
+from ..core.sampling import SamplingParams, UniformStream, draw_uniforms, sample_from_probs, to_device
+from ..core.scoring import GuidedScorer
+from ..core.stats import DecodeLog
+from ..core.tree_acceptance import TreeIndex, verify_tree
+from .pass_loop import decode_passes, running_batch
+
+# Each path lists child ranks from the root: [0] is the root's first child, [0, 1] that child's second.
+NAIVE_EXTEND_57 = (
+    [[r] for r in range(5)]
+    + [[0, r] for r in range(4)] + [[1, r] for r in range(3)] + [[2, r] for r in range(3)] + [[3, 0], [3, 1], [4, 0]]
+    + [[0, 0, r] for r in range(4)] + [[0, 1, r] for r in range(3)] + [[0, 2, r] for r in range(3)]
+    + [[0, 3, 0], [0, 3, 1], [1, 0, 0], [1, 0, 1], [1, 1, 0], [2, 0, 0]]
+    + [[0, 0, 0, r] for r in range(4)] + [[0, 0, 1, r] for r in range(3)] + [[0, 0, 2, 0], [0, 0, 2, 1], [0, 0, 3, 0]]
+    + [[0, 1, 0, 0], [0, 1, 0, 1], [0, 1, 1, 0], [0, 2, 0, 0]]
+    + [[0, 0, 0, 0, r] for r in range(3)] + [[0, 0, 0, 1, 0], [0, 0, 0, 1, 1], [0, 0, 1, 0, 0], [0, 0, 1, 0, 1]]
+    + [[0, 0, 1, 1, 0], [0, 0, 2, 0, 0]]
+)  # fmt: skip
+TREES = {"naive_extend_57": NAIVE_EXTEND_57, "chain5": [[0] * d for d in range(1, 6)]}
+
+
+@dataclass(frozen=True)
+class StaticTree:
+    """Node 0 is the root (the last committed token); nodes 1..T are sorted by depth, then path."""
+
+    paths: tuple[tuple[int, ...], ...]  # [T] child-rank paths of nodes 1..T
+    parent: Tensor  # [T + 1] parent id (-1 for the root)
+    depth: Tensor  # [T + 1]
+    children: Tensor  # [T + 1, C] child ids in rank order, -1 padded
+    ancestors: Tensor  # [T + 1, T + 1] bool: column j is node i itself or one of its ancestors
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.paths)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max())
+
+    def verify_index(self) -> TreeIndex:
+        """The index tensors `tree_verify.verify_tree` reads (made once per tree)."""
+        return TreeIndex.build(self.parent.tolist(), [0] + [p[-1] for p in self.paths])
+
+    @classmethod
+    def from_paths(cls, paths) -> StaticTree:
+        """Paths of child ranks, e.g. [[0], [1], [0, 0]]: every parent present, sibling ranks 0, 1, ..."""
+        try:
+            paths = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
+        except (TypeError, ValueError, OverflowError) as err:
+            raise VisarError(f"a draft tree is a list of paths of child ranks, e.g. [[0], [1], [0, 0]]: {err}") from err
+        if not paths or any(len(p) == 0 or min(p) < 0 for p in paths):
+            raise VisarError("a draft tree needs at least one node, and paths of ranks >= 0 (the root is implicit)")
+        index = {(): 0} | {p: i + 1 for i, p in enumerate(paths)}
+        for p in paths:
+            if p[:-1] not in index:
+                raise VisarError(f"draft tree node {list(p)} has no parent {list(p[:-1])}")
+            if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in index:
+                raise VisarError(f"draft tree node {list(p)}: sibling ranks must be 0, 1, 2, ... without gaps")
+        size = len(paths) + 1
+        parents = [-1] + [index[p[:-1]] for p in paths]
+        parent = torch.tensor(parents)
+        depth = torch.tensor([0] + [len(p) for p in paths])
+        width = max(sum(1 for p in paths if p[:-1] == q) for q in [()] + paths)
+        children = torch.full((size, width), -1)
+        for p in paths:
+            children[index[p[:-1]], p[-1]] = index[p]
+        lineage = [{0}]  # each node and its ancestors, built in Python: a tree of T nodes costs one tensor
+        for i in range(1, size):
+            lineage.append(lineage[parents[i]] | {i})
+        ancestors = torch.tensor([[j in line for j in range(size)] for line in lineage])
+        return cls(tuple(paths), parent, depth, children, ancestors)
+
+
+def resolve_tree(tree) -> StaticTree:
+    if isinstance(tree, StaticTree):
+        return tree
+    if isinstance(tree, str):
+        if tree not in TREES:
+            raise VisarError(f"unknown draft tree {tree!r}; named trees: {', '.join(TREES)} (or a list of paths)")
+        tree = TREES[tree]
+    return StaticTree.from_paths(tree)
+
+
+class CacheSlots:
+    """A KV cache laid out as [condition ; image tokens ; scratch slots ; 1 trash slot], where tree
+    nodes off the committed path sit at scratch slots and left padding writes to the trash slot."""
+
+    def __init__(self, model: RasterModel, num_scratch: int):
+        self.num_cond, self.num_tokens = model.num_condition_tokens, model.num_image_tokens
+        self.max_pos = self.num_cond + self.num_tokens - 1
+        self.scratch = self.num_cond + self.num_tokens
+        self.trash = self.scratch + num_scratch
+        self.size = self.trash + 1
+        self.device = model.device
+        self.slots = torch.arange(self.size, device=self.device)
+        # made once, not once a pass: the slots as a mask row, which of them are true (condition and
+        # image) slots, the trash slot alone, and a chain's columns by width
+        self.slot_row = self.slots[None, None]  # [1, 1, S]
+        self.true_slots = (self.slots < self.scratch)[None, None]  # [1, 1, S]
+        self.trash_only = (self.slots == self.trash)[None, None]  # [1, 1, S]
+        self.columns: dict[int, Tensor] = {}
+
+    def chain(
+        self, tokens: Tensor, fed: Tensor, committed: Tensor, width: int
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Committed tokens fed .. committed - 1 of each image (at most `width`), at their true slots,
+        left-padded to `width`. -> (tokens [B, P], input_pos [B, P], cache_pos [B, P], mask [B, P, S]);
+        the last column is each image's newest committed token (the root), when it has one to feed."""
+        if width not in self.columns:
+            self.columns[width] = torch.arange(width, device=self.device) - width  # [P] -width .. -1
+        committed = committed[:, None]
+        index = committed + self.columns[width]  # [B, P]
+        real = index >= fed[:, None]
+        feed = tokens.gather(1, index.clamp(min=0))
+        input_pos = (self.num_cond + torch.where(real, index, committed - 1)).clamp(0, self.max_pos)
+        cache_pos = torch.where(real, input_pos, self.trash)
+        causal = (self.slot_row <= input_pos[..., None]) & self.true_slots
+        mask = torch.where(real[..., None], causal, self.trash_only)
+        return feed, input_pos, cache_pos, mask
+
+
+class TreeAttention(CacheSlots):
+    """Inputs, slots and masks of one pass over a static tree: node i at scratch slot scratch + i - 1."""
+
+    def __init__(self, scorer: GuidedScorer, tree: StaticTree):
+        super().__init__(scorer.model, tree.num_nodes)
+        self.scorer, self.tree = scorer, tree
+        scorer.open_cache(self.size)
+        # [T + 1, S]: the scratch slots each node sees (its ancestors and itself; the root has none)
+        self.node_scratch = torch.zeros(tree.num_nodes + 1, self.size, dtype=torch.bool, device=self.device)
+        self.node_scratch[:, self.scratch : self.trash] = tree.ancestors[:, 1:].to(self.device)
+
+    @property
+    def forward_passes(self) -> int:
+        return self.scorer.forward_passes
+
+    def run(self, tokens: Tensor, input_pos: Tensor, cache_pos: Tensor, mask: Tensor) -> Tensor:
+        """One pass over inputs at explicit positions, slots and visibility -> guided logits [B, L, V]."""
+        return self.scorer.logits(tokens, input_pos, mask=mask, cache_pos=cache_pos)
+
+    def close(self):
+        self.scorer.close_cache()
+
+    def nodes(self, node_ids: Tensor, node_tokens: Tensor, committed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Tree nodes node_ids [n] (>= 1) of every image: tokens node_tokens [B, n], at scratch slots."""
+        root_pos = self.num_cond + committed - 1  # [B]
+        depth = self.tree.depth.to(self.device)[node_ids]
+        input_pos = (root_pos[:, None] + depth[None]).clamp(max=self.max_pos)  # [B, n]
+        cache_pos = (self.scratch + node_ids - 1)[None].expand_as(input_pos)
+        prefix = (self.slots[None, :] <= root_pos[:, None]) & (self.slots[None, :] < self.scratch)  # [B, S]
+        mask = prefix[:, None, :] | self.node_scratch[node_ids][None]
+        return node_tokens, input_pos, cache_pos, mask
+
+
+class TreeDrafter:
+    """The draft model's side: catch up on committed tokens, then one pass per tree depth."""
+
+    def __init__(self, draft: RasterModel, tree: StaticTree, cond, cond_mask, params: SamplingParams, slots=None):
+        self.tree = tree
+        self.attention = TreeAttention(GuidedScorer(draft, cond, cond_mask, params, slots=slots), tree)
+        self.attention.scorer.prefill()  # the condition into the cache (token 0 is the target's AR step)
+        depth = tree.depth.tolist()
+        has_children = (tree.children >= 0).any(1).tolist()
+        device = self.attention.device
+        self.levels = []  # per depth: its parents (nodes with children) and, per child rank, the children there
+        for d in range(tree.max_depth):
+            parents = [i for i in range(tree.num_nodes + 1) if depth[i] == d and has_children[i]]
+            kids = tree.children[parents].tolist()  # [n][C], read once: which children exist is known here
+            ranks = []
+            for rank in range(tree.children.shape[1]):
+                at = [j for j in range(len(parents)) if kids[j][rank] >= 0]  # parents with a child of this rank
+                if at:  # (children fill ranks 0, 1, ..: a parent without this rank has no later one)
+                    index = [torch.tensor(x, device=device) for x in (at, [kids[j][rank] for j in at])]
+                    ranks.append((*index, torch.tensor([parents[j] for j in at], device=device)))
+            self.levels.append((torch.tensor(parents, device=device), ranks))
+
+    @property
+    def forward_passes(self) -> int:
+        return self.attention.forward_passes
+
+    def q(self, logits: Tensor) -> Tensor:
+        return self.attention.scorer.target_probs(logits)
+
+    def propose(
+        self, tokens: Tensor, fed: Tensor, committed: Tensor, uniforms: Tensor, width: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """-> node_tokens [B, T + 1], node_q [B, T + 1, V] (the law each node was drawn from),
+        node_ok [B, T + 1] (False where the draft ran out of tokens to draw). uniforms [B, T + 1];
+        fed [B]: the committed tokens each image has fed (the target's count: the draft feeds the same
+        tokens, one pass after the other); width: the most committed tokens any image has not fed yet
+        (read by the plan)."""
+        batch, tree = committed.shape[0], self.tree
+        device = self.attention.device
+        # the tokens committed since the last call; the newest is the root, its output q(root's children)
+        root_logits = self.attention.run(*self.attention.chain(tokens, fed, committed, width))[:, -1]
+        size, vocab = tree.num_nodes + 1, root_logits.shape[-1]
+        node_tokens = torch.zeros(batch, size, dtype=torch.long, device=device)
+        node_q = torch.zeros(batch, size, vocab, device=device)
+        node_ok = torch.ones(batch, size, dtype=torch.bool, device=device)
+        for depth, (parents, ranks) in enumerate(self.levels):
+            if depth == 0:
+                parent_q = self.q(root_logits)[:, None]  # [B, 1, V]
+            else:
+                logits = self.attention.run(*self.attention.nodes(parents, node_tokens[:, parents], committed))
+                parent_q = self.q(logits)  # [B, n, V]
+            remaining = parent_q.clone()
+            for at, kids, kid_parents in ranks:  # at [k]: this level's parents with a child of this rank
+                mass = remaining.sum(-1, keepdim=True)  # [B, n, 1]
+                law = remaining / mass.clamp(min=torch.finfo(mass.dtype).tiny)
+                drawn = sample_from_probs(law[:, at], uniforms[:, kids])  # [B, k]
+                node_tokens[:, kids] = drawn
+                node_q[:, kids] = law[:, at]
+                node_ok[:, kids] = (mass[:, at, 0] > 0) & node_ok[:, kid_parents]
+                remaining[:, at] = remaining[:, at].scatter(-1, drawn[..., None], 0.0)
+        return node_tokens, node_q, node_ok
+
+    def admit(self, rows: Tensor, images: Tensor):
+        """Slots `rows` start queue images `images`: their conditions into the draft's cache, nothing fed yet."""
+        self.attention.scorer.admit(rows, images)
+        self.attention.scorer.prefill(rows)
+
+    def close(self):
+        self.attention.close()
+
+
+@dataclass
+class TreeWalk:
+    """The outcome of verifying every image's tree from the root down."""
+
+    path: Tensor  # [B, D + 1] the accepted nodes' tokens, then the final draw
+    accepted: Tensor  # [B] accepted depth
+    tried_at: Tensor  # [B, D] bool: a child was tested at this depth
+
+
+def walk_tree(
+    index: TreeIndex, probs: Tensor, node_tokens, node_q, node_ok, accept_u, final_u, active, relax
+) -> TreeWalk:
+    """Try each node's children in rank order with the (relaxed) speculative test, follow the first
+    accepted one; after all are rejected, or at a leaf, draw one more token from the current
+    residual (or p): `tree_verify.verify_tree`, every node at once, a child the draft could not
+    draw (node_ok False) skipped. probs [B, T + 1, V]: the target at every node; accept_u [B, D, C]
+    (a child's test: its depth's and rank's); final_u [B]."""
+    present = node_ok & active[:, None]
+    test_u = accept_u.flatten(1)[:, index.depth_rank]
+    verdict = verify_tree(index, probs, node_tokens, node_q, test_u, final_u, present, present, relax)
+    return TreeWalk(verdict.path[:, 1:], verdict.accepted, (verdict.tried.float() @ index.at_depth) > 0)
+
+
+class StaticTreePlan(NamedTuple):
+    active: Tensor  # [B] images not done
+    uniforms: Tensor  # [B, T + 1 + D * C + 1]: draft draws, accept tests, the final draw
+    width: int  # committed tokens not fed yet (to the target or the draft: they feed the same), the most of any image
+
+
+class StaticTreePasses:
+    """lantern++'s passes: a draft model proposes a static tree after each image's committed prefix,
+    the target scores it in one pass (tree nodes in scratch cache slots), the (relaxed) speculative
+    test walks it, and the accepted path plus one token commits.
+
+    relax(p, q, x) -> p~: the target each child is tested against (None: p itself, lossless); a
+    rejection continues from norm((p~ - q)+). A running batch (`request.slots`) refills a slot
+    between passes (`admit`, which runs the new image's prefill and samples its token 0 there).
+    """
+
+    desc = "tree"
+
+    def __init__(self, request: Request, draft: RasterModel, tree: StaticTree, relax):
+        model, cond, cond_mask, params = request.model, request.cond, request.cond_mask, request.params
+        self.tree, self.relax, self.device = tree, relax, model.device
+        self.batch, self.total = request.batch_size, model.num_image_tokens
+        self.generators = request.generators
+        self.target = TreeAttention(
+            GuidedScorer(model, cond, cond_mask, params, slots=request.slots, kv_keep=request.kv_keep), tree
+        )
+        self.drafter = TreeDrafter(draft, tree, cond, cond_mask, params, slots=request.slots)
+        self.size, self.max_depth = tree.num_nodes + 1, tree.max_depth
+        self.block = self.size + self.max_depth * tree.children.shape[1] + 1  # uniforms an image draws a pass
+        self.depths = tree.depth.to(self.device)
+        self.index = tree.verify_index().to(self.device)
+        self.node_range = torch.arange(1, self.size, device=self.device)
+        self.depth_range = torch.arange(self.max_depth + 1, device=self.device)
+        self.tokens = torch.zeros(self.batch, self.total + self.max_depth + 1, dtype=torch.long, device=self.device)
+        self.committed = torch.ones(self.batch, dtype=torch.long, device=self.device)
+        self.fed = torch.zeros(self.batch, dtype=torch.long, device=self.device)
+        self.log = DecodeLog(self.batch, model.grid_size, self.max_depth, self.device)
+        self.log.count_at_once = request.compile_passes is not None
+        # the same numbers as a draw per pass, drawn 16 passes at a time
+        self.uniforms = UniformStream(self.generators[: self.batch], self.device, block=16 * self.block)
+        self.passes_run = 0  # passes so far, the prefill the first: the pass number the log records
+        self.start_pass = [0] * self.batch  # the pass after which each slot's image started
+
+    def __enter__(self):
+        # token 0 from the condition alone: a plain AR step (the first tree grows from it)
+        self.log.count_pass(torch.ones(self.batch, dtype=torch.bool, device=self.device))  # the prefill
+        first_u = self.uniforms.take(1)[:, 0]
+        self.tokens[:, 0] = sample_from_probs(self.target.scorer.prefill(), first_u)
+        self.passes_run = 1
+        self.log.commit_pass[:, 0] = 1
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.target.close()
+        finally:
+            self.drafter.close()
+
+    def plan(self) -> StaticTreePlan | None:
+        active = self.committed < self.total
+        # the one read-back of the loop: whether any image is left, and the most committed tokens any
+        # image has not fed to the target and the draft (both feed them at the next pass's start)
+        left, width = torch.stack([active.any().long(), (self.committed - self.fed).max()]).tolist()
+        if not left:
+            return None
+        self.passes_run += 1
+        return StaticTreePlan(active, self.uniforms.take(self.block), max(width, 1))
+
+    def propose(self, plan: StaticTreePlan) -> tuple[Tensor, Tensor, Tensor]:
+        node_tokens, node_q, node_ok = self.drafter.propose(
+            self.tokens, self.fed, self.committed, plan.uniforms[:, : self.size], plan.width
+        )
+        # nodes past the image's end are never verified: the deepest usable depth leaves room for one more token
+        return node_tokens, node_q, node_ok & (self.depths[None] <= (self.total - 1 - self.committed)[:, None])
+
+    def score(self, plan: StaticTreePlan, drafts) -> Tensor:
+        chain = self.target.chain(self.tokens, self.fed, self.committed, plan.width)
+        nodes = self.target.nodes(self.node_range, drafts[0][:, 1:], self.committed)
+        logits = self.target.run(*(torch.cat([a, b], 1) for a, b in zip(chain, nodes, strict=True)))
+        self.fed = self.committed.clone()
+        return self.target.scorer.target_probs(logits[:, chain[0].shape[1] - 1 :])  # [B, T + 1, V]
+
+    def verify(self, plan: StaticTreePlan, drafts, probs: Tensor) -> TreeWalk:
+        max_depth, width = self.max_depth, self.tree.children.shape[1]
+        accept_u = plan.uniforms[:, self.size : self.size + max_depth * width].view(self.batch, max_depth, width)
+        final_u = plan.uniforms[:, -1]
+        return walk_tree(self.index, probs, *drafts, accept_u, final_u, plan.active, self.relax)
+
+    def commit(self, plan: StaticTreePlan, drafts, probs: Tensor, walk: TreeWalk):
+        committed, depth, log, active = self.committed, self.depth_range, self.log, plan.active
+        self.tokens.scatter_(1, committed[:, None] + depth, walk.path)
+        kept = active[:, None] & (depth <= walk.accepted[:, None]) & (committed[:, None] + depth < self.total)
+        log.commit(committed[:, None] + depth, kept, self.passes_run)
+        slot = depth[:-1].expand(self.batch, -1)
+        log.drafts(committed[:, None] + slot, slot, walk.tried_at, slot < walk.accepted[:, None])
+        log.count_pass(active)
+        self.committed = committed + torch.where(active, walk.accepted + 1, 0)
+
+    def least_done(self) -> Tensor:
+        return self.committed.clamp(max=self.total).min()
+
+    def finish(self) -> tuple[Tensor, dict]:
+        stats = self.log.stats(self.target.forward_passes, draft_forward_passes=self.drafter.forward_passes)
+        return self.tokens[:, : self.total], {**stats, "tree_nodes": self.tree.num_nodes, "tree_depth": self.max_depth}
+
+    def done(self) -> Tensor:
+        return self.committed >= self.total
+
+    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        index = torch.tensor(rows, device=self.device)
+        start = torch.tensor([self.start_pass[row] for row in rows], device=self.device)
+        return self.tokens[index, : self.total], *self.log.image_commits(index, start)  # 1 = the image's prefill
+
+    def admit(self, rows: list[int], images: list[int]):
+        """The new images' first step, as `__enter__` takes it for a decode: the prefill (target and
+        draft, these slots only) and token 0 sampled with each image's first uniform; it counts as the
+        image's first pass."""
+        generators = [self.generators[image] for image in images]
+        index, image_index = (torch.tensor(x, device=self.device) for x in (rows, images))
+        first_u = to_device(draw_uniforms(generators, 1), self.device)[:, 0]  # the stream's first take
+        self.uniforms.replace(rows, generators)
+        self.target.scorer.admit(index, image_index)
+        self.drafter.admit(index, image_index)
+        self.tokens[index] = 0
+        self.tokens[index, 0] = sample_from_probs(self.target.scorer.prefill(index), first_u)
+        self.committed[index] = 1
+        self.fed[index] = 0
+        log = self.log
+        log.forget(index)
+        log.passes_per_image[index] = 1
+        log.commit_pass[index, 0] = self.passes_run
+        for row in rows:
+            self.start_pass[row] = self.passes_run - 1
+
+
+def tree_decode(
+    request: Request,
+    draft: RasterModel,
+    tree: StaticTree,
+    relax: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None,
+) -> tuple[Tensor, dict]:
+    """Draft a static tree, verify it in one target pass, commit the accepted path + 1, pass after
+    pass (`StaticTreePasses` on the pass loop). -> (tokens [B, N], stats)."""
+    engine = StaticTreePasses(request, draft, tree, relax)
+    return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))

@@ -1,0 +1,251 @@
+"""Speculative Jacobi decoding with a draft tree at the head of the window: SJD-PAC and tree-mc-sjd.
+
+Papers and upstream code the rules were checked against:
+- SJD-PAC (Kang et al., CVPR 2026, arXiv 2603.18599; KangJialiang/SJD-PAC at 4fbc099,
+  `scheduler/sjd_pac_iteration_lumina_mgpt.py`).
+- MC-SJD / SCD (So et al., ICML 2026, arXiv 2510.24211; junhyukso/SCD): coupled carry-over.
+- Recursive rejection sampling over several candidates (SpecInfer, Miao et al. 2024; SpecTr, Sun et
+  al. 2023).
+
+One pass per image: draft a tree after the committed prefix (draft_trees.py), score it in one
+target pass, verify every node, commit the reached path plus one token, carry the main path's
+outputs over. `tree_jacobi_decode` is the engine. docs/RASTER.md ("Draft trees") has the rules,
+where the two methods differ from upstream and the randomness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from ...errors import VisarError
+from ...models.base import RasterModel
+from ..core.checks import check_budget, check_number
+from ..core.method_registry import Request
+from ..core.sampling import UniformStream, stream_block
+from ..core.scoring import GuidedScorer
+from ..core.stats import DecodeLog
+from .chain import image_keys, new_state
+from .draft_trees import (
+    NEIGHBOURS,
+    DraftTree,
+    TreePass,
+    WindowVerdict,
+    commit_path,
+    draft_tree,
+    tree_randomness,
+    tree_uniforms,
+    verify_tree,
+)
+from .pass_loop import decode_passes, running_batch, score_first_passes_apart
+from .proposers import JacobiProposer, Window, maximal_coupling_carry
+
+
+class TreePlan(NamedTuple):
+    """One tree pass: its layout and scoring, the images still decoding, and their uniforms."""
+
+    layout: DraftTree
+    tree_pass: TreePass
+    active: Tensor  # [B] images not done
+    window: Window  # the main path's drafts for the proposer
+    extra_u: Tensor  # [B, (D - 1) V] the extra candidates' uniforms (one per token: `candidate_noise`)
+    test_u: Tensor  # [B, T + M + 1] the node tests' and draws' uniforms
+    # the slots whose image has its first pass now (its condition is fed): every slot at a decode's
+    # first pass, a running batch's new images later
+    fresh: tuple[int, ...] = ()
+
+
+class TreePasses:
+    """The tree engine's passes: a draft tree after each image's committed prefix (draft_trees.py),
+    scored in one pass, every node verified, the reached path plus one token committed, the main
+    path's outputs carried over (MC-SJD's coupling).
+
+    layout: the tree every pass drafts. A running batch (`request.slots`) refills a slot between
+    passes (`admit`); the slot's state is then what a decode of the new image alone starts with.
+    """
+
+    desc = "tree"
+
+    def __init__(self, request: Request, layout: DraftTree, initialiser: Callable, neighbours: tuple[str, ...]):
+        model, self.generators = request.model, request.generators
+        self.neighbours = neighbours
+        self.device, self.total, self.vocab = model.device, model.num_image_tokens, model.vocab_size
+        self.batch = batch = request.batch_size
+        generators = self.generators[:batch]
+        main_len = layout.main_length
+        self.state = new_state(model, generators, main_len, spare=main_len + 1)
+        self.scorer = GuidedScorer(
+            model, request.cond, request.cond_mask, request.params, slots=request.slots, kv_keep=request.kv_keep
+        )
+        self.proposer = JacobiProposer(initialiser, maximal_coupling_carry)
+        self.log = DecodeLog(batch, model.grid_size, main_len, self.device)
+        self.log.count_at_once = request.compile_passes is not None
+        self.passes_run = 0  # passes planned: the pass number the log records (an image's own, less its start)
+        self.fresh = tuple(range(batch))  # slots whose image has not had its first pass
+        self.start_pass = [0] * batch  # the pass after which each slot's image started
+        self.tree_pass = TreePass(self.scorer, layout)
+        self.layout = layout.to(self.device)
+        # the reached path's columns 1 .. M past the newest committed token, made once (`commit_path`)
+        self.path_columns = torch.arange(1, layout.main_length + 1, device=self.device)
+        self.fed = torch.zeros(batch, dtype=torch.long, device=self.device)  # tokens with their KV cached
+        # each pass's uniforms, the same numbers as a draw per pass, drawn up to 16 passes at a time
+        self.uniforms = UniformStream(generators, self.device, block=stream_block(tree_uniforms(layout, self.vocab)))
+
+    def __enter__(self):
+        self.scorer.open_cache(self.tree_pass.size)
+        self.proposer.start(self.state)
+        return self
+
+    def __exit__(self, *exc):
+        self.scorer.close_cache()
+
+    def plan(self) -> TreePlan | None:
+        active = self.state.committed < self.total
+        if not bool(active.any()):  # the one read-back of the loop
+            return None
+        layout = self.layout
+        window, extra_u, test_u = tree_randomness(self.uniforms, layout, active, self.vocab)
+        fresh, self.fresh = self.fresh, ()
+        self.passes_run += 1
+        return TreePlan(layout, self.tree_pass, active, window, extra_u, test_u, fresh)
+
+    def propose(self, plan: TreePlan) -> tuple[Tensor, Tensor]:
+        return draft_tree(self.proposer, self.state, plan.window, plan.layout, self.neighbours, plan.extra_u)
+
+    def score(self, plan: TreePlan, drafts) -> Tensor:
+        state, tree_pass = self.state, plan.tree_pass
+        if not plan.fresh or len(plan.fresh) == self.batch:  # one call: every slot's first pass, or none's
+            first = len(plan.fresh) == self.batch
+            return tree_pass.probs(state.tokens, self.fed, state.committed, drafts[0], first)  # [B, T, V]
+        return score_first_passes_apart(
+            self.batch,
+            plan.fresh,
+            self.device,
+            lambda rows, first: tree_pass.probs(
+                state.tokens[rows], self.fed[rows], state.committed[rows], drafts[0][rows], first, rows
+            ),
+        )
+
+    def verify(self, plan: TreePlan, drafts, probs: Tensor) -> WindowVerdict:
+        node_depth = plan.layout.tree.depth
+        valid = plan.active[:, None] & (node_depth[None] <= (self.total - self.state.committed)[:, None])
+        return verify_tree(plan.layout, probs, *drafts, valid, plan.test_u)
+
+    def commit(self, plan: TreePlan, drafts, probs: Tensor, verdict: WindowVerdict):
+        state, layout, active, log = self.state, plan.layout, plan.active, self.log
+        commit_count = torch.where(active, verdict.accepted + 1, 0)  # the reached path and one token more
+        index = commit_path(state, self.path_columns, verdict)
+        node_index = state.committed[:, None] + layout.depth_less_one
+        node_slot = layout.draft_slot.expand(len(active), -1)
+        log.drafts(node_index, node_slot, verdict.tried & active[:, None], verdict.accept)
+        log.commit(index, (self.path_columns <= commit_count[:, None]) & (index < self.total), self.passes_run)
+        log.count_pass(active)
+        # The main path's outputs past the commit are the next drafts, coupled to the old ones.
+        main_probs = probs[:, layout.main]
+        self.proposer.after_commit(state, plan.window, main_probs, verdict.main_outputs, commit_count, main_probs)
+        self.fed = torch.where(active, state.committed + verdict.main_reached, self.fed)
+        state.committed = (state.committed + commit_count).clamp(max=self.total)
+        self.scorer.truncate_cache(plan.tree_pass.num_cond + self.fed)
+
+    def least_done(self) -> Tensor:
+        return self.state.committed.min()
+
+    def finish(self) -> tuple[Tensor, dict]:
+        layout = self.layout
+        shape = {"window": layout.num_nodes, "branch": layout.branch, "depth": layout.depth}
+        return self.state.tokens[:, : self.total], {
+            **self.log.stats(self.scorer.forward_passes),
+            **shape,
+            "rows_per_pass": layout.num_nodes,
+        }
+
+    def done(self) -> Tensor:
+        return self.state.committed >= self.total
+
+    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        index = torch.tensor(rows, device=self.device)
+        start = torch.tensor([self.start_pass[row] for row in rows], device=self.device)
+        return self.state.tokens[index, : self.total], *self.log.image_commits(index, start)
+
+    def admit(self, rows: list[int], images: list[int]):
+        generators = [self.generators[image] for image in images]
+        index, image_index = (torch.tensor(x, device=self.device) for x in (rows, images))
+        state = self.state
+        state.tokens[index] = 0
+        state.committed[index] = 0
+        state.keys[index] = image_keys(generators, self.device)  # its generator's first draw, as in new_state
+        self.uniforms.replace(rows, generators)
+        self.scorer.admit(index, image_index)
+        self.proposer.admit(index, image_index)
+        self.fed[index] = 0
+        self.log.forget(index)
+        for row in rows:
+            self.start_pass[row] = self.passes_run
+        self.fresh = tuple(sorted(rows))
+
+
+def tree_jacobi_decode(
+    request: Request,
+    layout: DraftTree,
+    initialiser: Callable,
+    neighbours: tuple[str, ...] = (),
+) -> tuple[Tensor, dict]:
+    """Propose a tree, score it in one pass, verify every node, commit, carry over, pass after pass
+    (`TreePasses` on the pass loop). -> (tokens [B, N], stats)."""
+    engine = TreePasses(request, layout, initialiser, neighbours)
+    return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))
+
+
+def decode_tree(
+    request: Request, layout: DraftTree, initialiser: Callable, neighbours: tuple[str, ...], budget, method: str
+) -> tuple[Tensor, dict]:
+    """`tree_jacobi_decode` of `layout`, or under a number budget the tree of that many nodes."""
+    if check_budget(budget, method) is not None:
+        layout = check_tree(request.model, check_tree_budget(budget, layout, method), layout.branch, layout.depth)
+    tokens, stats = tree_jacobi_decode(request, layout, initialiser, neighbours)
+    return tokens, {**stats, "budget": budget or "fixed"}
+
+
+def check_tree_budget(budget: int, layout: DraftTree, method: str) -> int:
+    """A number budget is the tree's window: it must hold the root and every branching node (and one
+    draft), else one VisarError that names the budget, not the window the user did not set."""
+    least = max(2, sum(layout.branch**d for d in range(layout.depth)))
+    if budget < least:
+        raise VisarError(
+            f"budget for {method} is the tree's nodes per pass: a tree of branch {layout.branch} and depth "
+            f"{layout.depth} needs {least} or more, got {budget}"
+        )
+    return budget
+
+
+def parse_neighbours(neighbours: str) -> tuple[str, ...]:
+    """ "left,above" -> ("left", "above"), or one VisarError naming the unknown neighbour."""
+    if not isinstance(neighbours, str):
+        raise VisarError(f"neighbours must be a comma-separated string such as 'left,above', got {neighbours!r}")
+    names = tuple(n.strip() for n in neighbours.split(",") if n.strip())
+    unknown = [n for n in names if n not in NEIGHBOURS]
+    if unknown:
+        raise VisarError(f"unknown neighbour {unknown[0]!r}; use a comma-separated list of {', '.join(NEIGHBOURS)}")
+    return names
+
+
+def clip_branch(branch: int, model: RasterModel) -> int:
+    """Candidates per branching position: `branch`, at most the vocabulary's size (candidates are
+    distinct tokens), so a default runs on a model of any vocabulary (tree-mc-sjd, zipar-tree)."""
+    check_number("branch", branch, 1, integer=True)
+    return min(branch, model.vocab_size)
+
+
+def check_tree(model: RasterModel, window: int, branch: int, depth: int) -> DraftTree:
+    """The draft tree of these options, or one clear VisarError (before any model call). Its branch
+    is clipped to the vocabulary (`clip_branch`), a main path longer than the image to the image
+    (its extra nodes could only be padding)."""
+    layout = DraftTree.build(window, clip_branch(branch, model), depth)
+    branch = layout.branch
+    if depth - 1 > model.num_image_tokens:
+        raise VisarError(f"depth {depth} branches past the image's {model.num_image_tokens} tokens: lower depth")
+    longest = layout.num_nodes - layout.main_length + model.num_image_tokens + 1  # main path: root + N drafts
+    return DraftTree.build(longest, branch, depth) if window > longest else layout

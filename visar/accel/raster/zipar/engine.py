@@ -1,0 +1,460 @@
+"""`decode_fronts`: every row front of every image, pass after pass (plan, draft, score and
+verify, commit, carry over); window 1 is plain zipar, a longer window Jacobi fronts, and with
+`FrontTrees` each front also drafts a tree at its head. The carried drafts (`CarriedDrafts`)
+keep each draft's law only while it is live. docs/RASTER.md (ZipAR section) has the rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ....models.base import RasterModel
+from ....models.lag_mask import check_lag
+from ...core.acceptance import SPECULATIVE, AcceptanceRule
+from ...core.method_registry import Request
+from ...core.sampling import UniformStream, draw_uniforms, sample_from_probs, stream_block, to_device
+from ...core.scoring import GuidedScorer
+from ..chain import check_spans, image_keys
+from ..drafts import DecodeState, FillRequest, random_init
+from ..pass_loop import decode_passes, power_of_two, running_batch
+from ..proposers import CARRY, DRAFT, NUM_PURPOSES, RESIDUAL, CarryRequest, independent_carry
+from .plan import (
+    GridIndex,
+    PassPlan,
+    fed_after_pass,
+    front_outputs,
+    generated_mask,
+    grid_index,
+    pass_inputs,
+    plan_pass,
+    token_grid,
+    valid_commits,
+    visibility,
+)
+from .record import FrontRecord
+from .tree_fronts import FrontTrees, tree_pass
+
+
+class CarriedDrafts:
+    """Drafts left by earlier passes, by image-token index, each with the q it was drawn from.
+
+    Tokens and flags are kept by index ([B, N + 1]; column N is scratch, for writes that must go
+    nowhere). The laws q are kept only for the live drafts, packed: probs [B, K, V] with
+    `entry` [B, N + 1] pointing into it, K the most live drafts of any image. A draft is live
+    until its index is generated; it sits in a front's window past the front's commit, so K is
+    at most (fronts) x (window - 1), never N: 32 x 256 x 16,384 float32 laws would be 540 MB.
+    """
+
+    def __init__(self, batch: int, num_tokens: int, vocab: int, device):
+        self.num_tokens = num_tokens
+        self.tokens = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
+        self.valid = torch.zeros(batch, num_tokens + 1, dtype=torch.bool, device=device)
+        self.entry = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
+        self.probs = torch.zeros(batch, 0, vocab, device=device)  # [B, K, V]
+        # the last carry-over's (stored [B, M], laws [B, M, V]), packed before the next pass (`pack`)
+        self.unpacked: tuple[Tensor, Tensor] | None = None
+
+    def forget(self, rows: Tensor):
+        """Slots `rows` [R] start new images: no draft carried (their packed laws go unread)."""
+        for held in (self.tokens, self.valid, self.entry):
+            held[rows] = 0
+
+    def laws(self, index: Tensor) -> Tensor:
+        """index [B, M] -> the carried q at each [B, M, V] (arbitrary where no draft is carried)."""
+        batch, vocab = self.probs.shape[0], self.probs.shape[-1]
+        if self.probs.shape[1] == 0:
+            return self.probs.new_zeros(batch, index.shape[1], vocab)
+        return self.probs.gather(1, self.entry.gather(1, index)[..., None].expand(-1, -1, vocab))
+
+    def propose(
+        self, plan: PassPlan, state: DecodeState, target: Tensor, generated: Tensor, initialiser, uniforms: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Drafts for every slot that has one: carried if a pass left one, else the initialiser's.
+
+        -> draft_tokens [B, M], draft_probs [B, M, V] (entries of slots without a draft are ignored).
+        """
+        carried = plan.has_draft & self.valid.gather(1, target)
+        draft_tokens = self.tokens.gather(1, target)
+        draft_probs = self.laws(target)
+        # filled whether or not a slot needs it: asking would wait for the device inside the pass, and
+        # nearly every pass opens new slots at the fronts' ends
+        needs_fill = plan.has_draft & ~carried
+        request = FillRequest(state, torch.where(needs_fill, target, -1), uniforms, self.canvas(state, generated))
+        fill_tokens, fill_probs = initialiser(request)
+        draft_tokens = torch.where(needs_fill, fill_tokens, draft_tokens)
+        draft_probs = torch.where(needs_fill[..., None], fill_probs.to(draft_probs.dtype), draft_probs)
+        return draft_tokens, draft_probs
+
+    def canvas(self, state: DecodeState, generated: Tensor) -> Tensor:
+        """What a 2-D draft may copy from: generated tokens and carried drafts, -1 elsewhere [B, N + 1]."""
+        canvas = torch.where(self.valid, self.tokens, -1)
+        canvas[:, : self.num_tokens] = torch.where(generated, state.tokens[:, : self.num_tokens], canvas[:, :-1])
+        return canvas
+
+    def carry_over(self, updater, plan: PassPlan, state, target_probs, slot_tokens, lane_commits, uniforms, generated):
+        """Store the updater's next drafts at the indices past each front's commit; generated [B, N]:
+        the tokens generated once this pass has committed (their drafts are forgotten).
+
+        Slots that leaned on the row above's drafts carry nothing (the initialiser refills them from
+        the rows above, which they follow more closely than a draw from a guessed context)."""
+        target = plan.input_index + 1
+        index = target.clamp(max=self.num_tokens - 1)
+        # no relaxed rule on fronts: every slot token follows p
+        next_drafts, laws = updater(CarryRequest(state, target_probs, slot_tokens, target_probs, index, uniforms))
+        after = plan.predicts & (plan.slot >= lane_commits)
+        if plan.leans is not None:
+            after &= ~plan.leans
+        stored = torch.where(after, target, self.num_tokens)  # [B, M] (N: nowhere)
+        self.tokens.scatter_(1, stored, next_drafts)
+        self.valid.scatter_(1, stored, True)
+        if plan.leans is not None:
+            self.valid.scatter_(1, torch.where(plan.leans, target, self.num_tokens), False)
+        self.valid &= F.pad(~generated, (0, 1))  # generated indices, and the scratch column N, hold no draft
+        self.unpacked = (stored, laws)  # packed at the next plan, which reads K with the pass's shape
+
+    def live_most(self) -> Tensor:
+        """The most live drafts of any image (0-d): K of the next `pack`."""
+        return self.valid[:, : self.num_tokens].sum(1).max()
+
+    def pack(self, size: int):
+        """Rebuild probs with the live drafts only (`size`: `live_most`, read back by the plan): the laws
+        the last carry-over stored and the earlier ones still live. Run between passes, so that no
+        pass waits for the device to learn K."""
+        if self.unpacked is None:
+            return
+        (stored, laws), self.unpacked = self.unpacked, None
+        batch, vocab = laws.shape[0], laws.shape[-1]
+        device = laws.device
+        live = self.valid[:, : self.num_tokens]
+        index = live.long().argsort(dim=1, descending=True, stable=True)[:, :size]  # [B, K] live indices first
+        source = torch.full_like(self.tokens, -1)
+        source.scatter_(1, stored, torch.arange(stored.shape[1], device=device).expand(batch, -1))
+        new_slot = source.gather(1, index)  # [B, K]: the input of this pass that stored it, -1 for older
+        # one gather from [earlier laws | this pass's]: an older live draft's law sits at its entry, which
+        # is below the earlier K (an index not live may keep a stale entry: clamped, its row is unread)
+        earlier = self.probs.shape[1]
+        older_entry = self.entry.gather(1, index).clamp(max=max(earlier - 1, 0))
+        law_row = torch.where(new_slot >= 0, new_slot + earlier, older_entry)  # [B, K]
+        packed = torch.cat([self.probs, laws], 1).gather(1, law_row[..., None].expand(-1, -1, vocab))
+        self.entry.scatter_(1, index, torch.arange(size, device=device).expand(batch, -1))
+        self.probs = packed
+
+
+def pass_uniforms(block: Tensor, plan: PassPlan, height: int, window: int) -> Tensor:
+    """Jacobi fronts: each image's block [4, H, window] for this pass (block [B, 4 * H * window], taken
+    from its uniform stream), read at (purpose, row, slot) of every input -> [B, 4, M]."""
+    block = block.view(plan.row.shape[0], NUM_PURPOSES, -1)
+    lane = (plan.row * window + plan.slot.clamp(max=window - 1))[:, None].expand(-1, NUM_PURPOSES, -1)
+    return block.gather(2, lane)
+
+
+def score_fronts(
+    scorer: GuidedScorer, plan: PassPlan, tokens: Tensor, generated: Tensor, s: int, drafts, first: bool, index
+) -> Tensor:
+    """One pass over every front's inputs -> target probs [B, M, V] (the first pass: the condition
+    prefill, which predicts token 0: [B, 1, V]); index: the grid's `GridIndex`."""
+    if first:
+        return scorer.prefill()[:, None]
+    feed = pass_inputs(plan, tokens, drafts)
+    visible = visibility(plan, generated, s, index)  # [B, M, N]
+    num_cond = scorer.model.num_condition_tokens
+    mask = F.pad(visible, (num_cond, 0), value=True)  # every input sees the condition
+    return scorer.target_probs(scorer.logits(feed, num_cond + plan.input_index, mask=mask))
+
+
+@dataclass
+class Fronts:
+    """What a decode of row fronts carries from pass to pass."""
+
+    tokens: Tensor  # [B, N + 1] generated tokens by image index (column N: scratch, for writes that go nowhere)
+    count: Tensor  # [B, H] generated tokens of each row
+    fed: Tensor  # [B, H] of those, how many have their KV cached
+    state: DecodeState  # what initialisers and updaters read
+    index: GridIndex  # the grid's index tensors
+    carried: CarriedDrafts | None  # Jacobi fronts: the drafts of earlier passes
+    draws: UniformStream | None  # Jacobi fronts: each image's uniforms, pass after pass
+    position_uniforms: Tensor | None  # plain fronts: ar.py's draws [B, N + 1], token i uses uniform i (N: padding's)
+
+    @classmethod
+    def start(cls, model: RasterModel, generators: list[torch.Generator], window: int, trees) -> Fronts:
+        """window: slots per front (1: plain fronts); trees: the fronts' `FrontTrees`, or None."""
+        height, width = model.grid_size
+        batch, num_tokens, vocab, device = len(generators), model.num_image_tokens, model.vocab_size, model.device
+        carried = position_uniforms = draws = None
+        if window > 1:
+            keys = image_keys(generators, device)
+            carried = CarriedDrafts(batch, num_tokens, vocab, device)
+            # each pass's uniforms, the same numbers as a draw per pass, drawn up to 16 of the largest passes at a time
+            per_pass = NUM_PURPOSES * height * window + (0 if trees is None else trees.draws_per_pass(height))
+            draws = UniformStream(generators, device, block=stream_block(per_pass))
+        else:
+            keys = torch.zeros(batch, dtype=torch.long, device=device)
+            position_uniforms = to_device(draw_uniforms(generators, num_tokens), device)
+            position_uniforms = torch.cat([position_uniforms, position_uniforms[:, -1:]], 1)
+        tokens = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
+        count = torch.zeros(batch, height, dtype=torch.long, device=device)
+        # window = N in the state because one pass spans up to the whole grid
+        state = DecodeState(tokens, count.sum(1), keys, num_tokens, vocab, (height, width), num_tokens)
+        index = grid_index((height, width), device)
+        return cls(tokens, count, torch.zeros_like(count), state, index, carried, draws, position_uniforms)
+
+    def admit(self, rows: list[int], generators: list[torch.Generator], lanes: int, extra: int) -> Tensor:
+        """Slots `rows` start the images of these generators, each as `start` starts a decode of it alone
+        (its key, then its uniforms, drawn in the same order) -> each one's uniform for token 0 [R].
+
+        Jacobi fronts: its first pass takes a block of NUM_PURPOSES x `lanes` uniforms (H x the pass's
+        window), then `extra` (the trees'), and token 0 is that block's residual draw of row 0, slot 0."""
+        index = torch.tensor(rows, device=self.tokens.device)
+        for held in (self.tokens, self.count, self.fed):
+            held[index] = 0
+        if self.carried is None:
+            position_uniforms = to_device(draw_uniforms(generators, self.state.num_tokens), self.tokens.device)
+            self.position_uniforms[index] = torch.cat([position_uniforms, position_uniforms[:, -1:]], 1)
+            return self.position_uniforms[index, 0]
+        self.state.keys[index] = image_keys(generators, self.tokens.device)
+        self.carried.forget(index)
+        first = to_device(draw_uniforms(generators, NUM_PURPOSES * lanes + extra), self.tokens.device)
+        self.draws.replace(rows, generators)  # its next pass takes what follows
+        return first[:, RESIDUAL * lanes]
+
+
+class PassDraft(NamedTuple):
+    """This pass's drafts and randomness (`pass_drafts`)."""
+
+    tokens: Tensor | None  # [B, M] every slot's draft (None: plain fronts, or no slot has one)
+    probs: Tensor | None  # [B, M, V] the law each was drawn from
+    uniforms: Tensor | None  # [B, 4, M] Jacobi fronts' block (None for plain fronts)
+    tree_uniforms: Tensor | None  # [B, H, V + K + 1] the trees' block (None without trees)
+    draws: Tensor  # [B, M] each slot's draw: ar.py's uniform of its index (plain fronts), else the residual's
+
+
+def pass_drafts(fronts: Fronts, front_plan: FrontPlan, initialiser, window: int, trees):
+    """This pass's randomness and drafts -> PassDraft."""
+    plan, generated = front_plan.plan, front_plan.generated
+    if fronts.carried is None:
+        return PassDraft(None, None, None, None, fronts.position_uniforms.gather(1, plan.input_index + 1))
+    height = fronts.count.shape[1]
+    block, tree_block = front_plan.blocks
+    uniforms = pass_uniforms(block, plan, height, window)
+    tree_u = None if trees is None else tree_block.view(tree_block.shape[0], height, -1)
+    if not plan.drafts:  # a pass of one slot per front has no drafts
+        return PassDraft(None, None, uniforms, tree_u, uniforms[:, RESIDUAL])
+    target = plan.input_index + 1
+    draft_tokens, draft_probs = fronts.carried.propose(
+        plan, fronts.state, target, generated, initialiser, uniforms[:, DRAFT]
+    )
+    return PassDraft(draft_tokens, draft_probs, uniforms, tree_u, uniforms[:, RESIDUAL])
+
+
+def score_and_verify(
+    fronts: Fronts, scorer: GuidedScorer, plan: PassPlan, generated: Tensor, s: int, rule, trees, first: bool, draft
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One pass -> target probs [B, M, V], slot tokens [B, M], accept [B, M]; draft: `pass_drafts`' PassDraft."""
+    if trees is None or first:
+        target_probs = score_fronts(scorer, plan, fronts.tokens, generated, s, draft.tokens, first, fronts.index)
+        outputs = front_outputs(rule, plan, target_probs, draft.tokens, draft.probs, draft.uniforms, draft.draws)
+        return target_probs, *outputs
+    context = (fronts.tokens, fronts.count, generated, s)
+    return tree_pass(trees, rule, scorer, plan, fronts.carried, fronts.state, context, draft)
+
+
+def commit_fronts(
+    fronts: Fronts, plan: PassPlan, accept: Tensor, slot_tokens: Tensor, log: FrontRecord, rules
+) -> tuple[Tensor, Tensor]:
+    """Write each front's commit (its leading accepted drafts and one token more) into the tokens
+    and the record -> commits [B, H] and each input's front's commits [B, M]. rules: (s, whether the
+    plan has cross-row drafts, the fronts' trees or None); the plan carries what the cross-row checks
+    need of s."""
+    _, cross_row, trees = rules
+    count, num_tokens = fronts.count, fronts.state.num_tokens
+    width = num_tokens // count.shape[1]
+    valid, commits, good = valid_commits(plan, accept, count, cross_row)
+    extended = commits  # a taken side candidate commits its side node's draw too
+    if trees is not None:
+        extended = trees.extend(plan, valid, commits, count, width)
+    log.write(count, extended, commits, good, plan.window_len)
+    lane_commits = extended.gather(1, plan.row)
+    skip = plan.slot >= lane_commits  # a front commits at most its window: every slot kept predicts
+    fronts.tokens.scatter_(1, (plan.input_index + 1).masked_fill(skip, num_tokens), slot_tokens)
+    return extended, lane_commits
+
+
+class FrontPlan(NamedTuple):
+    """One pass of row fronts: its window per front, the plan, and what is generated before it."""
+
+    first: bool  # the condition's prefill, which predicts token 0
+    window: int  # slots per front this pass
+    plan: PassPlan
+    generated: Tensor  # [B, N] the tokens generated before this pass
+    # Jacobi fronts: this pass's blocks of each image's uniform stream, the fronts' [B, 4 * H * window]
+    # and the trees' [B, H * (V + K + 1)] (None without trees), taken by the plan: drawing a new block
+    # from the generators would break a compiled pass's graph
+    blocks: tuple[Tensor, Tensor | None] | None = None
+
+
+class FrontPasses:
+    """All row fronts of every image, pass after pass; window 1 = plain zipar.
+
+    cross_row (Jacobi fronts only): a front may also predict past its plain reach from the drafts the
+    row above feeds in the same pass (kept only if those drafts are accepted); trees (Jacobi fronts
+    only): each front also drafts K candidates for its first draft (`tree_pass`). A running batch
+    (`request.slots`) refills a slot between passes (`admit`), whose new image has its first pass
+    there; the slot's state is then what a decode of that image alone has after its first pass."""
+
+    def __init__(self, request: Request, s: int, window: int, parts: dict):
+        model, self.generators = request.model, request.generators
+        self.desc, self.s = parts["method"], s
+        self.grid = token_grid(model, parts["method"])
+        check_lag(s)
+        check_spans(window, 0, 0)
+        self.window, self.speculative = min(window, self.grid[1]), window > 1
+        self.initialiser, self.updater, self.rule = parts["initialiser"], parts["updater"], parts["rule"]
+        self.cross_row, self.trees = parts["cross_row"], parts["trees"]
+        self.total, self.batch = model.num_image_tokens, request.batch_size
+        self.fronts = Fronts.start(model, self.generators[: self.batch], self.window, self.trees)
+        self.scorer = GuidedScorer(
+            model, request.cond, request.cond_mask, request.params, slots=request.slots, kv_keep=request.kv_keep
+        )
+        self.log = FrontRecord(self.batch, self.grid, self.window, model.device)
+        self.passes = 0  # passes planned (an image's first pass in `admit` is none of them)
+        self.start_pass = [0] * self.batch  # the passes planned before each slot's image started
+        self.admitted = [False] * self.batch  # the slot's image had its first pass in `admit`
+        self.holds = list(range(self.batch))  # the queue image in each slot
+        scratch = 0 if self.trees is None else self.trees.scratch(self.grid[0])
+        self.cache_length = model.num_condition_tokens + self.total + scratch
+        # compiled passes (`request.compile_passes`) are padded to a few shapes (`plan_pass`'s round_up)
+        self.compiled = request.compile_passes is not None
+
+    def __enter__(self):
+        self.scorer.open_cache(self.cache_length)
+        return self
+
+    def __exit__(self, *exc):
+        self.scorer.close_cache()
+
+    def plan(self) -> FrontPlan | None:
+        first, count, fronts = self.passes == 0, self.fronts.count, self.fronts
+        window = 1 if first else self.window
+        cross_row = self.cross_row and not first
+        # what the pass needs to know on the host, read with its shape: the carried laws' K, the
+        # trees' tokens to feed again
+        also_read = () if fronts.carried is None else (fronts.carried.live_most(),)
+        if self.trees is not None:
+            also_read += (self.trees.refeed_most(),)
+        plan = plan_pass(
+            count, fronts.fed, self.grid, self.s, window, cross_row, fronts.index, also_read, self.compiled
+        )
+        if plan.row.shape[1] == 0:
+            return None
+        if fronts.carried is not None:
+            fronts.carried.pack(plan.read[0])
+        if self.trees is not None:
+            self.trees.refeed_width = power_of_two(plan.read[-1]) if self.compiled else plan.read[-1]
+        fronts.state.committed = count.sum(1)
+        self.passes += 1
+        self.log.reserve(self.passes)
+        blocks = None
+        if fronts.draws is not None:  # each pass's block is [4, H, window] an image, the first pass's too
+            height = self.grid[0]
+            block = fronts.draws.take(NUM_PURPOSES * height * self.window)  # then the trees', as drawn
+            blocks = (block, None if self.trees is None else fronts.draws.take(self.trees.draws_per_pass(height)))
+        return FrontPlan(first, window, plan, generated_mask(count, self.grid[1], fronts.index), blocks)
+
+    def propose(self, plan: FrontPlan) -> PassDraft:
+        return pass_drafts(self.fronts, plan, self.initialiser, self.window, self.trees)
+
+    def score(self, plan: FrontPlan, draft: PassDraft) -> tuple[Tensor, Tensor, Tensor]:
+        # scored and verified in one step: a front's tree (zipar-tree) scores its side nodes in the pass
+        context = (self.scorer, plan.plan, plan.generated, self.s, self.rule, self.trees, plan.first, draft)
+        return score_and_verify(self.fronts, *context)
+
+    def verify(self, plan: FrontPlan, draft: PassDraft, scored) -> tuple[Tensor, Tensor, Tensor]:
+        return scored  # target probs [B, M, V], slot tokens [B, M], accept [B, M] (`score`)
+
+    def commit(self, plan: FrontPlan, draft: PassDraft, scored, verdict):
+        fronts, width = self.fronts, self.grid[1]
+        target_probs, slot_tokens, accept = verdict
+        count = fronts.count
+        rules = (self.s, self.cross_row and not plan.first, self.trees)
+        commits, lane_commits = commit_fronts(fronts, plan.plan, accept, slot_tokens, self.log, rules)
+        # The slots after a front's commit become drafts for the same indices.
+        if self.speculative:
+            after_pass = generated_mask(count + commits, width, fronts.index)
+            carry_u = draft.uniforms[:, CARRY]
+            fronts.carried.carry_over(
+                self.updater, plan.plan, fronts.state, target_probs, slot_tokens, lane_commits, carry_u, after_pass
+            )
+        fronts.fed = fed_after_pass(plan.plan, fronts.fed, count, commits, width)
+        fronts.count = count + commits
+
+    def least_done(self) -> Tensor:
+        return self.fronts.count.sum(1).min()
+
+    def done(self) -> Tensor:
+        return self.fronts.count.sum(1) >= self.total
+
+    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        records = self.log.records()
+        commits = [self.log.image_commits(records, row, self.start_pass[row], self.admitted[row]) for row in rows]
+        passes, commit_pass = (torch.stack(part) for part in zip(*commits, strict=True))
+        if self.trees is not None:
+            self.trees.release(rows, [self.holds[row] for row in rows])
+        return self.fronts.tokens[rows, : self.total], passes, commit_pass
+
+    def admit(self, rows: list[int], images: list[int]):
+        """The new images' first pass (the condition's prefill, which predicts token 0) happens here, for
+        their slots alone: one more model call, but no pass of the others' that a new image would idle in."""
+        generators = [self.generators[image] for image in images]
+        index, image_index = (torch.tensor(x, device=self.fronts.tokens.device) for x in (rows, images))
+        self.scorer.admit(index, image_index)
+        # an image's first pass (window 1) takes each pass's block of uniforms: [4, H, window]
+        extra = 0 if self.trees is None else self.trees.draws_per_pass(self.grid[0])
+        uniform = self.fronts.admit(rows, generators, self.grid[0] * self.window, extra)
+        token = sample_from_probs(self.scorer.prefill(index), uniform)  # [R]
+        self.fronts.tokens[index, 0] = token
+        self.fronts.count[index, 0] = 1
+        if hasattr(self.updater, "admit"):
+            self.updater.admit(index)
+        if self.trees is not None:
+            self.trees.admit(index)
+        for row, image in zip(rows, images, strict=True):
+            self.start_pass[row], self.admitted[row], self.holds[row] = self.passes, True, image
+
+    def finish(self) -> tuple[Tensor, dict]:
+        stats = self.log.stats(self.scorer.forward_passes)
+        stats.update(s=self.s, max_fronts=self.log.max_fronts())
+        if self.speculative:
+            stats.update(window=self.window, cross_row=self.cross_row)
+        return self.fronts.tokens[:, : self.total], stats
+
+
+def decode_fronts(
+    request: Request,
+    *,
+    s: int,
+    window: int = 1,
+    initialiser: Callable = random_init,
+    updater: Callable = independent_carry,
+    rule: AcceptanceRule = SPECULATIVE,
+    method: str = "zipar",
+    cross_row: bool = False,
+    trees: FrontTrees | None = None,
+) -> tuple[Tensor, dict]:
+    """Decode all row fronts of every image together, pass after pass (`FrontPasses` on the pass
+    loop); window 1 = plain zipar. -> (tokens [B, N], stats)."""
+    parts = {
+        "method": method,
+        "initialiser": initialiser,
+        "updater": updater,
+        "rule": rule,
+        "cross_row": cross_row,
+        "trees": trees,
+    }
+    engine = FrontPasses(request, s, window, parts)
+    return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))

@@ -1,0 +1,259 @@
+"""zipar's registered methods: `zipar`, its Jacobi fronts (`zipar-sjd`, `zipar-mc-sjd`, `zipar-gsd`),
+its tree fronts (`zipar-tree`) and the exact `wavefront`, each a wrapper over `engine.decode_fronts`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor
+
+from ....errors import VisarError
+from ....models.lag_mask import check_lag
+from ...core.checks import check_budget
+from ...core.method_registry import Request, register_method
+from ..chain import check_spans
+from ..drafts import resolve_initialiser
+from ..methods.relaxed import gsd_rule
+from ..proposers import carry_updater, independent_carry, maximal_coupling_carry
+from ..tree_passes import clip_branch, parse_neighbours
+from .engine import decode_fronts
+from .plan import token_grid
+from .tree_fronts import FrontTrees
+
+
+def check_flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise VisarError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def covers_rows(options: dict, model) -> bool:
+    """s >= W: a row starts only once the row above is complete, so every token sees its raster
+    context (zipar is plain AR; Jacobi fronts sample the exact law)."""
+    return options["s"] >= token_grid(model, "zipar")[1]
+
+
+# What zipar and its Jacobi and tree fronts register about their exactness (zipar-gsd adds its group size).
+EXACT_WHEN_ROWS_COVERED = dict(exact_when=covers_rows, exact_when_text="s >= the grid width", exact_example={"s": 1024})
+
+
+@register_method(
+    "zipar",
+    lossless=False,
+    description="ZipAR next-set decoding (He et al. 2025): row r+1 starts once row r has s tokens, every row "
+    "front advances in one pass, W + (H-1)s passes (unfinished rows above are not seen)",
+    **EXACT_WHEN_ROWS_COVERED,
+    refills=True,
+)
+def zipar(
+    request: Request,
+    *,
+    s: int = 8,
+) -> tuple[Tensor, dict]:
+    """ZipAR next-set decoding (He et al. 2025): row r + 1 starts once row r has s tokens, and every
+    started row advances one token per pass, in W + (H - 1) * min(s, W) passes. Lossy for s < W
+    (docs/RASTER.md says what is approximated); with s >= W it is plain AR, token for token.
+
+    s: the window, an integer >= 1 (the released code's default is 8).
+    """
+    return decode_fronts(request, s=s)
+
+
+def jacobi_fronts(request: Request, method: str, fronts: dict, **engine) -> tuple[Tensor, dict]:
+    """What zipar-sjd, zipar-mc-sjd, zipar-gsd and zipar-tree share: their front options (s, window,
+    init, cross_row, budget: a number is the window per front) checked and handed to `decode_fronts`
+    with the method's updater, rule or trees (`engine`)."""
+    budget = check_budget(fronts["budget"], method, "slots per front and pass")
+    window = budget or fronts["window"]
+    if window == 1:  # one slot per front is plain zipar: it drafts nothing for zipar-tree's trees to branch from
+        engine = {**engine, "trees": None}
+    tokens, stats = decode_fronts(
+        request,
+        s=fronts["s"],
+        window=window,
+        initialiser=resolve_initialiser(fronts["init"]),
+        method=method,
+        cross_row=check_flag("cross_row", fronts["cross_row"]),
+        **engine,
+    )
+    return tokens, {**stats, "budget": budget or "fixed"}
+
+
+@register_method(
+    "zipar-sjd",
+    lossless=False,
+    description="zipar whose row fronts each run a speculative Jacobi window",
+    **EXACT_WHEN_ROWS_COVERED,
+    refills=True,
+)
+def zipar_sjd(
+    request: Request,
+    *,
+    s: int = 8,
+    window: int = 16,
+    init: str | Callable = "random",
+    cross_row: bool = True,
+    budget: int | None = None,
+) -> tuple[Tensor, dict]:
+    """ZipAR whose row fronts each run a speculative Jacobi window (SJD: fresh drafts from p).
+
+    s: the ZipAR window; window: slots per front and pass (clipped at the row end and by the lag
+    s); init: the draft initialiser for new slots ("random", "above", "left", "above-left";
+    "random" by default, as for gsd and lantern: a lossy method's init changes its output, so the
+    default stays the one its quality was measured with, docs/DETAILS.md); cross_row: a front may
+    also draft past its lag from the row above's drafts of the same pass (kept only when those are
+    accepted; without it lower fronts settle at exactly s behind the row above, one token a pass,
+    and the combination needs as many passes as zipar); budget: slots per front and pass, the
+    window's other name (`auto`'s candidates set it), None keeps `window`.
+    Lossy for s < W as zipar is; lossless for s >= W.
+    """
+    token_grid(request.model, "zipar-sjd")
+    fronts = dict(s=s, window=window, init=init, cross_row=cross_row, budget=budget)
+    return jacobi_fronts(request, "zipar-sjd", fronts, updater=independent_carry)
+
+
+@register_method(
+    "zipar-mc-sjd",
+    lossless=False,
+    description="zipar whose row fronts each run a coupled speculative Jacobi window",
+    **EXACT_WHEN_ROWS_COVERED,
+    refills=True,
+)
+def zipar_mc_sjd(
+    request: Request,
+    *,
+    s: int = 8,
+    window: int = 16,
+    coupling: str = "maximal",
+    init: str | Callable = "random",
+    cross_row: bool = True,
+    budget: int | None = None,
+) -> tuple[Tensor, dict]:
+    """ZipAR whose row fronts each run a coupled speculative Jacobi window (MC-SJD).
+
+    coupling: "maximal" or "gumbel" (noise keyed to image and absolute position); other options
+    as zipar-sjd.
+    """
+    token_grid(request.model, "zipar-mc-sjd")
+    updater = carry_updater(coupling, "zipar-mc-sjd")
+    fronts = dict(s=s, window=window, init=init, cross_row=cross_row, budget=budget)
+    tokens, stats = jacobi_fronts(request, "zipar-mc-sjd", fronts, updater=updater)
+    return tokens, {**stats, "coupling": coupling}
+
+
+@register_method(
+    "zipar-tree",
+    lossless=False,
+    description="zipar whose row fronts each run a coupled Jacobi window with tree-mc-sjd's draft tree at its head",
+    **EXACT_WHEN_ROWS_COVERED,
+    refills=True,
+)
+def zipar_tree(
+    request: Request,
+    *,
+    s: int = 2,
+    window: int = 8,
+    branch: int = 10,
+    depth: int = 2,
+    init: str | Callable = "above",
+    neighbours: str = "left,above,above-right,above-left",
+    cross_row: bool = True,
+    budget: int | None = None,
+) -> tuple[Tensor, dict]:
+    """ZipAR whose row fronts each run zipar-mc-sjd's window with tree-mc-sjd's tree at its head.
+
+    branch: candidates for each front's first draft (K, clipped to the vocabulary's size): its
+    draft, then the known `neighbours` of that index not tried yet (one-hot laws; "left", "above",
+    "above-left", "above-right", comma-separated, "" for none), then draws without replacement
+    from the draft's law; depth: 2 (the tree: a side node per extra candidate) or 1 (no tree:
+    zipar-mc-sjd with maximal coupling); other options as zipar-sjd. Verified by recursive
+    rejection with the speculative test, not GSD's grouped one (lossy for s < W as zipar is,
+    lossless for s >= W). Defaults, init "above" included, chosen on held-out seeds for passes and
+    detector accuracy (docs/SPEED.md).
+    """
+    model = request.model
+    height = token_grid(model, "zipar-tree")[0]
+    check_lag(s)
+    check_spans(window, 0, 0)
+    branch = clip_branch(branch, model)
+    if depth not in (1, 2) or isinstance(depth, bool):
+        raise VisarError(
+            f"zipar-tree drafts trees of depth 2 (K candidates for each front's first draft) or 1 (none), "
+            f"got depth {depth!r}"
+        )
+    names = parse_neighbours(neighbours)
+    drafts_trees = depth == 2 and branch > 1 and window > 1
+    trees = None
+    if drafts_trees:
+        trees = FrontTrees(branch, names, request.batch_size, height, model.device, model.vocab_size)
+    fronts = dict(s=s, window=window, init=init, cross_row=cross_row, budget=budget)
+    tokens, stats = jacobi_fronts(request, "zipar-tree", fronts, updater=maximal_coupling_carry, trees=trees)
+    taken = [0] * len(tokens) if trees is None else trees.side_taken_per_image()
+    return tokens, {**stats, "branch": branch, "depth": depth, "side_taken_per_image": taken}
+
+
+def covers_rows_in_groups_of_one(options: dict, model) -> bool:
+    """zipar-gsd: s >= W, and groups of one (the speculative test)."""
+    return covers_rows(options, model) and options["group_size"] == 1
+
+
+@register_method(
+    "zipar-gsd",
+    lossless=False,
+    description="zipar whose row fronts each run a GSD window (grouped acceptance)",
+    exact_when=covers_rows_in_groups_of_one,
+    exact_when_text="s >= the grid width and group_size=1",
+    exact_example={"s": 1024, "group_size": 1},
+    refills=True,
+)
+def zipar_gsd(
+    request: Request,
+    *,
+    s: int = 8,
+    group_size: int = 14,
+    prob_gap: float = 0.15,
+    max_distance: float = 0.05,
+    window: int = 16,
+    init: str | Callable = "random",
+    cross_row: bool = True,
+    budget: int | None = None,
+) -> tuple[Tensor, dict]:
+    """ZipAR whose row fronts each run a GSD window: SJD drafts, verified with GSD's grouped test
+    (raster/methods/relaxed.py; lossy even for s >= W). group_size, prob_gap, max_distance as `gsd`;
+    request.tokenizer: the model's VQ tokenizer (or its codebook [V, C]), passed by
+    Pipeline.generate; other options as zipar-sjd.
+    """
+    token_grid(request.model, "zipar-gsd")
+    check_lag(s)
+    rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance, "zipar-gsd")
+    fronts = dict(s=s, window=window, init=init, cross_row=cross_row, budget=budget)
+    tokens, stats = jacobi_fronts(request, "zipar-gsd", fronts, updater=independent_carry, rule=rule)
+    return tokens, {**stats, "group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
+
+
+@register_method(
+    "wavefront",
+    lossless=True,
+    description="exact wavefront decoding for models that declare local dependence (model.dependency_reach)",
+    requires=("dependency_reach",),
+    refills=True,
+)
+def wavefront(request: Request) -> tuple[Tensor, dict]:
+    """Exact wavefront decoding of a model whose dependence is known local.
+
+    The model must declare `dependency_reach = R` (an int >= 0; docs/RASTER.md, "Wavefront", states
+    the local attention pattern it promises). Tokens (r, c) with equal c + (R + 1) r come out of one
+    pass, W + (R + 1)(H - 1) passes in all, and the tokens are plain AR's (same per-position draws).
+    """
+    model = request.model
+    token_grid(model, "wavefront")
+    reach = getattr(model, "dependency_reach", None)
+    if isinstance(reach, bool) or not isinstance(reach, int) or reach < 0:
+        raise VisarError(
+            f"wavefront is exact only for a model whose dependence is known local, declared as "
+            f"model.dependency_reach = R (columns to the right in the rows above, an integer >= 0); "
+            f"{type(model).__name__} declares {reach!r}: use zipar for a model with global attention"
+        )
+    tokens, stats = decode_fronts(request, s=reach + 1, method="wavefront")
+    return tokens, {**stats, "dependency_reach": reach}

@@ -96,7 +96,7 @@ def test_a_whole_pass_traces_as_one_graph(engine):
     from visar.accel.core import acceptance
     from visar.accel.raster import drafts, proposers
     from visar.accel.raster.chain import ChainPasses
-    from visar.accel.raster.tree_passes import TreePasses, check_tree, parse_neighbours
+    from visar.accel.raster.tree_passes import DraftTreePasses, check_tree, parse_neighbours
 
     model = tiny_llamagen(vocab=32, block_size=64, seed=3, std=0.3)  # an 8 x 8 grid
     request = Request(model, torch.tensor([0, 2]), SamplingParams(guidance_scale=2.0, top_k=8), make_generators(2, 0))
@@ -113,7 +113,7 @@ def test_a_whole_pass_traces_as_one_graph(engine):
     else:
         layout = check_tree(model, 16, 3, 2 if engine == "tree-mc-sjd" else 3)
         names = parse_neighbours("left,above" if engine == "tree-mc-sjd" else "")
-        passes = TreePasses(request, layout, init, names)
+        passes = DraftTreePasses(request, layout, init, names)
     explained = pass_graphs(passes)
     assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
     assert explained.graph_count == 1

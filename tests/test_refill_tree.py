@@ -1,4 +1,4 @@
-"""A running batch on the tree engines (sjd-pac, tree-mc-sjd: `TreePasses`; lantern++: `StaticTreePasses`).
+"""A running batch on the tree engines (sjd-pac, tree-mc-sjd: `DraftTreePasses`; lantern++: `StaticTreePasses`).
 
 With fewer slots than images, a finished image's slot takes the next image between passes. Each
 image's tokens, passes and commit passes are then those of its decode alone (CFG on, fixed trees),

@@ -363,7 +363,7 @@ def test_group_is_the_draft_and_its_probability_neighbours_within_the_thresholds
 
 def test_neighbour_table_is_computed_once_and_cached_by_codebook(tmp_path, monkeypatch):
     book = unit_codebook(40, 4, 3)
-    table = relaxed.neighbour_table(book, 5)
+    table = relaxed.nearest_codes(book, 5)
     distances = torch.cdist(book.double(), book.double()).pow(2)
     distances.fill_diagonal_(float("inf"))
     assert torch.equal(table, distances.argsort(dim=1, stable=True)[:, :5])
@@ -373,11 +373,11 @@ def test_neighbour_table_is_computed_once_and_cached_by_codebook(tmp_path, monke
     # a new process (empty memory) reads the file, and another k reuses it
     monkeypatch.setattr(relaxed, "LOADED_TABLES", {})
     monkeypatch.setattr(relaxed, "compute_neighbours", lambda *a, **kw: pytest.fail("recomputed"))
-    assert torch.equal(relaxed.neighbour_table(book, 12)[:, :5], table)
+    assert torch.equal(relaxed.nearest_codes(book, 12)[:, :5], table)
     monkeypatch.undo()
     monkeypatch.setenv("VISAR_CACHE", str(tmp_path / "cache"))
     # another codebook gets its own file
-    relaxed.neighbour_table(unit_codebook(40, 4, 4), 5)
+    relaxed.nearest_codes(unit_codebook(40, 4, 4), 5)
     assert len(list((tmp_path / "cache" / "neighbours").glob("*.pt"))) == 2
 
 

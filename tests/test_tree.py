@@ -1,4 +1,5 @@
-"""LANTERN++'s static draft tree (visar/accel/raster/static_tree.py): exact at lambda_cap 1, greedy equality with AR, tree layout.
+"""LANTERN++'s static draft tree (visar/accel/raster/static_tree.py): exact at lambda_cap 1, greedy equality
+with AR, tree layout.
 
 The exactness test enumerates the joint law of the tiny LlamaGen of tests/laws.py (vocabulary 6,
 2x2 tokens) and draws 20,000 images. lantern++'s passes against sjd's and its bad options are

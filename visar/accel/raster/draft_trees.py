@@ -3,7 +3,7 @@
 `DraftTree`: the layout, a K-ary tree over the first D - 1 draft positions whose rank-0 branch
 goes on as a chain (the main path). `draft_tree`: every node's token and the law it was drawn
 from (candidate 0 from the proposer, then known neighbours and draws without replacement).
-`TreePass`: the inputs, cache slots and mask of one target pass over the tree. `verify_tree`:
+`DraftTreeScorer`: the inputs, cache slots and mask of one target pass over the tree. `verify_draft_tree`:
 every node at once by recursive rejection (`tree_verify`, the one verifier of every draft tree). docs/RASTER.md ("Draft
 trees") has the iteration and why each candidate is drawn from the law it is verified under.
 """
@@ -150,13 +150,13 @@ def neighbour_candidates(canvas: Tensor, index: Tensor, width: int, names: tuple
     canvas [B, C] committed tokens and carried drafts, -1 elsewhere; index [B, P] image-token indices (< C).
     """
     batch, num_positions = index.shape
-    at = neighbour_table(canvas.shape[1], width, names, canvas.device)[index]  # [B, P, J]
+    at = neighbour_positions(canvas.shape[1], width, names, canvas.device)[index]  # [B, P, J]
     token = canvas.gather(1, at.clamp(min=0).view(batch, -1)).view(at.shape)
     return torch.where(at >= 0, token, -1)
 
 
 @functools.lru_cache(maxsize=16)
-def neighbour_table(length: int, width: int, names: tuple[str, ...], device) -> Tensor:
+def neighbour_positions(length: int, width: int, names: tuple[str, ...], device) -> Tensor:
     """[C, J] the canvas index of each position's named neighbours (-1 off the grid's edge), made once
     per canvas length, width and names: a pass then reads the neighbours with one lookup."""
     index = torch.arange(length)
@@ -244,7 +244,7 @@ def candidate_laws(weights: Tensor, first: Tensor, tokens: Tensor, picked: Tenso
 
 
 @dataclass
-class WindowVerdict:
+class DraftTreeVerdict:
     accepted: Tensor  # [B] accepted depth a: the pass commits a + 1 tokens
     path: Tensor  # [B, M + 1] column d: the token at depth d of the reached path, column a + 1 the final draw
     main_reached: Tensor  # [B] main-path nodes reached (depth >= 1): their cache slots stay valid
@@ -253,9 +253,9 @@ class WindowVerdict:
     main_outputs: Tensor  # [B, M] the main path's slot outputs (distributed as p of each main node)
 
 
-def verify_tree(
+def verify_draft_tree(
     layout: DraftTree, probs: Tensor, node_tokens: Tensor, node_q: Tensor, valid: Tensor, uniforms: Tensor
-) -> WindowVerdict:
+) -> DraftTreeVerdict:
     """Verify every node of every image at once (`tree_acceptance.verify_tree`), and draw the main path's
     slot outputs, which the next pass's drafts are coupled to.
 
@@ -272,10 +272,10 @@ def verify_tree(
     drawn = sample_from_probs(verdict.laws[:, layout.main_second_row], uniforms[:, num_nodes : num_nodes + main_len])
     kept = verdict.accept[:, layout.main_child] & layout.main_has_child
     main_outputs = torch.where(kept, node_tokens[:, layout.main_child], drawn)
-    return WindowVerdict(verdict.accepted, verdict.path, main_reached, verdict.tried, verdict.accept, main_outputs)
+    return DraftTreeVerdict(verdict.accepted, verdict.path, main_reached, verdict.tried, verdict.accept, main_outputs)
 
 
-class TreePass(CacheSlots):
+class DraftTreeScorer(CacheSlots):
     """Inputs, cache slots and masks of one pass over [tokens fed again ; the tree].
 
     Cache layout: [condition ; image tokens ; one scratch slot per side node ; 1 trash slot]. The
@@ -406,7 +406,7 @@ def tree_randomness(
     return Window(active * main_len, window_u, main_len - 1), extra_u, test_u
 
 
-def commit_path(state: DecodeState, columns: Tensor, verdict: WindowVerdict) -> Tensor:
+def commit_path(state: DecodeState, columns: Tensor, verdict: DraftTreeVerdict) -> Tensor:
     """Write the reached path and the token after it past each image's commit (columns [M]: 1 .. M,
     made once a decode); -> the image index of every path column [B, M] (column d holds index
     committed - 1 + d)."""

@@ -4,7 +4,7 @@ A pass plans which slots each image scores (a chain window after its committed p
 tree, its row fronts, a static tree), proposes their drafts, scores them in one target forward,
 verifies them under the acceptance rule, and commits what holds (tokens, statistics, carried
 drafts, the cache). What differs between the shapes of pass is a `PassEngine`: `ChainPasses`
-(chain.py: sjd, mc-sjd, spec, gsd, lantern), `TreePasses` (tree_passes.py: sjd-pac,
+(chain.py: sjd, mc-sjd, spec, gsd, lantern), `DraftTreePasses` (tree_passes.py: sjd-pac,
 tree-mc-sjd), `StaticTreePasses` (static_tree.py: lantern++) and `FrontPasses` (zipar/engine.py: the zipar
 family, wavefront). Every pass of a decode has the engine's one size (a method's `budget=N` sets
 it): sizes chosen pass by pass lost to the best fixed size on every method they ran, and `auto`

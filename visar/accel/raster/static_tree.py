@@ -63,7 +63,7 @@ class StaticTree:
         return int(self.depth.max())
 
     def verify_index(self) -> TreeIndex:
-        """The index tensors `tree_verify.verify_tree` reads (made once per tree)."""
+        """The index tensors `tree_acceptance.verify_tree` reads (made once per tree)."""
         return TreeIndex.build(self.parent.tolist(), [0] + [p[-1] for p in self.paths])
 
     @classmethod
@@ -262,7 +262,7 @@ def walk_tree(
 ) -> TreeWalk:
     """Try each node's children in rank order with the (relaxed) speculative test, follow the first
     accepted one; after all are rejected, or at a leaf, draw one more token from the current
-    residual (or p): `tree_verify.verify_tree`, every node at once, a child the draft could not
+    residual (or p): `tree_acceptance.verify_tree`, every node at once, a child the draft could not
     draw (node_ok False) skipped. probs [B, T + 1, V]: the target at every node; accept_u [B, D, C]
     (a child's test: its depth's and rank's); final_u [B]."""
     present = node_ok & active[:, None]

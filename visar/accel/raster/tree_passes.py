@@ -32,23 +32,23 @@ from .chain import image_keys, new_state
 from .draft_trees import (
     NEIGHBOURS,
     DraftTree,
-    TreePass,
-    WindowVerdict,
+    DraftTreeScorer,
+    DraftTreeVerdict,
     commit_path,
     draft_tree,
     tree_randomness,
     tree_uniforms,
-    verify_tree,
+    verify_draft_tree,
 )
 from .pass_loop import decode_passes, running_batch, score_first_passes_apart
 from .proposers import JacobiProposer, Window, maximal_coupling_carry
 
 
-class TreePlan(NamedTuple):
+class DraftTreePlan(NamedTuple):
     """One tree pass: its layout and scoring, the images still decoding, and their uniforms."""
 
     layout: DraftTree
-    tree_pass: TreePass
+    tree_scorer: DraftTreeScorer
     active: Tensor  # [B] images not done
     window: Window  # the main path's drafts for the proposer
     extra_u: Tensor  # [B, (D - 1) V] the extra candidates' uniforms (one per token: `candidate_noise`)
@@ -58,7 +58,7 @@ class TreePlan(NamedTuple):
     fresh: tuple[int, ...] = ()
 
 
-class TreePasses:
+class DraftTreePasses:
     """The tree engine's passes: a draft tree after each image's committed prefix (draft_trees.py),
     scored in one pass, every node verified, the reached path plus one token committed, the main
     path's outputs carried over (MC-SJD's coupling).
@@ -86,7 +86,7 @@ class TreePasses:
         self.passes_run = 0  # passes planned: the pass number the log records (an image's own, less its start)
         self.fresh = tuple(range(batch))  # slots whose image has not had its first pass
         self.start_pass = [0] * batch  # the pass after which each slot's image started
-        self.tree_pass = TreePass(self.scorer, layout)
+        self.tree_scorer = DraftTreeScorer(self.scorer, layout)
         self.layout = layout.to(self.device)
         # the reached path's columns 1 .. M past the newest committed token, made once (`commit_path`)
         self.path_columns = torch.arange(1, layout.main_length + 1, device=self.device)
@@ -95,14 +95,14 @@ class TreePasses:
         self.uniforms = UniformStream(generators, self.device, block=stream_block(tree_uniforms(layout, self.vocab)))
 
     def __enter__(self):
-        self.scorer.open_cache(self.tree_pass.size)
+        self.scorer.open_cache(self.tree_scorer.size)
         self.proposer.start(self.state)
         return self
 
     def __exit__(self, *exc):
         self.scorer.close_cache()
 
-    def plan(self) -> TreePlan | None:
+    def plan(self) -> DraftTreePlan | None:
         active = self.state.committed < self.total
         if not bool(active.any()):  # the one read-back of the loop
             return None
@@ -110,31 +110,31 @@ class TreePasses:
         window, extra_u, test_u = tree_randomness(self.uniforms, layout, active, self.vocab)
         fresh, self.fresh = self.fresh, ()
         self.passes_run += 1
-        return TreePlan(layout, self.tree_pass, active, window, extra_u, test_u, fresh)
+        return DraftTreePlan(layout, self.tree_scorer, active, window, extra_u, test_u, fresh)
 
-    def propose(self, plan: TreePlan) -> tuple[Tensor, Tensor]:
+    def propose(self, plan: DraftTreePlan) -> tuple[Tensor, Tensor]:
         return draft_tree(self.proposer, self.state, plan.window, plan.layout, self.neighbours, plan.extra_u)
 
-    def score(self, plan: TreePlan, drafts) -> Tensor:
-        state, tree_pass = self.state, plan.tree_pass
+    def score(self, plan: DraftTreePlan, drafts) -> Tensor:
+        state, tree_scorer = self.state, plan.tree_scorer
         if not plan.fresh or len(plan.fresh) == self.batch:  # one call: every slot's first pass, or none's
             first = len(plan.fresh) == self.batch
-            return tree_pass.probs(state.tokens, self.fed, state.committed, drafts[0], first)  # [B, T, V]
+            return tree_scorer.probs(state.tokens, self.fed, state.committed, drafts[0], first)  # [B, T, V]
         return score_first_passes_apart(
             self.batch,
             plan.fresh,
             self.device,
-            lambda rows, first: tree_pass.probs(
+            lambda rows, first: tree_scorer.probs(
                 state.tokens[rows], self.fed[rows], state.committed[rows], drafts[0][rows], first, rows
             ),
         )
 
-    def verify(self, plan: TreePlan, drafts, probs: Tensor) -> WindowVerdict:
+    def verify(self, plan: DraftTreePlan, drafts, probs: Tensor) -> DraftTreeVerdict:
         node_depth = plan.layout.tree.depth
         valid = plan.active[:, None] & (node_depth[None] <= (self.total - self.state.committed)[:, None])
-        return verify_tree(plan.layout, probs, *drafts, valid, plan.test_u)
+        return verify_draft_tree(plan.layout, probs, *drafts, valid, plan.test_u)
 
-    def commit(self, plan: TreePlan, drafts, probs: Tensor, verdict: WindowVerdict):
+    def commit(self, plan: DraftTreePlan, drafts, probs: Tensor, verdict: DraftTreeVerdict):
         state, layout, active, log = self.state, plan.layout, plan.active, self.log
         commit_count = torch.where(active, verdict.accepted + 1, 0)  # the reached path and one token more
         index = commit_path(state, self.path_columns, verdict)
@@ -148,7 +148,7 @@ class TreePasses:
         self.proposer.after_commit(state, plan.window, main_probs, verdict.main_outputs, commit_count, main_probs)
         self.fed = torch.where(active, state.committed + verdict.main_reached, self.fed)
         state.committed = (state.committed + commit_count).clamp(max=self.total)
-        self.scorer.truncate_cache(plan.tree_pass.num_cond + self.fed)
+        self.scorer.truncate_cache(plan.tree_scorer.num_cond + self.fed)
 
     def least_done(self) -> Tensor:
         return self.state.committed.min()
@@ -194,8 +194,8 @@ def tree_jacobi_decode(
     neighbours: tuple[str, ...] = (),
 ) -> tuple[Tensor, dict]:
     """Propose a tree, score it in one pass, verify every node, commit, carry over, pass after pass
-    (`TreePasses` on the pass loop). -> (tokens [B, N], stats)."""
-    engine = TreePasses(request, layout, initialiser, neighbours)
+    (`DraftTreePasses` on the pass loop). -> (tokens [B, N], stats)."""
+    engine = DraftTreePasses(request, layout, initialiser, neighbours)
     return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))
 
 

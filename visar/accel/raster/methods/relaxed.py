@@ -105,7 +105,7 @@ def compute_neighbours(codebook: Tensor, width: int, chunk: int = 256) -> Tensor
 LOADED_TABLES: dict[str, Tensor] = {}  # codebook hash -> the widest table seen in this process
 
 
-def neighbour_table(codebook: Tensor, k: int) -> Tensor:
+def nearest_codes(codebook: Tensor, k: int) -> Tensor:
     """[V, k] nearest codes of every code (int64, CPU), from memory, the disk cache, or computed
     once and stored as `<cache>/neighbours/<codebook hash>-<width>.pt`."""
     vocab = codebook.shape[0]
@@ -261,7 +261,7 @@ def lantern(
     if not isinstance(form, str) or form not in LANTERN_FORMS:
         raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")
     book = codebook_of(request.tokenizer, model.vocab_size, "lantern")
-    table = neighbour_table(book, min(k, model.vocab_size - 1)).to(model.device)
+    table = nearest_codes(book, min(k, model.vocab_size - 1)).to(model.device)
     relax = lossless(False)(partial(LANTERN_FORMS[form], neighbours=table, delta=float(delta)))
     proposer = jacobi_or_draft_proposer(request, draft, init, coupling)
     rule = AcceptanceRule(speculative_accept, speculative_residual, relax)
@@ -319,7 +319,7 @@ def lantern_pp(
         raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")
     draft_model = check_draft(model, draft, "lantern++")  # the tree is drafted by a draft model
     book = codebook_of(request.tokenizer, model.vocab_size, "lantern++")
-    table = neighbour_table(book, min(k, model.vocab_size - 1)).to(model.device)
+    table = nearest_codes(book, min(k, model.vocab_size - 1)).to(model.device)
     budget = 1.0 if delta is None else float(delta)  # all mass is <= 1: no additive cap
     relax = lossless(lambda_cap == 1 or budget == 0)(
         partial(LANTERN_FORMS[form], neighbours=table, delta=budget, lambda_cap=float(lambda_cap))

@@ -38,7 +38,7 @@ from .plan import (
     visibility,
 )
 from .record import FrontRecord
-from .tree_fronts import FrontTrees, tree_pass
+from .tree_fronts import FrontTrees, front_tree_pass
 
 
 class CarriedDrafts:
@@ -261,7 +261,7 @@ def score_and_verify(
         outputs = front_outputs(rule, plan, target_probs, draft.tokens, draft.probs, draft.uniforms, draft.draws)
         return target_probs, *outputs
     context = (fronts.tokens, fronts.count, generated, s)
-    return tree_pass(trees, rule, scorer, plan, fronts.carried, fronts.state, context, draft)
+    return front_tree_pass(trees, rule, scorer, plan, fronts.carried, fronts.state, context, draft)
 
 
 def commit_fronts(
@@ -303,7 +303,7 @@ class FrontPasses:
 
     cross_row (Jacobi fronts only): a front may also predict past its plain reach from the drafts the
     row above feeds in the same pass (kept only if those drafts are accepted); trees (Jacobi fronts
-    only): each front also drafts K candidates for its first draft (`tree_pass`). A running batch
+    only): each front also drafts K candidates for its first draft (`front_tree_pass`). A running batch
     (`request.slots`) refills a slot between passes (`admit`), whose new image has its first pass
     there; the slot's state is then what a decode of that image alone has after its first pass."""
 

@@ -197,7 +197,7 @@ def verify_candidates(
     return taken, token
 
 
-def tree_pass(
+def front_tree_pass(
     trees: FrontTrees, rule: AcceptanceRule, scorer: GuidedScorer, plan: PassPlan, carried, state, context, draft
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One pass of fronts that draft trees -> p [B, M, V], slot tokens [B, M], accept [B, M].

@@ -62,6 +62,15 @@ class GuidedScorer:
         self.cond, self.cond_mask = cond, cond_mask  # [B(x2), ...]: what the model is fed
         self.forward_passes = 0
 
+    @classmethod
+    def for_request(cls, request, model: RasterModel | None = None) -> GuidedScorer:
+        """The scorer of a request's target (its conditions, sampling settings, running-batch slots
+        and kv_keep), or of a draft `model` for the same conditions and slots (a draft keeps its
+        whole cache: kv_keep is the target's). The one way an engine builds its scorers."""
+        if model is None:
+            return cls(request.model, request.cond, request.cond_mask, request.params, request.slots, request.kv_keep)
+        return cls(model, request.cond, request.cond_mask, request.params, slots=request.slots)
+
     def halves(self, index: Tensor, size: int) -> Tensor:
         """Indices [R] into a batch of `size` -> their rows in its model layout ([R ; R + size] under CFG)."""
         return torch.cat([index, index + size]) if self.guided else index

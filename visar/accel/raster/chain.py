@@ -33,7 +33,7 @@ from ..core.sampling import UniformStream, sample_from_probs, to_device
 from ..core.scoring import GuidedScorer
 from ..core.stats import ChainRecord
 from .drafts import DecodeState
-from .pass_loop import decode_passes, power_of_two, running_batch, score_first_passes_apart
+from .pass_loop import SlotBook, decode_passes, power_of_two, running_batch, score_first_passes_apart
 from .proposers import (
     ACCEPT,
     NUM_PURPOSES,
@@ -203,25 +203,21 @@ class ChainPasses:
 
     def __init__(self, request: Request, proposer: Proposer, window: int, warmup, tail, rule):
         check_spans(window, warmup, tail)
-        model, self.generators = request.model, request.generators
+        model = request.model
         self.proposer, self.rule = proposer, rule
         self.spans = (warmup, tail)  # the plain-AR spans at the start and end
         self.batch, self.device = request.batch_size, model.device
         self.num_cond, self.total = model.num_condition_tokens, model.num_image_tokens
         self.window = min(window, self.total)  # a longer window is clipped, here once and for all
         self.record = ChainRecord(self.batch, model.grid_size, self.window, self.device)
-        generators = self.generators[: self.batch]
+        generators = request.generators[: self.batch]
         self.state = new_state(model, generators, self.window, spare=self.window)
         # each pass's uniforms, the same numbers as a draw per pass, drawn 16 passes at a time
         self.uniforms = UniformStream(generators, self.device, block=16 * NUM_PURPOSES * self.window)
         self.slot_range = torch.arange(self.window, device=self.device)
         self.position_offsets = self.num_cond - 1 + self.slot_range  # slot j's position past the commit
-        self.scorer = GuidedScorer(
-            model, request.cond, request.cond_mask, request.params, slots=request.slots, kv_keep=request.kv_keep
-        )
-        self.passes = 0  # passes planned
-        self.fresh = tuple(range(self.batch))  # slots whose image has not had its first pass
-        self.start_pass = [0] * self.batch  # the pass at which each slot's image started
+        self.scorer = GuidedScorer.for_request(request)
+        self.book = SlotBook(request)
         self.full_lengths: dict[int, Tensor] = {}  # slots -> window_len [B] of a pass of full windows
         # Compiled passes draft padded windows: slots past an image's window are padding (never
         # tested, after every real slot, forgotten with the cache), so the tokens are the same.
@@ -244,9 +240,8 @@ class ChainPasses:
         if num_slots == 0:
             return None
         uniforms = self.uniforms.take(NUM_PURPOSES * self.window)  # [B, 4 * window] (`Window.row`)
-        fresh, self.fresh = self.fresh, ()
-        self.passes += 1
-        self.record.reserve(self.passes)
+        fresh = self.book.next_pass()
+        self.record.reserve(self.book.passes)
         scored = min(power_of_two(num_slots), self.window)  # slots scored, padding included
         slots = self.slot_range if scored == self.window else self.slot_range[:scored]
         slot_index = self.state.committed[:, None] + slots  # [B, scored]: the image index of each
@@ -326,22 +321,19 @@ class ChainPasses:
         return self.state.committed >= self.total
 
     def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
-        commits = [self.record.image_commits(row, self.start_pass[row], self.passes) for row in rows]
+        book = self.book
+        commits = [self.record.image_commits(row, book.start_pass[row], book.passes) for row in rows]
         passes, commit_pass = (torch.stack(part) for part in zip(*commits, strict=True))
         return self.state.tokens[rows, : self.total], passes, commit_pass
 
     def admit(self, rows: list[int], images: list[int]):
-        generators = [self.generators[image] for image in images]
-        index, image_index = (torch.tensor(x, device=self.device) for x in (rows, images))
+        index, image_index, generators = self.book.admit(rows, images)
         state = self.state
         state.committed[index] = 0
         state.keys[index] = image_keys(generators, self.device)  # its generator's first draw, as in new_state
         self.uniforms.replace(rows, generators)
         self.scorer.admit(index, image_index)
         self.proposer.admit(index, image_index)
-        for row in rows:
-            self.start_pass[row] = self.passes
-        self.fresh = tuple(sorted(rows))
 
 
 def speculative_decode(

@@ -31,8 +31,15 @@ class PassEngine(Protocol):
     """One shape of pass, with the state it carries from pass to pass.
 
     `with engine:` holds what a decode holds open (the KV cache, a draft model's); `plan()` is the
-    next pass's shape (None: every image is done); `commit` writes the pass's tokens and
-    statistics, carries drafts over and trims the cache.
+    next pass's shape (None: every image is done); `propose` drafts, `score` is the target's laws
+    at the drafted slots (one model call, or one per group of a refill pass), `verify` applies the
+    acceptance rule to them, `commit` writes the pass's tokens and statistics, carries drafts over
+    and trims the cache.
+
+    An image's first pass is the loop's next pass after it takes its slot (every slot's at a
+    decode's start, `admit`'s slots later; `SlotBook.fresh`): an engine that scores the condition
+    with the pass's drafts (chain, draft trees) does so in `score`; one whose first step is a
+    plain AR step (static trees, fronts) takes that step in `plan`, before it shapes the pass.
     """
 
     desc: str  # the progress bar's label
@@ -73,7 +80,8 @@ class PassEngine(Protocol):
 
     def admit(self, rows: list[int], images: list[int]) -> None:
         """Slots `rows` start queue images `images` (their conditions and generators): every state of
-        the slot made as a decode of that image alone starts it, its first pass the next."""
+        the slot made as a decode of that image alone starts it, its first pass the next (no model
+        call here)."""
         ...
 
 

@@ -24,11 +24,11 @@ from torch import Tensor
 from ...errors import VisarError
 from ...models.base import RasterModel
 from ..core.method_registry import Request
-from ..core.sampling import SamplingParams, UniformStream, draw_uniforms, sample_from_probs, to_device
+from ..core.sampling import UniformStream, draw_uniforms, sample_from_probs, to_device
 from ..core.scoring import GuidedScorer
 from ..core.stats import DecodeLog
 from ..core.tree_acceptance import TreeIndex, verify_tree
-from .pass_loop import decode_passes, running_batch
+from .pass_loop import SlotBook, decode_passes, running_batch
 
 # Each path lists child ranks from the root: [0] is the root's first child, [0, 1] that child's second.
 NAIVE_EXTEND_57 = (
@@ -150,7 +150,6 @@ class TreeAttention(CacheSlots):
     def __init__(self, scorer: GuidedScorer, tree: StaticTree):
         super().__init__(scorer.model, tree.num_nodes)
         self.scorer, self.tree = scorer, tree
-        scorer.open_cache(self.size)
         # [T + 1, S]: the scratch slots each node sees (its ancestors and itself; the root has none)
         self.node_scratch = torch.zeros(tree.num_nodes + 1, self.size, dtype=torch.bool, device=self.device)
         self.node_scratch[:, self.scratch : self.trash] = tree.ancestors[:, 1:].to(self.device)
@@ -162,6 +161,9 @@ class TreeAttention(CacheSlots):
     def run(self, tokens: Tensor, input_pos: Tensor, cache_pos: Tensor, mask: Tensor) -> Tensor:
         """One pass over inputs at explicit positions, slots and visibility -> guided logits [B, L, V]."""
         return self.scorer.logits(tokens, input_pos, mask=mask, cache_pos=cache_pos)
+
+    def open(self):
+        self.scorer.open_cache(self.size)
 
     def close(self):
         self.scorer.close_cache()
@@ -180,10 +182,9 @@ class TreeAttention(CacheSlots):
 class TreeDrafter:
     """The draft model's side: catch up on committed tokens, then one pass per tree depth."""
 
-    def __init__(self, draft: RasterModel, tree: StaticTree, cond, cond_mask, params: SamplingParams, slots=None):
+    def __init__(self, draft: RasterModel, tree: StaticTree, request: Request):
         self.tree = tree
-        self.attention = TreeAttention(GuidedScorer(draft, cond, cond_mask, params, slots=slots), tree)
-        self.attention.scorer.prefill()  # the condition into the cache (token 0 is the target's AR step)
+        self.attention = TreeAttention(GuidedScorer.for_request(request, draft), tree)
         depth = tree.depth.tolist()
         has_children = (tree.children >= 0).any(1).tolist()
         device = self.attention.device
@@ -239,13 +240,20 @@ class TreeDrafter:
                 remaining[:, at] = remaining[:, at].scatter(-1, drawn[..., None], 0.0)
         return node_tokens, node_q, node_ok
 
-    def admit(self, rows: Tensor, images: Tensor):
-        """Slots `rows` start queue images `images`: their conditions into the draft's cache, nothing fed yet."""
-        self.attention.scorer.admit(rows, images)
-        self.attention.scorer.prefill(rows)
+    def open(self):
+        self.attention.open()
 
     def close(self):
         self.attention.close()
+
+    def admit(self, rows: Tensor, images: Tensor):
+        """Slots `rows` take queue images `images` (their conditions; `start` feeds them)."""
+        self.attention.scorer.admit(rows, images)
+
+    def start(self, rows: Tensor | None):
+        """The condition of slots `rows` (None: every slot) into the draft's cache, nothing fed yet
+        (token 0 is the target's AR step)."""
+        self.attention.scorer.prefill(rows)
 
 
 @dataclass
@@ -283,21 +291,20 @@ class StaticTreePasses:
     test walks it, and the accepted path plus one token commits.
 
     relax(p, q, x) -> p~: the target each child is tested against (None: p itself, lossless); a
-    rejection continues from norm((p~ - q)+). A running batch (`request.slots`) refills a slot
-    between passes (`admit`, which runs the new image's prefill and samples its token 0 there).
+    rejection continues from norm((p~ - q)+). An image's first step is a plain AR step: the pass
+    that starts it (`plan`, for the slots `SlotBook.fresh` names) runs its prefill, target and draft,
+    and draws token 0 before the tree; a running batch (`request.slots`) refills a slot between
+    passes (`admit`), and the next pass starts the new image the same way.
     """
 
     desc = "tree"
 
     def __init__(self, request: Request, draft: RasterModel, tree: StaticTree, relax):
-        model, cond, cond_mask, params = request.model, request.cond, request.cond_mask, request.params
+        model = request.model
         self.tree, self.relax, self.device = tree, relax, model.device
         self.batch, self.total = request.batch_size, model.num_image_tokens
-        self.generators = request.generators
-        self.target = TreeAttention(
-            GuidedScorer(model, cond, cond_mask, params, slots=request.slots, kv_keep=request.kv_keep), tree
-        )
-        self.drafter = TreeDrafter(draft, tree, cond, cond_mask, params, slots=request.slots)
+        self.target = TreeAttention(GuidedScorer.for_request(request), tree)
+        self.drafter = TreeDrafter(draft, tree, request)
         self.size, self.max_depth = tree.num_nodes + 1, tree.max_depth
         self.block = self.size + self.max_depth * tree.children.shape[1] + 1  # uniforms an image draws a pass
         self.depths = tree.depth.to(self.device)
@@ -305,22 +312,20 @@ class StaticTreePasses:
         self.node_range = torch.arange(1, self.size, device=self.device)
         self.depth_range = torch.arange(self.max_depth + 1, device=self.device)
         self.tokens = torch.zeros(self.batch, self.total + self.max_depth + 1, dtype=torch.long, device=self.device)
-        self.committed = torch.ones(self.batch, dtype=torch.long, device=self.device)
+        self.committed = torch.zeros(self.batch, dtype=torch.long, device=self.device)
         self.fed = torch.zeros(self.batch, dtype=torch.long, device=self.device)
         self.log = DecodeLog(self.batch, model.grid_size, self.max_depth, self.device)
         self.log.count_at_once = request.compile_passes is not None
-        # the same numbers as a draw per pass, drawn 16 passes at a time
-        self.uniforms = UniformStream(self.generators[: self.batch], self.device, block=16 * self.block)
-        self.passes_run = 0  # passes so far, the prefill the first: the pass number the log records
-        self.start_pass = [0] * self.batch  # the pass after which each slot's image started
+        # the same numbers as a draw per pass, drawn 16 passes at a time; token 0's is each stream's first
+        self.uniforms = UniformStream(request.generators[: self.batch], self.device, block=16 * self.block)
+        self.first_u = self.uniforms.take(1)[:, 0].clone()  # [B] each slot's image's uniform for token 0
+        # pass numbers in the log are one past the passes planned: an image's prefill counts as a
+        # pass of its own, numbered as the pass before the one it starts in (1 for a decode's images)
+        self.book = SlotBook(request)
 
     def __enter__(self):
-        # token 0 from the condition alone: a plain AR step (the first tree grows from it)
-        self.log.count_pass(torch.ones(self.batch, dtype=torch.bool, device=self.device))  # the prefill
-        first_u = self.uniforms.take(1)[:, 0]
-        self.tokens[:, 0] = sample_from_probs(self.target.scorer.prefill(), first_u)
-        self.passes_run = 1
-        self.log.commit_pass[:, 0] = 1
+        self.target.open()
+        self.drafter.open()
         return self
 
     def __exit__(self, *exc):
@@ -329,14 +334,30 @@ class StaticTreePasses:
         finally:
             self.drafter.close()
 
+    def start_images(self, fresh: tuple[int, ...]):
+        """The first step of the images in slots `fresh`: the prefill (target and draft) and token 0
+        drawn with the image's first uniform, logged as its first pass."""
+        rows = None if len(fresh) == self.batch else torch.tensor(fresh, device=self.device)
+        index = slice(None) if rows is None else rows
+        self.log.forget(index)
+        self.log.passes_per_image[index] = 1
+        self.log.commit_pass[index, 0] = self.book.passes + 1
+        self.tokens[index] = 0
+        self.tokens[index, 0] = sample_from_probs(self.target.scorer.prefill(rows), self.first_u[index])
+        self.drafter.start(rows)
+        self.committed[index] = 1
+        self.fed[index] = 0
+
     def plan(self) -> StaticTreePlan | None:
+        if self.book.fresh:
+            self.start_images(self.book.fresh)
         active = self.committed < self.total
         # the one read-back of the loop: whether any image is left, and the most committed tokens any
         # image has not fed to the target and the draft (both feed them at the next pass's start)
         left, width = torch.stack([active.any().long(), (self.committed - self.fed).max()]).tolist()
         if not left:
             return None
-        self.passes_run += 1
+        self.book.next_pass()
         return StaticTreePlan(active, self.uniforms.take(self.block), max(width, 1))
 
     def propose(self, plan: StaticTreePlan) -> tuple[Tensor, Tensor, Tensor]:
@@ -363,7 +384,7 @@ class StaticTreePasses:
         committed, depth, log, active = self.committed, self.depth_range, self.log, plan.active
         self.tokens.scatter_(1, committed[:, None] + depth, walk.path)
         kept = active[:, None] & (depth <= walk.accepted[:, None]) & (committed[:, None] + depth < self.total)
-        log.commit(committed[:, None] + depth, kept, self.passes_run)
+        log.commit(committed[:, None] + depth, kept, self.book.passes + 1)
         slot = depth[:-1].expand(self.batch, -1)
         log.drafts(committed[:, None] + slot, slot, walk.tried_at, slot < walk.accepted[:, None])
         log.count_pass(active)
@@ -381,29 +402,17 @@ class StaticTreePasses:
 
     def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
         index = torch.tensor(rows, device=self.device)
-        start = torch.tensor([self.start_pass[row] for row in rows], device=self.device)
-        return self.tokens[index, : self.total], *self.log.image_commits(index, start)  # 1 = the image's prefill
+        return self.tokens[index, : self.total], *self.log.image_commits(index, self.book.started(rows))
 
     def admit(self, rows: list[int], images: list[int]):
-        """The new images' first step, as `__enter__` takes it for a decode: the prefill (target and
-        draft, these slots only) and token 0 sampled with each image's first uniform; it counts as the
-        image's first pass."""
-        generators = [self.generators[image] for image in images]
-        index, image_index = (torch.tensor(x, device=self.device) for x in (rows, images))
-        first_u = to_device(draw_uniforms(generators, 1), self.device)[:, 0]  # the stream's first take
+        """Slots `rows` take queue images `images`: their conditions and randomness (token 0's uniform
+        first, as a decode of the image alone draws it); the next pass starts them (`start_images`)."""
+        index, image_index, generators = self.book.admit(rows, images)
+        self.first_u[index] = to_device(draw_uniforms(generators, 1), self.device)[:, 0]  # the stream's first take
         self.uniforms.replace(rows, generators)
         self.target.scorer.admit(index, image_index)
         self.drafter.admit(index, image_index)
-        self.tokens[index] = 0
-        self.tokens[index, 0] = sample_from_probs(self.target.scorer.prefill(index), first_u)
-        self.committed[index] = 1
-        self.fed[index] = 0
-        log = self.log
-        log.forget(index)
-        log.passes_per_image[index] = 1
-        log.commit_pass[index, 0] = self.passes_run
-        for row in rows:
-            self.start_pass[row] = self.passes_run - 1
+        self.committed[index] = 0
 
 
 def tree_decode(

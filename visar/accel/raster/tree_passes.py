@@ -40,7 +40,7 @@ from .draft_trees import (
     tree_uniforms,
     verify_draft_tree,
 )
-from .pass_loop import decode_passes, running_batch, score_first_passes_apart
+from .pass_loop import SlotBook, decode_passes, running_batch, score_first_passes_apart
 from .proposers import JacobiProposer, Window, maximal_coupling_carry
 
 
@@ -70,22 +70,18 @@ class DraftTreePasses:
     desc = "tree"
 
     def __init__(self, request: Request, layout: DraftTree, initialiser: Callable, neighbours: tuple[str, ...]):
-        model, self.generators = request.model, request.generators
+        model = request.model
         self.neighbours = neighbours
         self.device, self.total, self.vocab = model.device, model.num_image_tokens, model.vocab_size
         self.batch = batch = request.batch_size
-        generators = self.generators[:batch]
+        generators = request.generators[:batch]
         main_len = layout.main_length
         self.state = new_state(model, generators, main_len, spare=main_len + 1)
-        self.scorer = GuidedScorer(
-            model, request.cond, request.cond_mask, request.params, slots=request.slots, kv_keep=request.kv_keep
-        )
+        self.scorer = GuidedScorer.for_request(request)
         self.proposer = JacobiProposer(initialiser, maximal_coupling_carry)
         self.log = DecodeLog(batch, model.grid_size, main_len, self.device)
         self.log.count_at_once = request.compile_passes is not None
-        self.passes_run = 0  # passes planned: the pass number the log records (an image's own, less its start)
-        self.fresh = tuple(range(batch))  # slots whose image has not had its first pass
-        self.start_pass = [0] * batch  # the pass after which each slot's image started
+        self.book = SlotBook(request)  # its passes planned are the pass numbers the log records
         self.tree_scorer = DraftTreeScorer(self.scorer, layout)
         self.layout = layout.to(self.device)
         # the reached path's columns 1 .. M past the newest committed token, made once (`commit_path`)
@@ -108,8 +104,7 @@ class DraftTreePasses:
             return None
         layout = self.layout
         window, extra_u, test_u = tree_randomness(self.uniforms, layout, active, self.vocab)
-        fresh, self.fresh = self.fresh, ()
-        self.passes_run += 1
+        fresh = self.book.next_pass()
         return DraftTreePlan(layout, self.tree_scorer, active, window, extra_u, test_u, fresh)
 
     def propose(self, plan: DraftTreePlan) -> tuple[Tensor, Tensor]:
@@ -141,7 +136,7 @@ class DraftTreePasses:
         node_index = state.committed[:, None] + layout.depth_less_one
         node_slot = layout.draft_slot.expand(len(active), -1)
         log.drafts(node_index, node_slot, verdict.tried & active[:, None], verdict.accept)
-        log.commit(index, (self.path_columns <= commit_count[:, None]) & (index < self.total), self.passes_run)
+        log.commit(index, (self.path_columns <= commit_count[:, None]) & (index < self.total), self.book.passes)
         log.count_pass(active)
         # The main path's outputs past the commit are the next drafts, coupled to the old ones.
         main_probs = probs[:, layout.main]
@@ -167,12 +162,10 @@ class DraftTreePasses:
 
     def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
         index = torch.tensor(rows, device=self.device)
-        start = torch.tensor([self.start_pass[row] for row in rows], device=self.device)
-        return self.state.tokens[index, : self.total], *self.log.image_commits(index, start)
+        return self.state.tokens[index, : self.total], *self.log.image_commits(index, self.book.started(rows))
 
     def admit(self, rows: list[int], images: list[int]):
-        generators = [self.generators[image] for image in images]
-        index, image_index = (torch.tensor(x, device=self.device) for x in (rows, images))
+        index, image_index, generators = self.book.admit(rows, images)
         state = self.state
         state.tokens[index] = 0
         state.committed[index] = 0
@@ -182,9 +175,6 @@ class DraftTreePasses:
         self.proposer.admit(index, image_index)
         self.fed[index] = 0
         self.log.forget(index)
-        for row in rows:
-            self.start_pass[row] = self.passes_run
-        self.fresh = tuple(sorted(rows))
 
 
 def tree_jacobi_decode(

@@ -332,14 +332,39 @@ def test_the_test_import_rule_sees_every_form():
     assert imported_test_modules("from laws import exact_law\nimport conftest") == set()
 
 
-def test_no_function_in_accel_is_longer_than_60_lines():
+def test_no_function_in_accel_is_longer_than_60_lines_nor_class_than_150():
     """A decoding method reads as small parts: a function past 60 lines is a loop or a check that
-    wants a name of its own (the engines' loops are one, `passes.decode_passes`)."""
+    wants a name of its own (the engines' loops are one, `pass_loop.decode_passes`), and an engine
+    class past 150 lines holds what a helper of its own should (`SlotBook`, a pass's shape)."""
     long = []
     for path in sorted((PACKAGE / "accel").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            limit = 150 if isinstance(node, ast.ClassDef) else 60
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 lines = node.end_lineno - node.lineno + 1
-                if lines > 60:
+                if lines > limit:
                     long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({lines})")
     assert not long, long
+
+
+KIND_FOLDERS = {"raster": "raster", "masked": "masked", "continuous": "continuous", "next-scale": "next_scale"}
+ENGINES = ("pass_loop", "chain", "tree_passes", "static_tree", "zipar.engine", "zipar.plan", "zipar.tree_fronts")
+
+
+def test_accel_folders_hold_what_their_names_say():
+    """A newcomer finds a method by its kind's folder: every registered method's function lives in
+    accel/<kind>/ (auto, the policy, in accel/policy/); core/ imports no kind's folder; the
+    engines register no method (their methods are wrappers elsewhere)."""
+    from visar.accel import METHODS
+
+    misplaced = []
+    for name, method in METHODS.items():
+        folder = "policy" if name == "auto" else KIND_FOLDERS[method.model_kind]
+        if not method.fn.__module__.startswith(f"visar.accel.{folder}."):
+            misplaced.append(f"{name}: {method.fn.__module__}")
+        if method.fn.__module__.removeprefix("visar.accel.raster.") in ENGINES:
+            misplaced.append(f"{name} is registered in an engine module, {method.fn.__module__}")
+    assert not misplaced, misplaced
+    kinds = {f"visar.accel.{folder}" for folder in (*KIND_FOLDERS.values(), "policy")}
+    core = {name: deps for name, deps in GRAPH.items() if within(name, "visar.accel.core")}
+    assert core and not any(within(dep, kind) for deps in core.values() for dep in deps for kind in kinds), core

@@ -73,7 +73,7 @@ def speculative_residual(target_probs: Tensor, draft_probs: Tensor) -> Tensor:
 
 @lossless(True)
 def rejection_residual(target_probs: Tensor, draft_probs: Tensor) -> Tensor:
-    r"""The law left after a rejected candidate, one rung of recursive rejection's ladder (tree_verify):
+    r"""The law left after a rejected candidate, one rung of recursive rejection's ladder (tree_acceptance):
 
         R' = norm((R - q)+),   computed as norm((R - q)+ + eps R),  eps = 1e-30
 

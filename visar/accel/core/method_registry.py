@@ -43,9 +43,9 @@ class Request:
     # with it, gsd and lantern compare tokens by its code vectors (a codebook [V, C] may stand in).
     tokenizer: object | None = None
     # torch.compile options a compiled pipeline runs each pass of a pass-loop engine under
-    # (`passes.decode_passes`); None: eager passes
+    # (`pass_loop.decode_passes`); None: eager passes
     compile_passes: dict | None = None
-    # A running batch (`passes.RunningBatch`): cond and generators hold a queue of images, `slots` of
+    # A running batch (`pass_loop.RunningBatch`): cond and generators hold a queue of images, `slots` of
     # them decoded at once, each finished image's slot taken by the next; None: all at once. Only a
     # method registered `refills=True` is handed one (`Pipeline.generate` cuts the queue into
     # batches for the others).

@@ -33,8 +33,8 @@ class GuidedScorer:
         cond: Tensor,
         cond_mask: Tensor | None,
         params: SamplingParams,
-        slots: int | None = None,
-        kv_keep: float = 1.0,
+        slots=None,
+        kv_keep=1.0,
     ):
         self.model, self.params = model, params
         self.kv_keep = kv_keep  # the fraction of cache slots `open_cache` keeps (1: the whole cache, exact)
@@ -64,9 +64,7 @@ class GuidedScorer:
 
     @classmethod
     def for_request(cls, request, model: RasterModel | None = None) -> GuidedScorer:
-        """The scorer of a request's target (its conditions, sampling settings, running-batch slots
-        and kv_keep), or of a draft `model` for the same conditions and slots (a draft keeps its
-        whole cache: kv_keep is the target's). The one way an engine builds its scorers."""
+        """A request's target scorer, or a draft `model`'s (no kv_keep: a draft keeps its whole cache)."""
         if model is None:
             return cls(request.model, request.cond, request.cond_mask, request.params, request.slots, request.kv_keep)
         return cls(model, request.cond, request.cond_mask, request.params, slots=request.slots)

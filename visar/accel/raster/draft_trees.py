@@ -4,8 +4,8 @@
 goes on as a chain (the main path). `draft_tree`: every node's token and the law it was drawn
 from (candidate 0 from the proposer, then known neighbours and draws without replacement).
 `DraftTreeScorer`: the inputs, cache slots and mask of one target pass over the tree. `verify_draft_tree`:
-every node at once by recursive rejection (`tree_verify`, the one verifier of every draft tree). docs/RASTER.md ("Draft
-trees") has the iteration and why each candidate is drawn from the law it is verified under.
+every node at once by recursive rejection (`tree_acceptance`, the one verifier of every draft tree).
+docs/RASTER.md ("Draft trees") has the iteration and why each candidate is drawn from the law it is verified under.
 """
 
 from __future__ import annotations

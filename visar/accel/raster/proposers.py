@@ -1,4 +1,4 @@
-"""Where the speculative Jacobi engine's drafts come from (`jacobi.speculative_decode`), and how they carry over.
+"""Where the speculative Jacobi engine's drafts come from (`chain.speculative_decode`), and how they carry over.
 
 A `Proposer` gives each pass its draft tokens and the law q each was drawn from. `JacobiProposer`
 carries the slots after a commit over as the next drafts, through an updater: SJD's fresh draws
@@ -21,7 +21,8 @@ from torch import Tensor
 from ...errors import VisarError
 from ...models.base import RasterModel
 from ..core.acceptance import gumbel_coupling, keyed_uniforms
-from ..core.sampling import SamplingParams, sample_from_probs
+from ..core.method_registry import Request
+from ..core.sampling import sample_from_probs
 from ..core.scoring import GuidedScorer
 from .drafts import DecodeState, FillRequest, made
 
@@ -40,7 +41,7 @@ class Window:
     uniforms: Tensor  # [B, 4 * window]: the ACCEPT, RESIDUAL, CARRY and DRAFT rows side by side (`row`)
     max_drafts: int  # G, the draft slots of the pass (padding past an image's own window_len - 1)
     # the slots whose image has its first pass now (its condition is fed): every slot at a decode's
-    # first pass, a running batch's new images later (`passes.RunningBatch`)
+    # first pass, a running batch's new images later (`pass_loop.RunningBatch`)
     fresh: tuple[int, ...] = ()
     # What the plan's read-back told the host, so that a pass skips the masks it does not need:
     # every image's window has all G + 1 slots (none done, none clipped), and the fewest tokens
@@ -310,8 +311,8 @@ class DraftModelProposer:
     that were committed, and the next proposal first feeds it what it has not seen.
     """
 
-    def __init__(self, draft: RasterModel, cond: Tensor, cond_mask: Tensor | None, params: SamplingParams, slots=None):
-        self.scorer = GuidedScorer(draft, cond, cond_mask, params, slots=slots)
+    def __init__(self, draft: RasterModel, request: Request):
+        self.scorer = GuidedScorer.for_request(request, draft)
         self.num_cond = draft.num_condition_tokens
 
     draws_from_p = False

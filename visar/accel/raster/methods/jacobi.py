@@ -138,5 +138,5 @@ def spec(
     """
     check_spans(window, warmup, tail)
     draft = check_draft(request.model, draft)
-    proposer = DraftModelProposer(draft, request.cond, request.cond_mask, request.params, slots=request.slots)
+    proposer = DraftModelProposer(draft, request)
     return speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail)

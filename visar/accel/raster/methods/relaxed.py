@@ -163,7 +163,7 @@ def jacobi_or_draft_proposer(request: Request, draft, init, coupling=None):
     if coupling is not None:
         raise VisarError("coupling applies to Jacobi drafts (carried over between passes); a draft model drafts afresh")
     draft_model = check_draft(request.model, draft, "lantern")
-    return DraftModelProposer(draft_model, request.cond, request.cond_mask, request.params, slots=request.slots)
+    return DraftModelProposer(draft_model, request)
 
 
 # -- the registered methods -----------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 The index each front's slot 0 predicts gets K candidates (its draft, then known neighbours and
 draws without replacement from the draft's law); each other candidate sits in a side node, an
 input at slot 1's position with its own scratch cache slot, and slot 0's p tests the candidates
-in order against tree_verify's residual ladder (recursive rejection). docs/RASTER.md (ZipAR
+in order against tree_acceptance's residual ladder (recursive rejection). docs/RASTER.md (ZipAR
 section, "Tree fronts") says why a taken side candidate ends the front's commit and how its
 true cache slot is fed again.
 """
@@ -176,7 +176,7 @@ def score_with_sides(
 def verify_candidates(
     probs: Tensor, candidates: Tensor, laws: Tensor, first_accepted: Tensor, uniforms: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Recursive rejection over each front's K candidates (tree_verify's residual ladder).
+    """Recursive rejection over each front's K candidates (tree_acceptance's residual ladder).
 
     probs [B, H, V] p of the index slot 0 predicts; candidates [B, H, K], laws [B, H, K, V];
     first_accepted [B, H] candidate 0's test (the front's own, made by its acceptance rule);

@@ -79,6 +79,9 @@ def test_listing_commands(capsys):
     listing = capsys.readouterr().out
     assert "sjd          lossless:" in listing and "gsd          lossy (exact when group_size=1):" in listing
     assert "[raster models; a running batch refills its slots; options: window, warmup, tail, init, budget]" in listing
+    assert main(["methods", "--model", "visar-tiny-maskgit-c2i"]) == 0  # only the methods that decode it
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert names[0] == "maskgit" and "halton" in names and "ar" not in names and "sjd" not in names
 
 
 @pytest.mark.slow  # a fresh interpreter

@@ -28,6 +28,7 @@ from PIL import Image
 
 import visar.accel
 import visar.eval.samples
+from visar.accel import methods_for
 from visar.apps.cli import main
 
 # (model, reference method, accelerated method, cheap options for both, the accelerated method's own)
@@ -385,13 +386,13 @@ def test_demo_starts_with_the_model_and_method_and_generates(kind):
 def test_the_demo_page_describes_every_embedded_model():
     """What `visar demo --model M` reads of its first model before the page is up, for every embedded
     model: the model line, the methods that decode it, each method's option fields."""
-    from visar.apps.demo import ModelCache, default_options, method_choices, model_choices, model_info
+    from visar.apps.demo import ModelCache, default_options, model_choices, model_info
 
     cache = ModelCache(device="cpu")
     for name in model_choices():
         pipe = cache.get(name)
         assert f"`{name}`" in model_info(pipe)
-        methods = method_choices(pipe)
+        methods = methods_for(pipe.model)
         assert methods, name
         for method in methods:
             assert list(default_options(method, name)) == visar.accel.METHODS[method].options
@@ -400,10 +401,10 @@ def test_the_demo_page_describes_every_embedded_model():
 @pytest.mark.slow  # gradio's Blocks for every embedded model and each of its methods
 def test_the_demo_page_builds_for_every_embedded_model_and_method():
     pytest.importorskip("gradio")
-    from visar.apps.demo import build_demo, method_choices, model_choices
+    from visar.apps.demo import build_demo, model_choices
 
     for name in model_choices():
-        for method in method_choices(visar.load(name, device="cpu")):
+        for method in methods_for(visar.load(name, device="cpu").model):
             build_demo(model=name, method=method, device="cpu")
 
 

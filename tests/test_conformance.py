@@ -10,6 +10,7 @@ checked against the enumerated law of a tiny model (slow tier), with a negative 
 """
 
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ from laws import (
     unit_codebook,
 )
 
-from visar.accel import METHODS, Request, reference_method
+from visar.accel import METHODS, Request, methods_for, reference_method
 from visar.accel.core.sampling import SamplingParams, make_generators
 from visar.accel.core.stats import COMMON_STATS
 from visar.errors import VisarError
@@ -55,12 +56,6 @@ def conditions(pipe, n):
     return {"class_labels": list(range(n))} if pipe.is_class_conditional else {"prompts": ["a red circle"] * n}
 
 
-def fits(method, pipe) -> bool:
-    return method.model_kind == pipe.model.model_kind and all(
-        getattr(pipe.model, capability, None) is not None for capability in method.requires
-    )
-
-
 @pytest.mark.one_thread  # tokens of a batch against each image alone (fp32, CPU)
 @pytest.mark.parametrize("method_name", sorted(METHODS))
 def test_method_on_every_family(family_pair, method_name):
@@ -71,7 +66,7 @@ def test_method_on_every_family(family_pair, method_name):
         out = pipe.generate(**conditions(pipe, 1), method="auto", output_type="tokens")
         assert out.stats["method"] == reference_method(pipe.model)
         return
-    if not fits(method, pipe):
+    if not method.fits(pipe.model):
         with pytest.raises(VisarError) as err:
             pipe.generate(**conditions(pipe, 1), method=method_name, output_type="tokens", **options)
         assert method_name in str(err.value) or any(c in str(err.value) for c in method.requires)
@@ -204,6 +199,30 @@ def test_every_method_refuses_a_model_of_another_kind(method_name):
     named = message.replace(type(pipe.model).__name__, pipe.name)
     with pytest.raises(VisarError, match=re.escape(named)):
         pipe.generate(class_labels=[0], method=method_name, output_type="tokens")
+
+
+def test_methods_for_a_model_are_those_of_its_kind_that_it_has_what_they_need_for():
+    """A masked model gets masked methods only, a raster model raster ones, each in registration order
+    with its kind's reference first; a method that requires an attribute the model lacks is left out."""
+    masked, raster = tiny_pipeline("maskgit").model, tiny_pipeline("llamagen").model
+    assert methods_for(masked)[0] == "maskgit" and {METHODS[m].model_kind for m in methods_for(masked)} == {"masked"}
+    raster_methods = methods_for(raster)
+    assert raster_methods[:2] == ["ar", "sjd"] and "maskgit" not in raster_methods
+    assert raster_methods == [m for m in METHODS if m in raster_methods]  # registration order
+    # the methods that require more than the kind's interface (zipar-tree: dependency_reach) come and go with it
+    needy = [m for m in METHODS if METHODS[m].model_kind == "raster" and METHODS[m].requires]
+    declared = SimpleNamespace(model_kind="raster", **{need: 1 for m in needy for need in METHODS[m].requires})
+    assert needy and not set(needy) & set(raster_methods) and set(needy) <= set(methods_for(declared))
+    assert [m for m in methods_for(declared) if m not in needy] == raster_methods
+    for model in (masked, raster):
+        assert methods_for(model)[0] == reference_method(model)
+        for name, method in METHODS.items():  # exactly the methods whose check_model passes
+            try:
+                method.check_model(model)
+            except VisarError:
+                assert name not in methods_for(model)
+            else:
+                assert name in methods_for(model)
 
 
 def test_every_family_kind_has_methods():

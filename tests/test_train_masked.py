@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import visar
+from visar.accel import methods_for
 from visar.apps.commands.train import ship
 from visar.errors import VisarError
 from visar.registry import WEIGHTS_DIR
@@ -64,7 +65,7 @@ def test_the_export_is_a_maskgit_folder_that_generates(quick_run):
 @pytest.mark.slow
 def test_generate_command_and_demo_take_a_masked_model(quick_run, tmp_path, capsys):
     from visar.apps.cli import main
-    from visar.apps.demo import ModelCache, compare, method_choices
+    from visar.apps.demo import ModelCache, compare
 
     _, export = quick_run
     # no --method: the masked kind's reference, maskgit
@@ -81,7 +82,7 @@ def test_generate_command_and_demo_take_a_masked_model(quick_run, tmp_path, caps
     assert "method 'ar' decodes raster models; " in error and " is a masked model" in error and "MaskGIT" not in error
     cache = ModelCache(device="cpu")
     pipe = cache.get(str(export))
-    assert method_choices(pipe) == ["maskgit", "halton", "lpd-order", "lpd-confidence"]
+    assert methods_for(pipe.model) == ["maskgit", "halton", "lpd-order", "lpd-confidence"]
     texts = ["8"] + [""] * 10  # halton's steps
     *_, summary, _, _, stats = compare(cache, str(export), "red circle", "", "", "halton", 0, 2.0, 1.0, 0, 1.0, texts)
     assert stats["ar"]["method"] == "maskgit" and stats["method"]["forward_passes"] == 8

@@ -10,6 +10,7 @@ from laws import tiny_llamagen
 from safetensors.torch import load_file
 
 import visar
+from visar.accel import methods_for
 from visar.accel.next_scale.methods import ramped_guidance
 from visar.errors import CheckpointMismatchError, VisarError
 from visar.families import FAMILIES
@@ -463,11 +464,11 @@ def test_batch_generation_decodes_each_next_scale_image_alone(pair, tmp_path):
 def test_demo_compares_a_next_scale_model_and_draws_its_scales():
     """The demo's comparison on the shipped VAR drafter: the reference side is `var`, the refiner is
     offered by name, and the heatmap shows one map per scale (one pass each)."""
-    from visar.apps.demo import ModelCache, commit_heatmap, compare, default_options, method_choices, tokens_per_pass
+    from visar.apps.demo import ModelCache, commit_heatmap, compare, default_options, tokens_per_pass
 
     cache = ModelCache(device="cpu")
     pipe = cache.get("visar-tiny-var-c2i")
-    assert method_choices(pipe) == ["var", "code", "var-prune"]
+    assert methods_for(pipe.model) == ["var", "code", "var-prune"]
     texts = default_options("code", "visar-tiny-var-c2i")
     assert texts["refiner"] == "visar-tiny-var-c2i-refiner"
     fields = [texts.get(name, "") for name in ("refiner", "draft_scales", "keep_fraction", "prune_scales")]

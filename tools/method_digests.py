@@ -23,7 +23,7 @@ import sys
 import torch
 
 import visar
-from visar.accel import METHODS
+from visar.accel import METHODS, methods_for
 from visar.errors import VisarError
 from visar.registry import embedded_models
 
@@ -61,13 +61,10 @@ def main() -> int:
             continue
         text = pipe.text_encoder is not None or pipe.class_names is None and "t2i" in name
         condition = {"prompts": ["a red square", "two blue circles"]} if text else {"class_labels": [3, 7]}
-        for method_name, method in sorted(METHODS.items()):
+        for method_name in methods_for(pipe.model):
             if methods is not None and method_name not in methods:
                 continue
-            try:
-                method.check_model(pipe.model)
-            except VisarError:
-                continue
+            method = METHODS[method_name]
             options = {method.draft_option: DRAFTS[name]} if method.needs_draft and name in DRAFTS else {}
             if method.needs_draft and not options:
                 continue

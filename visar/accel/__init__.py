@@ -23,7 +23,16 @@ from .next_scale import methods as next_scale  # next-scale models
 from .masked import maskgit, halton, lpd  # masked models
 
 # isort: on
-from .core.method_registry import METHODS, Method, Request, get_method, list_methods, reference_method, register_method
+from .core.method_registry import (
+    METHODS,
+    Method,
+    Request,
+    get_method,
+    list_methods,
+    methods_for,
+    reference_method,
+    register_method,
+)
 
 __all__ = [
     "METHODS",
@@ -31,6 +40,7 @@ __all__ = [
     "Request",
     "get_method",
     "list_methods",
+    "methods_for",
     "reference_method",
     "register_method",
     "ar",

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from ..accel import METHODS, get_method, reference_method
+from ..accel import METHODS, get_method, methods_for, reference_method
 from ..accel.core.stats import per_image
 from ..errors import VisarError, require
 from ..models.base import model_kind
@@ -98,18 +98,6 @@ def class_choices(pipe) -> list[str]:
         return []
     names = pipe.class_names or []
     return [names[i] if i < len(names) else str(i) for i in range(pipe.num_classes)]
-
-
-def method_choices(pipe) -> list[str]:
-    """The methods that decode this model (its kind, the capabilities they require)."""
-    usable = []
-    for name, method in METHODS.items():
-        try:
-            method.check_model(pipe.model)
-        except VisarError:
-            continue
-        usable.append(name)
-    return usable
 
 
 def preselected_method(pipe, usable: list[str], wanted: str | None = None) -> str:
@@ -460,7 +448,7 @@ def build_demo(
     gr = require("gradio", "demo")
     cache = ModelCache(device=device, dtype=dtype, allow_folders=allow_folders)
     first = cache.get(model)
-    methods = method_choices(first)
+    methods = methods_for(first.model)
     method = preselected_method(first, methods, method)
     handlers = page_handlers(gr, cache)
     with gr.Blocks(title="visar demo", analytics_enabled=False) as demo:
@@ -527,7 +515,7 @@ def page_handlers(gr, cache: ModelCache) -> dict:
         except VisarError as err:
             gr.Warning(str(err))
             return [gr.update()] * (9 + MAX_OPTIONS + len(EMPTY_VIEWS))
-        usable = method_choices(pipe)
+        usable = methods_for(pipe.model)
         method_name = preselected_method(pipe, usable, method_name)
         names = class_choices(pipe)
         d = pipe.defaults

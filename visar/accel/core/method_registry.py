@@ -143,6 +143,14 @@ class Method:
             known = ", ".join(self.options) or "none"
             raise VisarError(f"unknown option(s) {unknown} for method {self.name!r}; its options: {known}")
 
+    def missing(self, model) -> list[str]:
+        """The model attributes this method requires (`requires`) that the model does not declare."""
+        return [need for need in self.requires if getattr(model, need, None) is None]
+
+    def fits(self, model) -> bool:
+        """The method decodes this model: its kind, and every attribute it requires."""
+        return model_kind(model) == self.model_kind and not self.missing(model)
+
     def check_model(self, model, name: str | None = None):
         """One clear error when the model is not of the kind this method decodes; `name`: what the user
         called the model (the pipeline's name), else its class."""
@@ -154,7 +162,7 @@ class Method:
                 f"method {self.name!r} decodes {self.model_kind} models; {name} is {what}: "
                 f"see `visar methods` for the methods of each kind"
             )
-        missing = [need for need in self.requires if getattr(model, need, None) is None]
+        missing = self.missing(model)
         if missing:
             raise VisarError(
                 f"method {self.name!r} needs a model that declares {', '.join(missing)}; {name} does not "
@@ -185,6 +193,12 @@ def get_method(name: str) -> Method:
 
 def list_methods() -> list[str]:
     return sorted(METHODS)
+
+
+def methods_for(model) -> list[str]:
+    """The registered methods that decode `model` (its kind, and what each requires beyond it), in
+    registration order: the kind's reference first (`visar.accel` imports it first)."""
+    return [name for name, method in METHODS.items() if method.fits(model)]
 
 
 # The method each kind's accelerated methods are compared with, and what a command runs without --method.

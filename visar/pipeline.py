@@ -190,6 +190,9 @@ class Pipeline:
         # The recipe the model was trained by (config.json "recipe"), for evaluations that compare
         # with its training data; the pipeline itself does not read it.
         self.recipe = dict(recipe or {})
+        # torch.compile options each pass of a pass-loop engine runs under (`compile(whole_passes=True)`);
+        # None: eager passes
+        self.compile_options: dict | None = None
 
     def compile(self, *, whole_passes: bool = False, **compile_kwargs) -> Pipeline:
         """torch.compile the generator's forward in place, so every method's forward passes use it.
@@ -209,7 +212,7 @@ class Pipeline:
         runs eagerly from that call on, rerunning it, with one warning saying why (`EagerFallback`).
         """
         compile_kwargs.setdefault("dynamic", False)
-        self.compile_options = dict(compile_kwargs) if whole_passes else None  # what each pass runs under
+        self.compile_options = dict(compile_kwargs) if whole_passes else None
         dynamo = torch._dynamo.config
         limit = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"
         setattr(dynamo, limit, max(getattr(dynamo, limit), COMPILED_SHAPES))

@@ -161,7 +161,7 @@ def model16():
 @pytest.mark.parametrize("window", [3, 16])
 def test_greedy_equals_plain_ar(model16, params, window):
     cond = torch.tensor([0, 2, 1])
-    reference, _ = ar.generate(Request(model16, cond, params, make_generators(3, 0)))
+    reference, _ = ar.autoregressive(Request(model16, cond, params, make_generators(3, 0)))
     draft = perturbed(model16, seed=5, scale=0.1)
     for name, options in LOSSLESS:
         options = dict(options, window=window, **({"draft": draft} if name == "spec" else {}))
@@ -175,7 +175,7 @@ def test_greedy_equals_plain_ar_text_conditional():
     captions = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
     mask = torch.tensor([[False, True, True], [True, True, True]])
     params = SamplingParams(top_k=1, guidance_scale=2.0)
-    reference, _ = ar.generate(Request(model, captions, params, make_generators(2, 0), cond_mask=mask))
+    reference, _ = ar.autoregressive(Request(model, captions, params, make_generators(2, 0), cond_mask=mask))
     draft = perturbed(model, seed=5, scale=0.1)
     for name, options in LOSSLESS:
         options = dict(options, window=4, **({"draft": draft} if name == "spec" else {}))

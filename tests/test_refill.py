@@ -150,7 +150,8 @@ def test_pipeline_batch_size_refills_or_runs_consecutive_batches(pipe):
     assert torch.equal(whole.tokens, running.tokens)
     assert running.stats["forward_passes_per_image"] == whole.stats["forward_passes_per_image"]
     assert running.stats["refills"] == 4 and running.tokens.shape == whole.tokens.shape
-    # ar's running batch is consecutive batches (every image takes N passes): three batches of two
+    # ar does not refill (every image takes N passes): the pipeline decodes three consecutive batches of two
+    assert not get_method("ar").refills
     batches = pipe.generate(class_labels=labels, method="ar", seed=3, output_type="tokens", batch_size=2)
     alone = pipe.generate(class_labels=labels, method="ar", seed=3, output_type="tokens")
     assert torch.equal(batches.tokens, alone.tokens)
@@ -172,6 +173,8 @@ def test_pipeline_batch_size_refills_or_runs_consecutive_batches(pipe):
     batches = maskgit.generate(class_labels=labels, method="maskgit", seed=3, output_type="tokens", batch_size=4)
     assert torch.equal(whole.tokens, batches.tokens)
     assert batches.stats["forward_passes_per_image"] == whole.stats["forward_passes_per_image"]
+    assert batches.stats["slots"] == 4 and batches.stats["refills"] == 2
+    assert batches.stats["batch_passes"] == 2 * whole.stats["forward_passes"]
 
 
 @pytest.mark.parametrize(

@@ -75,7 +75,7 @@ def test_each_image_of_a_running_batch_is_its_decode_alone(model, name, options)
 @pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit
 def test_wavefront_refills_and_stays_raster():
     local = tiny_llamagen(vocab=32, block_size=36, seed=7, std=0.5, cls=LocalLlamaGen)
-    reference, _ = ar.generate(Request(local, LABELS, PARAMS, make_generators(6, 2)))
+    reference, _ = ar.autoregressive(Request(local, LABELS, PARAMS, make_generators(6, 2)))
     tokens, stats = get_method("wavefront").fn(Request(local, LABELS, PARAMS, make_generators(6, 2), slots=4))
     assert torch.equal(tokens, reference) and stats["refills"] == 2
     assert stats["forward_passes_per_image"] == [6 + 2 * 5] * 6

@@ -69,7 +69,7 @@ def test_tree_without_relaxation_is_exact(model):
 def test_tree_greedy_equals_plain_ar(model16, params):
     """Greedy: every tree and cap gives AR's tokens (the cap (lambda - 1) p(x) is 0 off the argmax)."""
     cond, book = torch.tensor([0, 2, 1]), unit_codebook(32, 4, 1)
-    reference, _ = ar.generate(Request(model16, cond, params, make_generators(3, 0)))
+    reference, _ = ar.autoregressive(Request(model16, cond, params, make_generators(3, 0)))
     draft = perturbed(model16, seed=5, scale=0.1)
     for tree, cap in [("naive_extend_57", 1.0), ("naive_extend_57", 5.0), ("chain5", 1.0), (SMALL_TREE, 1.0)]:
         tokens, _ = relaxed.lantern_pp(

@@ -101,7 +101,7 @@ def model16():
 def test_greedy_equals_plain_ar_and_batches_do_not_matter(model16, name):
     greedy = SamplingParams(top_k=1, guidance_scale=1.5)
     cond = torch.tensor([0, 1, 2])
-    reference, _ = ar.generate(Request(model16, cond, greedy, make_generators(3, 0)))
+    reference, _ = ar.autoregressive(Request(model16, cond, greedy, make_generators(3, 0)))
     tokens, stats = get_method(name).fn(
         Request(model16, cond, greedy, make_generators(3, 0)), window=8, branch=2, depth=2
     )
@@ -170,7 +170,7 @@ def test_a_chain_without_side_nodes_equals_plain_ar_greedy(model16):
     """branch 1: the tree is its main path alone (M nodes, no side node), which the path buffer must fit."""
     greedy = SamplingParams(top_k=1)
     cond = torch.tensor([0, 1])
-    reference, _ = ar.generate(Request(model16, cond, greedy, make_generators(2, 0)))
+    reference, _ = ar.autoregressive(Request(model16, cond, greedy, make_generators(2, 0)))
     for name in ("sjd-pac", "tree-mc-sjd"):
         tokens, stats = get_method(name).fn(Request(model16, cond, greedy, make_generators(2, 0)), window=8, branch=1)
         assert torch.equal(tokens, reference) and stats["rows_per_pass"] == 8

@@ -66,7 +66,7 @@ def test_pass_count_is_the_formula(block_size, windows):
 def test_equals_plain_ar_when_the_window_covers_a_row(params):
     model = tiny_llamagen(vocab=32, block_size=36, seed=1, std=0.3)
     cond = torch.tensor([0, 2, 1, 1])
-    reference, ar_stats = ar.generate(Request(model, cond, params, make_generators(4, 7)))
+    reference, ar_stats = ar.autoregressive(Request(model, cond, params, make_generators(4, 7)))
     for s in (6, 11):
         tokens, stats = zipar.zipar(Request(model, cond, params, make_generators(4, 7)), s=s)
         assert torch.equal(tokens, reference)
@@ -82,7 +82,7 @@ def test_equals_plain_ar_text_conditional():
     captions = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
     mask = torch.tensor([[False, True, True], [True, True, True]])
     for params in (GREEDY, SAMPLED):
-        reference, _ = ar.generate(Request(model, captions, params, make_generators(2, 3), cond_mask=mask))
+        reference, _ = ar.autoregressive(Request(model, captions, params, make_generators(2, 3), cond_mask=mask))
         tokens, _ = zipar.zipar(Request(model, captions, params, make_generators(2, 3), cond_mask=mask), s=4)
         assert torch.equal(tokens, reference)
         if params is GREEDY:  # Jacobi fronts, and GSD with groups of one (its test is then the exact one)
@@ -99,7 +99,7 @@ def test_tree_fronts_equal_plain_ar_greedy_when_the_window_covers_a_row(monkeypa
     taken candidate's slot keeps candidate 0's KV, and the tokens change (the test can fail)."""
     model = tiny_llamagen(vocab=16, block_size=64, seed=5, std=0.6)  # neighbours often equal: sides get taken
     cond = torch.tensor([0, 1, 2, 0])
-    reference, _ = ar.generate(Request(model, cond, GREEDY, make_generators(4, 7)))
+    reference, _ = ar.autoregressive(Request(model, cond, GREEDY, make_generators(4, 7)))
     tokens, stats = zipar.zipar_tree(Request(model, cond, GREEDY, make_generators(4, 7)), s=8, window=6, branch=4)
     assert torch.equal(tokens, reference) and min(stats["side_taken_per_image"]) > 0
     extend = zipar.tree_fronts.FrontTrees.extend
@@ -668,7 +668,7 @@ def test_local_model_is_local(local_model):
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED])
 def test_wavefront_equals_raster_on_a_local_model(local_model, params):
     cond = torch.tensor([0, 1, 2, 1, 0, 2])
-    reference, _ = ar.generate(Request(local_model, cond, params, make_generators(6, 2)))
+    reference, _ = ar.autoregressive(Request(local_model, cond, params, make_generators(6, 2)))
     tokens, stats = zipar.wavefront(Request(local_model, cond, params, make_generators(6, 2)))
     assert torch.equal(tokens, reference)
     assert stats["forward_passes"] == 6 + 2 * 5 and stats["dependency_reach"] == 1  # (W-1) + (R+1)(H-1) + 1

@@ -28,9 +28,9 @@ class Steps:
     def __init__(self, count: int):
         self.left = count
 
-    def size(self):
+    def tick(self) -> bool:  # as `StepTimer.tick`: another step?
         self.left -= 1
-        return 1 if self.left >= 0 else None
+        return self.left >= 0
 
 
 def main():

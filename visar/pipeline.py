@@ -21,8 +21,9 @@ from PIL import Image
 from torch import Tensor
 
 from .accel import Request, get_method, reference_method
+from .accel.core.method_registry import consecutive_batches, hand_over_batch
 from .accel.core.sampling import MAX_SEED, SamplingParams
-from .accel.core.stats import concat_batches, merge_batch_stats, per_image
+from .accel.core.stats import per_image
 from .accel.core.timing import synchronized_clock
 from .accel.raster.pass_loop import compile_failure
 from .errors import VisarError
@@ -416,8 +417,9 @@ class Pipeline:
 
     def decode_images(self, run: Run, slots: int | None, deterministic: bool, on_image):
         """The method over the call's images: each alone (deterministic), as a running batch of `slots`
-        (a method that refills), or in consecutive batches -> tokens and stats in the output's shapes;
-        on_image gets each image as it is done (a running batch, one alone) or all at the end."""
+        (a method that refills), or in consecutive batches of `slots` (the others, ar among them: its
+        slots all free at once) -> tokens and stats in the output's shapes; on_image gets each image as
+        it is done (a running batch), as its batch is (consecutive batches, one image alone), or all at the end."""
         running = slots is not None and run.method.refills and not deterministic
         try:
             with deterministic_algorithms(self.device, deterministic):
@@ -426,13 +428,17 @@ class Pipeline:
                 elif running:
                     request = replace(run.request, slots=slots, on_image=self.image_callback(on_image))
                     tokens, stats = self.run_method(*run._replace(request=request))
+                elif slots is not None:
+                    tokens, stats = self.run_batches(*run, slots, self.image_done(on_image))
+                    images = run.request.cond.shape[0]  # a running batch's counts: its images start `slots` at a time
+                    stats.update(slots=slots, refills=images - slots, batch_passes=stats["forward_passes"])
                 else:
-                    tokens, stats = self.run_batches(*run, slots)
+                    tokens, stats = self.run_method(*run)
         except torch.OutOfMemoryError as err:
             images = run.request.cond.shape[0]
             raise out_of_memory(err, 1 if deterministic else slots or images, run.name, self.device) from err
         tokens, stats["commit_pass"] = output_maps(self.model, tokens, stats["commit_pass"])
-        if on_image is not None and not running and not deterministic:
+        if on_image is not None and slots is None and not deterministic:
             hand_over_images(on_image, 0, tokens, stats)
         return tokens, stats
 
@@ -456,27 +462,23 @@ class Pipeline:
 
     def run_images(self, negative, request: Request, name: str, options: dict, start: int, stop: int):
         """`Request.images_runner`: method `name` on the request's images [start, stop) as a call of
-        their own, their rows of the negative prompt held meanwhile (`auto`'s candidates)."""
-        part = None if negative is None else tuple(x[start:stop] for x in negative)
-        return self.run_method(get_method(name), request.images(start, stop), part, None, options)
+        their own, their rows of the negative prompt held meanwhile (`auto`'s candidates); a running
+        batch of them, for a method that does not refill, as consecutive batches of its slots."""
+        method, images = get_method(name), request.images(start, stop)
+        rows = None if negative is None else tuple(x[start:stop] for x in negative)
+        if images.slots is None or method.refills:
+            return self.run_method(method, images, rows, None, options)
+        return self.run_batches(method, images, rows, None, options, images.slots, hand_over_batch(images.on_image))
 
     def run_batches(self, decoding_method, request: Request, negative, second, method_options: dict, size, done=None):
-        """The method on consecutive batches of at most `size` images (None: one batch), stats merged;
-        done(start, tokens, stats), if given, after each batch (its first image's index, its output)."""
-        batch = request.cond.shape[0]
-        if (size is None or size >= batch) and done is None:
-            return self.run_method(decoding_method, request, negative, second, method_options)
-        size = size or batch
-        parts = []
-        for start in range(0, batch, size):
-            part = slice(start, start + size)
-            cond_mask = None if request.cond_mask is None else request.cond_mask[part]
-            chunk = replace(request, cond=request.cond[part], cond_mask=cond_mask, generators=request.generators[part])
-            chunk_negative = None if negative is None else tuple(x[part] for x in negative)
-            parts.append(self.run_method(decoding_method, chunk, chunk_negative, second, method_options))
-            if done is not None:
-                done(start, *parts[-1])
-        return concat_batches([tokens for tokens, _ in parts]), merge_batch_stats([stats for _, stats in parts])
+        """The method on consecutive batches of at most `size` images (`consecutive_batches`), each with
+        its rows of the negative prompt, stats merged; done(start, tokens, stats), if given, after each."""
+
+        def decode(start: int, stop: int, batch: Request):
+            rows = None if negative is None else tuple(x[start:stop] for x in negative)
+            return self.run_method(decoding_method, batch, rows, second, method_options)
+
+        return consecutive_batches(request, size, decode, done)
 
     def image_done(self, on_image):
         """A batch of one image's (index, tokens, stats) -> on_image(index, its output tokens, info), as a

@@ -120,8 +120,8 @@ def throughput(
         for keep in (None, *kv_keeps):
             options = {**method_options.get(name, {}), **size_option, **({} if keep is None else {"kv_keep": keep})}
             for size in batch_sizes:
-                # ar's running batch is its consecutive batches (its images all take N passes)
-                refills = get_method(name).refills and size > 1 and name != reference
+                # a method that does not refill (ar: its images all take N passes) has fixed batches only
+                refills = get_method(name).refills and size > 1
                 for refill in (False, True) if refills else (False,):
                     plan.append((label, name, options, size, refill))
                     if name == "auto":  # its second call: what runs once tuned (kept for later calls and processes)

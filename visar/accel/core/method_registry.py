@@ -26,6 +26,7 @@ from torch import Tensor
 from ...errors import VisarError
 from ...models.base import model_kind
 from .sampling import SamplingParams
+from .stats import concat_batches, merge_batch_stats, per_image
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,8 @@ class Request:
     compile_passes: dict | None = None
     # A running batch (`pass_loop.RunningBatch`): cond and generators hold a queue of images, `slots` of
     # them decoded at once, each finished image's slot taken by the next; None: all at once. Only a
-    # method registered `refills=True` is handed one (`Pipeline.generate` cuts the queue into
-    # batches for the others).
+    # method registered `refills=True` is handed one (`Pipeline.generate` and `run_images` cut the
+    # queue into consecutive batches for the others: `consecutive_batches`).
     slots: int | None = None
     # called (image index, tokens [N], {"forward_passes", "commit_pass" [N], what the method adds}) as each
     # image of a running batch finishes
@@ -85,10 +86,47 @@ class Request:
 
 def run_images(request: Request, name: str, options: dict, start: int, stop: int) -> tuple:
     """Method `name` with `options` on the request's images [start, stop), as a call of their own
-    (through the caller's `images_runner`, which holds what belongs to those images, if it gave one)."""
+    (through the caller's `images_runner`, which holds what belongs to those images, if it gave one);
+    a running batch of them, for a method that does not refill, as consecutive batches of its slots."""
     if request.images_runner is not None:
         return request.images_runner(request, name, options, start, stop)
-    return get_method(name).fn(request.images(start, stop), **options)
+    method, images = get_method(name), request.images(start, stop)
+    if images.slots is None or method.refills:
+        return method.fn(images, **options)
+    decode = lambda _start, _stop, batch: method.fn(batch, **options)  # noqa: E731
+    return consecutive_batches(images, images.slots, decode, hand_over_batch(images.on_image))
+
+
+def consecutive_batches(request: Request, size: int | None, decode: Callable, done: Callable | None = None) -> tuple:
+    """The request's images as consecutive batches of at most `size` (None: one batch): decode(start, stop,
+    the request of images [start, stop) alone) -> their (tokens, stats); done(start, tokens, stats), if
+    given, after each batch -> the batches' tokens concatenated, their stats merged. How a method that
+    does not refill (`Method.refills`) decodes a running batch: ar's slots all free at once anyway."""
+    images = request.cond.shape[0]
+    size = min(size or images, images)
+    parts = []
+    for start in range(0, images, size):
+        stop = min(start + size, images)
+        parts.append(decode(start, stop, replace(request.images(start, stop), slots=None, on_image=None)))
+        if done is not None:
+            done(start, *parts[-1])
+    if len(parts) == 1:
+        return parts[0]
+    return concat_batches([tokens for tokens, _ in parts]), merge_batch_stats([stats for _, stats in parts])
+
+
+def hand_over_batch(on_image: Callable | None) -> Callable | None:
+    """A running batch's on_image(index, tokens [N], info) -> `consecutive_batches`' done: each image of
+    a finished batch handed over with its {"forward_passes", "commit_pass"} (None without on_image)."""
+    if on_image is None:
+        return None
+
+    def done(start: int, tokens: Tensor, stats: dict):
+        images = zip(per_image(tokens), stats["forward_passes_per_image"], per_image(stats["commit_pass"]), strict=True)
+        for i, (image_tokens, passes, commit_pass) in enumerate(images):
+            on_image(start + i, image_tokens, {"forward_passes": passes, "commit_pass": commit_pass})
+
+    return done
 
 
 @dataclass(frozen=True)
@@ -111,7 +149,8 @@ class Method:
     # an image's tokens do not depend on the rest of its batch (False for `auto`, whose choices are
     # made for the batch size: the same law, other random numbers)
     batch_invariant: bool = True
-    # decodes a running batch (`Request.slots`): a finished image's slot is refilled from the queue
+    # decodes a running batch (`Request.slots`): a finished image's slot is refilled from the queue;
+    # False: its running batch is decoded as consecutive batches of `slots` images (`consecutive_batches`)
     refills: bool = False
 
     @property

@@ -65,11 +65,12 @@ class Candidate:
 
 
 def lossless_raster_methods() -> list[str]:
-    """The methods a candidate may name: lossless raster methods that refill and need no second model."""
+    """The methods a candidate may name: lossless raster methods that need no second model (in a running
+    batch, each refills its slots, or, as ar, decodes consecutive batches of them: `run_images`)."""
     return sorted(
         name
         for name, m in METHODS.items()
-        if m.lossless and m.model_kind == "raster" and m.refills and not m.needs_draft and name != "auto"
+        if m.lossless and m.model_kind == "raster" and not m.needs_draft and name != "auto"
     )
 
 

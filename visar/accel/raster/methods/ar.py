@@ -2,9 +2,10 @@
 
 One forward pass per image token (the prefill over the condition yields the first token), KV
 cache, CFG through the guided scorer, and one uniform per position from each image's own
-generator: an image's tokens do not depend on what else is in its batch. A running batch
-(`Request.slots`) is consecutive batches of that many images: every image takes N passes, so all
-of a batch's slots are free at once, and refilling them all is starting the next batch.
+generator: an image's tokens do not depend on what else is in its batch. ar does not refill a
+running batch: every image takes N passes, so all of a batch's slots free at once, and refilling
+them all is starting the next batch; `Pipeline.generate(batch_size=)` (and `auto`'s rounds) decode
+ar's queue as consecutive batches (`method_registry.consecutive_batches`).
 """
 
 from __future__ import annotations
@@ -16,66 +17,32 @@ from ....progress import progress_bar
 from ...core.method_registry import Request, register_method
 from ...core.sampling import draw_uniforms, sample_from_probs, to_device
 from ...core.scoring import GuidedScorer
-from ...core.stats import DecodeLog, merge_batch_stats
+from ...core.stats import DecodeLog
 from ...core.timing import StepTimer
 
 
 @torch.no_grad()
-@register_method("ar", lossless=True, description="plain next-token sampling (the reference)", refills=True)
-def generate(request: Request) -> tuple[Tensor, dict]:
-    """Sample image tokens [B, N] in raster order; returns (tokens, stats)."""
-    return sample_tokens(request)
+@register_method("ar", lossless=True, description="plain next-token sampling (the reference)")
+def autoregressive(request: Request) -> tuple[Tensor, dict]:
+    """Sample image tokens [B, N] in raster order, every image of the request at once; returns (tokens, stats)."""
+    scorer = GuidedScorer(request.model, request.cond, request.cond_mask, request.params, kv_keep=request.kv_keep)
+    return sample_batch(request, scorer, request.generators)
 
 
-def sample_tokens(request: Request, timer: StepTimer | None = None) -> tuple[Tensor, dict]:
-    """The AR loop; `timer` (timing AR steps for `auto`) may stop it early. A running batch's queue
-    is decoded `slots` images at a time (`sample_queue`)."""
-    if request.slots is not None and timer is None:
-        return sample_queue(request)
-    # a timer of a running batch times its first slots' images
+def sample_tokens(request: Request, timer: StepTimer) -> tuple[Tensor, dict]:
+    """The AR loop, timed by `timer` (AR steps for `auto`), which may stop it early; a running batch's
+    request times its first `slots` images (the scorer made for its whole queue, as the refilling
+    methods make theirs)."""
     scorer = GuidedScorer(
         request.model, request.cond, request.cond_mask, request.params, slots=request.slots, kv_keep=request.kv_keep
     )
     return sample_batch(request, scorer, request.generators[: scorer.batch], timer)
 
 
-def sample_queue(request: Request) -> tuple[Tensor, dict]:
-    """A running batch's queue as consecutive batches of `slots` images, each image handed to
-    `request.on_image` when its batch is done; stats merged (`batch_passes`: the batches' passes)."""
-    queue, slots, num_tokens = request.cond.shape[0], request.slots, request.model.num_image_tokens
-    parts, scorers = [], {}
-    for start in range(0, queue, slots):
-        images = torch.arange(start, min(start + slots, queue), device=request.cond.device)
-        # the queue's scorer (its null conditions made for every queued image, as a negative prompt
-        # held for the call needs), its slots given this batch's images: one a batch size (the
-        # last batch may be smaller), so the queue's null conditions are made once or twice
-        size = len(images)
-        if size not in scorers:
-            scorers[size] = GuidedScorer(
-                request.model, request.cond, request.cond_mask, request.params, slots=size, kv_keep=request.kv_keep
-            )
-        scorer = scorers[size]
-        generators = request.generators[start : start + len(images)]
-        tokens, stats = sample_batch(request, scorer, generators, admit=images if start else None)
-        if request.on_image is not None:
-            for image, (image_tokens, commit_pass) in enumerate(zip(tokens, stats["commit_pass"], strict=True)):
-                request.on_image(
-                    start + image, image_tokens, {"forward_passes": num_tokens, "commit_pass": commit_pass}
-                )
-        parts.append((tokens, stats))
-    stats = merge_batch_stats([stats for _, stats in parts])
-    stats.update(slots=slots, refills=queue - len(parts[0][0]), batch_passes=stats["forward_passes"])
-    return torch.cat([tokens for tokens, _ in parts]), stats
-
-
 def sample_batch(
-    request: Request,
-    scorer: GuidedScorer,
-    generators: list,
-    timer: StepTimer | None = None,
-    admit: Tensor | None = None,
+    request: Request, scorer: GuidedScorer, generators: list, timer: StepTimer | None = None
 ) -> tuple[Tensor, dict]:
-    """The AR loop over `scorer`'s batch (admit: the queue images its slots take first)."""
+    """The AR loop over `scorer`'s batch, one generator per image."""
     model = request.model
     device = model.device
     batch = len(generators)
@@ -86,8 +53,6 @@ def sample_batch(
     # every step's uniform drawn at once: the same numbers as one draw per step (`UniformStream`)
     uniforms = to_device(draw_uniforms(generators, num_tokens), device)
     with scorer.cache(num_cond + num_tokens):
-        if admit is not None:
-            scorer.admit(torch.arange(batch, device=device), admit)
         probs = scorer.prefill()  # [B, V]
         for i in progress_bar(range(num_tokens), enabled=request.progress, desc="ar"):
             if timer is not None and not timer.tick():

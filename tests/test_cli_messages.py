@@ -3,8 +3,8 @@ that name what the user gave, and a last line that says what `auto` ran and what
 
 import pytest
 
-from visar.apps import demo
 from visar.apps.cli import main
+from visar.apps.demo import page as demo_page
 
 GENERATE = ["generate", "--model", "default", "--class", "1", "--quiet"]
 
@@ -71,8 +71,8 @@ class FakeBlocks:
 @pytest.mark.parametrize("share", [False, True])
 def test_the_demo_start_line_names_visar_s_flag_not_gradio_s(monkeypatch, capsys, share):
     page = FakeBlocks()
-    monkeypatch.setattr(demo, "build_demo", lambda **kwargs: page)
-    demo.launch(host="127.0.0.1", port=7999, share=share)
+    monkeypatch.setattr(demo_page, "build_demo", lambda **kwargs: page)
+    demo_page.launch(host="127.0.0.1", port=7999, share=share)
     printed = capsys.readouterr().out
     assert page.kwargs["quiet"] is True and page.kwargs["share"] is share  # Gradio's own lines say share=True
     assert "visar demo running on http://127.0.0.1:7999/" in printed and "--share" in printed

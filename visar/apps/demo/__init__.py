@@ -1,0 +1,104 @@
+"""`visar demo`: a model's reference decoding and an accelerated method side by side, on one seed.
+
+One click samples the chosen class or prompt (with its negative prompt, if one is given) twice,
+with the reference of the model's kind (`ar` for raster models) and with the chosen method, each
+image from one `torch.Generator` seeded with the seed, and shows both images, their forward passes,
+step compression (image tokens / forward passes), sampling time, the measured speed-up (sampling
+time against sampling time, bold only where the method was faster; none for the reference against
+itself), the one-time set-up apart (auto's AR-step probe on a model's first call), what auto timed
+(each candidate's images per second: its first clicks on a model decode with the candidates in
+turn, then with the fastest), the class or prompt and negative prompt used, and whether the method is lossless at these
+options; then how the method decoded: a heatmap over the token grid of the forward pass that
+committed each token (`stats["commit_pass"]`; for a next-scale model every scale's map, in lines)
+and the tokens committed per pass (an axis from 0). The note under the images says what the chosen
+method guarantees (lossless, or lossy and what it trades). A click checks the inputs first (a bad
+one is one message, nothing cleared), then clears the previous result and generates; choosing a
+model clears the last model's result, and a text model opens with an example prompt.
+
+Sessions share nothing but the loaded models (one per name and device, never changed after
+loading). A model keeps its KV cache between the forward passes of one generation, so the
+generations on a device take turns (a lock); Gradio's queue bounds the requests in flight.
+User errors (`VisarError`: unknown class, empty prompt, an option out of range, a folder that is
+not a model) come back as a message in the page; the server goes on serving.
+"""
+
+from .comparison import (
+    DISPLAY_PX,
+    commit_heatmap,
+    compare,
+    condition_text,
+    map_lines,
+    reference_label,
+    run_side,
+    speedup_text,
+    summary_markdown,
+    tokens_per_pass,
+    upscale,
+)
+from .models import EXAMPLE_PROMPTS, ModelCache, class_choices, example_prompt, model_choices, model_info
+from .options import (
+    MAX_OPTION_TEXT,
+    MAX_OPTIONS,
+    MAX_SEED,
+    PageInputs,
+    check_number,
+    check_sizes,
+    condition_of,
+    default_options,
+    negative_of,
+    parse_options,
+    prepared,
+)
+from .page import (
+    DEFAULT_METHOD,
+    EMPTY_VIEWS,
+    FIRST_METHODS,
+    build_demo,
+    guarantee_note,
+    is_loopback,
+    launch,
+    method_info,
+    page_handlers,
+    preselected_method,
+)
+
+__all__ = [
+    "build_demo",
+    "check_number",
+    "check_sizes",
+    "class_choices",
+    "commit_heatmap",
+    "compare",
+    "condition_of",
+    "condition_text",
+    "DEFAULT_METHOD",
+    "default_options",
+    "DISPLAY_PX",
+    "EMPTY_VIEWS",
+    "example_prompt",
+    "EXAMPLE_PROMPTS",
+    "FIRST_METHODS",
+    "guarantee_note",
+    "is_loopback",
+    "launch",
+    "map_lines",
+    "MAX_OPTION_TEXT",
+    "MAX_OPTIONS",
+    "MAX_SEED",
+    "method_info",
+    "model_choices",
+    "model_info",
+    "ModelCache",
+    "negative_of",
+    "page_handlers",
+    "PageInputs",
+    "parse_options",
+    "prepared",
+    "preselected_method",
+    "reference_label",
+    "run_side",
+    "speedup_text",
+    "summary_markdown",
+    "tokens_per_pass",
+    "upscale",
+]

@@ -1,0 +1,215 @@
+"""One comparison: the reference decoding and the chosen method on one seed, and what the page shows
+of it (the images, the table, the heatmap of commit passes, the tokens committed per pass)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+from ...accel import reference_method
+from ...accel.core.stats import per_image
+from .models import ModelCache
+from .options import PageInputs, prepared
+
+DISPLAY_PX = 256  # images and the heatmap are shown at least this large (nearest-neighbour upscaling)
+# viridis at 0, 1/4, 1/2, 3/4, 1: the heatmap's colours, early passes dark, late passes yellow
+VIRIDIS = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
+
+
+def upscale(image: Image.Image, size: int = DISPLAY_PX) -> Image.Image:
+    factor = max(1, math.ceil(size / max(image.size)))
+    return image.resize((image.width * factor, image.height * factor), Image.NEAREST)
+
+
+def colour(fraction: float) -> tuple[int, int, int]:
+    fraction = min(max(fraction, 0.0), 1.0) * (len(VIRIDIS) - 1)
+    low = min(int(fraction), len(VIRIDIS) - 2)
+    t = fraction - low
+    return tuple(round(a + (b - a) * t) for a, b in zip(VIRIDIS[low], VIRIDIS[low + 1], strict=True))
+
+
+def map_lines(shapes: list[tuple[int, int]]) -> list[list[int]]:
+    """Maps of these (rows, columns), in order, packed into lines for the picture nearest a square ->
+    each line's map indices. Side by side, VAR's ten scales made a strip four times wider than tall,
+    which the page squashed to an unreadable band."""
+    best_score, best_lines = math.inf, [list(range(len(shapes)))]
+    for limit in range(max(c for _, c in shapes), sum(c for _, c in shapes) + 1):
+        lines, width = [[]], 0
+        for i, (_, columns) in enumerate(shapes):
+            if lines[-1] and width + columns > limit:
+                lines, width = [*lines, []], 0
+            lines[-1].append(i)
+            width += columns
+        wide = max(sum(shapes[i][1] for i in line) for line in lines)
+        tall = sum(max(shapes[i][0] for i in line) for line in lines)
+        score = max(wide / tall, tall / wide)
+        if score < best_score:
+            best_score, best_lines = score, lines
+    return best_lines
+
+
+def commit_heatmap(commit_pass) -> Image.Image:
+    """commit_pass [h, w] (1-based passes), or a next-scale model's list of [pn, pn] maps (one per
+    scale) -> a picture: one cell per token, coloured by the pass that committed it (dark: early,
+    yellow: late), the scales in order in lines (`map_lines`), over a colour bar from pass 1 to the last."""
+    grids = [g.long().cpu() for g in (commit_pass if isinstance(commit_pass, (list, tuple)) else [commit_pass])]
+    shapes = [tuple(g.shape) for g in grids]
+    lines = map_lines(shapes)
+    last = max(int(g.max()) for g in grids)
+    cell = max(4, math.ceil(DISPLAY_PX / max(grids[-1].shape)))
+    try:
+        font = ImageFont.load_default(size=12)
+    except TypeError:  # Pillow < 10.1: one fixed-size bitmap font
+        font = ImageFont.load_default()
+    gap, bar = (6 if len(grids) > 1 else 0), 34
+    line_heights = [max(shapes[i][0] for i in line) * cell for line in lines]
+    width = max(sum(shapes[i][1] * cell for i in line) + gap * (len(line) - 1) for line in lines)
+    height = sum(line_heights) + gap * (len(lines) - 1)
+    picture = Image.new("RGB", (width, height + bar), "white")
+    draw = ImageDraw.Draw(picture)
+    palette = [colour((p - 1) / max(last - 1, 1)) for p in range(last + 1)]
+    line_top = 0
+    for line, line_height in zip(lines, line_heights, strict=True):
+        left = 0
+        for i in line:
+            grid = grids[i]
+            top = line_top + line_height - grid.shape[0] * cell  # the maps of a line stand on its baseline
+            for r in range(grid.shape[0]):
+                for c in range(grid.shape[1]):
+                    x, y = left + c * cell, top + r * cell
+                    draw.rectangle((x, y, x + cell - 1, y + cell - 1), fill=palette[int(grid[r, c])])
+            left += grid.shape[1] * cell + gap
+        line_top += line_height + gap
+    y = height + 6
+    for x in range(width):
+        draw.line((x, y, x, y + 8), fill=colour(x / max(width - 1, 1)))
+    draw.text((0, y + 10), "pass 1", fill="black", font=font)
+    label = f"pass {last}"
+    draw.text((width - draw.textlength(label, font=font), y + 10), label, fill="black", font=font)
+    return picture
+
+
+def tokens_per_pass(commit_pass):
+    """A table (pandas) of the tokens committed at each forward pass 1..P, for the bar plot (a
+    next-scale model's list of maps counts every scale's tokens)."""
+    import pandas as pd
+
+    if isinstance(commit_pass, (list, tuple)):
+        commit_pass = torch.cat([g.reshape(-1) for g in commit_pass])
+    counts = torch.bincount(commit_pass.reshape(-1).long().cpu())[1:]
+    return pd.DataFrame({"forward pass": list(range(1, len(counts) + 1)), "tokens committed": counts.tolist()})
+
+
+def run_side(pipe, method: str, seed: int, condition: dict, sampling: dict, options: dict) -> dict:
+    start = time.perf_counter()
+    out = pipe.generate(
+        **condition,
+        method=method,
+        generator=[torch.Generator().manual_seed(seed)],
+        progress=True,
+        **sampling,
+        **options,
+    )
+    wall = time.perf_counter() - start
+    passes = out.stats["forward_passes_per_image"][0]
+    return {
+        "image": out.images[0],
+        "commit_pass": per_image(out.stats["commit_pass"])[0],  # [h, w], or one map per scale
+        "summary": {
+            "method": method,
+            "forward_passes": passes,
+            "step_compression": pipe.model.num_image_tokens / passes,
+            "wall_s": wall,
+            "sampling_s": out.stats["latency_s"],
+            # the call's wall time besides sampling and the VQ decode: what runs once (auto's AR-step
+            # probe, once a process) and the call's own bookkeeping
+            "setup_s": max(0.0, wall - out.stats["latency_s"] - out.stats.get("decode_s", 0.0)),
+            "lossless": bool(out.stats["lossless"]),
+            "acceptance_rate": out.stats["acceptance_rate"],
+            "ran": out.stats.get("auto", method) if method == "auto" else method,  # what auto chose
+            # auto: each candidate's images per second as timed on this machine, and what the choice rests on
+            "tuning": {key: out.stats[key] for key in ("auto_tuning", "auto_reason") if key in out.stats},
+            "options": {k: v for k, v in options.items()},
+        },
+    }
+
+
+def compare(cache: ModelCache, *values):
+    """AR and `method` on one seed -> (AR image, method image, summary markdown, heatmap, per-pass table, stats)."""
+    inputs = PageInputs(*values)
+    pipe, condition, sampling, options = prepared(cache, inputs)
+    method, seed = inputs.method, inputs.seed
+    # the reference of the model's kind: plain AR for raster models, MaskGIT's loop for masked ones
+    reference = reference_method(pipe.model)
+    with cache.lock:
+        ar = run_side(pipe, reference, int(seed), condition, sampling, {})
+        fast = run_side(pipe, method, int(seed), condition, sampling, options)
+    # the reference against itself (chosen, or what auto ran) is the same work twice: two timings of
+    # it differ by noise, which a speed-up would report as a gain or a loss. Sampling is timed against
+    # sampling: a first call's one-time set-up (auto's AR-step probe) is shown apart, not in the ratio.
+    same_work = fast["summary"]["ran"] == reference
+    stats = {
+        "ar": ar["summary"],
+        "method": fast["summary"],
+        "speedup": None if same_work else ar["summary"]["sampling_s"] / fast["summary"]["sampling_s"],
+    }
+    stats["model"], stats["seed"], stats["sampling"] = pipe.name, int(seed), sampling
+    stats["condition"] = condition_text(pipe, condition)
+    if "negative_prompt" in condition:
+        stats["negative_prompt"] = condition["negative_prompt"]
+    heatmap = commit_heatmap(fast["commit_pass"])
+    return upscale(ar["image"]), upscale(fast["image"]), summary_markdown(stats), heatmap, fast["commit_pass"], stats
+
+
+def condition_text(pipe, condition: dict) -> str:
+    """What was sampled, as the table names it: the class (with its name) or the prompt."""
+    if "prompts" in condition:
+        return f"prompt: {condition['prompts'][0]}"
+    label = condition["class_labels"][0]
+    names = pipe.class_names or []
+    return f"class {label}" + (f" ({names[label]})" if label < len(names) else "")
+
+
+def reference_label(method: str) -> str:
+    """How the page names the reference side: "plain AR", or the kind's reference method by name."""
+    return "plain AR" if method == "ar" else f"{method} (the reference)"
+
+
+def summary_markdown(stats: dict) -> str:
+    ar, fast = stats["ar"], stats["method"]
+    name = fast["method"] if fast["ran"] == fast["method"] else f"{fast['method']} (ran {fast['ran']})"
+    speedup = speedup_text(stats["speedup"])
+
+    def acceptance(side):
+        return "-" if side["acceptance_rate"] is None else f"{side['acceptance_rate']:.1%}"
+
+    rows = [
+        ("forward passes", f"{ar['forward_passes']}", f"{fast['forward_passes']}"),
+        ("step compression (tokens / passes)", f"{ar['step_compression']:.2f}x", f"{fast['step_compression']:.2f}x"),
+        ("sampling time", f"{ar['sampling_s']:.2f} s", f"{fast['sampling_s']:.2f} s"),
+        ("measured speed-up (sampling time)", "1.00x", speedup),
+        ("one-time set-up (not in the speed-up)", f"{ar['setup_s']:.2f} s", f"{fast['setup_s']:.2f} s"),
+        ("lossless", "yes" if ar["lossless"] else "no", "yes" if fast["lossless"] else "no"),
+        ("draft acceptance", "-", acceptance(fast)),
+    ]
+    lines = [f"| {stats['model']}, seed {stats['seed']} | {reference_label(ar['method'])} | {name} |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    said = [stats["condition"]]
+    if "negative_prompt" in stats:
+        said.append(f"negative prompt: {stats['negative_prompt']}")
+    elif stats["condition"].startswith("prompt:"):
+        said.append("negative prompt: the model's own")
+    text = "\n".join(lines) + "\n\n" + "; ".join(said)
+    if fast.get("tuning"):  # what auto timed: the candidates' images per second on this machine
+        text += f"\n\nauto: {fast['tuning']['auto_reason']}"
+    return text
+
+
+def speedup_text(speedup: float | None) -> str:
+    """The table's speed-up: bold where the method was faster, said plainly where it was slower."""
+    if speedup is None:
+        return "- (the same decoding)"
+    return f"**{speedup:.2f}x**" if speedup >= 1 else f"{speedup:.2f}x (slower)"

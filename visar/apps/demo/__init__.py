@@ -41,7 +41,7 @@ from .options import (
     MAX_OPTIONS,
     MAX_SEED,
     PageInputs,
-    check_number,
+    check_field,
     check_sizes,
     condition_of,
     default_options,
@@ -64,7 +64,7 @@ from .page import (
 
 __all__ = [
     "build_demo",
-    "check_number",
+    "check_field",
     "check_sizes",
     "class_choices",
     "commit_heatmap",

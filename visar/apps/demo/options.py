@@ -50,7 +50,9 @@ def parse_options(method_name: str, texts) -> dict:
     return options
 
 
-def check_number(name: str, value, low: float, high: float, integer: bool = False):
+def check_field(name: str, value, low: float, high: float, integer: bool = False):
+    """A number field of the page (seed, guidance, temperature, top-k, top-p): a finite number in
+    [low, high], whole where `integer`; else one VisarError naming the field."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         raise VisarError(f"{name} must be a number")
     if integer and int(value) != value:
@@ -119,11 +121,11 @@ def prepared(cache: ModelCache, inputs: PageInputs):
     pipe = cache.get(model_name)
     if method not in METHODS:
         raise VisarError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
-    check_number("seed", seed, 0, MAX_SEED, integer=True)
-    check_number("guidance scale", cfg, 0, 100)
-    check_number("temperature", temperature, 1e-3, 100)
-    check_number("top-k", top_k, 0, getattr(pipe.model, "vocab_size", 0), integer=True)
-    check_number("top-p", top_p, 1e-6, 1)
+    check_field("seed", seed, 0, MAX_SEED, integer=True)
+    check_field("guidance scale", cfg, 0, 100)
+    check_field("temperature", temperature, 1e-3, 100)
+    check_field("top-k", top_k, 0, getattr(pipe.model, "vocab_size", 0), integer=True)
+    check_field("top-p", top_p, 1e-6, 1)
     condition = {**condition_of(pipe, class_value, prompt), **negative_of(pipe, negative_prompt)}
     options = parse_options(method, texts)
     check_sizes(pipe, options)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import ipaddress
 import logging
+from functools import partial
 
 from ...accel import METHODS, methods_for, reference_method
 from ...errors import VisarError, require
@@ -113,70 +114,9 @@ def option_updates(gr, method_name, model_name) -> list:
 def page_handlers(gr, cache: ModelCache) -> dict:
     """What the page's events run: choosing a model, choosing a method, and generating."""
 
-    def select_model(model_name, method_name):
-        try:
-            pipe = cache.get(model_name)
-        except VisarError as err:
-            gr.Warning(str(err))
-            return [gr.update()] * (9 + MAX_OPTIONS + len(EMPTY_VIEWS))
-        usable = methods_for(pipe.model)
-        method_name = preselected_method(pipe, usable, method_name)
-        names = class_choices(pipe)
-        d = pipe.defaults
-        text = not pipe.is_class_conditional
-        return [
-            gr.update(choices=names, value=names[0] if names else None, visible=pipe.is_class_conditional),
-            gr.update(visible=text, value=example_prompt(pipe) if text else ""),
-            gr.update(visible=text, value=None if text else ""),  # the negative prompt: kept for a text model
-            gr.update(choices=usable, value=method_name),
-            gr.update(value=d["guidance_scale"]),
-            gr.update(value=d["temperature"]),
-            gr.update(value=d["top_k"] or 0),
-            gr.update(value=d["top_p"]),
-            model_info(pipe),
-            *option_updates(gr, method_name, model_name),
-            # the last model's result goes: its images and figures are not this model's
-            gr.update(value=None, label=reference_label(reference_method(pipe.model))),
-            *EMPTY_VIEWS[1:],
-        ]
-
-    def select_method(method_name, model_name):
-        if method_name not in METHODS:
-            return ["", ""] + [gr.update()] * MAX_OPTIONS
-        return [method_info(method_name), guarantee_note(method_name), *option_updates(gr, method_name, model_name)]
-
-    def clear_result():
-        """The page's result emptied when a generation starts, so no figure of the last one stays up."""
-        return [*EMPTY_VIEWS[:-1], "generating ..."]
-
-    def check_inputs(*values):
-        """Before anything is cleared: a bad input is one toast, not an error on every output."""
-        try:
-            prepared(cache, PageInputs(*values[:10], values[10:]))
-        except VisarError as err:
-            raise gr.Error(str(err), print_exception=False) from None
-
-    def generate(
-        model_name, class_value, prompt, negative_prompt, method_name, seed, cfg, temperature, top_k, top_p, *texts
-    ):
-        try:
-            ar, fast, summary, heatmap, commit_pass, stats = compare(
-                cache, model_name, class_value, prompt, negative_prompt, method_name, seed, cfg, temperature, top_k,
-                top_p, texts,
-            )  # fmt: skip
-        except VisarError as err:
-            raise gr.Error(str(err), print_exception=False) from None
-        except Exception as err:  # a bug, or the machine (out of memory): logged here, one line in the page
-            log.exception("generation failed")
-            raise gr.Error(f"generation failed: {type(err).__name__}: {err}", print_exception=False) from None
-        fast_s, ar_s = stats["method"]["wall_s"], stats["ar"]["wall_s"]
-        reference = reference_label(stats["ar"]["method"])
-        status = f"done: {stats['method']['method']} {fast_s:.2f} s, {reference} {ar_s:.2f} s"
-        return ar, fast, summary, heatmap, tokens_per_pass(commit_pass), stats, status
-
     def generate_with_progress(*values):
         """Gradio finds its progress tracker by a parameter's default (see the signature below): the last value."""
-        return generate(*values[:-1])
+        return generate(gr, cache, *values[:-1])
 
     names = ["model", "class_name", "prompt", "negative_prompt", "method", "seed", "guidance_scale", "temperature"]
     names += ["top_k", "top_p"]
@@ -186,52 +126,136 @@ def page_handlers(gr, cache: ModelCache) -> dict:
         + [inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress(track_tqdm=True))]
     )
     return {
-        "select_model": select_model,
-        "select_method": select_method,
+        "select_model": partial(select_model, gr, cache),
+        "select_method": partial(select_method, gr),
         "clear_result": clear_result,
-        "check_inputs": check_inputs,
+        "check_inputs": partial(check_inputs, gr, cache),
         "generate": generate_with_progress,
     }
+
+
+def select_model(gr, cache: ModelCache, model_name, method_name) -> list:
+    """A model chosen: the page refilled from its defaults (classes or an example prompt, its methods,
+    sampling settings, the method's options) and the last model's result emptied."""
+    try:
+        pipe = cache.get(model_name)
+    except VisarError as err:
+        gr.Warning(str(err))
+        return [gr.update()] * (9 + MAX_OPTIONS + len(EMPTY_VIEWS))
+    usable = methods_for(pipe.model)
+    method_name = preselected_method(pipe, usable, method_name)
+    names = class_choices(pipe)
+    d = pipe.defaults
+    text = not pipe.is_class_conditional
+    return [
+        gr.update(choices=names, value=names[0] if names else None, visible=pipe.is_class_conditional),
+        gr.update(visible=text, value=example_prompt(pipe) if text else ""),
+        gr.update(visible=text, value=None if text else ""),  # the negative prompt: kept for a text model
+        gr.update(choices=usable, value=method_name),
+        gr.update(value=d["guidance_scale"]),
+        gr.update(value=d["temperature"]),
+        gr.update(value=d["top_k"] or 0),
+        gr.update(value=d["top_p"]),
+        model_info(pipe),
+        *option_updates(gr, method_name, model_name),
+        # the last model's result goes: its images and figures are not this model's
+        gr.update(value=None, label=reference_label(reference_method(pipe.model))),
+        *EMPTY_VIEWS[1:],
+    ]
+
+
+def select_method(gr, method_name, model_name) -> list:
+    """A method chosen: what it is, what it guarantees, and its option fields."""
+    if method_name not in METHODS:
+        return ["", ""] + [gr.update()] * MAX_OPTIONS
+    return [method_info(method_name), guarantee_note(method_name), *option_updates(gr, method_name, model_name)]
+
+
+def clear_result() -> list:
+    """The page's result emptied when a generation starts, so no figure of the last one stays up."""
+    return [*EMPTY_VIEWS[:-1], "generating ..."]
+
+
+def check_inputs(gr, cache: ModelCache, *values):
+    """Before anything is cleared: a bad input is one toast, not an error on every output."""
+    try:
+        prepared(cache, PageInputs(*values[:10], values[10:]))
+    except VisarError as err:
+        raise gr.Error(str(err), print_exception=False) from None
+
+
+def generate(
+    gr, cache: ModelCache, model_name, class_value, prompt, negative_prompt, method_name, seed, cfg, temperature,
+    top_k, top_p, *texts,
+) -> tuple:  # fmt: skip
+    """The comparison for the page's inputs -> the views' values and a status line; a user error is one
+    message in the page, anything else logged here and one line there."""
+    try:
+        ar, fast, summary, heatmap, commit_pass, stats = compare(
+            cache, model_name, class_value, prompt, negative_prompt, method_name, seed, cfg, temperature, top_k,
+            top_p, texts,
+        )  # fmt: skip
+    except VisarError as err:
+        raise gr.Error(str(err), print_exception=False) from None
+    except Exception as err:  # a bug, or the machine (out of memory): logged here, one line in the page
+        log.exception("generation failed")
+        raise gr.Error(f"generation failed: {type(err).__name__}: {err}", print_exception=False) from None
+    fast_s, ar_s = stats["method"]["wall_s"], stats["ar"]["wall_s"]
+    reference = reference_label(stats["ar"]["method"])
+    status = f"done: {stats['method']['method']} {fast_s:.2f} s, {reference} {ar_s:.2f} s"
+    return ar, fast, summary, heatmap, tokens_per_pass(commit_pass), stats, status
 
 
 def input_controls(gr, first, methods: list[str], method: str, allow_folders: bool) -> dict:
     """The left column: model, class or prompt, method and its options, seed and sampling settings, the
     button; filled from the first model's defaults."""
     classes = class_choices(first)
-    options = default_options(method, first.name)
-    defaults = first.defaults
-    model_box = gr.Dropdown(
-        choices=model_choices(),
-        value=first.name,
-        allow_custom_value=allow_folders,
-        label="model" + (" (or a model folder path)" if allow_folders else ""),
-        elem_id="model",
-    )
-    info = gr.Markdown(model_info(first), elem_id="model-info")
-    class_box = gr.Dropdown(
-        choices=classes,
-        value=classes[0] if classes else None,
-        allow_custom_value=True,
-        label="class (a name or an id)",
-        visible=first.is_class_conditional,
-        elem_id="class",
-    )
-    prompt_box = gr.Textbox(
-        label="prompt",
-        value=None if first.is_class_conditional else example_prompt(first),
-        visible=not first.is_class_conditional,
-        elem_id="prompt",
-    )
-    negative_box = gr.Textbox(
-        label="negative prompt (empty: the model's own unconditional branch; used when guidance is not 1)",
-        visible=not first.is_class_conditional,
-        elem_id="negative-prompt",
-    )
-    method_box = gr.Dropdown(choices=methods, value=method, label="method", elem_id="method")
-    about = gr.Markdown(method_info(method))
+    controls = {
+        "model": gr.Dropdown(
+            choices=model_choices(),
+            value=first.name,
+            allow_custom_value=allow_folders,
+            label="model" + (" (or a model folder path)" if allow_folders else ""),
+            elem_id="model",
+        ),
+        "info": gr.Markdown(model_info(first), elem_id="model-info"),
+        "class": gr.Dropdown(
+            choices=classes,
+            value=classes[0] if classes else None,
+            allow_custom_value=True,
+            label="class (a name or an id)",
+            visible=first.is_class_conditional,
+            elem_id="class",
+        ),
+        "prompt": gr.Textbox(
+            label="prompt",
+            value=None if first.is_class_conditional else example_prompt(first),
+            visible=not first.is_class_conditional,
+            elem_id="prompt",
+        ),
+        "negative_prompt": gr.Textbox(
+            label="negative prompt (empty: the model's own unconditional branch; used when guidance is not 1)",
+            visible=not first.is_class_conditional,
+            elem_id="negative-prompt",
+        ),
+    }
+    controls |= method_controls(gr, methods, method, first.name)
+    controls |= sampling_controls(gr, first.defaults)
+    controls["button"] = gr.Button("Generate", variant="primary", elem_id="generate")
+    return controls
+
+
+def method_controls(gr, methods: list[str], method: str, model_name: str) -> dict:
+    """The method box, the line on the method, and one box per option (as many as the most options a
+    method has, those of `method` shown and filled with its defaults)."""
+    options = default_options(method, model_name)
+    controls = {
+        "method": gr.Dropdown(choices=methods, value=method, label="method", elem_id="method"),
+        "about": gr.Markdown(method_info(method)),
+    }
     with gr.Accordion("method options (empty: the method's default; JSON or text)", open=True):
         names = list(options)
-        option_boxes = [
+        controls["options"] = [
             gr.Textbox(
                 label=names[i] if i < len(names) else f"option {i + 1}",
                 value=options[names[i]] if i < len(names) else "",
@@ -240,30 +264,19 @@ def input_controls(gr, first, methods: list[str], method: str, allow_folders: bo
             )
             for i in range(MAX_OPTIONS)
         ]
+    return controls
+
+
+def sampling_controls(gr, defaults: dict) -> dict:
+    """The seed and the sampling settings, filled with the model's defaults."""
     with gr.Row():
-        seed_box = gr.Number(value=0, precision=0, label="seed", minimum=0)
-        cfg_box = gr.Number(value=defaults["guidance_scale"], label="guidance scale (1 = off)", minimum=0)
+        seed = gr.Number(value=0, precision=0, label="seed", minimum=0)
+        cfg = gr.Number(value=defaults["guidance_scale"], label="guidance scale (1 = off)", minimum=0)
     with gr.Row():
-        temperature_box = gr.Number(value=defaults["temperature"], label="temperature")
-        top_k_box = gr.Number(value=defaults["top_k"] or 0, precision=0, label="top-k (0 = off)")
-        top_p_box = gr.Number(value=defaults["top_p"], label="top-p")
-    button = gr.Button("Generate", variant="primary", elem_id="generate")
-    return {
-        "model": model_box,
-        "info": info,
-        "class": class_box,
-        "prompt": prompt_box,
-        "negative_prompt": negative_box,
-        "method": method_box,
-        "about": about,
-        "options": option_boxes,
-        "seed": seed_box,
-        "cfg": cfg_box,
-        "temperature": temperature_box,
-        "top_k": top_k_box,
-        "top_p": top_p_box,
-        "button": button,
-    }
+        temperature = gr.Number(value=defaults["temperature"], label="temperature")
+        top_k = gr.Number(value=defaults["top_k"] or 0, precision=0, label="top-k (0 = off)")
+        top_p = gr.Number(value=defaults["top_p"], label="top-p")
+    return {"seed": seed, "cfg": cfg, "temperature": temperature, "top_k": top_k, "top_p": top_p}
 
 
 def output_views(gr, reference: str, method: str) -> tuple[list, object]:

@@ -22,7 +22,7 @@ from ...core.sampling import UniformStream, draw_uniforms, sample_from_probs, st
 from ...core.scoring import GuidedScorer
 from ..chain import check_spans, image_keys
 from ..drafts import DecodeState, FillRequest, random_init
-from ..pass_loop import decode_passes, power_of_two, running_batch
+from ..pass_loop import SlotBook, decode_passes, power_of_two, running_batch
 from ..proposers import CARRY, DRAFT, NUM_PURPOSES, RESIDUAL, CarryRequest, independent_carry
 from .plan import (
     GridIndex,
@@ -308,7 +308,7 @@ class FrontPasses:
     there; the slot's state is then what a decode of that image alone has after its first pass."""
 
     def __init__(self, request: Request, s: int, window: int, parts: dict):
-        model, self.generators = request.model, request.generators
+        model = request.model
         self.desc, self.s = parts["method"], s
         self.grid = token_grid(model, parts["method"])
         check_lag(s)
@@ -317,15 +317,11 @@ class FrontPasses:
         self.initialiser, self.updater, self.rule = parts["initialiser"], parts["updater"], parts["rule"]
         self.cross_row, self.trees = parts["cross_row"], parts["trees"]
         self.total, self.batch = model.num_image_tokens, request.batch_size
-        self.fronts = Fronts.start(model, self.generators[: self.batch], self.window, self.trees)
-        self.scorer = GuidedScorer(
-            model, request.cond, request.cond_mask, request.params, slots=request.slots, kv_keep=request.kv_keep
-        )
+        self.fronts = Fronts.start(model, request.generators[: self.batch], self.window, self.trees)
+        self.scorer = GuidedScorer.for_request(request)
         self.log = FrontRecord(self.batch, self.grid, self.window, model.device)
-        self.passes = 0  # passes planned (an image's first pass in `admit` is none of them)
-        self.start_pass = [0] * self.batch  # the passes planned before each slot's image started
-        self.admitted = [False] * self.batch  # the slot's image had its first pass in `admit`
-        self.holds = list(range(self.batch))  # the queue image in each slot
+        self.book = SlotBook(request)  # passes planned (an image's first pass in `admit` is none of them)
+        self.holds = list(range(self.batch))  # the queue image in each slot (the trees keep side_taken by image)
         scratch = 0 if self.trees is None else self.trees.scratch(self.grid[0])
         self.cache_length = model.num_condition_tokens + self.total + scratch
         # compiled passes (`request.compile_passes`) are padded to a few shapes (`plan_pass`'s round_up)
@@ -339,7 +335,7 @@ class FrontPasses:
         self.scorer.close_cache()
 
     def plan(self) -> FrontPlan | None:
-        first, count, fronts = self.passes == 0, self.fronts.count, self.fronts
+        first, count, fronts = self.book.passes == 0, self.fronts.count, self.fronts
         window = 1 if first else self.window
         cross_row = self.cross_row and not first
         # what the pass needs to know on the host, read with its shape: the carried laws' K, the
@@ -357,8 +353,8 @@ class FrontPasses:
         if self.trees is not None:
             self.trees.refeed_width = power_of_two(plan.read[-1]) if self.compiled else plan.read[-1]
         fronts.state.committed = count.sum(1)
-        self.passes += 1
-        self.log.reserve(self.passes)
+        self.book.next_pass()
+        self.log.reserve(self.book.passes)
         blocks = None
         if fronts.draws is not None:  # each pass's block is [4, H, window] an image, the first pass's too
             height = self.grid[0]
@@ -400,8 +396,9 @@ class FrontPasses:
         return self.fronts.count.sum(1) >= self.total
 
     def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
-        records = self.log.records()
-        commits = [self.log.image_commits(records, row, self.start_pass[row], self.admitted[row]) for row in rows]
+        records, start_pass = self.log.records(), self.book.start_pass
+        # an image started after the decode's first pass was admitted into a refilled slot
+        commits = [self.log.image_commits(records, row, start_pass[row], start_pass[row] > 0) for row in rows]
         passes, commit_pass = (torch.stack(part) for part in zip(*commits, strict=True))
         if self.trees is not None:
             self.trees.release(rows, [self.holds[row] for row in rows])
@@ -410,8 +407,7 @@ class FrontPasses:
     def admit(self, rows: list[int], images: list[int]):
         """The new images' first pass (the condition's prefill, which predicts token 0) happens here, for
         their slots alone: one more model call, but no pass of the others' that a new image would idle in."""
-        generators = [self.generators[image] for image in images]
-        index, image_index = (torch.tensor(x, device=self.fronts.tokens.device) for x in (rows, images))
+        index, image_index, generators = self.book.admit(rows, images)
         self.scorer.admit(index, image_index)
         # an image's first pass (window 1) takes each pass's block of uniforms: [4, H, window]
         extra = 0 if self.trees is None else self.trees.draws_per_pass(self.grid[0])
@@ -424,7 +420,7 @@ class FrontPasses:
         if self.trees is not None:
             self.trees.admit(index)
         for row, image in zip(rows, images, strict=True):
-            self.start_pass[row], self.admitted[row], self.holds[row] = self.passes, True, image
+            self.holds[row] = image
 
     def finish(self) -> tuple[Tensor, dict]:
         stats = self.log.stats(self.scorer.forward_passes)

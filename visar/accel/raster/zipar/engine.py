@@ -26,6 +26,7 @@ from ..pass_loop import SlotBook, decode_passes, power_of_two, running_batch
 from ..proposers import CARRY, DRAFT, NUM_PURPOSES, RESIDUAL, CarryRequest, independent_carry
 from .plan import (
     GridIndex,
+    PassContext,
     PassPlan,
     fed_after_pass,
     front_outputs,
@@ -154,15 +155,13 @@ def pass_uniforms(block: Tensor, plan: PassPlan, height: int, window: int) -> Te
     return block.gather(2, lane)
 
 
-def score_fronts(
-    scorer: GuidedScorer, plan: PassPlan, tokens: Tensor, generated: Tensor, s: int, drafts, first: bool, index
-) -> Tensor:
+def score_fronts(scorer: GuidedScorer, plan: PassPlan, context: PassContext, drafts, first: bool) -> Tensor:
     """One pass over every front's inputs -> target probs [B, M, V] (the first pass: the condition
-    prefill, which predicts token 0: [B, 1, V]); index: the grid's `GridIndex`."""
+    prefill, which predicts token 0: [B, 1, V])."""
     if first:
         return scorer.prefill()[:, None]
-    feed = pass_inputs(plan, tokens, drafts)
-    visible = visibility(plan, generated, s, index)  # [B, M, N]
+    feed = pass_inputs(plan, context.tokens, drafts)
+    visible = visibility(plan, context.generated, context.s, context.index)  # [B, M, N]
     num_cond = scorer.model.num_condition_tokens
     mask = F.pad(visible, (num_cond, 0), value=True)  # every input sees the condition
     return scorer.target_probs(scorer.logits(feed, num_cond + plan.input_index, mask=mask))
@@ -236,7 +235,7 @@ class PassDraft(NamedTuple):
 
 def pass_drafts(fronts: Fronts, front_plan: FrontPlan, initialiser, window: int, trees):
     """This pass's randomness and drafts -> PassDraft."""
-    plan, generated = front_plan.plan, front_plan.generated
+    plan, generated = front_plan.plan, front_plan.context.generated
     if fronts.carried is None:
         return PassDraft(None, None, None, None, fronts.position_uniforms.gather(1, plan.input_index + 1))
     height = fronts.count.shape[1]
@@ -253,25 +252,23 @@ def pass_drafts(fronts: Fronts, front_plan: FrontPlan, initialiser, window: int,
 
 
 def score_and_verify(
-    fronts: Fronts, scorer: GuidedScorer, plan: PassPlan, generated: Tensor, s: int, rule, trees, first: bool, draft
+    fronts: Fronts, scorer: GuidedScorer, front_plan: FrontPlan, rule, trees, draft
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One pass -> target probs [B, M, V], slot tokens [B, M], accept [B, M]; draft: `pass_drafts`' PassDraft."""
+    plan, context, first = front_plan.plan, front_plan.context, front_plan.first
     if trees is None or first:
-        target_probs = score_fronts(scorer, plan, fronts.tokens, generated, s, draft.tokens, first, fronts.index)
+        target_probs = score_fronts(scorer, plan, context, draft.tokens, first)
         outputs = front_outputs(rule, plan, target_probs, draft.tokens, draft.probs, draft.uniforms, draft.draws)
         return target_probs, *outputs
-    context = (fronts.tokens, fronts.count, generated, s)
     return front_tree_pass(trees, rule, scorer, plan, fronts.carried, fronts.state, context, draft)
 
 
 def commit_fronts(
-    fronts: Fronts, plan: PassPlan, accept: Tensor, slot_tokens: Tensor, log: FrontRecord, rules
+    fronts: Fronts, plan: PassPlan, accept: Tensor, slot_tokens: Tensor, log: FrontRecord, cross_row: bool, trees
 ) -> tuple[Tensor, Tensor]:
     """Write each front's commit (its leading accepted drafts and one token more) into the tokens
-    and the record -> commits [B, H] and each input's front's commits [B, M]. rules: (s, whether the
-    plan has cross-row drafts, the fronts' trees or None); the plan carries what the cross-row checks
-    need of s."""
-    _, cross_row, trees = rules
+    and the record -> commits [B, H] and each input's front's commits [B, M]. cross_row: whether the
+    plan has cross-row drafts (it carries what their checks need of s); trees: the fronts' trees or None."""
     count, num_tokens = fronts.count, fronts.state.num_tokens
     width = num_tokens // count.shape[1]
     valid, commits, good = valid_commits(plan, accept, count, cross_row)
@@ -286,16 +283,30 @@ def commit_fronts(
 
 
 class FrontPlan(NamedTuple):
-    """One pass of row fronts: its window per front, the plan, and what is generated before it."""
+    """One pass of row fronts: its window per front, the plan, and what its inputs are fed and see."""
 
     first: bool  # the condition's prefill, which predicts token 0
     window: int  # slots per front this pass
     plan: PassPlan
-    generated: Tensor  # [B, N] the tokens generated before this pass
+    context: PassContext  # the tokens generated before this pass, the lag, the grid's index
     # Jacobi fronts: this pass's blocks of each image's uniform stream, the fronts' [B, 4 * H * window]
     # and the trees' [B, H * (V + K + 1)] (None without trees), taken by the plan: drawing a new block
     # from the generators would break a compiled pass's graph
     blocks: tuple[Tensor, Tensor | None] | None = None
+
+
+@dataclass(frozen=True)
+class FrontSettings:
+    """What a decode of row fronts is, fixed for the decode (`decode_fronts`' options)."""
+
+    method: str  # the method's name, for the progress bar and errors
+    s: int  # the lag: row r + 1 starts once row r has s tokens
+    window: int  # slots per front and pass (1: plain fronts)
+    initialiser: Callable  # new drafts (drafts.INITIALISERS)
+    updater: Callable  # carried drafts (proposers.py's updaters)
+    rule: AcceptanceRule
+    cross_row: bool  # a front may also predict from the row above's drafts of the same pass
+    trees: FrontTrees | None  # zipar-tree's tree at each front's head, or None
 
 
 class FrontPasses:
@@ -307,15 +318,15 @@ class FrontPasses:
     (`request.slots`) refills a slot between passes (`admit`), whose new image has its first pass
     there; the slot's state is then what a decode of that image alone has after its first pass."""
 
-    def __init__(self, request: Request, s: int, window: int, parts: dict):
-        model = request.model
-        self.desc, self.s = parts["method"], s
-        self.grid = token_grid(model, parts["method"])
-        check_lag(s)
+    def __init__(self, request: Request, settings: FrontSettings):
+        model, window = request.model, settings.window
+        self.desc, self.s = settings.method, settings.s
+        self.grid = token_grid(model, settings.method)
+        check_lag(self.s)
         check_spans(window, 0, 0)
         self.window, self.speculative = min(window, self.grid[1]), window > 1
-        self.initialiser, self.updater, self.rule = parts["initialiser"], parts["updater"], parts["rule"]
-        self.cross_row, self.trees = parts["cross_row"], parts["trees"]
+        self.initialiser, self.updater, self.rule = settings.initialiser, settings.updater, settings.rule
+        self.cross_row, self.trees = settings.cross_row, settings.trees
         self.total, self.batch = model.num_image_tokens, request.batch_size
         self.fronts = Fronts.start(model, request.generators[: self.batch], self.window, self.trees)
         self.scorer = GuidedScorer.for_request(request)
@@ -360,15 +371,15 @@ class FrontPasses:
             height = self.grid[0]
             block = fronts.draws.take(NUM_PURPOSES * height * self.window)  # then the trees', as drawn
             blocks = (block, None if self.trees is None else fronts.draws.take(self.trees.draws_per_pass(height)))
-        return FrontPlan(first, window, plan, generated_mask(count, self.grid[1], fronts.index), blocks)
+        context = PassContext(fronts.tokens, generated_mask(count, self.grid[1], fronts.index), self.s, fronts.index)
+        return FrontPlan(first, window, plan, context, blocks)
 
     def propose(self, plan: FrontPlan) -> PassDraft:
         return pass_drafts(self.fronts, plan, self.initialiser, self.window, self.trees)
 
     def score(self, plan: FrontPlan, draft: PassDraft) -> tuple[Tensor, Tensor, Tensor]:
         # scored and verified in one step: a front's tree (zipar-tree) scores its side nodes in the pass
-        context = (self.scorer, plan.plan, plan.generated, self.s, self.rule, self.trees, plan.first, draft)
-        return score_and_verify(self.fronts, *context)
+        return score_and_verify(self.fronts, self.scorer, plan, self.rule, self.trees, draft)
 
     def verify(self, plan: FrontPlan, draft: PassDraft, scored) -> tuple[Tensor, Tensor, Tensor]:
         return scored  # target probs [B, M, V], slot tokens [B, M], accept [B, M] (`score`)
@@ -377,8 +388,8 @@ class FrontPasses:
         fronts, width = self.fronts, self.grid[1]
         target_probs, slot_tokens, accept = verdict
         count = fronts.count
-        rules = (self.s, self.cross_row and not plan.first, self.trees)
-        commits, lane_commits = commit_fronts(fronts, plan.plan, accept, slot_tokens, self.log, rules)
+        cross_row = self.cross_row and not plan.first
+        commits, lane_commits = commit_fronts(fronts, plan.plan, accept, slot_tokens, self.log, cross_row, self.trees)
         # The slots after a front's commit become drafts for the same indices.
         if self.speculative:
             after_pass = generated_mask(count + commits, width, fronts.index)
@@ -444,13 +455,5 @@ def decode_fronts(
 ) -> tuple[Tensor, dict]:
     """Decode all row fronts of every image together, pass after pass (`FrontPasses` on the pass
     loop); window 1 = plain zipar. -> (tokens [B, N], stats)."""
-    parts = {
-        "method": method,
-        "initialiser": initialiser,
-        "updater": updater,
-        "rule": rule,
-        "cross_row": cross_row,
-        "trees": trees,
-    }
-    engine = FrontPasses(request, s, window, parts)
+    engine = FrontPasses(request, FrontSettings(method, s, window, initialiser, updater, rule, cross_row, trees))
     return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))

@@ -5,11 +5,13 @@ its tree fronts (`zipar-tree`) and the exact `wavefront`, each a wrapper over `e
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from torch import Tensor
 
 from ....errors import VisarError
 from ....models.lag_mask import check_lag
+from ...core.acceptance import SPECULATIVE, AcceptanceRule
 from ...core.checks import check_budget
 from ...core.method_registry import Request, register_method
 from ..chain import check_spans
@@ -60,22 +62,41 @@ def zipar(
     return decode_fronts(request, s=s)
 
 
-def jacobi_fronts(request: Request, method: str, fronts: dict, **engine) -> tuple[Tensor, dict]:
-    """What zipar-sjd, zipar-mc-sjd, zipar-gsd and zipar-tree share: their front options (s, window,
-    init, cross_row, budget: a number is the window per front) checked and handed to `decode_fronts`
-    with the method's updater, rule or trees (`engine`)."""
-    budget = check_budget(fronts["budget"], method, "slots per front and pass")
-    window = budget or fronts["window"]
+@dataclass(frozen=True)
+class JacobiFrontOptions:
+    """The options zipar-sjd, zipar-mc-sjd, zipar-gsd and zipar-tree share, as the caller gave them."""
+
+    s: int  # the lag
+    window: int  # slots per front and pass
+    init: str | Callable  # the draft initialiser's name, or one
+    cross_row: bool  # a front may also draft from the row above's drafts of the same pass
+    budget: int | None  # the window's other name (`auto`'s candidates set it), None keeps `window`
+
+
+def jacobi_fronts(
+    request: Request,
+    method: str,
+    options: JacobiFrontOptions,
+    updater: Callable,
+    rule: AcceptanceRule = SPECULATIVE,
+    trees: FrontTrees | None = None,
+) -> tuple[Tensor, dict]:
+    """What zipar-sjd, zipar-mc-sjd, zipar-gsd and zipar-tree share: their front options checked and
+    handed to `decode_fronts` with the method's updater, rule and trees."""
+    budget = check_budget(options.budget, method, "slots per front and pass")
+    window = budget or options.window
     if window == 1:  # one slot per front is plain zipar: it drafts nothing for zipar-tree's trees to branch from
-        engine = {**engine, "trees": None}
+        trees = None
     tokens, stats = decode_fronts(
         request,
-        s=fronts["s"],
+        s=options.s,
         window=window,
-        initialiser=resolve_initialiser(fronts["init"]),
+        initialiser=resolve_initialiser(options.init),
+        updater=updater,
+        rule=rule,
         method=method,
-        cross_row=check_flag("cross_row", fronts["cross_row"]),
-        **engine,
+        cross_row=check_flag("cross_row", options.cross_row),
+        trees=trees,
     )
     return tokens, {**stats, "budget": budget or "fixed"}
 
@@ -109,8 +130,8 @@ def zipar_sjd(
     Lossy for s < W as zipar is; lossless for s >= W.
     """
     token_grid(request.model, "zipar-sjd")
-    fronts = dict(s=s, window=window, init=init, cross_row=cross_row, budget=budget)
-    return jacobi_fronts(request, "zipar-sjd", fronts, updater=independent_carry)
+    options = JacobiFrontOptions(s, window, init, cross_row, budget)
+    return jacobi_fronts(request, "zipar-sjd", options, independent_carry)
 
 
 @register_method(
@@ -137,8 +158,8 @@ def zipar_mc_sjd(
     """
     token_grid(request.model, "zipar-mc-sjd")
     updater = carry_updater(coupling, "zipar-mc-sjd")
-    fronts = dict(s=s, window=window, init=init, cross_row=cross_row, budget=budget)
-    tokens, stats = jacobi_fronts(request, "zipar-mc-sjd", fronts, updater=updater)
+    options = JacobiFrontOptions(s, window, init, cross_row, budget)
+    tokens, stats = jacobi_fronts(request, "zipar-mc-sjd", options, updater)
     return tokens, {**stats, "coupling": coupling}
 
 
@@ -187,8 +208,8 @@ def zipar_tree(
     trees = None
     if drafts_trees:
         trees = FrontTrees(branch, names, request.batch_size, height, model.device, model.vocab_size)
-    fronts = dict(s=s, window=window, init=init, cross_row=cross_row, budget=budget)
-    tokens, stats = jacobi_fronts(request, "zipar-tree", fronts, updater=maximal_coupling_carry, trees=trees)
+    options = JacobiFrontOptions(s, window, init, cross_row, budget)
+    tokens, stats = jacobi_fronts(request, "zipar-tree", options, maximal_coupling_carry, trees=trees)
     taken = [0] * len(tokens) if trees is None else trees.side_taken_per_image()
     return tokens, {**stats, "branch": branch, "depth": depth, "side_taken_per_image": taken}
 
@@ -227,8 +248,8 @@ def zipar_gsd(
     token_grid(request.model, "zipar-gsd")
     check_lag(s)
     rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance, "zipar-gsd")
-    fronts = dict(s=s, window=window, init=init, cross_row=cross_row, budget=budget)
-    tokens, stats = jacobi_fronts(request, "zipar-gsd", fronts, updater=independent_carry, rule=rule)
+    options = JacobiFrontOptions(s, window, init, cross_row, budget)
+    tokens, stats = jacobi_fronts(request, "zipar-gsd", options, independent_carry, rule=rule)
     return tokens, {**stats, "group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
 
 

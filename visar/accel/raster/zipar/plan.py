@@ -259,6 +259,16 @@ def generated_mask(count: Tensor, width: int, index: GridIndex | None = None) ->
     return (columns < count[..., None]).flatten(1)
 
 
+@dataclass(frozen=True)
+class PassContext:
+    """What the inputs of one pass are fed from and may see (made by the plan, read by scoring)."""
+
+    tokens: Tensor  # [B, N + 1] the generated tokens by image index (column N: scratch)
+    generated: Tensor  # [B, N] bool: the image tokens generated before this pass
+    s: int  # the lag
+    index: GridIndex  # the grid's index tensors
+
+
 def visibility(plan: PassPlan, generated: Tensor, s: int | None = None, index: GridIndex | None = None) -> Tensor:
     """Image-token slots each input may attend to: [B, M, N] bool.
 

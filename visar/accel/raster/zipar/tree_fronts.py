@@ -21,7 +21,7 @@ from ...core.scoring import GuidedScorer
 from ...core.tree_acceptance import residual_ladder
 from ..draft_trees import neighbour_candidates, without_replacement
 from ..proposers import RESIDUAL
-from .plan import PassPlan, front_outputs, pass_inputs, visibility
+from .plan import PassContext, PassPlan, front_outputs, pass_inputs, visibility
 
 
 class FrontTrees:
@@ -131,23 +131,22 @@ def front_candidates(
 
 
 def score_with_sides(
-    scorer: GuidedScorer, plan: PassPlan, sides: SideNodes, refeed, context, drafts, side_tokens, scratch
+    scorer: GuidedScorer, plan: PassPlan, sides: SideNodes, refeed, context: PassContext, drafts, side_tokens, scratch
 ) -> tuple[Tensor, Tensor]:
     """One pass over every front's inputs, the side nodes and the re-fed tokens -> p [B, M, V],
-    side p [B, S, V]. context: (tokens, count, generated, s) as score_fronts takes them; refeed:
-    (FrontTrees.refeed, its `refeed_width`).
+    side p [B, S, V]. refeed: (FrontTrees.refeed, its `refeed_width`).
 
     A side node stands in for its front's slot 1 (the same position and view) with its candidate
     in place of the front's draft: it sees its own scratch slot instead of that draft's slot. A
     re-fed token (refeed [B, H], image index or -1) is fed at its true slot, seeing what a row's
     newest token sees when it is fed (the tokens generated before it).
     """
-    tokens, count, generated, s = context
+    tokens, generated = context.tokens, context.generated
     refeed, refeed_width = refeed
     num_cond, num_tokens, device = scorer.model.num_condition_tokens, generated.shape[1], generated.device
     batch, num_inputs, num_sides = plan.slot.shape[0], plan.slot.shape[1], sides.row.shape[1]
     feed = pass_inputs(plan, tokens, drafts)
-    visible = visibility(plan, generated, s)  # [B, M, N]
+    visible = visibility(plan, generated, context.s)  # [B, M, N]
     slots = torch.arange(num_tokens, device=device)
     twin = (sides.first_input + 1).gather(1, sides.row).clamp(max=num_inputs - 1)  # [B, S] its slot 1
     side_index = torch.where(sides.real, plan.input_index.gather(1, twin), num_tokens - 1)
@@ -198,24 +197,29 @@ def verify_candidates(
 
 
 def front_tree_pass(
-    trees: FrontTrees, rule: AcceptanceRule, scorer: GuidedScorer, plan: PassPlan, carried, state, context, draft
+    trees: FrontTrees,
+    rule: AcceptanceRule,
+    scorer: GuidedScorer,
+    plan: PassPlan,
+    carried,
+    state,
+    context: PassContext,
+    draft,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One pass of fronts that draft trees -> p [B, M, V], slot tokens [B, M], accept [B, M].
 
-    context: (tokens, count, generated, s) as score_fronts takes them; draft: the pass's PassDraft
-    (Jacobi fronts, with the trees' block). Slot 0 outputs the taken
+    draft: the pass's PassDraft (Jacobi fronts, with the trees' block). Slot 0 outputs the taken
     candidate (or the draw after the last rejection). A taken side candidate counts as a rejection
     of slot 0's draft, since slot 1 and the rows below saw candidate 0; slot 1 outputs a draw from
     the side node's p instead, which `FrontTrees.extend` commits when slot 1's context held.
     """
-    tokens, count, generated, s = context
+    generated, (height, width) = context.generated, (context.index.height, context.index.width)
     draft_tokens, draft_probs, uniforms, tree_u, _ = draft
     branch, num_inputs = trees.branch, plan.slot.shape[1]
     sides = side_nodes(plan, branch)
     candidates = laws = None
     side_tokens = torch.zeros_like(sides.row)
     if sides.row.shape[1] > 0:
-        width = generated.shape[1] // count.shape[1]
         candidates, laws = front_candidates(
             trees,
             plan,
@@ -227,7 +231,7 @@ def front_tree_pass(
             tree_u[..., : trees.vocab],
         )
         side_tokens = candidates.flatten(1).gather(1, sides.row * branch + sides.rank)
-    scratch = trees.scratch(count.shape[1])
+    scratch = trees.scratch(height)
     probs, side_probs = score_with_sides(
         scorer, plan, sides, (trees.refeed, trees.refeed_width), context, draft_tokens, side_tokens, scratch
     )

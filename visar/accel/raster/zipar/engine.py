@@ -42,6 +42,21 @@ from .record import FrontRecord
 from .tree_fronts import FrontTrees, front_tree_pass
 
 
+def forget_nothing(rows: Tensor) -> None:
+    """`FrontCarry.forget` of an updater that holds nothing from pass to pass."""
+
+
+@dataclass(frozen=True)
+class FrontCarry:
+    """How the slots past a front's commit become the next pass's drafts: `draw`, one of proposers.py's
+    updaters (a CarryRequest -> the next drafts [B, M] and the law each was drawn from [B, M, V]), and
+    `forget(rows)`, what slots [R] that a running batch refills make it drop of their old images (the
+    Gumbel carry's noise rows, `GumbelCarry.admit`; a stateless updater holds nothing)."""
+
+    draw: Callable[[CarryRequest], tuple[Tensor, Tensor]]
+    forget: Callable[[Tensor], None] = forget_nothing
+
+
 class CarriedDrafts:
     """Drafts left by earlier passes, by image-token index, each with the q it was drawn from.
 
@@ -98,8 +113,8 @@ class CarriedDrafts:
         canvas[:, : self.num_tokens] = torch.where(generated, state.tokens[:, : self.num_tokens], canvas[:, :-1])
         return canvas
 
-    def carry_over(self, updater, plan: PassPlan, state, target_probs, slot_tokens, lane_commits, uniforms, generated):
-        """Store the updater's next drafts at the indices past each front's commit; generated [B, N]:
+    def carry_over(self, draw, plan: PassPlan, state, target_probs, slot_tokens, lane_commits, uniforms, generated):
+        """Store the next drafts (`draw`: `FrontCarry.draw`) at the indices past each front's commit; generated [B, N]:
         the tokens generated once this pass has committed (their drafts are forgotten).
 
         Slots that leaned on the row above's drafts carry nothing (the initialiser refills them from
@@ -107,7 +122,7 @@ class CarriedDrafts:
         target = plan.input_index + 1
         index = target.clamp(max=self.num_tokens - 1)
         # no relaxed rule on fronts: every slot token follows p
-        next_drafts, laws = updater(CarryRequest(state, target_probs, slot_tokens, target_probs, index, uniforms))
+        next_drafts, laws = draw(CarryRequest(state, target_probs, slot_tokens, target_probs, index, uniforms))
         after = plan.predicts & (plan.slot >= lane_commits)
         if plan.leans is not None:
             after &= ~plan.leans
@@ -303,7 +318,7 @@ class FrontSettings:
     s: int  # the lag: row r + 1 starts once row r has s tokens
     window: int  # slots per front and pass (1: plain fronts)
     initialiser: Callable  # new drafts (drafts.INITIALISERS)
-    updater: Callable  # carried drafts (proposers.py's updaters)
+    carry: FrontCarry  # how drafts are carried to the next pass
     rule: AcceptanceRule
     cross_row: bool  # a front may also predict from the row above's drafts of the same pass
     trees: FrontTrees | None  # zipar-tree's tree at each front's head, or None
@@ -325,7 +340,7 @@ class FrontPasses:
         check_lag(self.s)
         check_spans(window, 0, 0)
         self.window, self.speculative = min(window, self.grid[1]), window > 1
-        self.initialiser, self.updater, self.rule = settings.initialiser, settings.updater, settings.rule
+        self.initialiser, self.carry, self.rule = settings.initialiser, settings.carry, settings.rule
         self.cross_row, self.trees = settings.cross_row, settings.trees
         self.total, self.batch = model.num_image_tokens, request.batch_size
         self.fronts = Fronts.start(model, request.generators[: self.batch], self.window, self.trees)
@@ -395,7 +410,7 @@ class FrontPasses:
             after_pass = generated_mask(count + commits, width, fronts.index)
             carry_u = draft.uniforms[:, CARRY]
             fronts.carried.carry_over(
-                self.updater, plan.plan, fronts.state, target_probs, slot_tokens, lane_commits, carry_u, after_pass
+                self.carry.draw, plan.plan, fronts.state, target_probs, slot_tokens, lane_commits, carry_u, after_pass
             )
         fronts.fed = fed_after_pass(plan.plan, fronts.fed, count, commits, width)
         fronts.count = count + commits
@@ -426,8 +441,7 @@ class FrontPasses:
         token = sample_from_probs(self.scorer.prefill(index), uniform)  # [R]
         self.fronts.tokens[index, 0] = token
         self.fronts.count[index, 0] = 1
-        if hasattr(self.updater, "admit"):
-            self.updater.admit(index)
+        self.carry.forget(index)
         if self.trees is not None:
             self.trees.admit(index)
         for row, image in zip(rows, images, strict=True):
@@ -447,7 +461,7 @@ def decode_fronts(
     s: int,
     window: int = 1,
     initialiser: Callable = random_init,
-    updater: Callable = independent_carry,
+    carry: FrontCarry = FrontCarry(independent_carry),
     rule: AcceptanceRule = SPECULATIVE,
     method: str = "zipar",
     cross_row: bool = False,
@@ -455,5 +469,5 @@ def decode_fronts(
 ) -> tuple[Tensor, dict]:
     """Decode all row fronts of every image together, pass after pass (`FrontPasses` on the pass
     loop); window 1 = plain zipar. -> (tokens [B, N], stats)."""
-    engine = FrontPasses(request, FrontSettings(method, s, window, initialiser, updater, rule, cross_row, trees))
+    engine = FrontPasses(request, FrontSettings(method, s, window, initialiser, carry, rule, cross_row, trees))
     return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))

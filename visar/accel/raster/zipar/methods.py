@@ -17,9 +17,9 @@ from ...core.method_registry import Request, register_method
 from ..chain import check_spans
 from ..drafts import resolve_initialiser
 from ..methods.relaxed import gsd_rule
-from ..proposers import carry_updater, independent_carry, maximal_coupling_carry
+from ..proposers import GumbelCarry, carry_updater, independent_carry, maximal_coupling_carry
 from ..tree_passes import clip_branch, parse_neighbours
-from .engine import decode_fronts
+from .engine import FrontCarry, decode_fronts
 from .plan import token_grid
 from .tree_fronts import FrontTrees
 
@@ -77,12 +77,12 @@ def jacobi_fronts(
     request: Request,
     method: str,
     options: JacobiFrontOptions,
-    updater: Callable,
+    carry: FrontCarry,
     rule: AcceptanceRule = SPECULATIVE,
     trees: FrontTrees | None = None,
 ) -> tuple[Tensor, dict]:
     """What zipar-sjd, zipar-mc-sjd, zipar-gsd and zipar-tree share: their front options checked and
-    handed to `decode_fronts` with the method's updater, rule and trees."""
+    handed to `decode_fronts` with the method's carry-over, rule and trees."""
     budget = check_budget(options.budget, method, "slots per front and pass")
     window = budget or options.window
     if window == 1:  # one slot per front is plain zipar: it drafts nothing for zipar-tree's trees to branch from
@@ -92,13 +92,22 @@ def jacobi_fronts(
         s=options.s,
         window=window,
         initialiser=resolve_initialiser(options.init),
-        updater=updater,
+        carry=carry,
         rule=rule,
         method=method,
         cross_row=check_flag("cross_row", options.cross_row),
         trees=trees,
     )
     return tokens, {**stats, "budget": budget or "fixed"}
+
+
+def coupled_carry(coupling: str, method: str) -> FrontCarry:
+    """A `coupling` option's carry-over: maximal coupling holds nothing from pass to pass; the Gumbel
+    carry holds its last pass's noise rows by slot, which a refilled slot must drop."""
+    updater = carry_updater(coupling, method)  # a fresh one per decode
+    if isinstance(updater, GumbelCarry):
+        return FrontCarry(updater, updater.admit)
+    return FrontCarry(updater)
 
 
 @register_method(
@@ -131,7 +140,7 @@ def zipar_sjd(
     """
     token_grid(request.model, "zipar-sjd")
     options = JacobiFrontOptions(s, window, init, cross_row, budget)
-    return jacobi_fronts(request, "zipar-sjd", options, independent_carry)
+    return jacobi_fronts(request, "zipar-sjd", options, FrontCarry(independent_carry))
 
 
 @register_method(
@@ -157,9 +166,9 @@ def zipar_mc_sjd(
     as zipar-sjd.
     """
     token_grid(request.model, "zipar-mc-sjd")
-    updater = carry_updater(coupling, "zipar-mc-sjd")
+    carry = coupled_carry(coupling, "zipar-mc-sjd")
     options = JacobiFrontOptions(s, window, init, cross_row, budget)
-    tokens, stats = jacobi_fronts(request, "zipar-mc-sjd", options, updater)
+    tokens, stats = jacobi_fronts(request, "zipar-mc-sjd", options, carry)
     return tokens, {**stats, "coupling": coupling}
 
 
@@ -209,7 +218,7 @@ def zipar_tree(
     if drafts_trees:
         trees = FrontTrees(branch, names, request.batch_size, height, model.device, model.vocab_size)
     options = JacobiFrontOptions(s, window, init, cross_row, budget)
-    tokens, stats = jacobi_fronts(request, "zipar-tree", options, maximal_coupling_carry, trees=trees)
+    tokens, stats = jacobi_fronts(request, "zipar-tree", options, FrontCarry(maximal_coupling_carry), trees=trees)
     taken = [0] * len(tokens) if trees is None else trees.side_taken_per_image()
     return tokens, {**stats, "branch": branch, "depth": depth, "side_taken_per_image": taken}
 
@@ -249,7 +258,7 @@ def zipar_gsd(
     check_lag(s)
     rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance, "zipar-gsd")
     options = JacobiFrontOptions(s, window, init, cross_row, budget)
-    tokens, stats = jacobi_fronts(request, "zipar-gsd", options, independent_carry, rule=rule)
+    tokens, stats = jacobi_fronts(request, "zipar-gsd", options, FrontCarry(independent_carry), rule=rule)
     return tokens, {**stats, "group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
 
 

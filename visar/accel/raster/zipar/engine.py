@@ -1,5 +1,5 @@
-"""`decode_fronts`: every row front of every image, pass after pass (plan, draft, score and
-verify, commit, carry over); window 1 is plain zipar, a longer window Jacobi fronts, and with
+"""`decode_fronts`: every row front of every image, pass after pass (plan, draft, score, verify,
+commit, carry over); window 1 is plain zipar, a longer window Jacobi fronts, and with
 `FrontTrees` each front also drafts a tree at its head. The carried drafts (`CarriedDrafts`)
 keep each draft's law only while it is live. docs/RASTER.md (ZipAR section) has the rules.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -39,7 +40,7 @@ from .plan import (
     visibility,
 )
 from .record import FrontRecord
-from .tree_fronts import FrontTrees, front_tree_pass
+from .tree_fronts import FrontTrees, TreeDraft, draft_trees, score_with_sides, verify_trees
 
 
 def forget_nothing(rows: Tensor) -> None:
@@ -170,11 +171,8 @@ def pass_uniforms(block: Tensor, plan: PassPlan, height: int, window: int) -> Te
     return block.gather(2, lane)
 
 
-def score_fronts(scorer: GuidedScorer, plan: PassPlan, context: PassContext, drafts, first: bool) -> Tensor:
-    """One pass over every front's inputs -> target probs [B, M, V] (the first pass: the condition
-    prefill, which predicts token 0: [B, 1, V])."""
-    if first:
-        return scorer.prefill()[:, None]
+def score_fronts(scorer: GuidedScorer, plan: PassPlan, context: PassContext, drafts) -> Tensor:
+    """One pass over every front's inputs -> target probs [B, M, V]."""
     feed = pass_inputs(plan, context.tokens, drafts)
     visible = visibility(plan, context.generated, context.s, context.index)  # [B, M, N]
     num_cond = scorer.model.num_condition_tokens
@@ -244,56 +242,62 @@ class PassDraft(NamedTuple):
     tokens: Tensor | None  # [B, M] every slot's draft (None: plain fronts, or no slot has one)
     probs: Tensor | None  # [B, M, V] the law each was drawn from
     uniforms: Tensor | None  # [B, 4, M] Jacobi fronts' block (None for plain fronts)
-    tree_uniforms: Tensor | None  # [B, H, V + K + 1] the trees' block (None without trees)
     draws: Tensor  # [B, M] each slot's draw: ar.py's uniform of its index (plain fronts), else the residual's
+    tree: TreeDraft | None  # zipar-tree's candidates and side nodes (None without trees, and in the first pass)
 
 
-def pass_drafts(fronts: Fronts, front_plan: FrontPlan, initialiser, window: int, trees):
-    """This pass's randomness and drafts -> PassDraft."""
+def pass_drafts(fronts: Fronts, front_plan: FrontPlan, initialiser, window: int, trees) -> PassDraft:
+    """This pass's randomness, drafts and trees."""
     plan, generated = front_plan.plan, front_plan.context.generated
     if fronts.carried is None:
-        return PassDraft(None, None, None, None, fronts.position_uniforms.gather(1, plan.input_index + 1))
+        return PassDraft(None, None, None, fronts.position_uniforms.gather(1, plan.input_index + 1), None)
     height = fronts.count.shape[1]
     block, tree_block = front_plan.blocks
     uniforms = pass_uniforms(block, plan, height, window)
-    tree_u = None if trees is None else tree_block.view(tree_block.shape[0], height, -1)
-    if not plan.drafts:  # a pass of one slot per front has no drafts
-        return PassDraft(None, None, uniforms, tree_u, uniforms[:, RESIDUAL])
-    target = plan.input_index + 1
-    draft_tokens, draft_probs = fronts.carried.propose(
-        plan, fronts.state, target, generated, initialiser, uniforms[:, DRAFT]
-    )
-    return PassDraft(draft_tokens, draft_probs, uniforms, tree_u, uniforms[:, RESIDUAL])
+    draft_tokens = draft_probs = tree = None
+    if plan.drafts:  # a pass of one slot per front has no drafts
+        target = plan.input_index + 1
+        draft_tokens, draft_probs = fronts.carried.propose(
+            plan, fronts.state, target, generated, initialiser, uniforms[:, DRAFT]
+        )
+    if trees is not None and not front_plan.first:  # the first pass is the prefill alone
+        canvas = partial(fronts.carried.canvas, fronts.state, generated)
+        tree_u = tree_block.view(tree_block.shape[0], height, -1)
+        tree = draft_trees(trees, plan, draft_tokens, draft_probs, canvas, fronts.index.width, tree_u)
+    return PassDraft(draft_tokens, draft_probs, uniforms, uniforms[:, RESIDUAL], tree)
 
 
-def score_and_verify(
-    fronts: Fronts, scorer: GuidedScorer, front_plan: FrontPlan, rule, trees, draft
-) -> tuple[Tensor, Tensor, Tensor]:
-    """One pass -> target probs [B, M, V], slot tokens [B, M], accept [B, M]; draft: `pass_drafts`' PassDraft."""
-    plan, context, first = front_plan.plan, front_plan.context, front_plan.first
-    if trees is None or first:
-        target_probs = score_fronts(scorer, plan, context, draft.tokens, first)
-        outputs = front_outputs(rule, plan, target_probs, draft.tokens, draft.probs, draft.uniforms, draft.draws)
-        return target_probs, *outputs
-    return front_tree_pass(trees, rule, scorer, plan, fronts.carried, fronts.state, context, draft)
+class FrontScores(NamedTuple):
+    """One pass's target laws (`FrontPasses.score`)."""
+
+    probs: Tensor  # [B, M, V] p at every input (the first pass: [B, 1, V], token 0's)
+    side_probs: Tensor | None = None  # [B, S, V] p at zipar-tree's side nodes (None without a tree)
+
+
+class FrontVerdict(NamedTuple):
+    """One pass's verification (`FrontPasses.verify`)."""
+
+    slot_tokens: Tensor  # [B, M] every predicting slot's output
+    accept: Tensor | None  # [B, M] its draft passed the test (None when no slot had a draft)
+    side: Tensor | None  # [B, H] zipar-tree: the front took a side candidate (None when no front had a tree)
 
 
 def commit_fronts(
-    fronts: Fronts, plan: PassPlan, accept: Tensor, slot_tokens: Tensor, log: FrontRecord, cross_row: bool, trees
+    fronts: Fronts, plan: PassPlan, verdict: FrontVerdict, log: FrontRecord, cross_row: bool, trees
 ) -> tuple[Tensor, Tensor]:
     """Write each front's commit (its leading accepted drafts and one token more) into the tokens
     and the record -> commits [B, H] and each input's front's commits [B, M]. cross_row: whether the
     plan has cross-row drafts (it carries what their checks need of s); trees: the fronts' trees or None."""
     count, num_tokens = fronts.count, fronts.state.num_tokens
     width = num_tokens // count.shape[1]
-    valid, commits, good = valid_commits(plan, accept, count, cross_row)
+    valid, commits, good = valid_commits(plan, verdict.accept, count, cross_row)
     extended = commits  # a taken side candidate commits its side node's draw too
     if trees is not None:
-        extended = trees.extend(plan, valid, commits, count, width)
+        extended = trees.extend(plan, valid, commits, count, width, verdict.side)
     log.write(count, extended, commits, good, plan.window_len)
     lane_commits = extended.gather(1, plan.row)
     skip = plan.slot >= lane_commits  # a front commits at most its window: every slot kept predicts
-    fronts.tokens.scatter_(1, (plan.input_index + 1).masked_fill(skip, num_tokens), slot_tokens)
+    fronts.tokens.scatter_(1, (plan.input_index + 1).masked_fill(skip, num_tokens), verdict.slot_tokens)
     return extended, lane_commits
 
 
@@ -329,7 +333,7 @@ class FrontPasses:
 
     cross_row (Jacobi fronts only): a front may also predict past its plain reach from the drafts the
     row above feeds in the same pass (kept only if those drafts are accepted); trees (Jacobi fronts
-    only): each front also drafts K candidates for its first draft (`front_tree_pass`). A running batch
+    only): each front also drafts K candidates for its first draft (tree_fronts.py). A running batch
     (`request.slots`) refills a slot between passes (`admit`), whose new image has its first pass
     there; the slot's state is then what a decode of that image alone has after its first pass."""
 
@@ -392,26 +396,37 @@ class FrontPasses:
     def propose(self, plan: FrontPlan) -> PassDraft:
         return pass_drafts(self.fronts, plan, self.initialiser, self.window, self.trees)
 
-    def score(self, plan: FrontPlan, draft: PassDraft) -> tuple[Tensor, Tensor, Tensor]:
-        # scored and verified in one step: a front's tree (zipar-tree) scores its side nodes in the pass
-        return score_and_verify(self.fronts, self.scorer, plan, self.rule, self.trees, draft)
+    def score(self, plan: FrontPlan, draft: PassDraft) -> FrontScores:
+        """The target laws of every input, and of zipar-tree's side nodes (scored in the same call)."""
+        if plan.first:  # the condition's prefill, which predicts token 0
+            return FrontScores(self.scorer.prefill()[:, None])
+        if draft.tree is None:
+            return FrontScores(score_fronts(self.scorer, plan.plan, plan.context, draft.tokens))
+        probs, side_probs = score_with_sides(self.scorer, self.trees, plan.plan, plan.context, draft.tokens, draft.tree)
+        return FrontScores(probs, side_probs)
 
-    def verify(self, plan: FrontPlan, draft: PassDraft, scored) -> tuple[Tensor, Tensor, Tensor]:
-        return scored  # target probs [B, M, V], slot tokens [B, M], accept [B, M] (`score`)
+    def verify(self, plan: FrontPlan, draft: PassDraft, scores: FrontScores) -> FrontVerdict:
+        """Every predicting slot's test and output, then each front's tree candidates (`verify_trees`)."""
+        rule, probs = self.rule, scores.probs
+        slot_tokens, accept = front_outputs(
+            rule, plan.plan, probs, draft.tokens, draft.probs, draft.uniforms, draft.draws
+        )
+        if draft.tree is None or draft.tree.candidates is None:  # no front has a tree this pass
+            return FrontVerdict(slot_tokens, accept, None)
+        tree, side_probs = draft.tree, scores.side_probs
+        slot_tokens, side = verify_trees(self.trees, plan.plan, tree, probs, side_probs, slot_tokens, accept)
+        return FrontVerdict(slot_tokens, accept, side)
 
-    def commit(self, plan: FrontPlan, draft: PassDraft, scored, verdict):
+    def commit(self, plan: FrontPlan, draft: PassDraft, scores: FrontScores, verdict: FrontVerdict):
         fronts, width = self.fronts, self.grid[1]
-        target_probs, slot_tokens, accept = verdict
         count = fronts.count
         cross_row = self.cross_row and not plan.first
-        commits, lane_commits = commit_fronts(fronts, plan.plan, accept, slot_tokens, self.log, cross_row, self.trees)
+        commits, lane_commits = commit_fronts(fronts, plan.plan, verdict, self.log, cross_row, self.trees)
         # The slots after a front's commit become drafts for the same indices.
         if self.speculative:
             after_pass = generated_mask(count + commits, width, fronts.index)
-            carry_u = draft.uniforms[:, CARRY]
-            fronts.carried.carry_over(
-                self.carry.draw, plan.plan, fronts.state, target_probs, slot_tokens, lane_commits, carry_u, after_pass
-            )
+            outputs = (scores.probs, verdict.slot_tokens, lane_commits, draft.uniforms[:, CARRY])
+            fronts.carried.carry_over(self.carry.draw, plan.plan, fronts.state, *outputs, after_pass)
         fronts.fed = fed_after_pass(plan.plan, fronts.fed, count, commits, width)
         fronts.count = count + commits
 

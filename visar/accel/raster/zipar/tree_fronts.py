@@ -10,18 +10,18 @@ true cache slot is fed again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from ...core.acceptance import AcceptanceRule
 from ...core.sampling import sample_from_probs
 from ...core.scoring import GuidedScorer
 from ...core.tree_acceptance import residual_ladder
 from ..draft_trees import neighbour_candidates, without_replacement
-from ..proposers import RESIDUAL
-from .plan import PassContext, PassPlan, front_outputs, pass_inputs, visibility
+from .plan import PassContext, PassPlan, pass_inputs, visibility
 
 
 class FrontTrees:
@@ -30,15 +30,14 @@ class FrontTrees:
     branch: K; neighbours: the known neighbours tried first ("left", "above", ...); vocab: V, the
     uniforms of each front's extra candidates' keys (`ranked_candidates`); side_taken [B]
     counts the passes in which a front of each image took a side candidate (k >= 1). Between
-    passes it holds which fronts took one (`side`, [B, H]) and which committed tokens wait to be
-    fed again (`refeed`, [B, H] image index or -1): a taken side candidate's true cache slot holds
-    candidate 0's KV, so the next pass feeds it there again, before any query reads it.
+    passes it holds which committed tokens wait to be fed again (`refeed`, [B, H] image index or
+    -1): a taken side candidate's true cache slot holds candidate 0's KV, so the next pass feeds it
+    there again, before any query reads it.
     """
 
     def __init__(self, branch: int, neighbours: tuple[str, ...], batch: int, height: int, device, vocab: int):
         self.branch, self.neighbours, self.vocab = branch, neighbours, vocab
         self.side_taken = torch.zeros(batch, dtype=torch.long, device=device)
-        self.side: Tensor | None = None
         self.refeed = torch.full((batch, height), -1, dtype=torch.long, device=device)
         self.refeed_width = 0  # the most tokens any image feeds again this pass (`refeed_most`, read by the plan)
         self.released: dict[int, int] = {}  # a running batch's finished images: image -> side_taken
@@ -67,18 +66,22 @@ class FrontTrees:
         one trash slot for the padding of re-fed tokens."""
         return height * (self.branch - 1) + 1
 
-    def extend(self, plan: PassPlan, valid: Tensor, commits: Tensor, count: Tensor, width: int) -> Tensor:
-        """Commits [B, H] with one token more where a front took a side candidate and its slot 1's
-        context held (the side node saw the same); remembers those tokens for the next pass's re-feed."""
-        if self.side is None:
+    def extend(
+        self, plan: PassPlan, valid: Tensor, commits: Tensor, count: Tensor, width: int, side: Tensor | None
+    ) -> Tensor:
+        """Commits [B, H] with one token more where a front took a side candidate (side [B, H], None
+        when no front had a tree) and its slot 1's context held (the side node saw the same); the
+        tokens this pass fed again are done, and those extra tokens wait for the next pass's re-feed."""
+        if side is None:
+            self.refeed = torch.full_like(self.refeed, -1)
             return commits
+        self.side_taken += side.sum(1)
         slot1 = torch.zeros_like(commits, dtype=torch.bool).scatter_reduce(
             1, plan.row, valid & (plan.slot == 1), reduce="amax"
         )
-        extended = self.side & (commits == 1) & slot1
+        extended = side & (commits == 1) & slot1
         rows = torch.arange(commits.shape[1], device=commits.device)
         self.refeed = torch.where(extended, rows * width + count, -1)
-        self.side = None
         return commits + extended.long()
 
     def draws_per_pass(self, height: int) -> int:
@@ -130,19 +133,45 @@ def front_candidates(
     return without_replacement(base, drafts.gather(1, first), trees.branch, uniforms, fixed)
 
 
+class TreeDraft(NamedTuple):
+    """One pass's trees (`draft_trees`): what the side nodes feed and what verifying the candidates reads."""
+
+    sides: SideNodes
+    candidates: Tensor | None  # [B, H, K] each front's candidates (None: no front drafts this pass)
+    laws: Tensor | None  # [B, H, K, V] the law each was drawn from
+    side_tokens: Tensor  # [B, S] the candidate each side node feeds
+    uniforms: Tensor  # [B, H, V + K + 1] the trees' block: the extra candidates' keys, the tests, the draws
+
+
+def draft_trees(
+    trees: FrontTrees, plan: PassPlan, drafts, draft_q, canvas: Callable[[], Tensor], width: int, uniforms: Tensor
+) -> TreeDraft:
+    """The candidates of every front whose slot 0 has a draft (`front_candidates`) and the side nodes
+    that feed candidates 1 .. K - 1. drafts [B, M], draft_q [B, M, V] (None when no front drafts);
+    canvas() -> what a known neighbour is copied from (made only when some front drafts)."""
+    sides = side_nodes(plan, trees.branch)
+    if sides.row.shape[1] == 0:
+        return TreeDraft(sides, None, None, torch.zeros_like(sides.row), uniforms)
+    candidates, laws = front_candidates(
+        trees, plan, sides, drafts, draft_q, canvas(), width, uniforms[..., : trees.vocab]
+    )
+    side_tokens = candidates.flatten(1).gather(1, sides.row * trees.branch + sides.rank)
+    return TreeDraft(sides, candidates, laws, side_tokens, uniforms)
+
+
 def score_with_sides(
-    scorer: GuidedScorer, plan: PassPlan, sides: SideNodes, refeed, context: PassContext, drafts, side_tokens, scratch
+    scorer: GuidedScorer, trees: FrontTrees, plan: PassPlan, context: PassContext, drafts, tree: TreeDraft
 ) -> tuple[Tensor, Tensor]:
-    """One pass over every front's inputs, the side nodes and the re-fed tokens -> p [B, M, V],
-    side p [B, S, V]. refeed: (FrontTrees.refeed, its `refeed_width`).
+    """One pass over every front's inputs, the side nodes and the re-fed tokens (`FrontTrees.refeed`,
+    `refeed_width` of them at most) -> p [B, M, V], side p [B, S, V].
 
     A side node stands in for its front's slot 1 (the same position and view) with its candidate
     in place of the front's draft: it sees its own scratch slot instead of that draft's slot. A
     re-fed token (refeed [B, H], image index or -1) is fed at its true slot, seeing what a row's
     newest token sees when it is fed (the tokens generated before it).
     """
-    tokens, generated = context.tokens, context.generated
-    refeed, refeed_width = refeed
+    tokens, generated, sides = context.tokens, context.generated, tree.sides
+    scratch = trees.scratch(context.index.height)
     num_cond, num_tokens, device = scorer.model.num_condition_tokens, generated.shape[1], generated.device
     batch, num_inputs, num_sides = plan.slot.shape[0], plan.slot.shape[1], sides.row.shape[1]
     feed = pass_inputs(plan, tokens, drafts)
@@ -152,7 +181,7 @@ def score_with_sides(
     side_index = torch.where(sides.real, plan.input_index.gather(1, twin), num_tokens - 1)
     side_visible = visible.gather(1, twin[..., None].expand(-1, -1, num_tokens))
     side_visible &= (slots != side_index[..., None]) & sides.real[..., None]
-    pending = refeed.sort(1, descending=True).values[:, :refeed_width]  # [B, R]
+    pending = trees.refeed.sort(1, descending=True).values[:, : trees.refeed_width]  # [B, R]
     again, index = pending >= 0, pending.clamp(min=0)
     earlier = (slots <= index[..., None]) & generated[:, None]  # [B, R, N]
     again_visible = (earlier | (slots == index[..., None])) & again[..., None]
@@ -167,7 +196,7 @@ def score_with_sides(
     side_slots = (num_cond + num_tokens + torch.arange(num_sides, device=device)).expand(batch, -1)
     trash = num_cond + num_tokens + scratch - 1
     cache_pos = torch.cat([input_pos[:, :num_inputs], side_slots, torch.where(again, num_cond + index, trash)], 1)
-    fed = torch.cat([feed, side_tokens, tokens.gather(1, index)], 1)
+    fed = torch.cat([feed, tree.side_tokens, tokens.gather(1, index)], 1)
     probs = scorer.target_probs(scorer.logits(fed, input_pos, mask=mask, cache_pos=cache_pos))
     return probs[:, :num_inputs], probs[:, num_inputs : num_inputs + num_sides]
 
@@ -196,58 +225,27 @@ def verify_candidates(
     return taken, token
 
 
-def front_tree_pass(
-    trees: FrontTrees,
-    rule: AcceptanceRule,
-    scorer: GuidedScorer,
-    plan: PassPlan,
-    carried,
-    state,
-    context: PassContext,
-    draft,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """One pass of fronts that draft trees -> p [B, M, V], slot tokens [B, M], accept [B, M].
+def verify_trees(
+    trees: FrontTrees, plan: PassPlan, tree: TreeDraft, probs, side_probs, slot_tokens, accept
+) -> tuple[Tensor, Tensor]:
+    """Each drafting front's K candidates against its slot 0's p, by recursive rejection
+    (`verify_candidates`; candidate 0's test is the front's own: accept [B, M]) -> slot tokens [B, M],
+    side [B, H] (the fronts that took a side candidate). probs [B, M, V], side_probs [B, S, V]: the
+    pass's scores; slot_tokens [B, M]: the fronts' outputs (`front_outputs`).
 
-    draft: the pass's PassDraft (Jacobi fronts, with the trees' block). Slot 0 outputs the taken
-    candidate (or the draw after the last rejection). A taken side candidate counts as a rejection
-    of slot 0's draft, since slot 1 and the rows below saw candidate 0; slot 1 outputs a draw from
-    the side node's p instead, which `FrontTrees.extend` commits when slot 1's context held.
+    Slot 0 outputs the taken candidate (or the draw after the last rejection). A taken side candidate
+    counts as a rejection of slot 0's draft, since slot 1 and the rows below saw candidate 0; slot 1
+    outputs a draw from the side node's p instead, which `FrontTrees.extend` commits when slot 1's
+    context held.
     """
-    generated, (height, width) = context.generated, (context.index.height, context.index.width)
-    draft_tokens, draft_probs, uniforms, tree_u, _ = draft
-    branch, num_inputs = trees.branch, plan.slot.shape[1]
-    sides = side_nodes(plan, branch)
-    candidates = laws = None
-    side_tokens = torch.zeros_like(sides.row)
-    if sides.row.shape[1] > 0:
-        candidates, laws = front_candidates(
-            trees,
-            plan,
-            sides,
-            draft_tokens,
-            draft_probs,
-            carried.canvas(state, generated),
-            width,
-            tree_u[..., : trees.vocab],
-        )
-        side_tokens = candidates.flatten(1).gather(1, sides.row * branch + sides.rank)
-    scratch = trees.scratch(height)
-    probs, side_probs = score_with_sides(
-        scorer, plan, sides, (trees.refeed, trees.refeed_width), context, draft_tokens, side_tokens, scratch
-    )
-    trees.refeed = torch.full_like(trees.refeed, -1)
-    slot_tokens, accept = front_outputs(rule, plan, probs, draft_tokens, draft_probs, uniforms, uniforms[:, RESIDUAL])
-    if candidates is None:
-        return probs, slot_tokens, accept
-    vocab = probs.shape[-1]
+    sides, tree_u = tree.sides, tree.uniforms
+    branch, vocab, num_inputs = trees.branch, probs.shape[-1], plan.slot.shape[1]
     first = sides.first_input.clamp(max=num_inputs - 1)
     first_probs = probs.gather(1, first[..., None].expand(-1, -1, vocab))
     taken, token = verify_candidates(
-        first_probs, candidates, laws, accept.gather(1, first), tree_u[..., trees.vocab : -1]
+        first_probs, tree.candidates, tree.laws, accept.gather(1, first), tree_u[..., trees.vocab : -1]
     )
     side = sides.has_tree & (taken >= 1) & (taken < branch)
-    trees.side_taken += side.sum(1)
-    trees.side = side
     side_at = (sides.start + taken - 1).clamp(0, sides.row.shape[1] - 1)
     side_law = side_probs.gather(1, side_at[..., None].expand(-1, -1, vocab))  # [B, H, V]
     side_draw = sample_from_probs(side_law, tree_u[..., -1])
@@ -255,4 +253,4 @@ def front_tree_pass(
     at_side = in_tree & (plan.slot == 1) & side.gather(1, plan.row)
     slot_tokens = torch.where(in_tree & (plan.slot == 0), token.gather(1, plan.row), slot_tokens)
     slot_tokens = torch.where(at_side, side_draw.gather(1, plan.row), slot_tokens)
-    return probs, slot_tokens, accept
+    return slot_tokens, side

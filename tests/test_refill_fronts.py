@@ -1,5 +1,8 @@
-"""zipar's row fronts as a running batch that refills (issue 46): `FrontPasses.admit` starts a queued
-image in a finished slot, its first pass (the condition's prefill) for that slot alone.
+"""zipar's row fronts as a running batch that refills (issue 46): `FrontPasses.admit` resets a finished
+slot for a queued image and draws its randomness, and the next pass starts with the image's first pass
+(the condition's prefill) for that slot alone.
+
+- `admit` calls no model: the admitted image's first pass runs when the loop plans its next pass;
 
 - at a fixed window, every image of a running batch (6 images, 2 slots, CFG on) has the tokens, the
   passes and the commit_pass of its decode alone (its own seed), for zipar, zipar-mc-sjd (maximal
@@ -18,6 +21,7 @@ from laws import CFG_TOPK, SAMPLES, LocalLlamaGen, compare_laws, exact_law, sequ
 from visar.accel import Request, get_method
 from visar.accel.core.sampling import SamplingParams, draw_uniforms, make_generators
 from visar.accel.raster.methods import ar
+from visar.accel.raster.pass_loop import run_pass
 from visar.accel.raster.zipar import engine
 
 PARAMS = SamplingParams(guidance_scale=2.0, top_k=20)
@@ -70,6 +74,33 @@ def test_each_image_of_a_running_batch_is_its_decode_alone(model, name, options)
     assert_as_alone(name, model, options, tokens, stats)
     if name == "zipar-tree":
         assert sum(stats["side_taken_per_image"]) > 0
+
+
+def test_an_admitted_image_has_its_first_pass_in_the_next_pass(model, monkeypatch):
+    """The contract of `PassEngine.admit`: the slot is reset, and the new image's first pass (its
+    prefill and token 0) is the next pass's, not the admit's."""
+    engines = []
+
+    def keep_the_engine(front_passes, *loop_options):
+        engines.append(front_passes)
+        return front_passes.finish()  # a result for the method to return; the passes run below
+
+    monkeypatch.setattr(engine, "decode_passes", keep_the_engine)
+    request = Request(model, LABELS, PARAMS, make_generators(len(LABELS), SEED), slots=2)
+    get_method("zipar-tree").fn(request, s=2, window=4, branch=4)
+    (fronts,) = engines
+    with torch.no_grad(), fronts:
+        while not fronts.done().any():
+            run_pass(fronts, fronts.plan())
+        row = int(fronts.done().long().argmax())
+        fronts.release([row])
+        calls = fronts.scorer.forward_passes
+        fronts.admit([row], [2])
+        assert fronts.scorer.forward_passes == calls and int(fronts.fronts.count[row].sum()) == 0
+        plan = fronts.plan()  # the prefill of the admitted slot, then the pass's shape
+        assert fronts.scorer.forward_passes == calls + 1 and int(fronts.fronts.count[row].sum()) == 1
+        run_pass(fronts, plan)
+        assert fronts.scorer.forward_passes == calls + 2 and int(fronts.fronts.count[row].sum()) > 1
 
 
 @pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit

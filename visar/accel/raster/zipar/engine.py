@@ -192,6 +192,7 @@ class Fronts:
     carried: CarriedDrafts | None  # Jacobi fronts: the drafts of earlier passes
     draws: UniformStream | None  # Jacobi fronts: each image's uniforms, pass after pass
     position_uniforms: Tensor | None  # plain fronts: ar.py's draws [B, N + 1], token i uses uniform i (N: padding's)
+    first_draws: Tensor  # [B] a refilled slot's uniform for its image's token 0, drawn by `admit`
 
     @classmethod
     def start(cls, model: RasterModel, generators: list[torch.Generator], window: int, trees) -> Fronts:
@@ -214,26 +215,42 @@ class Fronts:
         # window = N in the state because one pass spans up to the whole grid
         state = DecodeState(tokens, count.sum(1), keys, num_tokens, vocab, (height, width), num_tokens)
         index = grid_index((height, width), device)
-        return cls(tokens, count, torch.zeros_like(count), state, index, carried, draws, position_uniforms)
+        first_draws = torch.zeros(batch, device=device)
+        return cls(tokens, count, torch.zeros_like(count), state, index, carried, draws, position_uniforms, first_draws)
 
-    def admit(self, rows: list[int], generators: list[torch.Generator], lanes: int, extra: int) -> Tensor:
-        """Slots `rows` start the images of these generators, each as `start` starts a decode of it alone
-        (its key, then its uniforms, drawn in the same order) -> each one's uniform for token 0 [R].
+    def admit(self, index: Tensor, rows: list[int], generators: list[torch.Generator], lanes: int, extra: int):
+        """Slots `rows` (index [R]) start the images of these generators, each as `start` starts a decode
+        of it alone (its key, then its uniforms, drawn in the same order); token 0's uniform is kept
+        for `first_token`.
 
         Jacobi fronts: its first pass takes a block of NUM_PURPOSES x `lanes` uniforms (H x the pass's
         window), then `extra` (the trees'), and token 0 is that block's residual draw of row 0, slot 0."""
-        index = torch.tensor(rows, device=self.tokens.device)
         for held in (self.tokens, self.count, self.fed):
             held[index] = 0
         if self.carried is None:
             position_uniforms = to_device(draw_uniforms(generators, self.state.num_tokens), self.tokens.device)
             self.position_uniforms[index] = torch.cat([position_uniforms, position_uniforms[:, -1:]], 1)
-            return self.position_uniforms[index, 0]
+            self.first_draws[index] = self.position_uniforms[index, 0]
+            return
         self.state.keys[index] = image_keys(generators, self.tokens.device)
         self.carried.forget(index)
         first = to_device(draw_uniforms(generators, NUM_PURPOSES * lanes + extra), self.tokens.device)
         self.draws.replace(rows, generators)  # its next pass takes what follows
-        return first[:, RESIDUAL * lanes]
+        self.first_draws[index] = first[:, RESIDUAL * lanes]
+
+    def take_blocks(self, window: int, trees: FrontTrees | None) -> tuple[Tensor, Tensor | None] | None:
+        """Jacobi fronts: this pass's blocks of each image's uniform stream, [4, H, window] an image (the
+        first pass's too), then the trees' (None without trees); None for plain fronts."""
+        if self.draws is None:
+            return None
+        height = self.count.shape[1]
+        block = self.draws.take(NUM_PURPOSES * height * window)  # then the trees', as drawn
+        return block, None if trees is None else self.draws.take(trees.draws_per_pass(height))
+
+    def first_token(self, index: Tensor, law: Tensor):
+        """Admitted slots `index` [R] draw their image's token 0 from its law [R, V] (the prefill's)."""
+        self.tokens[index, 0] = sample_from_probs(law, self.first_draws[index])
+        self.count[index, 0] = 1
 
 
 class PassDraft(NamedTuple):
@@ -334,8 +351,9 @@ class FrontPasses:
     cross_row (Jacobi fronts only): a front may also predict past its plain reach from the drafts the
     row above feeds in the same pass (kept only if those drafts are accepted); trees (Jacobi fronts
     only): each front also drafts K candidates for its first draft (tree_fronts.py). A running batch
-    (`request.slots`) refills a slot between passes (`admit`), whose new image has its first pass
-    there; the slot's state is then what a decode of that image alone has after its first pass."""
+    (`request.slots`) refills a slot between passes (`admit`), whose new image has its first pass at
+    the head of the next (`start_fresh`); the slot's state is then what a decode of that image alone
+    has after its first pass."""
 
     def __init__(self, request: Request, settings: FrontSettings):
         model, window = request.model, settings.window
@@ -350,7 +368,7 @@ class FrontPasses:
         self.fronts = Fronts.start(model, request.generators[: self.batch], self.window, self.trees)
         self.scorer = GuidedScorer.for_request(request)
         self.log = FrontRecord(self.batch, self.grid, self.window, model.device)
-        self.book = SlotBook(request)  # passes planned (an image's first pass in `admit` is none of them)
+        self.book = SlotBook(request)  # passes planned (a refilled image's first pass, `start_fresh`, is none)
         self.holds = list(range(self.batch))  # the queue image in each slot (the trees keep side_taken by image)
         scratch = 0 if self.trees is None else self.trees.scratch(self.grid[0])
         self.cache_length = model.num_condition_tokens + self.total + scratch
@@ -365,7 +383,10 @@ class FrontPasses:
         self.scorer.close_cache()
 
     def plan(self) -> FrontPlan | None:
-        first, count, fronts = self.book.passes == 0, self.fronts.count, self.fronts
+        first = self.book.passes == 0  # the decode's first pass: every slot's prefill, a pass of its own
+        if self.book.fresh and not first:
+            self.start_fresh()
+        count, fronts = self.fronts.count, self.fronts
         window = 1 if first else self.window
         cross_row = self.cross_row and not first
         # what the pass needs to know on the host, read with its shape: the carried laws' K, the
@@ -385,13 +406,8 @@ class FrontPasses:
         fronts.state.committed = count.sum(1)
         self.book.next_pass()
         self.log.reserve(self.book.passes)
-        blocks = None
-        if fronts.draws is not None:  # each pass's block is [4, H, window] an image, the first pass's too
-            height = self.grid[0]
-            block = fronts.draws.take(NUM_PURPOSES * height * self.window)  # then the trees', as drawn
-            blocks = (block, None if self.trees is None else fronts.draws.take(self.trees.draws_per_pass(height)))
         context = PassContext(fronts.tokens, generated_mask(count, self.grid[1], fronts.index), self.s, fronts.index)
-        return FrontPlan(first, window, plan, context, blocks)
+        return FrontPlan(first, window, plan, context, fronts.take_blocks(self.window, self.trees))
 
     def propose(self, plan: FrontPlan) -> PassDraft:
         return pass_drafts(self.fronts, plan, self.initialiser, self.window, self.trees)
@@ -446,21 +462,27 @@ class FrontPasses:
         return self.fronts.tokens[rows, : self.total], passes, commit_pass
 
     def admit(self, rows: list[int], images: list[int]):
-        """The new images' first pass (the condition's prefill, which predicts token 0) happens here, for
-        their slots alone: one more model call, but no pass of the others' that a new image would idle in."""
+        """Slots `rows` start queue images `images`: their state reset and their randomness drawn as a
+        decode of each alone starts; their first pass is in the next pass (`start_fresh`)."""
         index, image_index, generators = self.book.admit(rows, images)
         self.scorer.admit(index, image_index)
         # an image's first pass (window 1) takes each pass's block of uniforms: [4, H, window]
         extra = 0 if self.trees is None else self.trees.draws_per_pass(self.grid[0])
-        uniform = self.fronts.admit(rows, generators, self.grid[0] * self.window, extra)
-        token = sample_from_probs(self.scorer.prefill(index), uniform)  # [R]
-        self.fronts.tokens[index, 0] = token
-        self.fronts.count[index, 0] = 1
+        self.fronts.admit(index, rows, generators, self.grid[0] * self.window, extra)
         self.carry.forget(index)
         if self.trees is not None:
             self.trees.admit(index)
         for row, image in zip(rows, images, strict=True):
             self.holds[row] = image
+
+    def start_fresh(self):
+        """The first pass of the images admitted since the last pass (the condition's prefill, which
+        predicts token 0), for their slots alone, at the head of the next pass: one model call more
+        in that pass, but no pass of the others' that a new image would idle in. That pass then goes
+        on with their next tokens, as a decode of each image alone does in its second pass (so their
+        statistics count this first pass apart: `FrontRecord.image_commits`' admitted)."""
+        index = torch.tensor(self.book.fresh, device=self.fronts.tokens.device)
+        self.fronts.first_token(index, self.scorer.prefill(index))
 
     def finish(self) -> tuple[Tensor, dict]:
         stats = self.log.stats(self.scorer.forward_passes)

@@ -54,9 +54,10 @@ class FrontRecord:
 
     def image_commits(self, records: Tensor, row: int, start: int, admitted: bool) -> tuple[Tensor, Tensor]:
         """The image slot `row` holds, which started after `start` passes (records: `records()`) -> (its
-        passes, 0-d; the pass of its own that committed each token [N], 1 = its first). admitted: its
-        first pass was a running batch's refill (`FrontPasses.admit`), which writes no record: it took
-        row 0 from 0 tokens to 1, so its pass k is the record start + k - 2."""
+        passes, 0-d; the pass of its own that committed each token [N], 1 = its first). admitted: it
+        took a running batch's refilled slot, and its first pass ran for its slot alone at the head of
+        the next pass (`FrontPasses.start_fresh`), which writes no record: it took row 0 from 0 tokens
+        to 1, so its pass k is the record start + k - 2."""
         height, width = self.shape[-1], self.log.width
         device = records.device
         count, commits = records[start:, 0, row], records[start:, 1, row]  # [P', H]

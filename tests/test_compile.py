@@ -103,7 +103,7 @@ def test_a_whole_pass_traces_as_one_graph(engine):
     init = drafts.resolve_initialiser("random" if "random" in engine else "above")
     coupling = proposers.carry_updater("gumbel" if "gumbel" in engine else "maximal", engine)
     if engine.startswith(("sjd", "mc-sjd", "gsd")) and engine != "sjd-pac":
-        updater = proposers.independent_carry if engine in ("sjd", "gsd") else coupling
+        updater = proposers.Carry(proposers.independent_carry) if engine in ("sjd", "gsd") else coupling
         grouped = partial(
             acceptance.grouped_accept, codebook=torch.randn(32, 4), group_size=4, prob_gap=0.1, max_distance=2.0
         )

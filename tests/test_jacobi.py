@@ -141,7 +141,7 @@ def test_wrong_residual_is_detected(model):
         return target_probs
 
     params, label = TOPP_TEMP, 1
-    proposer = proposers.JacobiProposer(drafts.random_init, proposers.independent_carry)
+    proposer = proposers.JacobiProposer(drafts.random_init, proposers.Carry(proposers.independent_carry))
     rule = AcceptanceRule(speculative_accept, from_target)
     cond = torch.full((law_samples(SAMPLES),), label, device=model.device)
     request = Request(model, cond, params, make_generators(len(cond), 4000))

@@ -202,7 +202,7 @@ class CoupledDrafts(proposers.JacobiProposer):
     updater is asked for: its recorded law must be p~, not p, for the bound to hold."""
 
     def __init__(self, initialiser, _updater):
-        super().__init__(initialiser, proposers.maximal_coupling_carry)
+        super().__init__(initialiser, proposers.Carry(proposers.maximal_coupling_carry))
 
 
 DELTA, K = 0.15, 2
@@ -228,7 +228,7 @@ def lantern_runs(model):
         )
         runs[name] = chain.speculative_decode(
             Request(model, cond, CFG_TOPK, make_generators(SAMPLES, 7)),
-            proposer(drafts.random_init, proposers.independent_carry),
+            proposer(drafts.random_init, proposers.Carry(proposers.independent_carry)),
             window=4,
             rule=rule,
         )

@@ -32,9 +32,9 @@ class PassEngine(Protocol):
 
     `with engine:` holds what a decode holds open (the KV cache, a draft model's); `plan()` is the
     next pass's shape (None: every image is done); `propose` drafts, `score` is the target's laws
-    at the drafted slots (one model call, or one per group of a refill pass), `verify` applies the
-    acceptance rule to them, `commit` writes the pass's tokens and statistics, carries drafts over
-    and trims the cache.
+    at the drafted slots (a tensor, or the fronts' `FrontScores`; one model call, or one per group
+    of a refill pass), `verify` applies the acceptance rule to them, `commit` writes the pass's
+    tokens and statistics, carries drafts over and trims the cache.
 
     An image's first pass is the loop's next pass after it takes its slot (every slot's at a
     decode's start, `admit`'s slots later; `SlotBook.fresh`): an engine that scores the condition
@@ -53,11 +53,11 @@ class PassEngine(Protocol):
 
     def propose(self, plan) -> Any: ...
 
-    def score(self, plan, drafts) -> Tensor: ...
+    def score(self, plan, drafts) -> Any: ...
 
-    def verify(self, plan, drafts, probs: Tensor) -> Any: ...
+    def verify(self, plan, drafts, scores) -> Any: ...
 
-    def commit(self, plan, drafts, probs: Tensor, verdict) -> None: ...
+    def commit(self, plan, drafts, scores, verdict) -> None: ...
 
     def least_done(self) -> Tensor:
         """The fewest tokens any image has committed (a 0-d tensor; read only for a progress bar)."""
@@ -127,9 +127,9 @@ def run_pass(engine: PassEngine, plan) -> None:
     """One pass of a planned shape: propose, score, verify, commit. Only `plan` reads the device
     back (the pass's shape); this part traces as one graph (tests/test_compile.py)."""
     drafts = engine.propose(plan)
-    probs = engine.score(plan, drafts)
-    verdict = engine.verify(plan, drafts, probs)
-    engine.commit(plan, drafts, probs, verdict)
+    scores = engine.score(plan, drafts)
+    verdict = engine.verify(plan, drafts, scores)
+    engine.commit(plan, drafts, scores, verdict)
 
 
 # compile options -> run_pass under torch.compile (False once compiling failed on this platform): one

@@ -179,31 +179,50 @@ class GumbelCarry:
         self.noise, self.row_position = noise, positions
         return gumbel_coupling(request.target_probs, noise), request.target_probs
 
-    def admit(self, rows: Tensor):
+    def forget(self, rows: Tensor):
         """Slots `rows` start new images (other keys): none of their held rows match a position."""
         if self.row_position is not None:
             self.row_position[rows] = -1
 
 
+def forget_nothing(rows: Tensor) -> None:
+    """`Carry.forget` of an updater that holds nothing from pass to pass."""
+
+
+@dataclass(frozen=True)
+class Carry:
+    """How the slots past a commit become the next pass's drafts: `draw`, an updater (a CarryRequest ->
+    the next drafts [B, M] and the law each was drawn from [B, M, V]), and `forget(rows)`, what slots
+    [R] that a running batch refills make it drop of their old images (the Gumbel carry's noise rows;
+    a stateless updater holds nothing). The chain, draft-tree and front engines carry with one."""
+
+    draw: Callable[[CarryRequest], tuple[Tensor, Tensor]]
+    forget: Callable[[Tensor], None] = forget_nothing
+
+
+FRESH_DRAWS = Carry(independent_carry)  # SJD's carry: stateless, so one object serves every decode
 COUPLINGS = {"maximal": maximal_coupling_carry, "gumbel": GumbelCarry}
 CARRIES = {"none": independent_carry, **COUPLINGS}  # what a relaxed method may carry over with
 
 
-def carry_updater(coupling: str, method: str, choices: dict = COUPLINGS) -> Callable:
-    """The carry-over updater named by a method's `coupling` option (a fresh one per decode: the
-    Gumbel carry keeps its noise rows)."""
+def carry_updater(coupling: str, method: str, choices: dict = COUPLINGS) -> Carry:
+    """The carry-over named by a method's `coupling` option (a fresh Gumbel carry per decode: it keeps
+    its last pass's noise rows by slot, which a refilled slot must drop)."""
     if not isinstance(coupling, str) or coupling not in choices:
         raise VisarError(f"unknown coupling {coupling!r} for {method}; use one of {', '.join(choices)}")
     updater = choices[coupling]
-    return updater() if isinstance(updater, type) else updater
+    if isinstance(updater, type):
+        updater = updater()
+        return Carry(updater, updater.forget)
+    return Carry(updater)
 
 
 class JacobiProposer:
-    """Drafts from the previous pass (carried over by `updater`), new slots from `initialiser`."""
+    """Drafts from the previous pass (carried over by `carry`), new slots from `initialiser`."""
 
-    def __init__(self, initialiser: Callable, updater: Callable):
-        self.initialiser, self.updater = initialiser, updater
-        self.draws_from_p = updater is independent_carry
+    def __init__(self, initialiser: Callable, carry: Carry):
+        self.initialiser, self.carry = initialiser, carry
+        self.draws_from_p = carry.draw is independent_carry
         self.forward_passes = 0
 
     def catch_up_need(self, state: DecodeState) -> None:
@@ -276,7 +295,7 @@ class JacobiProposer:
         slot_index = lambda: self.slot_index(state, window, length)  # noqa: E731 (read by the Gumbel coupling only)
         uniforms = lambda: window.row(CARRY, length)  # noqa: E731 (read by SJD's fresh draws only)
         request = CarryRequest(state, target_probs, slot_tokens, slot_laws, slot_index, uniforms, p_draws)
-        carry, law = self.updater(request)
+        carry, law = self.carry.draw(request)
         # Slots commit_count .. window_len - 1 become drafts for the indices right after the new commit
         # (new tensors of this pass's length less one, as every image commits a token or is done; not
         # copies into the window's: the next pass has no more slots unless a plain-AR span ends, and
@@ -297,8 +316,7 @@ class JacobiProposer:
     def admit(self, rows: Tensor, images: Tensor):
         """Slots `rows` start new images: nothing carried over."""
         self.carried[rows] = False
-        if hasattr(self.updater, "admit"):
-            self.updater.admit(rows)
+        self.carry.forget(rows)
 
     def close(self):
         pass

@@ -41,7 +41,7 @@ from .draft_trees import (
     verify_draft_tree,
 )
 from .pass_loop import SlotBook, decode_passes, running_batch, score_first_passes_apart
-from .proposers import JacobiProposer, Window, maximal_coupling_carry
+from .proposers import Carry, JacobiProposer, Window, maximal_coupling_carry
 
 
 class DraftTreePlan(NamedTuple):
@@ -78,7 +78,7 @@ class DraftTreePasses:
         main_len = layout.main_length
         self.state = new_state(model, generators, main_len, spare=main_len + 1)
         self.scorer = GuidedScorer.for_request(request)
-        self.proposer = JacobiProposer(initialiser, maximal_coupling_carry)
+        self.proposer = JacobiProposer(initialiser, Carry(maximal_coupling_carry))
         self.log = DecodeLog(batch, model.grid_size, main_len, self.device)
         self.log.count_at_once = request.compile_passes is not None
         self.book = SlotBook(request)  # its passes planned are the pass numbers the log records

@@ -13,6 +13,7 @@ from ...core.method_registry import Request, register_method
 from ..chain import check_spans, speculative_decode
 from ..drafts import resolve_initialiser
 from ..proposers import (
+    Carry,
     DraftModelProposer,
     JacobiProposer,
     carry_updater,
@@ -45,7 +46,7 @@ def sjd(
     """
     window = check_budget(budget, "sjd") or window
     check_spans(window, warmup, tail)
-    proposer = JacobiProposer(resolve_initialiser(init), independent_carry)
+    proposer = JacobiProposer(resolve_initialiser(init), Carry(independent_carry))
     tokens, stats = speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail)
     return tokens, {**stats, "budget": budget or "fixed"}
 

@@ -44,7 +44,7 @@ from ...core.method_registry import Request, register_method
 from ...policy.cost_store import cache_root
 from ..chain import check_spans, speculative_decode
 from ..drafts import resolve_initialiser
-from ..proposers import CARRIES, DraftModelProposer, JacobiProposer, carry_updater, independent_carry
+from ..proposers import CARRIES, Carry, DraftModelProposer, JacobiProposer, carry_updater, independent_carry
 from .jacobi import check_draft
 
 LANTERN_FORMS: dict[str, Callable] = {"bounded": lantern_relax_bounded, "paper": lantern_relax_per_draft}
@@ -206,7 +206,7 @@ def gsd(
     """
     check_spans(window, warmup, tail)
     rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance)
-    proposer = JacobiProposer(resolve_initialiser(init), independent_carry)
+    proposer = JacobiProposer(resolve_initialiser(init), Carry(independent_carry))
     tokens, stats = speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail, rule=rule)
     return tokens, {**stats, "group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
 

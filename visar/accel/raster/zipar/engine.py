@@ -24,7 +24,7 @@ from ...core.scoring import GuidedScorer
 from ..chain import check_spans, image_keys
 from ..drafts import DecodeState, FillRequest, random_init
 from ..pass_loop import SlotBook, decode_passes, power_of_two, running_batch
-from ..proposers import CARRY, DRAFT, NUM_PURPOSES, RESIDUAL, CarryRequest, independent_carry
+from ..proposers import CARRY, DRAFT, FRESH_DRAWS, NUM_PURPOSES, RESIDUAL, Carry, CarryRequest
 from .plan import (
     GridIndex,
     PassContext,
@@ -41,21 +41,6 @@ from .plan import (
 )
 from .record import FrontRecord
 from .tree_fronts import FrontTrees, TreeDraft, draft_trees, score_with_sides, verify_trees
-
-
-def forget_nothing(rows: Tensor) -> None:
-    """`FrontCarry.forget` of an updater that holds nothing from pass to pass."""
-
-
-@dataclass(frozen=True)
-class FrontCarry:
-    """How the slots past a front's commit become the next pass's drafts: `draw`, one of proposers.py's
-    updaters (a CarryRequest -> the next drafts [B, M] and the law each was drawn from [B, M, V]), and
-    `forget(rows)`, what slots [R] that a running batch refills make it drop of their old images (the
-    Gumbel carry's noise rows, `GumbelCarry.admit`; a stateless updater holds nothing)."""
-
-    draw: Callable[[CarryRequest], tuple[Tensor, Tensor]]
-    forget: Callable[[Tensor], None] = forget_nothing
 
 
 class CarriedDrafts:
@@ -115,7 +100,7 @@ class CarriedDrafts:
         return canvas
 
     def carry_over(self, draw, plan: PassPlan, state, target_probs, slot_tokens, lane_commits, uniforms, generated):
-        """Store the next drafts (`draw`: `FrontCarry.draw`) at the indices past each front's commit; generated [B, N]:
+        """Store the next drafts (`draw`: `Carry.draw`) at the indices past each front's commit; generated [B, N]:
         the tokens generated once this pass has committed (their drafts are forgotten).
 
         Slots that leaned on the row above's drafts carry nothing (the initialiser refills them from
@@ -339,7 +324,7 @@ class FrontSettings:
     s: int  # the lag: row r + 1 starts once row r has s tokens
     window: int  # slots per front and pass (1: plain fronts)
     initialiser: Callable  # new drafts (drafts.INITIALISERS)
-    carry: FrontCarry  # how drafts are carried to the next pass
+    carry: Carry  # how drafts are carried to the next pass
     rule: AcceptanceRule
     cross_row: bool  # a front may also predict from the row above's drafts of the same pass
     trees: FrontTrees | None  # zipar-tree's tree at each front's head, or None
@@ -498,7 +483,7 @@ def decode_fronts(
     s: int,
     window: int = 1,
     initialiser: Callable = random_init,
-    carry: FrontCarry = FrontCarry(independent_carry),
+    carry: Carry = FRESH_DRAWS,
     rule: AcceptanceRule = SPECULATIVE,
     method: str = "zipar",
     cross_row: bool = False,

@@ -17,9 +17,9 @@ from ...core.method_registry import Request, register_method
 from ..chain import check_spans
 from ..drafts import resolve_initialiser
 from ..methods.relaxed import gsd_rule
-from ..proposers import GumbelCarry, carry_updater, independent_carry, maximal_coupling_carry
+from ..proposers import Carry, carry_updater, independent_carry, maximal_coupling_carry
 from ..tree_passes import clip_branch, parse_neighbours
-from .engine import FrontCarry, decode_fronts
+from .engine import decode_fronts
 from .plan import token_grid
 from .tree_fronts import FrontTrees
 
@@ -77,7 +77,7 @@ def jacobi_fronts(
     request: Request,
     method: str,
     options: JacobiFrontOptions,
-    carry: FrontCarry,
+    carry: Carry,
     rule: AcceptanceRule = SPECULATIVE,
     trees: FrontTrees | None = None,
 ) -> tuple[Tensor, dict]:
@@ -99,15 +99,6 @@ def jacobi_fronts(
         trees=trees,
     )
     return tokens, {**stats, "budget": budget or "fixed"}
-
-
-def coupled_carry(coupling: str, method: str) -> FrontCarry:
-    """A `coupling` option's carry-over: maximal coupling holds nothing from pass to pass; the Gumbel
-    carry holds its last pass's noise rows by slot, which a refilled slot must drop."""
-    updater = carry_updater(coupling, method)  # a fresh one per decode
-    if isinstance(updater, GumbelCarry):
-        return FrontCarry(updater, updater.admit)
-    return FrontCarry(updater)
 
 
 @register_method(
@@ -140,7 +131,7 @@ def zipar_sjd(
     """
     token_grid(request.model, "zipar-sjd")
     options = JacobiFrontOptions(s, window, init, cross_row, budget)
-    return jacobi_fronts(request, "zipar-sjd", options, FrontCarry(independent_carry))
+    return jacobi_fronts(request, "zipar-sjd", options, Carry(independent_carry))
 
 
 @register_method(
@@ -166,7 +157,7 @@ def zipar_mc_sjd(
     as zipar-sjd.
     """
     token_grid(request.model, "zipar-mc-sjd")
-    carry = coupled_carry(coupling, "zipar-mc-sjd")
+    carry = carry_updater(coupling, "zipar-mc-sjd")
     options = JacobiFrontOptions(s, window, init, cross_row, budget)
     tokens, stats = jacobi_fronts(request, "zipar-mc-sjd", options, carry)
     return tokens, {**stats, "coupling": coupling}
@@ -218,7 +209,7 @@ def zipar_tree(
     if drafts_trees:
         trees = FrontTrees(branch, names, request.batch_size, height, model.device, model.vocab_size)
     options = JacobiFrontOptions(s, window, init, cross_row, budget)
-    tokens, stats = jacobi_fronts(request, "zipar-tree", options, FrontCarry(maximal_coupling_carry), trees=trees)
+    tokens, stats = jacobi_fronts(request, "zipar-tree", options, Carry(maximal_coupling_carry), trees=trees)
     taken = [0] * len(tokens) if trees is None else trees.side_taken_per_image()
     return tokens, {**stats, "branch": branch, "depth": depth, "side_taken_per_image": taken}
 
@@ -258,7 +249,7 @@ def zipar_gsd(
     check_lag(s)
     rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance, "zipar-gsd")
     options = JacobiFrontOptions(s, window, init, cross_row, budget)
-    tokens, stats = jacobi_fronts(request, "zipar-gsd", options, FrontCarry(independent_carry), rule=rule)
+    tokens, stats = jacobi_fronts(request, "zipar-gsd", options, Carry(independent_carry), rule=rule)
     return tokens, {**stats, "group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
 
 

@@ -124,7 +124,7 @@ def test_op_sites_names_a_site_from_inside_the_package_wherever_the_checkout_lie
         return scope[name]()
 
     assert op_sites.site(frame_in("accel/raster/chain.py", "commit"), package) == "accel/raster/chain.py:commit"
-    assert op_sites.site(frame_in("pipeline.py", "generate"), package) == "pipeline.py:generate"
+    assert op_sites.site(frame_in("pipeline/pipeline.py", "generate"), package) == "pipeline/pipeline.py:generate"
     assert op_sites.site(frame_in("models/llamagen.py", "forward"), package) == op_sites.MODEL
     # the same files under another package root are not visar's
     assert op_sites.site(frame_in("accel/raster/chain.py", "commit"), checkout + sep + "other") == "elsewhere"

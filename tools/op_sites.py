@@ -51,7 +51,7 @@ def site(frame, package: str = PACKAGE) -> str:
         inner = path[len(root) :] if path.startswith(root) else None
         if inner is not None and inner.startswith("models/"):
             return MODEL
-        if inner is not None and (inner.startswith("accel/") or inner == "pipeline.py"):
+        if inner is not None and (inner.startswith(("accel/", "pipeline/"))):
             return f"{inner}:{frame.f_code.co_name}"
         frame = frame.f_back
     return "elsewhere"

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import torch
 
-from . import hub, pipeline, registry
+from . import hub, registry
 from .checkpoints import load_strict, read_state_dict
 from .errors import VisarError
 from .families import Family, get_family, hf_family
 from .models.t5_captions import LazyTextEncoder
 from .models.text import CaptionEncoder, CaptionEncoderConfig
-from .pipeline import Pipeline
+from .pipeline import Pipeline, drafts
 
 DTYPES = {
     "fp32": torch.float32,
@@ -294,4 +294,4 @@ def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None, model_args=No
     )
 
 
-pipeline.DRAFT_LOADER = load  # drafts given by name (Pipeline.resolve_draft) load as visar.load does
+drafts.DRAFT_LOADER = load  # drafts given by name (Pipeline.resolve_draft) load as visar.load does

@@ -8,39 +8,39 @@ must not know about (model names, draft models, tokenizers) before the method ru
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
 
-from .accel import Request, get_method, reference_method
-from .accel.core.method_registry import consecutive_batches, hand_over_batch
-from .accel.core.sampling import MAX_SEED, SamplingParams
-from .accel.core.stats import per_image
-from .accel.core.timing import synchronized_clock
-from .accel.raster.pass_loop import compile_failure
-from .errors import VisarError
-from .models.base import MaskedModel, NextScaleModel, RasterModel, model_kind
-from .models.outputs import output_maps
-from .tokenizers.base import TokenGridTokenizer
-
-
-def out_of_memory(err: Exception, batch: int, method: str, device: torch.device) -> VisarError:
-    """The error for a generation that ran out of device memory, naming what lowers it."""
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return VisarError(
-        f"out of {device.type} memory generating {batch} images with {method!r} on {device}: lower the batch size "
-        "(--batch-size, or fewer labels / prompts per call), use a smaller window for window methods "
-        "(--opt window=4), or a smaller dtype (--dtype bf16)"
-    )
+from ..accel import Request, get_method, reference_method
+from ..accel.core.method_registry import consecutive_batches, hand_over_batch
+from ..accel.core.sampling import SamplingParams
+from ..accel.core.timing import synchronized_clock
+from ..errors import VisarError
+from ..models.base import MaskedModel, NextScaleModel, RasterModel, model_kind
+from ..models.outputs import output_maps
+from ..tokenizers.base import TokenGridTokenizer
+from . import drafts
+from .compiling import COMPILED_SHAPES, EagerFallback, warn_eager
+from .conditions import (
+    MAX_IMAGES_PER_CALL,
+    ImageConditions,
+    check_images_per_item,
+    image_generators,
+    integer_labels,
+    negative_prompt_list,
+    prompt_list,
+    repeat_items,
+)
+from .drafts import LOADED_DRAFTS, same_tokenizer
+from .runs import Run, check_batch_size, deterministic_algorithms, hand_over_images, out_of_memory, text_models
 
 
 @dataclass
@@ -57,115 +57,6 @@ class GenerationOutput:
 
 
 OUTPUT_TYPES = ("pil", "pt", "np", "tokens")
-
-
-class ImageConditions(NamedTuple):
-    """A call's conditions, one row per image: cond [N, ...], cond_mask [N, T] or None, the negative
-    prompt's (cond, mask) or None; `items` class labels / prompts, `copies` images of each."""
-
-    cond: Tensor
-    cond_mask: Tensor | None
-    negative: tuple[Tensor, Tensor] | None
-    items: int
-    copies: int
-
-    @property
-    def count(self) -> int:
-        return self.cond.shape[0]
-
-
-class Run(NamedTuple):
-    """One method call's arguments (`Pipeline.run_method`): the method, its request, the negative
-    prompt (or None), its second model (draft / refiner, or None) and its options."""
-
-    method: Any
-    request: Request
-    negative: tuple[Tensor, Tensor] | None
-    second: Any
-    options: dict
-
-    @property
-    def name(self) -> str:
-        return self.method.name
-
-
-def image_generators(generator, seed, images: ImageConditions) -> list[torch.Generator]:
-    """One generator per image: generator= as given (one per image, or one for a single image), else image
-    j of item i (of P items) seeded seed + j * P + i (`item_seeds`)."""
-    if generator is None:
-        check_seed(seed, images.count)
-        return [torch.Generator().manual_seed(s) for s in item_seeds(images.items, images.copies, seed)]
-    generators = [generator] if isinstance(generator, torch.Generator) else list(generator)
-    if not all(isinstance(g, torch.Generator) for g in generators):
-        raise VisarError("generator= takes a torch.Generator or a list of them, one per image")
-    if len(generators) != images.count:
-        raise VisarError(f"got {len(generators)} generators for {images.count} images: pass one per image")
-    return generators
-
-
-def same_tokenizer(a: TokenGridTokenizer, b: TokenGridTokenizer) -> bool:
-    """Do token ids mean the same images under both? Same object, or equal weights (codebook and decoder).
-
-    Every tensor pair is compared where it lies and the answers are read back once: a check per
-    tensor (a VQ has about 180) would make a GPU wait that many times before the first pass."""
-    if a is b:
-        return True
-    if hasattr(a, "codebook") != hasattr(b, "codebook"):
-        return False
-    state_a, state_b = a.state_dict(), b.state_dict()
-    if state_a.keys() != state_b.keys() or (hasattr(a, "codebook") and a.vocab_size != b.vocab_size):
-        return False
-    pairs = [(state_a[k], state_b[k]) for k in state_a]
-    if hasattr(a, "codebook"):
-        pairs.append((a.codebook(), b.codebook()))
-    if any(x.shape != y.shape for x, y in pairs):
-        return False
-    equal = [(x.detach() == y.detach().to(x.device)).all() for x, y in pairs]
-    return bool(torch.stack(equal).all()) if equal else True
-
-
-# Input shapes a compiled generator compiles before new ones run eagerly (torch's default is 8).
-COMPILED_SHAPES = 32
-
-
-def warn_eager(module: torch.nn.Module, err: Exception):
-    warnings.warn(
-        f"torch.compile failed on this platform ({compile_failure(err)}); {type(module).__name__} runs "
-        "eagerly instead (the same outputs, without the compiled speed-up)",
-        RuntimeWarning,
-        stacklevel=3,
-    )
-
-
-class EagerFallback:
-    """A module's forward compiled with torch.compile, and its eager forward again once compiling fails.
-
-    torch.compile is lazy: a platform where compilation cannot work fails at the first call (or at
-    the first call of a new shape), not at torch.compile. That call is rerun eagerly; if the eager
-    run succeeds the failure was the compiler's, so the module gets its own forward back, with one
-    warning; if it fails too, the error is the model's, and the eager run's error is raised.
-    """
-
-    def __init__(self, module: torch.nn.Module, **compile_kwargs):
-        self.module, self.eager = module, module.forward
-        self.compiled = torch.compile(self.eager, **compile_kwargs)
-
-    def __call__(self, *args, **kwargs):
-        try:
-            return self.compiled(*args, **kwargs)
-        except Exception as err:
-            out = self.eager(*args, **kwargs)
-            if self.module.__dict__.get("forward") is self:
-                del self.module.forward  # the class's forward again, for every later call
-            warn_eager(self.module, err)
-            return out
-
-
-LOADED_DRAFTS: dict[tuple, Pipeline] = {}  # (name, device, dtype) -> loaded draft pipeline
-# Loads a draft given by name or folder: visar.load, which visar.loading sets here (the loader builds
-# Pipelines, so the pipeline cannot import it back; importing this module runs visar/__init__.py,
-# which imports the loader first).
-DRAFT_LOADER: Callable[..., Pipeline] | None = None
 
 
 class Pipeline:
@@ -534,7 +425,7 @@ class Pipeline:
         if isinstance(draft, (str, os.PathLike)):
             key = (str(draft), str(self.device), self.dtype)
             if key not in LOADED_DRAFTS:
-                LOADED_DRAFTS[key] = DRAFT_LOADER(draft, device=self.device, dtype=self.dtype)
+                LOADED_DRAFTS[key] = drafts.DRAFT_LOADER(draft, device=self.device, dtype=self.dtype)
             draft = LOADED_DRAFTS[key]
         if isinstance(draft, Pipeline):
             draft, draft_tokenizer = draft.model, draft.tokenizer
@@ -584,136 +475,3 @@ class Pipeline:
         finally:
             self.model.clear_cache()
         return out[:, num_cond - 1 :]
-
-
-# -- checking what a caller passes ---------------------------------------------------------------------
-
-
-def hand_over_images(on_image, start: int, tokens, stats: dict):
-    """A batch's output tokens and stats (commit_pass in the output's shape) -> on_image(start + i, image
-    i's tokens, its {"forward_passes", "commit_pass"} and, under auto, what auto ran)."""
-    images = zip(per_image(tokens), per_image(stats["commit_pass"]), strict=True)
-    for i, (image_tokens, commit_pass) in enumerate(images):
-        info = {"forward_passes": stats["forward_passes_per_image"][i], "commit_pass": commit_pass}
-        if "auto" in stats:
-            info["auto"] = stats["auto"]
-        on_image(start + i, image_tokens, info)
-
-
-@contextmanager
-def deterministic_algorithms(device: torch.device, enabled: bool):
-    """torch's deterministic algorithms for a CUDA call made with deterministic=True (the same shapes then
-    give the same bits), restored after; cuBLAS's workspace is fixed first, as torch asks. A CPU's
-    kernels are deterministic for a given shape and thread count already."""
-    if not enabled or device.type != "cuda":
-        yield
-        return
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)  # an op without a deterministic kernel warns
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(was, warn_only=warn_only)
-
-
-def integer_labels(class_labels) -> Tensor:
-    """Class ids (an int, a sequence of ints, an integer array or tensor) -> LongTensor [B]; anything else
-    (names, fractions, None, nested lists, booleans) is a VisarError rather than a silent cast."""
-    if isinstance(class_labels, (Tensor, np.ndarray)):
-        labels = torch.as_tensor(class_labels)
-        if labels.dtype == torch.bool or labels.is_floating_point() or labels.is_complex():
-            raise VisarError(f"class_labels must hold integer class ids, got a {labels.dtype} array")
-        return labels.long().reshape(-1)
-    values = [class_labels] if isinstance(class_labels, (int, np.integer)) else class_labels
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        raise VisarError(f"class_labels must be a class id or a list of class ids, got {class_labels!r}")
-    values = list(values)
-    for value in values:
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise VisarError(f"class_labels must be integer class ids, got {value!r}")
-    if any(abs(int(value)) >= 2**63 for value in values):
-        raise VisarError(f"class id {next(v for v in values if abs(int(v)) >= 2**63)} out of range")
-    return torch.tensor([int(value) for value in values], dtype=torch.long)
-
-
-def prompt_list(prompts) -> list[str]:
-    """A prompt or a list of prompts -> a list of non-empty strings (anything else is a VisarError)."""
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    if not isinstance(prompts, (list, tuple)):
-        raise VisarError(f"prompts must be a string or a list of strings, got {type(prompts).__name__}")
-    if not prompts:
-        raise VisarError("nothing to generate: the list of prompts is empty (one image per prompt)")
-    for prompt in prompts:
-        if not isinstance(prompt, str):
-            raise VisarError(f"prompts must be strings, got {prompt!r}")
-        if not prompt.strip():
-            raise VisarError("a prompt is empty: give every image a prompt with some text")
-    return list(prompts)
-
-
-def negative_prompt_list(negative_prompt, num_prompts: int) -> list[str]:
-    """negative_prompt= -> a list of one string (for every prompt) or of one per prompt; anything else
-    is a VisarError. An empty string passes: whether it can be encoded is the model's encoder's call."""
-    negatives = [negative_prompt] if isinstance(negative_prompt, str) else negative_prompt
-    if not isinstance(negatives, (list, tuple)) or not all(isinstance(n, str) for n in negatives):
-        raise VisarError(f"negative_prompt must be a string or a list of strings, got {type(negative_prompt).__name__}")
-    if len(negatives) not in (1, num_prompts):
-        raise VisarError(
-            f"got {len(negatives)} negative prompts for {num_prompts} prompts: give one for every prompt, or one "
-            "per prompt"
-        )
-    return list(negatives)
-
-
-# The images one `generate` call takes: their conditions, generators and tokens are held at once.
-MAX_IMAGES_PER_CALL = 2**20
-
-
-def check_images_per_item(num_images_per_prompt) -> int:
-    if isinstance(num_images_per_prompt, (bool, np.bool_)) or not isinstance(num_images_per_prompt, (int, np.integer)):
-        raise VisarError(f"num_images_per_prompt must be a whole number >= 1, got {num_images_per_prompt!r}")
-    if num_images_per_prompt < 1:
-        raise VisarError(f"num_images_per_prompt must be at least 1, got {num_images_per_prompt}")
-    return int(num_images_per_prompt)
-
-
-def repeat_items(x: Tensor | None, copies: int) -> Tensor | None:
-    """[P, ...] -> [P * copies, ...]: row i repeated `copies` times in place (item-major)."""
-    return None if x is None else x.repeat_interleave(copies, dim=0)
-
-
-def item_seeds(num_items: int, copies: int, seed: int) -> list[int]:
-    """The seed of each image of an item-major batch: image j of item i (at i * copies + j) gets
-    seed + j * num_items + i, the batch tool's image g = j * P + i (item g mod P, seed SEED + g)."""
-    return [seed + j * num_items + i for i in range(num_items) for j in range(copies)]
-
-
-def text_models(model, draft) -> list:
-    """The models a negative prompt is held on: the target, and a draft that reads the same prompts."""
-    models = [model]
-    if draft is not None and hasattr(draft, "negative_prompt") and draft.condition_layout.kind == "text":
-        models.append(draft)
-    return models
-
-
-def check_batch_size(batch_size, num_images: int) -> int | None:
-    """batch_size -> the slots to decode at once, None for all; one sentence for a bad value."""
-    if batch_size is None:
-        return None
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise VisarError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
-    if batch_size > num_images:
-        raise VisarError(
-            f"batch_size {batch_size} is larger than the {num_images} images asked for: give at most {num_images}"
-        )
-    return batch_size
-
-
-def check_seed(seed, batch: int):
-    """seed + i seeds image i's generator: a whole number with seed + batch - 1 within torch's range."""
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
-        raise VisarError(f"seed must be a whole number, got {seed!r}")
-    if not 0 <= seed <= MAX_SEED - (batch - 1):
-        raise VisarError(f"seed must be between 0 and {MAX_SEED - (batch - 1)} for {batch} images, got {seed}")

@@ -1,13 +1,15 @@
 """The `Pipeline` every command, benchmark and demo goes through (`visar.load` builds it: `visar.loading`).
 
 Its parts: `pipeline.py` (the `Pipeline` and its `generate`), `conditions.py` (what a call conditions on,
-one row per image, and each image's seed), `runs.py` (a decoding method's run over a call's images),
-`compiling.py` (torch.compile with an eager fallback) and `drafts.py` (draft models given by name, and
-whether a draft's tokenizer is the target's).
+one row per image, each image's seed, the sampling settings), `runs.py` (a decoding method's run over a
+call's images), `images.py` (what `generate` returns, tokens decoded to images), `compiling.py`
+(torch.compile with an eager fallback) and `drafts.py` (draft models given by name, and whether a
+draft's tokenizer is the target's).
 """
 
 from .compiling import EagerFallback
 from .drafts import same_tokenizer
-from .pipeline import OUTPUT_TYPES, GenerationOutput, Pipeline
+from .images import OUTPUT_TYPES, GenerationOutput
+from .pipeline import Pipeline
 
 __all__ = ["OUTPUT_TYPES", "EagerFallback", "GenerationOutput", "Pipeline", "same_tokenizer"]

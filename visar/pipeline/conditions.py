@@ -1,5 +1,9 @@
 """What a `generate` call conditions on, checked and laid out one row per image: class ids, prompts,
-negative prompts, how many images of each, and each image's seed.
+negative prompts, how many images of each, each image's seed, and the sampling settings.
+
+The functions take the model (its condition layout, device and dtype), the pipeline's name (for the
+messages) and its text encoder; `image_conditions` takes the pipeline and goes through its public
+`condition` and `negative_condition`.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..accel.core.sampling import MAX_SEED
+from ..accel.core.sampling import MAX_SEED, SamplingParams
 from ..errors import VisarError
 
 
@@ -27,6 +31,107 @@ class ImageConditions(NamedTuple):
     @property
     def count(self) -> int:
         return self.cond.shape[0]
+
+
+def condition(model, name: str, text_encoder, class_labels, prompts, caption_embeds, caption_mask):
+    """The condition of class_labels= or of prompts= / caption_embeds=, and its valid positions (None for
+    class ids): `class_condition`, `text_condition`."""
+    if class_labels is not None:
+        return class_condition(model, name, class_labels), None
+    if prompts is not None or caption_embeds is not None:
+        return text_condition(model, name, text_encoder, prompts, caption_embeds, caption_mask)
+    raise VisarError("nothing to condition on: pass class_labels= or prompts=")
+
+
+def class_condition(model, name: str, class_labels) -> Tensor:
+    """class_labels= -> class ids [B] on the model's device, each checked against its classes (`name`:
+    the pipeline's, for the message)."""
+    layout = model.condition_layout
+    if layout.kind != "class":
+        raise VisarError(f"{name} is text-conditional: pass prompts=, not class_labels=")
+    labels = integer_labels(class_labels)
+    bad = labels[(labels < 0) | (labels >= layout.num_classes)]
+    if bad.numel():
+        raise VisarError(f"class id {bad[0].item()} out of range: {name} has classes 0..{layout.num_classes - 1}")
+    return labels.to(model.device)
+
+
+def text_condition(
+    model, name: str, text_encoder, prompts, caption_embeds, caption_mask
+) -> tuple[Tensor, Tensor | None]:
+    """prompts= encoded by the text encoder, or caption_embeds= (and caption_mask=) as given -> the
+    condition [B, T, ...] on the model's device and its valid positions [B, T] (or None)."""
+    if model.condition_layout.kind == "class":
+        raise VisarError(f"{name} is class-conditional: pass class_labels=, not prompts=")
+    if caption_embeds is not None:
+        mask = None if caption_mask is None else torch.as_tensor(caption_mask).bool().to(model.device)
+        return torch.as_tensor(caption_embeds).to(model.device, model.dtype), mask
+    if prompts is None:
+        raise VisarError("a text-conditional model needs prompts= (or caption_embeds=)")
+    if text_encoder is None:
+        layout = model.condition_layout
+        raise VisarError(
+            f"{name} has no text encoder: load it with text_encoder= (a T5 folder or Hub name, e.g. "
+            f"google/flan-t5-xl), or pass caption_embeds= [B, {layout.num_tokens}, {layout.embed_dim}]"
+        )
+    embeds, mask = text_encoder.encode(prompt_list(prompts))
+    return on_model(embeds, model), mask.to(model.device)
+
+
+def negative_condition(model, name: str, text_encoder, negative_prompt, num_items: int) -> tuple[Tensor, Tensor]:
+    """generate's negative_prompt= (one for every item, or one per item) -> the encoded negative prompt
+    of each item: the condition [num_items, T, ...] the model's null_condition returns in its place,
+    and its valid positions [num_items, T]."""
+    if model.condition_layout.kind == "class":
+        raise VisarError(
+            f"{name} is class-conditional: a negative prompt replaces the unconditional prompt of a "
+            "text-conditional model, and this one has no prompt (its null class is its unconditional branch)"
+        )
+    negatives = negative_prompt_list(negative_prompt, num_items)
+    if text_encoder is None:
+        raise VisarError(
+            f"{name} has no text encoder to encode negative_prompt= with: load it with text_encoder= (a T5 "
+            "folder or Hub name)"
+        )
+    embeds, mask = text_encoder.encode_negative(negatives)
+    embeds = on_model(embeds, model)
+    # one negative prompt for every item is encoded once
+    return embeds.expand(num_items, *embeds.shape[1:]), mask.to(model.device).expand(num_items, -1)
+
+
+def on_model(embeds: Tensor, model) -> Tensor:
+    """Encoded prompts on the model's device: caption embeddings in the model's dtype, token ids (a
+    Hugging Face model's prompt) left ids."""
+    return embeds.to(model.device, model.dtype) if embeds.is_floating_point() else embeds.to(model.device)
+
+
+def image_conditions(pipe, class_labels, prompts, caption_embeds, caption_mask, negative_prompt, copies):
+    """`pipe`'s conditions for the call, one row per image (item i's `copies` images next to each other,
+    as diffusers lays out num_images_per_prompt), and the negative prompt's, if any."""
+    copies = check_images_per_item(copies)
+    cond, cond_mask = pipe.condition(class_labels, prompts, caption_embeds, caption_mask)
+    items = cond.shape[0]
+    if items == 0:
+        raise VisarError("nothing to generate: the class labels or prompts are empty (one image per entry)")
+    if items * copies > MAX_IMAGES_PER_CALL:  # its conditions alone would not fit in memory
+        raise VisarError(
+            f"one call generates at most {MAX_IMAGES_PER_CALL:,} images, not {items} x {copies:,}: split it "
+            "into calls (`visar generate` queues any number)"
+        )
+    negative = None if negative_prompt is None else pipe.negative_condition(negative_prompt, items)
+    if copies > 1:
+        cond, cond_mask = repeat_items(cond, copies), repeat_items(cond_mask, copies)
+        negative = None if negative is None else tuple(repeat_items(part, copies) for part in negative)
+    return ImageConditions(cond, cond_mask, negative, items, copies)
+
+
+def sampling_params(defaults: dict, guidance_scale, temperature, top_k, top_p) -> SamplingParams:
+    """The sampling settings given, the pipeline's `defaults` for those left None."""
+    given = {"guidance_scale": guidance_scale, "temperature": temperature, "top_k": top_k, "top_p": top_p}
+    merged = {k: (defaults[k] if v is None else v) for k, v in given.items()}
+    if merged["top_k"] == 0:  # 0 is the CLI's "off"
+        merged["top_k"] = None
+    return SamplingParams(**merged)
 
 
 def image_generators(generator, seed, images: ImageConditions) -> list[torch.Generator]:

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..errors import VisarError
 from ..tokenizers.base import TokenGridTokenizer
 
 
@@ -36,3 +37,21 @@ LOADED_DRAFTS: dict[tuple, Any] = {}  # (name, device, dtype) -> a loaded draft 
 # Pipelines, so the pipeline cannot import it back; importing this module runs visar/__init__.py,
 # which imports the loader first).
 DRAFT_LOADER: Callable[..., Any] | None = None  # -> a Pipeline
+
+
+def loaded_draft(name, device: torch.device, dtype: torch.dtype):
+    """The Pipeline of a draft given by registered name or folder, loaded once per (name, device, dtype)
+    in this process, so that a batch loop does not reload it."""
+    key = (str(name), str(device), dtype)
+    if key not in LOADED_DRAFTS:
+        LOADED_DRAFTS[key] = DRAFT_LOADER(name, device=device, dtype=dtype)
+    return LOADED_DRAFTS[key]
+
+
+def check_draft_tokenizer(draft_tokenizer: TokenGridTokenizer | None, tokenizer: TokenGridTokenizer | None):
+    """A draft with a tokenizer must share the target's: its token ids mean images."""
+    if draft_tokenizer is not None and tokenizer is not None and not same_tokenizer(draft_tokenizer, tokenizer):
+        raise VisarError(
+            "the draft model's tokenizer differs from the target's (codebook or decoder): its token ids "
+            "mean other images, so it cannot draft for this model"
+        )

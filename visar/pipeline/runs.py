@@ -1,19 +1,30 @@
 """A decoding method's run over a `generate` call's images: alone, as a running batch or in consecutive
 batches, with the negative prompt held on the models, and each image handed over as it is done.
+
+The functions take the model they run (and, for messages, the pipeline's name); a second model
+given by name is resolved by the pipeline (`second_model` takes its `resolve_draft`).
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack, contextmanager
+from dataclasses import replace
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from ..accel import Request
+from ..accel import Request, get_method, reference_method
+from ..accel.core.method_registry import consecutive_batches, hand_over_batch
+from ..accel.core.sampling import SamplingParams
 from ..accel.core.stats import per_image
 from ..errors import VisarError
+from ..models.base import model_kind
+from ..models.outputs import output_maps
+from .conditions import ImageConditions
 
 
 def out_of_memory(err: Exception, batch: int, method: str, device: torch.device) -> VisarError:
@@ -28,8 +39,8 @@ def out_of_memory(err: Exception, batch: int, method: str, device: torch.device)
 
 
 class Run(NamedTuple):
-    """One method call's arguments (`Pipeline.run_method`): the method, its request, the negative
-    prompt (or None), its second model (draft / refiner, or None) and its options."""
+    """One method call's arguments (`run_method`): the method, its request, the negative prompt's rows
+    (or None), its second model (draft / refiner, or None) and its options."""
 
     method: Any
     request: Request
@@ -40,6 +51,149 @@ class Run(NamedTuple):
     @property
     def name(self) -> str:
         return self.method.name
+
+
+def resolve_method(model, method: str | None) -> str | None:
+    """The method `generate` runs for `method`: None, the model kind's reference; "auto" on a kind
+    other than raster, its reference too (no faster lossless method there without a draft)."""
+    if method is None or (method == "auto" and model_kind(model) != "raster"):
+        return reference_method(model)
+    return method
+
+
+def checked_method(model, model_name: str, method: str | None, options: dict):
+    """(name, registered method) for `method` (None: the kind's plain sampling), its options and the
+    model checked against it (`model_name`: the pipeline's, for the message)."""
+    method = resolve_method(model, method)
+    decoding_method = get_method(method)
+    decoding_method.check_options(options)
+    decoding_method.check_model(model, model_name)
+    return method, decoding_method
+
+
+def check_kv_keep(model, model_name: str, kv_keep) -> float:
+    """kv_keep as a float in (0, 1]; a model of another kind than raster takes only 1."""
+    if isinstance(kv_keep, bool) or not isinstance(kv_keep, (int, float)) or not 0 < kv_keep <= 1:
+        raise VisarError(f"kv_keep must be a number in (0, 1] (the fraction of KV-cache slots kept), not {kv_keep!r}")
+    if kv_keep != 1 and model_kind(model) != "raster":
+        raise VisarError(f"kv_keep compresses a raster model's KV cache; {model_name} is a {model_kind(model)} model")
+    return float(kv_keep)
+
+
+def second_model(decoding_method, options: dict, resolve_draft: Callable):
+    """The method's second model (option `draft`, or code's `refiner`: a registered name, folder, Pipeline or
+    model), resolved to a model in `options` (`Pipeline.resolve_draft`); None when it has none."""
+    option = decoding_method.draft_option
+    if options.get(option) is not None:
+        options[option] = resolve_draft(options[option])
+    return options.get(option)
+
+
+def method_request(
+    model, tokenizer, images: ImageConditions, params: SamplingParams, generators, progress, *, kv_keep, compile_passes
+) -> Request:
+    """The decoding method's request: every image of the call, with its sampling settings and generator."""
+    return Request(
+        model,
+        images.cond,
+        params,
+        generators,
+        images.cond_mask,
+        progress,
+        tokenizer=tokenizer,
+        compile_passes=compile_passes,
+        kv_keep=kv_keep,
+    )
+
+
+def decode_images(model, run: Run, slots: int | None, deterministic: bool, on_image):
+    """The method over the call's images: each alone (deterministic), as a running batch of `slots`
+    (a method that refills), or in consecutive batches of `slots` (the others, ar among them: its
+    slots all free at once) -> tokens and stats in the output's shapes; on_image gets each image as
+    it is done (a running batch), as its batch is (consecutive batches, one image alone), or all at the end."""
+    running = slots is not None and run.method.refills and not deterministic
+    try:
+        with deterministic_algorithms(model.device, deterministic):
+            if deterministic:  # one image a batch: every model call has the shapes of its decode alone
+                tokens, stats = run_batches(model, run, 1, image_done(model, on_image))
+            elif running:
+                request = replace(run.request, slots=slots, on_image=image_callback(model, on_image))
+                tokens, stats = run_method(model, run._replace(request=request))
+            elif slots is not None:
+                tokens, stats = run_batches(model, run, slots, image_done(model, on_image))
+                images = run.request.cond.shape[0]  # a running batch's counts: its images start `slots` at a time
+                stats.update(slots=slots, refills=images - slots, batch_passes=stats["forward_passes"])
+            else:
+                tokens, stats = run_method(model, run)
+    except torch.OutOfMemoryError as err:
+        images = run.request.cond.shape[0]
+        raise out_of_memory(err, 1 if deterministic else slots or images, run.name, model.device) from err
+    tokens, stats["commit_pass"] = output_maps(model, tokens, stats["commit_pass"])
+    if on_image is not None and slots is None and not deterministic:
+        hand_over_images(on_image, 0, tokens, stats)
+    return tokens, stats
+
+
+def run_method(model, run: Run):
+    """One call of the method, with the negative prompt (if any) held on the model and its draft."""
+    request = replace(run.request, images_runner=partial(run_images, model, run.negative))
+    with ExitStack() as held:
+        if run.negative is not None:  # the model's (and its draft's) null_condition returns it meanwhile
+            for text_model in text_models(model, run.second):
+                held.enter_context(text_model.negative_prompt(*run.negative))
+        return run.method.fn(request, **run.options)
+
+
+def run_images(model, negative, request: Request, name: str, options: dict, start: int, stop: int):
+    """`Request.images_runner`: method `name` on the request's images [start, stop) as a call of
+    their own, their rows of the negative prompt held meanwhile (`auto`'s candidates); a running
+    batch of them, for a method that does not refill, as consecutive batches of its slots."""
+    method, images = get_method(name), request.images(start, stop)
+    run = Run(method, images, negative_rows(negative, start, stop), None, options)
+    if images.slots is None or method.refills:
+        return run_method(model, run)
+    return run_batches(model, run, images.slots, hand_over_batch(images.on_image))
+
+
+def run_batches(model, run: Run, size: int, done=None):
+    """The method on consecutive batches of at most `size` images (`consecutive_batches`), each with
+    its rows of the negative prompt, stats merged; done(start, tokens, stats), if given, after each."""
+
+    def decode(start: int, stop: int, batch: Request):
+        return run_method(model, run._replace(request=batch, negative=negative_rows(run.negative, start, stop)))
+
+    return consecutive_batches(run.request, size, decode, done)
+
+
+def negative_rows(negative: tuple[Tensor, Tensor] | None, start: int, stop: int) -> tuple[Tensor, Tensor] | None:
+    """Images [start, stop)'s rows of the negative prompt (None without one)."""
+    return None if negative is None else tuple(x[start:stop] for x in negative)
+
+
+def image_done(model, on_image):
+    """A batch of one image's (index, tokens, stats) -> on_image(index, its output tokens, info), as a
+    running batch hands an image over (None without on_image)."""
+    if on_image is None:
+        return None
+
+    def hand_over(index, tokens, stats):
+        tokens, commit_pass = output_maps(model, tokens, stats["commit_pass"])
+        hand_over_images(on_image, index, tokens, {**stats, "commit_pass": commit_pass})
+
+    return hand_over
+
+
+def image_callback(model, on_image):
+    """A running batch's (index, tokens [N], info with commit_pass [N]) -> on_image(index, the image's
+    output tokens, info with its commit_pass in the output's shape)."""
+    if on_image is None:
+        return None
+
+    def hand_over(index, tokens, info):
+        tokens, commit_pass = output_maps(model, tokens[None], info["commit_pass"][None])
+        on_image(index, tokens[0], {**info, "commit_pass": commit_pass[0]})
+
+    return hand_over
 
 
 def hand_over_images(on_image, start: int, tokens, stats: dict):

@@ -336,8 +336,9 @@ class StaticTreePasses:
 
     def start_images(self, fresh: tuple[int, ...]):
         """The first step of the images in slots `fresh`: the prefill (target and draft) and token 0
-        drawn with the image's first uniform, logged as its first pass."""
-        rows = None if len(fresh) == self.batch else torch.tensor(fresh, device=self.device)
+        drawn with the image's first uniform, logged as its first pass. A decode's first pass starts
+        every slot in one call; a refill, even of every slot at once, calls the model for its rows."""
+        rows = None if self.book.passes == 0 else torch.tensor(fresh, device=self.device)
         index = slice(None) if rows is None else rows
         self.log.forget(index)
         self.log.passes_per_image[index] = 1

@@ -18,9 +18,8 @@ import torch
 from torch import Tensor
 
 from ..accel import Request, get_method, reference_method
-from ..accel.core.method_registry import consecutive_batches, hand_over_batch
+from ..accel.core.method_registry import consecutive_batches, hand_over_images
 from ..accel.core.sampling import SamplingParams
-from ..accel.core.stats import per_image
 from ..errors import VisarError
 from ..models.base import model_kind
 from ..models.outputs import output_maps
@@ -144,15 +143,11 @@ def run_method(model, run: Run):
         return run.method.fn(request, **run.options)
 
 
-def run_images(model, negative, request: Request, name: str, options: dict, start: int, stop: int):
-    """`Request.images_runner`: method `name` on the request's images [start, stop) as a call of
-    their own, their rows of the negative prompt held meanwhile (`auto`'s candidates); a running
-    batch of them, for a method that does not refill, as consecutive batches of its slots."""
-    method, images = get_method(name), request.images(start, stop)
-    run = Run(method, images, negative_rows(negative, start, stop), None, options)
-    if images.slots is None or method.refills:
-        return run_method(model, run)
-    return run_batches(model, run, images.slots, hand_over_batch(images.on_image))
+def run_images(model, negative, images: Request, name: str, options: dict, start: int, stop: int):
+    """`Request.images_runner`: method `name` on `images`, [start, stop) of the call's, as a call of
+    their own with their rows of the negative prompt held meanwhile (`auto`'s candidates, through
+    `method_registry.run_images`)."""
+    return run_method(model, Run(get_method(name), images, negative_rows(negative, start, stop), None, options))
 
 
 def run_batches(model, run: Run, size: int, done=None):
@@ -194,17 +189,6 @@ def image_callback(model, on_image):
         on_image(index, tokens[0], {**info, "commit_pass": commit_pass[0]})
 
     return hand_over
-
-
-def hand_over_images(on_image, start: int, tokens, stats: dict):
-    """A batch's output tokens and stats (commit_pass in the output's shape) -> on_image(start + i, image
-    i's tokens, its {"forward_passes", "commit_pass"} and, under auto, what auto ran)."""
-    images = zip(per_image(tokens), per_image(stats["commit_pass"]), strict=True)
-    for i, (image_tokens, commit_pass) in enumerate(images):
-        info = {"forward_passes": stats["forward_passes_per_image"][i], "commit_pass": commit_pass}
-        if "auto" in stats:
-            info["auto"] = stats["auto"]
-        on_image(start + i, image_tokens, info)
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -59,9 +60,10 @@ class Request:
     # 1: the whole cache, exact
     kv_keep: float = 1.0
 
-    # (request, method name, its options, start, stop) -> what that method returns for the request's
-    # images [start, stop) decoded as a call of their own: how `auto` runs its candidates. The
-    # pipeline's holds those images' negative prompt on the model meanwhile; None: `Request.images`.
+    # (the request of some of its images, method name, its options, start, stop) -> what that method
+    # returns for those images, which are [start, stop) of this request's queue, decoded as a call of
+    # their own: how `auto` runs its candidates (`run_images`). The pipeline's holds those images'
+    # negative prompt on the model meanwhile; None: the method is called as it is.
     images_runner: Callable | None = None
 
     @property
@@ -88,12 +90,15 @@ def run_images(request: Request, name: str, options: dict, start: int, stop: int
     """Method `name` with `options` on the request's images [start, stop), as a call of their own
     (through the caller's `images_runner`, which holds what belongs to those images, if it gave one);
     a running batch of them, for a method that does not refill, as consecutive batches of its slots."""
-    if request.images_runner is not None:
-        return request.images_runner(request, name, options, start, stop)
-    method, images = get_method(name), request.images(start, stop)
+    method, images, runner = get_method(name), request.images(start, stop), request.images_runner
+
+    def decode(first: int, last: int, part: Request):  # part: images [first, last) of `images`
+        if runner is None:
+            return method.fn(part, **options)
+        return runner(part, name, options, start + first, start + last)
+
     if images.slots is None or method.refills:
-        return method.fn(images, **options)
-    decode = lambda _start, _stop, batch: method.fn(batch, **options)  # noqa: E731
+        return decode(0, stop - start, images)
     return consecutive_batches(images, images.slots, decode, hand_over_batch(images.on_image))
 
 
@@ -115,18 +120,22 @@ def consecutive_batches(request: Request, size: int | None, decode: Callable, do
     return concat_batches([tokens for tokens, _ in parts]), merge_batch_stats([stats for _, stats in parts])
 
 
+def hand_over_images(on_image: Callable, start: int, tokens, stats: dict):
+    """A finished batch's tokens and stats -> on_image(start + i, image i's tokens, its
+    {"forward_passes", "commit_pass"} and, under auto, what auto ran), as a running batch hands over
+    each image."""
+    images = zip(per_image(tokens), per_image(stats["commit_pass"]), strict=True)
+    for i, (image_tokens, commit_pass) in enumerate(images):
+        info = {"forward_passes": stats["forward_passes_per_image"][i], "commit_pass": commit_pass}
+        if "auto" in stats:
+            info["auto"] = stats["auto"]
+        on_image(start + i, image_tokens, info)
+
+
 def hand_over_batch(on_image: Callable | None) -> Callable | None:
-    """A running batch's on_image(index, tokens [N], info) -> `consecutive_batches`' done: each image of
-    a finished batch handed over with its {"forward_passes", "commit_pass"} (None without on_image)."""
-    if on_image is None:
-        return None
-
-    def done(start: int, tokens: Tensor, stats: dict):
-        images = zip(per_image(tokens), stats["forward_passes_per_image"], per_image(stats["commit_pass"]), strict=True)
-        for i, (image_tokens, passes, commit_pass) in enumerate(images):
-            on_image(start + i, image_tokens, {"forward_passes": passes, "commit_pass": commit_pass})
-
-    return done
+    """A running batch's on_image -> `consecutive_batches`' done(start, tokens, stats), which hands
+    over each image of a finished batch (`hand_over_images`; None without on_image)."""
+    return None if on_image is None else partial(hand_over_images, on_image)
 
 
 @dataclass(frozen=True)

@@ -88,14 +88,15 @@ class PassEngine(Protocol):
 class SlotBook:
     """The slot bookkeeping every engine keeps, the same in each: the passes planned, the slots
     whose image has its first pass in the next one (every slot at first; a running batch's new
-    images later), and the passes planned before each slot's image started (to count an image's
-    passes and commit passes from its own first pass)."""
+    images later), the passes planned before each slot's image started (to count an image's
+    passes and commit passes from its own first pass) and the queue image each slot holds."""
 
     def __init__(self, request):
         self.generators, self.device = request.generators, request.model.device
         self.passes = 0  # passes planned
         self.fresh: tuple[int, ...] = tuple(range(request.batch_size))
         self.start_pass = [0] * request.batch_size
+        self.holds = list(range(request.batch_size))
 
     def next_pass(self) -> tuple[int, ...]:
         """Count the pass being planned -> the slots whose image has its first pass in it."""
@@ -106,8 +107,8 @@ class SlotBook:
     def admit(self, rows: list[int], images: list[int]) -> tuple[Tensor, Tensor, list[torch.Generator]]:
         """Slots `rows` take queue images `images`, whose first pass is the next -> (rows [R] and
         images [R] on the device, the images' generators)."""
-        for row in rows:
-            self.start_pass[row] = self.passes
+        for row, image in zip(rows, images, strict=True):
+            self.start_pass[row], self.holds[row] = self.passes, image
         self.fresh = tuple(sorted(rows))
         index, image_index = (torch.tensor(x, device=self.device) for x in (rows, images))
         return index, image_index, [self.generators[image] for image in images]

@@ -354,7 +354,6 @@ class FrontPasses:
         self.scorer = GuidedScorer.for_request(request)
         self.log = FrontRecord(self.batch, self.grid, self.window, model.device)
         self.book = SlotBook(request)  # passes planned (a refilled image's first pass, `start_fresh`, is none)
-        self.holds = list(range(self.batch))  # the queue image in each slot (the trees keep side_taken by image)
         scratch = 0 if self.trees is None else self.trees.scratch(self.grid[0])
         self.cache_length = model.num_condition_tokens + self.total + scratch
         # compiled passes (`request.compile_passes`) are padded to a few shapes (`plan_pass`'s round_up)
@@ -443,7 +442,7 @@ class FrontPasses:
         commits = [self.log.image_commits(records, row, start_pass[row], start_pass[row] > 0) for row in rows]
         passes, commit_pass = (torch.stack(part) for part in zip(*commits, strict=True))
         if self.trees is not None:
-            self.trees.release(rows, [self.holds[row] for row in rows])
+            self.trees.release(rows, [self.book.holds[row] for row in rows])  # side_taken is kept by image
         return self.fronts.tokens[rows, : self.total], passes, commit_pass
 
     def admit(self, rows: list[int], images: list[int]):
@@ -457,8 +456,6 @@ class FrontPasses:
         self.carry.forget(index)
         if self.trees is not None:
             self.trees.admit(index)
-        for row, image in zip(rows, images, strict=True):
-            self.holds[row] = image
 
     def start_fresh(self):
         """The first pass of the images admitted since the last pass (the condition's prefill, which

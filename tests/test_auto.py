@@ -293,3 +293,38 @@ def test_bench_throughput_shows_auto_s_first_and_second_call_and_what_it_timed(m
     with pytest.raises(VisarError, match="METHOD or METHOD:N"):
         throughput(pipe, ["mc-sjd:auto"], batch_sizes=(1,), progress=False)
     auto.forget_tunings()
+
+
+def test_bench_pools_auto_calls_whose_candidates_differ_in_slots(monkeypatch, tmp_path):
+    """From an empty cache, auto's tuning calls run candidates of different window sizes, so their
+    per-slot draft counts differ in length: bench pools them by slot index (it crashed on them)."""
+    from visar.eval.bench import bench
+
+    monkeypatch.setenv("VISAR_CACHE", str(tmp_path))
+    pipe = tiny_pipeline("llamagen")
+    for batch_size in (1, 4):
+        auto.forget_tunings()
+        report = bench(pipe, ["auto"], n=8, batch_size=batch_size, progress=False)
+        row = next(r for r in report["rows"] if r["method"] == "auto")
+        assert len(row["auto"]) >= 2, row["auto"]  # tuning ran candidates of several sizes, the case at hand
+        by_slot = row["acceptance_by_slot"]
+        assert by_slot[0] is not None and all(r is None or 0 <= r <= 1 for r in by_slot)
+    auto.forget_tunings()
+
+
+def test_acceptance_is_pooled_by_slot_index_over_lists_of_different_lengths():
+    from visar.eval.bench import acceptance_columns
+
+    def stats(tested, accepted):
+        return {
+            "draft_tokens": sum(tested),
+            "accepted_tokens": sum(accepted),
+            "draft_tokens_by_row": [sum(tested)],
+            "accepted_tokens_by_row": [sum(accepted)],
+            "draft_tokens_by_slot": tested,
+            "accepted_tokens_by_slot": accepted,
+        }
+
+    pooled = acceptance_columns([stats([10, 8], [6, 4]), stats([10, 8, 6, 4], [9, 6, 3, 0]), stats([], [])])
+    assert pooled["acceptance_by_slot"] == [15 / 20, 10 / 16, 3 / 6, 0.0]
+    assert pooled["acceptance_rate"] == 28 / 46

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ..accel import get_method, reference_method
+from ..accel.core.stats import add_lists
 from ..accel.core.timing import synchronized_clock
 from ..errors import VisarError
 from ..progress import progress_bar
@@ -116,8 +117,10 @@ def acceptance_columns(stats: list[dict]) -> dict:
     overall, by image row and by slot past the committed prefix."""
 
     def rates(tested_key: str, accepted_key: str) -> list[float | None]:
-        tested = np.sum([st[tested_key] for st in stats], 0)
-        accepted = np.sum([st[accepted_key] for st in stats], 0)
+        # by slot index: auto's tuning calls run candidates of different window sizes, so the lists of
+        # one method's calls can differ in length (a shorter one tested nothing at the later slots)
+        tested = add_lists([st[tested_key] for st in stats])
+        accepted = add_lists([st[accepted_key] for st in stats])
         return [float(a / t) if t else None for a, t in zip(accepted, tested, strict=True)]
 
     tested = sum(st["draft_tokens"] for st in stats)

@@ -1,7 +1,7 @@
 """Latency / AR at batch 1 on a machine others share: image i (condition i, seed i, as `visar bench`
 takes them) decoded by ar and by each method in turn, so that a change of load hits every method
-alike, where `visar bench` times all of AR's images before any method's (docs/SPEED.md, "The tree
-pass's candidates drawn at once").
+alike, where `visar bench` times all of AR's images before any method's (docs/SPEED.md, "How
+to measure").
 
     OMP_NUM_THREADS=1 python tools/interleaved_latency.py --methods tree-mc-sjd,sjd-pac --n 16
 

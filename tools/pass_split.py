@@ -1,5 +1,5 @@
 """What a pass costs: the model's call against the rest of the pass, per method (docs/SPEED.md,
-"The model's own floor").
+"What a pass costs: the floor").
 
 python tools/pass_split.py --model visar-tiny-c2i --methods mc-sjd,sjd,tree-mc-sjd,auto --n 16
 

@@ -191,7 +191,7 @@ def zipar_tree(
     zipar-mc-sjd with maximal coupling); other options as zipar-sjd. Verified by recursive
     rejection with the speculative test, not GSD's grouped one (lossy for s < W as zipar is,
     lossless for s >= W). Defaults, init "above" included, chosen on held-out seeds for passes and
-    detector accuracy (docs/SPEED.md).
+    detector accuracy (docs/DEFAULTS.md).
     """
     model = request.model
     height = token_grid(model, "zipar-tree")[0]
@@ -263,9 +263,10 @@ def zipar_gsd(
 def wavefront(request: Request) -> tuple[Tensor, dict]:
     """Exact wavefront decoding of a model whose dependence is known local.
 
-    The model must declare `dependency_reach = R` (an int >= 0; docs/RASTER.md, "Wavefront", states
-    the local attention pattern it promises). Tokens (r, c) with equal c + (R + 1) r come out of one
-    pass, W + (R + 1)(H - 1) passes in all, and the tokens are plain AR's (same per-position draws).
+    The model must declare `dependency_reach = R` (an int >= 0; docs/RASTER.md, "ZipAR, Jacobi row
+    fronts and the wavefront", states the local attention pattern it promises). Tokens (r, c) with
+    equal c + (R + 1) r come out of one pass, W + (R + 1)(H - 1) passes in all, and the tokens are
+    plain AR's (same per-position draws).
     """
     model = request.model
     token_grid(model, "wavefront")

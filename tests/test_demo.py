@@ -7,6 +7,7 @@ through the DevTools protocol, `tests/chromium.py`), clicks Generate and checks 
 
 import json
 import os
+import re
 import time
 
 import numpy as np
@@ -17,11 +18,13 @@ from PIL import Image
 
 import visar
 from visar.accel import METHODS, reference_method
+from visar.accel.policy import auto
 from visar.accel.policy.auto import DEFAULT_CANDIDATES
 from visar.apps.demo import (
     EMPTY_VIEWS,
     MAX_OPTIONS,
     ModelCache,
+    auto_note,
     commit_heatmap,
     compare,
     default_options,
@@ -229,6 +232,77 @@ def test_every_model_is_shown_with_a_method_other_than_its_reference(cache):
         )
 
 
+def click(cache, **values) -> dict:
+    """One Generate click of the page (its handler, in-process) -> what the page shows of it."""
+    gr = needs("gradio")
+    args = {"model": MODEL, "class_value": "3", "method": "auto", **values}
+    *_, summary, _, _, stats, status = page_handlers(gr, cache)["generate"](
+        args["model"], args["class_value"], "", "", args["method"], 0, 1.0, 1.0, 0, 1.0, *[""] * MAX_OPTIONS, None
+    )
+    return {"summary": summary, "note": summary.split("\n\n")[-1], "stats": stats, "status": status}
+
+
+@pytest.fixture
+def fresh_tuning(tmp_path, monkeypatch):
+    """auto with nothing timed: no tuning of this process, none kept on disk."""
+    monkeypatch.setenv("VISAR_CACHE", str(tmp_path / "cache"))
+    auto.forget_tunings()
+    yield
+    auto.forget_tunings()
+
+
+@pytest.mark.slow  # 12 to 20 clicks (about 15 s)
+def test_auto_says_how_far_its_tuning_is_and_on_its_last_timed_click_what_ran_and_what_won(cache, fresh_tuning):
+    """Each click while auto times says "image N of M" (N counted from the first click, M the fewest to
+    the most images the walk can take, true of the walk's end); the click where the walk ends says what
+    it ran apart from what won, the next click runs the winner, and the candidates never timed are named."""
+    still_timing = re.compile(r"\*\*auto is still timing: image (\d+) of (\d+)(?: to (\d+))?\*\*")
+    ranges = []
+    for clicks in range(1, 22):
+        page = click(cache)
+        found = still_timing.search(page["note"])
+        if found is None:
+            break
+        images, fewest, most = int(found[1]), int(found[2]), int(found[3] or found[2])
+        assert images == clicks, page["note"]  # one image a click, counted from the first
+        ranges.append((fewest, most))
+    else:
+        pytest.fail("auto still timing after 21 clicks")
+    assert clicks > 1 and ranges[0] == (12, 20)  # the first click says how long: 3 to 5 candidates, 4 images each
+    assert all(fewest <= clicks <= most for fewest, most in ranges), (clicks, ranges)  # M held true
+    ended, tuning = page["stats"]["method"], page["stats"]["method"]["tuning"]
+    ran, winner, timed = ended["ran"], tuning["auto_winner"], tuning["auto_timed"]
+    assert winner == max(timed, key=lambda spec: timed[spec][0] / timed[spec][1])
+    assert f"| auto (ran {ran}) |" in page["summary"]  # the head says what this click ran
+    assert f"**auto finished timing on this click** ({clicks} images, {len(timed)} of its 5 candidates)" in page["note"]
+    assert f"this click ran {ran}, the last candidate timed. The winner: **{winner}**" in page["note"]
+    untimed = [spec for spec in DEFAULT_CANDIDATES.split(",") if spec not in timed]
+    assert all(spec in page["note"].split("Not timed: ")[1] for spec in untimed) and bool(untimed) == (
+        "Not timed: " in page["note"]
+    )
+    following = click(cache)
+    assert following["stats"]["method"]["ran"] == winner and following["note"].startswith(f"auto ran **{winner}**")
+
+
+def test_the_status_line_and_the_table_give_one_account_of_the_times(cache, fresh_tuning, monkeypatch):
+    """The status line under the table gives the table's sampling times (auto's first-call probe, slowed
+    here to 0.2 s, apart in both) and the table's speed-up, which is the ratio of those times."""
+    probe = auto.ar_step_seconds
+
+    def slow_probe(*args, **kwargs):
+        time.sleep(0.2)
+        return probe(*args, **kwargs)
+
+    monkeypatch.setattr(auto, "ar_step_seconds", slow_probe)
+    page = click(cache)
+    table = re.search(r"\| sampling time \| ([\d.]+) s \| ([\d.]+) s \|", page["summary"])
+    speedup = re.search(r"\| measured speed-up \(sampling time\) \| 1.00x \| (\**([\d.]+)x[^|]*) \|", page["summary"])
+    assert re.findall(r"([\d.]+) s\b", page["status"])[:2] == [table[2], table[1]], page["status"]  # auto, AR
+    assert f"speed-up {speedup[1]}" in page["status"]
+    assert float(speedup[2]) == pytest.approx(float(table[1]) / float(table[2]), rel=0.01, abs=0.005)
+    assert page["stats"]["method"]["setup_s"] >= 0.2 and "one-time set-up, not in the speed-up: auto" in page["status"]
+
+
 @pytest.mark.parametrize("model, method", [(MODEL, "ar"), ("visar-tiny-var-c2i", "var")])
 def test_the_reference_against_itself_reports_no_speedup(cache, model, method):
     *_, summary, _, _, stats = compare(cache, model, "3", "", "", method, 0, 1.0, 1.0, 0, 1.0, [""] * MAX_OPTIONS)
@@ -242,7 +316,7 @@ def test_auto_reports_what_it_ran_and_a_speedup_only_over_other_work(cache):
     assert ran in DEFAULT_CANDIDATES.split(",") and f"| auto (ran {ran}) |" in summary
     assert (stats["speedup"] is None) == (ran == "ar")
     timed = stats["method"]["tuning"]["auto_tuning"]  # each timed candidate's images per second, said
-    assert ran in timed and f"auto: {stats['method']['tuning']['auto_reason']}" in summary
+    assert ran in timed and summary.endswith(auto_note(stats["method"]))
 
 
 def test_a_next_scale_heatmap_is_about_square_and_names_its_reference(cache):
@@ -336,6 +410,31 @@ def test_method_choice_shows_its_options_with_defaults(client):
 
 
 @pytest.mark.slow
+def test_the_api_names_its_endpoints_and_outputs(client):
+    """gradio_client's view of the API: the three endpoints by name, every parameter and output named
+    (an unlabelled output is `value_NN` there)."""
+    shown = client.view_api(print_info=False, return_format="str")
+    assert {"/select_model", "/select_method", "/generate"} <= set(re.findall(r'api_name="(/\w+)"', shown)), shown
+    assert not re.search(r"\bvalue_\d+|parameter_\d+", shown), shown
+    for named in ("model_name", "method_name", "figures_table", "all_figures", "status", "guarantee_note"):
+        assert named in shown, named
+
+
+@pytest.mark.slow
+def test_choosing_a_model_through_the_api_takes_any_method_after_a_var_model(server):
+    """A VAR model chosen, the session's method list is VAR's: `auto` is still taken (the default of a
+    raster model; a VAR model's own default, var-prune, where it does not fit), and generate runs it."""
+    gradio_client = needs("gradio_client")
+    client = gradio_client.Client(server["url"], verbose=False)  # a session of its own: its lists change
+    assert client.predict("visar-tiny-var-c2i", "auto", api_name="/select_model")[3]["value"] == "var-prune"
+    assert client.predict("visar-tiny-var-c2i", "auto", api_name="/select_model")[3]["value"] == "var-prune"
+    assert client.predict(MODEL, "auto", api_name="/select_model")[3]["value"] == "auto"
+    client.predict("visar-tiny-var-c2i", "auto", api_name="/select_model")
+    *_, stats, status = client.predict(*generate_args("auto"), api_name="/generate")
+    assert stats["method"]["method"] == "auto" and status.startswith("done")
+
+
+@pytest.mark.slow
 def test_bad_input_is_a_message_and_the_server_keeps_serving(client, tmp_path):
     gradio_client = needs("gradio_client")
     not_a_model = tmp_path / "folder"
@@ -347,7 +446,8 @@ def test_bad_input_is_a_message_and_the_server_keeps_serving(client, tmp_path):
         (generate_args(method="gsd", group_size=10**9), "option group_size=1000000000 is larger than anything"),
         (generate_args(window="x" * 300), "at most 200 characters"),
         (generate_args(seed=10**30), "seed must be between"),
-        (generate_args(method="nope"), "nope is not in the list of choices"),  # Gradio's own check
+        (generate_args(method="nope"), "unknown method 'nope'; visar-tiny-random's methods: ar, "),
+        (generate_args(method="sjd", model="visar-tiny-var-c2i"), "does not decode this model: 'sjd'"),
         (generate_args(model=str(not_a_model)), "is not a model folder"),
         (generate_args(model="visar-tiny-t2i", class_value=None, prompt="  "), "enter a prompt"),
         (generate_args(method="spec", draft="visar-no-such-draft"), "unknown model 'visar-no-such-draft'"),

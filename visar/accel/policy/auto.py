@@ -239,7 +239,7 @@ def auto(request: Request, *, candidates: str = DEFAULT_CANDIDATES) -> tuple[Ten
     """The call's images by the fastest of `candidates` (comma-separated METHOD or METHOD:N, ordered by
     rows a pass scores), timing candidates on its first images until the fastest is known (see the
     module's docstring); stats["auto"] says what ran, stats["auto_tuning"] each timed candidate's
-    images per second."""
+    images per second, stats["auto_timed"] its images and seconds so far."""
     ladder = {c.spec: c for c in parse_candidates(candidates)}
     specs = list(ladder)
     tuning = tuning_for(request, specs)
@@ -269,6 +269,10 @@ def auto(request: Request, *, candidates: str = DEFAULT_CANDIDATES) -> tuple[Ten
         "auto_tuning": tuning.images_per_second(),
         "auto_winner": tuning.winner(specs),
         "auto_reason": reason(tuning, specs, tuned_images),
+        # the walk's state after this call, read by whoever gives an account of it (the demo's "still
+        # timing: N of M images"): candidate -> [images, seconds] timed, and this call's timed images
+        "auto_timed": {spec: list(images_seconds) for spec, images_seconds in tuning.timed.items()},
+        "auto_timed_in_call": tuned_images,
     }
 
 

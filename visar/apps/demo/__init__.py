@@ -5,12 +5,15 @@ with the reference of the model's kind (`ar` for raster models) and with the cho
 image from one `torch.Generator` seeded with the seed, and shows both images, their forward passes,
 step compression (image tokens / forward passes), sampling time, the measured speed-up (sampling
 time against sampling time, bold only where the method was faster; none for the reference against
-itself), the one-time set-up apart (auto's AR-step probe on a model's first call), what auto timed
-(each candidate's images per second: its first clicks on a model decode with the candidates in
-turn, then with the fastest), the class or prompt and negative prompt used, and whether the method is lossless at these
-options; then how the method decoded: a heatmap over the token grid of the forward pass that
-committed each token (`stats["commit_pass"]`; for a next-scale model every scale's map, in lines)
-and the tokens committed per pass (an axis from 0). The note under the images says what the chosen
+itself), the one-time set-up apart (auto's AR-step probe on a model's first call), what auto did
+(on its default candidates its first 12 to 20 clicks on a model time them, one image a click:
+"image N of M", M the fewest to the most images its walk can still take; the click where it ends
+says what that click ran and, apart, the winner, which later clicks run; the candidates it never
+timed, and why), the class or prompt and negative prompt used, and whether the method is lossless
+at these options; a status line with the table's sampling times and speed-up; then how the method
+decoded: a heatmap over the token grid of the forward pass that committed each token
+(`stats["commit_pass"]`; for a next-scale model every scale's map, in lines) and the tokens
+committed per pass (an axis from 0). The note under the images says what the chosen
 method guarantees (lossless, or lossy and what it trades). A click checks the inputs first (a bad
 one is one message, nothing cleared), then clears the previous result and generates; choosing a
 model clears the last model's result, and a text model opens with an example prompt.
@@ -19,9 +22,13 @@ Sessions share nothing but the loaded models (one per name and device, never cha
 loading). A model keeps its KV cache between the forward passes of one generation, so the
 generations on a device take turns (a lock); Gradio's queue bounds the requests in flight.
 User errors (`VisarError`: unknown class, empty prompt, an option out of range, a folder that is
-not a model) come back as a message in the page; the server goes on serving.
+not a model, a method that does not decode the model) come back as a message in the page; the
+server goes on serving. The API (gradio_client) has three endpoints, /select_model, /select_method
+and /generate, each parameter and output named; /select_model takes any method and shows the
+model's default where it does not fit.
 """
 
+from .auto_account import auto_note
 from .comparison import (
     DISPLAY_PX,
     commit_heatmap,
@@ -30,7 +37,9 @@ from .comparison import (
     map_lines,
     reference_label,
     run_side,
+    seconds_text,
     speedup_text,
+    status_line,
     summary_markdown,
     tokens_per_pass,
     upscale,
@@ -63,6 +72,7 @@ from .page import (
 )
 
 __all__ = [
+    "auto_note",
     "build_demo",
     "check_field",
     "check_sizes",
@@ -97,7 +107,9 @@ __all__ = [
     "preselected_method",
     "reference_label",
     "run_side",
+    "seconds_text",
     "speedup_text",
+    "status_line",
     "summary_markdown",
     "tokens_per_pass",
     "upscale",

@@ -11,6 +11,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from ...accel import reference_method
 from ...accel.core.stats import per_image
+from .auto_account import auto_note
 from .models import ModelCache
 from .options import PageInputs, prepared
 
@@ -131,7 +132,7 @@ def run_side(pipe, method: str, seed: int, condition: dict, sampling: dict, opti
             "acceptance_rate": out.stats["acceptance_rate"],
             "ran": out.stats.get("auto", method) if method == "auto" else method,  # what auto chose
             # auto: each candidate's images per second as timed on this machine, and what the choice rests on
-            "tuning": {key: out.stats[key] for key in ("auto_tuning", "auto_reason") if key in out.stats},
+            "tuning": {key: value for key, value in out.stats.items() if key.startswith("auto_")},
             "options": {k: v for k, v in options.items()},
         },
     }
@@ -180,7 +181,7 @@ def reference_label(method: str) -> str:
 
 def summary_markdown(stats: dict) -> str:
     ar, fast = stats["ar"], stats["method"]
-    name = fast["method"] if fast["ran"] == fast["method"] else f"{fast['method']} (ran {fast['ran']})"
+    name = method_name(fast)
     speedup = speedup_text(stats["speedup"])
 
     def acceptance(side):
@@ -189,9 +190,9 @@ def summary_markdown(stats: dict) -> str:
     rows = [
         ("forward passes", f"{ar['forward_passes']}", f"{fast['forward_passes']}"),
         ("step compression (tokens / passes)", f"{ar['step_compression']:.2f}x", f"{fast['step_compression']:.2f}x"),
-        ("sampling time", f"{ar['sampling_s']:.2f} s", f"{fast['sampling_s']:.2f} s"),
+        ("sampling time", seconds_text(ar["sampling_s"]), seconds_text(fast["sampling_s"])),
         ("measured speed-up (sampling time)", "1.00x", speedup),
-        ("one-time set-up (not in the speed-up)", f"{ar['setup_s']:.2f} s", f"{fast['setup_s']:.2f} s"),
+        ("one-time set-up (not in the speed-up)", seconds_text(ar["setup_s"]), seconds_text(fast["setup_s"])),
         ("lossless", "yes" if ar["lossless"] else "no", "yes" if fast["lossless"] else "no"),
         ("draft acceptance", "-", acceptance(fast)),
     ]
@@ -203,9 +204,34 @@ def summary_markdown(stats: dict) -> str:
     elif stats["condition"].startswith("prompt:"):
         said.append("negative prompt: the model's own")
     text = "\n".join(lines) + "\n\n" + "; ".join(said)
-    if fast.get("tuning"):  # what auto timed: the candidates' images per second on this machine
-        text += f"\n\nauto: {fast['tuning']['auto_reason']}"
+    if fast.get("tuning"):  # what auto ran on this click, how far its tuning is, what won
+        text += "\n\n" + auto_note(fast)
     return text
+
+
+def method_name(side: dict) -> str:
+    """The method side's name in the table's head and the status line: auto says what it ran."""
+    return side["method"] if side["ran"] == side["method"] else f"{side['method']} (ran {side['ran']})"
+
+
+def seconds_text(seconds: float) -> str:
+    """A time as the page shows it, to 3 significant digits (0.384 s, 1.23 s, 12.3 s): at 2 decimals a
+    tiny model's 0.38 s could be 0.375 or 0.385, a 2.6% spread in the speed-up beside it."""
+    return f"{seconds:.0f} s" if seconds >= 100 else f"{seconds:#.3g} s"
+
+
+def status_line(stats: dict) -> str:
+    """The line under the table: the same sampling times and speed-up as the table (the set-up apart)."""
+    ar, fast = stats["ar"], stats["method"]
+    name, reference = method_name(fast), reference_label(ar["method"])
+
+    def times(key):
+        return f"{name} {seconds_text(fast[key])}, {reference} {seconds_text(ar[key])}"
+
+    line = f"done: sampling time {times('sampling_s')}, speed-up {speedup_text(stats['speedup'])}"
+    if max(ar["setup_s"], fast["setup_s"]) >= 0.01:  # auto's AR-step probe on a model's first call
+        line += f"; one-time set-up, not in the speed-up: {times('setup_s')}"
+    return line
 
 
 def speedup_text(speedup: float | None) -> str:

@@ -7,7 +7,7 @@ import json
 import math
 from typing import NamedTuple
 
-from ...accel import METHODS, get_method
+from ...accel import METHODS, get_method, methods_for
 from ...errors import VisarError
 from ...registry import DEFAULT_MODEL, embedded_models, resolve_name
 from .models import ModelCache
@@ -119,8 +119,10 @@ def prepared(cache: ModelCache, inputs: PageInputs):
     """The page's inputs checked, each bad one a VisarError -> (pipeline, condition, sampling, options)."""
     model_name, class_value, prompt, negative_prompt, method, seed, cfg, temperature, top_k, top_p, texts = inputs
     pipe = cache.get(model_name)
-    if method not in METHODS:
-        raise VisarError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    usable = methods_for(pipe.model)
+    if method not in usable:  # the page's list is the model's; the API may send anything
+        what = "unknown method" if method not in METHODS else "a method that does not decode this model:"
+        raise VisarError(f"{what} {method!r}; {pipe.name}'s methods: {', '.join(usable)}")
     check_field("seed", seed, 0, MAX_SEED, integer=True)
     check_field("guidance scale", cfg, 0, 100)
     check_field("temperature", temperature, 1e-3, 100)

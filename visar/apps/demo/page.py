@@ -10,7 +10,7 @@ from functools import partial
 from ...accel import METHODS, methods_for, reference_method
 from ...errors import VisarError, require
 from ...models.base import model_kind
-from .comparison import compare, reference_label, tokens_per_pass
+from .comparison import compare, reference_label, status_line, tokens_per_pass
 from .models import ModelCache, class_choices, example_prompt, model_choices, model_info
 from .options import MAX_OPTIONS, PageInputs, default_options, prepared
 
@@ -200,10 +200,7 @@ def generate(
     except Exception as err:  # a bug, or the machine (out of memory): logged here, one line in the page
         log.exception("generation failed")
         raise gr.Error(f"generation failed: {type(err).__name__}: {err}", print_exception=False) from None
-    fast_s, ar_s = stats["method"]["wall_s"], stats["ar"]["wall_s"]
-    reference = reference_label(stats["ar"]["method"])
-    status = f"done: {stats['method']['method']} {fast_s:.2f} s, {reference} {ar_s:.2f} s"
-    return ar, fast, summary, heatmap, tokens_per_pass(commit_pass), stats, status
+    return ar, fast, summary, heatmap, tokens_per_pass(commit_pass), stats, status_line(stats)
 
 
 def input_controls(gr, first, methods: list[str], method: str, allow_folders: bool) -> dict:
@@ -218,7 +215,7 @@ def input_controls(gr, first, methods: list[str], method: str, allow_folders: bo
             label="model" + (" (or a model folder path)" if allow_folders else ""),
             elem_id="model",
         ),
-        "info": gr.Markdown(model_info(first), elem_id="model-info"),
+        "info": gr.Markdown(model_info(first), label="model info", elem_id="model-info"),
         "class": gr.Dropdown(
             choices=classes,
             value=classes[0] if classes else None,
@@ -250,8 +247,11 @@ def method_controls(gr, methods: list[str], method: str, model_name: str) -> dic
     method has, those of `method` shown and filled with its defaults)."""
     options = default_options(method, model_name)
     controls = {
-        "method": gr.Dropdown(choices=methods, value=method, label="method", elem_id="method"),
-        "about": gr.Markdown(method_info(method)),
+        # a method outside the list is let through to the handlers, which refuse it in a sentence or
+        # fall back to the model's default: Gradio checks a value against the list this session last
+        # showed, so after a VAR model an API call with `auto` failed ("not in the list of choices")
+        "method": gr.Dropdown(choices=methods, value=method, label="method", allow_custom_value=True, elem_id="method"),
+        "about": gr.Markdown(method_info(method), label="method info"),
     }
     with gr.Accordion("method options (empty: the method's default; JSON or text)", open=True):
         names = list(options)
@@ -288,9 +288,10 @@ def output_views(gr, reference: str, method: str) -> tuple[list, object]:
         fast_image = gr.Image(
             label="the chosen method, same seed", format="png", interactive=False, elem_id="method-image"
         )
-    note = gr.Markdown(guarantee_note(method), elem_id="note")
-    summary = gr.Markdown(elem_id="summary")
-    status = gr.Markdown(elem_id="status")
+    # labels name the API's outputs (unlabelled ones are `value_NN` there); a Markdown does not show its label
+    note = gr.Markdown(guarantee_note(method), label="guarantee note", elem_id="note")
+    summary = gr.Markdown(label="figures table", elem_id="summary")
+    status = gr.Markdown(label="status", elem_id="status")
     with gr.Row():
         heatmap = gr.Image(label="the method: forward pass that committed each token", format="png", interactive=False)
         per_pass = gr.BarPlot(
@@ -301,7 +302,7 @@ def output_views(gr, reference: str, method: str) -> tuple[list, object]:
             height=300,
         )
     with gr.Accordion("all figures (JSON)", open=False):
-        stats_box = gr.JSON()
+        stats_box = gr.JSON(label="all figures", show_label=False)
     return [ar_image, fast_image, summary, heatmap, per_pass, stats_box, status], note
 
 

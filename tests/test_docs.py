@@ -69,7 +69,8 @@ PAGES = [REPO / "README.md", *(p for p in DOCS if p.parent == REPO / "docs")]  #
 SOURCES = [*sorted((REPO / "visar").rglob("*.py")), *sorted((REPO / "tools").glob("*.py"))]
 RANDOM = re.compile(r"random[- ]weight", re.I)
 FILE_PATH = r"(?<![\w/-])(?:\.\./)?((?:tests|visar|tools)/[\w/.-]*\w\.(?:py|sh))"
-RATIO = re.compile(r"fewer passes|step compression|latency / |x AR\b|\b\d+(?:\.\d+)?x\b", re.I)
+RATIO = re.compile(r"fewer passes|step compression|latency / |latency over AR|x AR\b|\b\d+(?:\.\d+)?x\b", re.I)
+PASS_COST_ONLY = re.compile(r"pass cost only", re.I)
 
 
 def prose(text: str) -> list[str]:
@@ -91,6 +92,46 @@ def test_the_readme_quotes_no_compression_or_latency_measured_on_random_weights(
             assert not line.startswith("|"), (page.name, line)  # a table row of random weights says so
             if page.name == "README.md":
                 assert not RATIO.search(line), line
+
+
+def sections(text: str) -> list[tuple[str, str]]:
+    """The page's (heading, body) pairs, split at every heading outside code blocks."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    parts = re.split(r"^(#{1,6}\s+.*)$", text, flags=re.M)
+    return [("", parts[0]), *zip(parts[1::2], parts[2::2], strict=True)]
+
+
+def test_no_doc_gives_random_weights_a_compression_or_latency_ratio_unless_labelled_pass_cost_only():
+    """README and docs/**.md (docs/history/ aside): a row or sentence that names random weights, or one
+    under a heading that does, gives no step compression ("Nx", "fewer passes") or latency ratio
+    ("latency / AR") unless its section (heading to heading) says "pass cost only"."""
+    offenders = []
+    for page in DOCS:
+        for heading, body in sections(page.read_text()):
+            if PASS_COST_ONLY.search(heading + body):
+                continue
+            for line in prose(body):
+                if (RANDOM.search(heading) or RANDOM.search(line)) and RATIO.search(line):
+                    offenders.append((str(page.relative_to(REPO)), heading, line))
+    assert not offenders, offenders
+
+
+# Raw bench output measured on random weights: GPT-B-size folders (auto, the H200 device check) and the tiny
+# Lumina-mGPT 2.0 of tests/fixtures/lumina, whose rows name no weights themselves.
+RANDOM_WEIGHT_BENCHES = ["auto/gpt-b-*.md", "device/*.md", "lumina/*.md"]
+
+
+def test_raw_bench_output_of_random_weights_opens_with_pass_cost_only():
+    """docs/bench keeps such rows as measured, under a first line that says "pass cost only"; a folder of
+    them (the device check's .jsonl) has such a page beside its raw files."""
+    bench = REPO / "docs" / "bench"
+    pages = {p for pattern in RANDOM_WEIGHT_BENCHES for p in bench.glob(pattern)}
+    pages |= {p for p in bench.rglob("*.md") if RANDOM.search(p.read_text())}
+    for pattern in RANDOM_WEIGHT_BENCHES:
+        assert list(bench.glob(pattern)), pattern
+    first_lines = {str(p.relative_to(REPO)): p.read_text().split("\n")[0] for p in sorted(pages)}
+    unlabelled = [name for name, line in first_lines.items() if not PASS_COST_ONLY.search(line)]
+    assert not unlabelled, unlabelled
 
 
 def anchor(heading: str) -> str:

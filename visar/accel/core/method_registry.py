@@ -26,8 +26,11 @@ from torch import Tensor
 
 from ...errors import VisarError
 from ...models.base import model_kind
-from .sampling import SamplingParams
+from .sampling import SamplingParams, make_generators
 from .stats import concat_batches, merge_batch_stats, per_image
+
+# the seed of an open source's spare slots (`Request.slot_generators`): any will do, their images are dropped
+SPARE_SEED = 2**31 - 64
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,9 @@ class Request:
     # called (image index, tokens [N], {"forward_passes", "commit_pass" [N], what the method adds}) as each
     # image of a running batch finishes
     on_image: Callable | None = None
+    # An open running batch (`pass_loop.ImageSource`, with `slots`): images join while it decodes, and
+    # cond, cond_mask and generators are the source's first images. None: the request's images alone.
+    source: object | None = None
 
     # raster models: the fraction of KV-cache slots the target keeps (`RasterModel.setup_cache`);
     # 1: the whole cache, exact
@@ -71,9 +77,24 @@ class Request:
         """The images decoded at once: the slots of a running batch, else every image."""
         return self.slots if self.slots is not None else self.cond.shape[0]
 
+    def slot_generators(self) -> list[torch.Generator]:
+        """The generators of the images in the first pass's slots: the first `batch_size` images', and
+        an open source's spare slots' where it holds fewer images (their draws are never handed over)."""
+        generators = self.generators[: self.batch_size]
+        if len(generators) < self.batch_size and self.source is not None:
+            generators = generators + make_generators(self.batch_size - len(generators), SPARE_SEED)
+        return generators
+
     def images(self, start: int, stop: int) -> Request:
         """The request for the queue's images [start, stop) alone (a running batch keeps its slots, at
-        most as many as images; on_image is told each image's index in this queue)."""
+        most as many as images; on_image is told each image's index in this queue). Not of an open
+        source's, whose images are not all known: only a method that refills decodes one."""
+        if self.source is not None:
+            raise VisarError(
+                "an open running batch (source=) is decoded by one method that refills (visar methods: "
+                "sjd, mc-sjd, the trees, the zipar fronts, ...); auto and methods that decode consecutive "
+                "batches take a fixed list of images"
+            )
         hand_over = self.on_image
         return replace(
             self,

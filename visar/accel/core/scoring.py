@@ -19,12 +19,75 @@ from ...models.base import MaskedModel, RasterModel
 from .sampling import SamplingParams, logits_to_probs, split_cfg
 
 
+class QueuedConditions:
+    """Every queued image's conditions as the model is fed them ([cond ; null condition] under CFG, each
+    half in queue order): what a slot takes when it takes an image. The null conditions of the queue
+    a call starts with are made at once, as one batch (a negative prompt that the model holds for the
+    whole call has one row per queued image); an open source's later images join as a slot first
+    takes one of them (`take`), their null conditions made then."""
+
+    def __init__(self, model: RasterModel, guided: bool, cond: Tensor, cond_mask: Tensor | None, source=None):
+        self.model, self.guided, self.source = model, guided, source
+        self.count = cond.shape[0]  # Q
+        null = None if source is None else source.null_rows(torch.arange(self.count))
+        self.cond, self.mask = self.model_rows(cond, cond_mask, null)  # [Q(x2), ...]
+
+    def model_rows(self, cond: Tensor, cond_mask: Tensor | None, null=None) -> tuple[Tensor, Tensor | None]:
+        """Conditions [R, ...] and their masks -> the model's rows ([cond ; null condition] under CFG);
+        null: the null conditions and their mask where the caller made them (an open source's negative
+        prompts), else the model's."""
+        if not self.guided:
+            return cond, cond_mask
+        count = cond.shape[0]
+        if null is None:
+            null_mask = self.model.null_condition_mask(cond_mask)
+            null = self.model.null_condition(cond)
+        else:
+            null, null_mask = null
+        cond = torch.cat([cond, null])
+        if null_mask is not None:  # a null condition with padding of its own pads a maskless cond too
+            if cond_mask is None:
+                cond_mask = torch.ones(null_mask.shape[-1], dtype=torch.bool, device=cond.device).expand(count, -1)
+            cond_mask = torch.cat([cond_mask, null_mask.expand(count, -1).to(cond_mask.device)])
+        return cond, cond_mask
+
+    def halves(self, index: Tensor, size: int) -> Tensor:
+        """Indices [R] into a batch of `size` -> their rows in its model layout ([R ; R + size] under CFG)."""
+        return torch.cat([index, index + size]) if self.guided else index
+
+    def take(self, images: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The model rows ([R(x2), ...]) and masks of queued images [R], an open source's new ones joined."""
+        if self.source is not None and (most := int(images.max()) + 1) > self.count:
+            self.join(most)
+        queued = self.halves(images, self.count)
+        return self.cond[queued], None if self.mask is None else self.mask[queued]
+
+    def join(self, count: int):
+        """An open source's images up to `count` join the queue (their null conditions made now)."""
+        old, new = self.count, count - self.count
+        images = torch.arange(old, count)
+        cond, cond_mask = self.model_rows(*self.source.rows(images), self.source.null_rows(images))
+
+        def joined(queued: Tensor, added: Tensor) -> Tensor:  # [old ; new] in each half
+            added = added.to(queued.device)
+            if not self.guided:
+                return torch.cat([queued, added])
+            return torch.cat([queued[:old], added[:new], queued[old:], added[new:]])
+
+        self.cond = joined(self.cond, cond)
+        if self.mask is not None:
+            self.mask = joined(self.mask, cond_mask)
+        self.count = count
+
+
 class GuidedScorer:
     """A raster model, a batch of B conditions and the sampling settings: guided logits and target laws [B, ...].
 
     slots: the model batch holds `slots` images at a time (default: all of them), and cond /
-    cond_mask are a queue of Q images' conditions, of which slot b holds image b at first and the
-    image `admit` gives it later (a running batch that refills its finished slots).
+    cond_mask are a queue of Q images' conditions (`QueuedConditions`), of which slot b holds image b
+    at first and the image `admit` gives it later (a running batch that refills its finished slots);
+    source: an open one's (`pass_loop.ImageSource`), which may start with fewer images than slots
+    (the others decode spares: the last image's condition) and grows.
     """
 
     def __init__(
@@ -35,54 +98,51 @@ class GuidedScorer:
         params: SamplingParams,
         slots=None,
         kv_keep=1.0,
+        source=None,
     ):
         self.model, self.params = model, params
         self.kv_keep = kv_keep  # the fraction of cache slots `open_cache` keeps (1: the whole cache, exact)
         self.guided = params.uses_cfg
-        self.queue = cond.shape[0]  # Q
-        if slots is not None and not 1 <= slots <= self.queue:
-            raise ValueError(f"slots must be 1 .. {self.queue} (the images queued), got {slots}")
-        self.batch = self.queue if slots is None else slots
-        # Every queued image's null condition is made now, as one batch: a negative prompt that the
-        # model holds for the whole call has one row per queued image.
-        if self.guided:
-            null_mask = model.null_condition_mask(cond_mask)
-            cond = torch.cat([cond, model.null_condition(cond)])
-            if null_mask is not None:  # a null condition with padding of its own pads a maskless cond too
-                if cond_mask is None:
-                    cond_mask = torch.ones(null_mask.shape[-1], dtype=torch.bool, device=cond.device).expand(
-                        self.queue, -1
-                    )
-                cond_mask = torch.cat([cond_mask, null_mask.expand(self.queue, -1).to(cond_mask.device)])
-        self.queue_cond, self.queue_mask = cond, cond_mask  # [Q(x2), ...]
-        if slots is not None:
-            first = self.halves(torch.arange(slots, device=cond.device), self.queue)
-            cond = cond[first]
-            cond_mask = None if cond_mask is None else cond_mask[first]
-        self.cond, self.cond_mask = cond, cond_mask  # [B(x2), ...]: what the model is fed
+        queue = cond.shape[0]
+        if slots is not None and not 1 <= slots <= (queue if source is None else slots):
+            raise ValueError(f"slots must be 1 .. {queue} (the images queued), got {slots}")
+        self.batch = queue if slots is None else slots
+        self.queued = QueuedConditions(model, self.guided, cond, cond_mask, source)
+        if slots is None:
+            self.cond, self.cond_mask = self.queued.cond, self.queued.mask
+        else:
+            self.cond, self.cond_mask = self.queued.take(torch.arange(slots, device=cond.device).clamp(max=queue - 1))
+        # self.cond, self.cond_mask [B(x2), ...]: what the model is fed
         self.forward_passes = 0
 
     @classmethod
     def for_request(cls, request, model: RasterModel | None = None) -> GuidedScorer:
         """A request's target scorer, or a draft `model`'s (no kv_keep: a draft keeps its whole cache)."""
-        if model is None:
-            return cls(request.model, request.cond, request.cond_mask, request.params, request.slots, request.kv_keep)
-        return cls(model, request.cond, request.cond_mask, request.params, slots=request.slots)
+        target = model is None
+        return cls(
+            request.model if target else model,
+            request.cond,
+            request.cond_mask,
+            request.params,
+            request.slots,
+            request.kv_keep if target else 1.0,
+            request.source,
+        )
 
     def halves(self, index: Tensor, size: int) -> Tensor:
         """Indices [R] into a batch of `size` -> their rows in its model layout ([R ; R + size] under CFG)."""
-        return torch.cat([index, index + size]) if self.guided else index
+        return self.queued.halves(index, size)
 
     def admit(self, rows: Tensor, images: Tensor):
         """Slots `rows` [R] now hold queued images `images` [R]: their conditions (both halves under
         CFG) replace the slots' and the model forgets the slots' cache rows, so the next
         `prefill(rows)` starts those images while the other slots keep theirs."""
         model_rows = self.halves(rows, self.batch)
-        queued = self.halves(images, self.queue)
+        cond, cond_mask = self.queued.take(images)
         # out of place: self.cond may be the caller's tensor, which is the queue itself
-        self.cond = self.cond.index_copy(0, model_rows, self.queue_cond[queued])
+        self.cond = self.cond.index_copy(0, model_rows, cond)
         if self.cond_mask is not None:
-            self.cond_mask = self.cond_mask.index_copy(0, model_rows, self.queue_mask[queued])
+            self.cond_mask = self.cond_mask.index_copy(0, model_rows, cond_mask)
         self.model.reset_cache_rows(model_rows, None if self.cond_mask is None else self.cond_mask[model_rows])
 
     def open_cache(self, length: int):

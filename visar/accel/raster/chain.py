@@ -210,7 +210,7 @@ class ChainPasses:
         self.num_cond, self.total = model.num_condition_tokens, model.num_image_tokens
         self.window = min(window, self.total)  # a longer window is clipped, here once and for all
         self.record = ChainRecord(self.batch, model.grid_size, self.window, self.device)
-        generators = request.generators[: self.batch]
+        generators = request.slot_generators()
         self.state = new_state(model, generators, self.window, spare=self.window)
         # each pass's uniforms, the same numbers as a draw per pass, drawn 16 passes at a time
         self.uniforms = UniformStream(generators, self.device, block=16 * NUM_PURPOSES * self.window)

@@ -12,11 +12,14 @@ chooses among fixed sizes by timing them (docs/SPEED.md).
 
 A running batch (`Request.slots`): the engine decodes `slots` images of a longer queue at once; when a
 slot's image has all its tokens it leaves, and the next image of the queue takes the slot before the
-next pass (`RunningBatch`), so no slot feeds padding for a finished image while the queue lasts.
+next pass (`RunningBatch`), so no slot feeds padding for a finished image while the queue lasts. The
+queue is an `ImageSource`: a call's fixed list is one closed from the start; an open one
+(`Request.source`) takes images while the batch decodes, from any thread, until it is closed.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -92,7 +95,9 @@ class SlotBook:
     passes and commit passes from its own first pass) and the queue image each slot holds."""
 
     def __init__(self, request):
-        self.generators, self.device = request.generators, request.model.device
+        # an admitted image's generator: an open source's list grows as images join
+        self.generators = request.generators if request.source is None else request.source.generators
+        self.device = request.model.device
         self.passes = 0  # passes planned
         self.fresh: tuple[int, ...] = tuple(range(request.batch_size))
         self.start_pass = [0] * request.batch_size
@@ -116,6 +121,80 @@ class SlotBook:
     def started(self, rows: list[int]) -> Tensor:
         """[R] the passes planned before the images in slots `rows` started, on the device."""
         return torch.tensor([self.start_pass[row] for row in rows], device=self.device)
+
+
+class ImageSource:
+    """The images a running batch decodes, in order: each one's condition (a row of `cond` [Q, ...] and of
+    `cond_mask` [Q, T] or None), generator and, where the caller makes them (a negative prompt per
+    image), null condition (rows of `null` and `null_mask`; None: the model's). A call's fixed list
+    is a source closed from the start; an open one grows by `add` (from any thread) while the batch
+    decodes, and `close` says that no more will come. An image's tokens are those of its decode alone
+    whenever it joins.
+
+    While an open source holds fewer images than the batch has slots, each slot without an image
+    decodes a spare (the last image's condition under a generator of its own, never handed over)
+    until an image takes it: a slot is one row of every pass whether it holds an image or not."""
+
+    def __init__(self, cond: Tensor, cond_mask: Tensor | None, generators: list, closed: bool = True, null=None):
+        if cond.shape[0] == 0 or cond.shape[0] != len(generators):
+            raise ValueError(
+                f"a source starts with one image or more, one generator each: got {cond.shape[0]} "
+                f"conditions and {len(generators)} generators"
+            )
+        self.cond, self.cond_mask, self.generators = cond, cond_mask, list(generators)
+        self.null, self.null_mask = (None, None) if null is None else null
+        self.closed = closed
+        self.changed = threading.Condition()
+
+    def count(self) -> int:
+        """The images added so far (the loop asks once before each pass)."""
+        return len(self.generators)
+
+    def add(self, cond: Tensor, cond_mask: Tensor | None, generators: list, null=None) -> range:
+        """Queue more images (cond [R, ...] laid out as the source's; null: (null [R, ...], null_mask
+        [R, T]) exactly when the source was given them) -> their indices."""
+        if cond.shape[0] != len(generators) or (cond_mask is None) != (self.cond_mask is None):
+            raise ValueError("add one generator per condition, with a mask exactly when the source has one")
+        if (null is None) != (self.null is None):
+            raise ValueError("add null conditions exactly when the source was given them")
+        with self.changed:
+            if self.closed:
+                raise ValueError("this source is closed: it takes no more images")
+            first = len(self.generators)
+            self.cond = torch.cat([self.cond, cond.to(self.cond.device)])
+            if cond_mask is not None:
+                self.cond_mask = torch.cat([self.cond_mask, cond_mask.to(self.cond_mask.device)])
+            if null is not None:
+                self.null = torch.cat([self.null, null[0].to(self.null.device)])
+                self.null_mask = torch.cat([self.null_mask, null[1].to(self.null_mask.device)])
+            self.generators.extend(generators)  # last: an image counts once its rows are in place
+            self.changed.notify_all()
+        return range(first, first + len(generators))
+
+    def close(self):
+        with self.changed:
+            self.closed = True
+            self.changed.notify_all()
+
+    def wait_past(self, images: int) -> bool:
+        """Block until the source holds more than `images` images (-> True) or is closed (-> False)."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.count() > images or self.closed)
+            return self.count() > images
+
+    def rows(self, images: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The conditions [R, ...] and masks of images [R]."""
+        with self.changed:
+            index = images.to(self.cond.device)
+            return self.cond[index], None if self.cond_mask is None else self.cond_mask[index]
+
+    def null_rows(self, images: Tensor) -> tuple[Tensor, Tensor] | None:
+        """The null conditions and masks of images [R] the caller made, or None (the model's)."""
+        if self.null is None:
+            return None
+        with self.changed:
+            index = images.to(self.null.device)
+            return self.null[index], self.null_mask[index]
 
 
 def power_of_two(n: int) -> int:
@@ -156,23 +235,29 @@ def pass_runner(compile_options: dict | None) -> Callable:
 
 
 class RunningBatch:
-    """A queue of `num_images` images decoded `slots` at a time. Between passes, the slots whose image
+    """The images of an `ImageSource` decoded `slots` at a time. Between passes, the slots whose image
     is done give it up (`PassEngine.release`: its tokens and per-image statistics, handed to
     `on_image(index, tokens [N], {"forward_passes", "commit_pass" [N]})` at once, so a caller can
-    save it) and take the next images of the queue (`PassEngine.admit`); a slot left when the queue
-    is empty idles (an engine gives a finished image no slots). An image's passes and commit_pass
-    are counted from its own first pass, so they, like its tokens, are those of
-    its decode alone."""
+    save it) and take the next images of the source (`PassEngine.admit`); a slot left when the source
+    has none waiting idles (an engine gives a finished image no slots). An image's passes and
+    commit_pass are counted from its own first pass, so they, like its tokens, are those of its
+    decode alone. A closed source's last images are handed over at the end; an open source's as
+    soon as they are done (one read-back a pass)."""
 
-    def __init__(self, num_images: int, slots: int, on_image: Callable | None = None):
-        self.num_images, self.on_image = num_images, on_image
-        self.holds: list[int | None] = list(range(slots))  # the queue image in each slot
-        self.next = slots  # the next image to admit
-        self.tokens: list[Tensor | None] = [None] * num_images
-        self.passes = [0] * num_images
-        self.commit_pass: list[Tensor | None] = [None] * num_images
+    def __init__(self, source: ImageSource, slots: int, on_image: Callable | None = None):
+        self.source, self.on_image = source, on_image
+        started = min(slots, source.count())
+        self.holds: list[int | None] = [*range(started), *[None] * (slots - started)]  # the image in each slot
+        self.next = started  # the next image to admit
+        self.tokens: list[Tensor | None] = []
+        self.passes: list[int] = []
+        self.commit_pass: list[Tensor | None] = []
         self.finished = 0
         self.passes_run = 0  # the batch's passes (a refill pass makes two model calls, counted once)
+
+    @property
+    def num_images(self) -> int:
+        return self.source.count()
 
     def collect(self, engine: PassEngine, rows: list[int]):
         tokens, passes, commit_pass = engine.release(rows)
@@ -180,6 +265,9 @@ class RunningBatch:
             rows, tokens, passes.tolist(), commit_pass, strict=True
         ):
             image = self.holds[row]
+            grow = image + 1 - len(self.tokens)
+            for kept in (self.tokens, self.passes, self.commit_pass):
+                kept.extend([None] * grow)
             self.tokens[image], self.passes[image], self.commit_pass[image] = image_tokens, image_passes, image_commits
             self.holds[row] = None
             self.finished += 1
@@ -187,21 +275,31 @@ class RunningBatch:
                 self.on_image(image, image_tokens, {"forward_passes": image_passes, "commit_pass": image_commits})
 
     def refill(self, engine: PassEngine):
-        """Slots whose image is done: release it, admit the next images (one read-back a pass, only
-        while the queue lasts)."""
-        if self.next >= self.num_images:
+        """Slots whose image is done: release it, admit the next images into free slots (one read-back a
+        pass while the source has images waiting or is open)."""
+        available = self.source.count()
+        if self.next >= available and self.source.closed:
             return
         done = engine.done().tolist()
         rows = [row for row, image in enumerate(self.holds) if image is not None and done[row]]
-        if not rows:
+        if rows:
+            self.collect(engine, rows)
+        free = [row for row, image in enumerate(self.holds) if image is None][: available - self.next]
+        if not free:
             return
-        self.collect(engine, rows)
-        rows = rows[: self.num_images - self.next]
-        images = list(range(self.next, self.next + len(rows)))
-        engine.admit(rows, images)
-        for row, image in zip(rows, images, strict=True):
+        images = list(range(self.next, self.next + len(free)))
+        engine.admit(free, images)
+        for row, image in zip(free, images, strict=True):
             self.holds[row] = image
-        self.next += len(rows)
+        self.next += len(free)
+
+    def idle(self) -> bool:
+        """No slot holds an image and none waits (an open source's spares are not worth a pass)."""
+        return all(image is None for image in self.holds) and self.next >= self.source.count()
+
+    def exhausted(self) -> bool:
+        """The source is closed and every image of it has had a slot."""
+        return self.source.closed and self.next >= self.source.count()
 
     def finish(self, engine: PassEngine) -> tuple[Tensor, dict]:
         """After the last pass: the images still in slots, then every image's tokens [Q, N] and the
@@ -217,7 +315,7 @@ class RunningBatch:
             "tokens_per_forward": sum(num_tokens / max(p, 1) for p in passes) / len(passes),
             "commit_pass": torch.stack(self.commit_pass).cpu(),
             "slots": len(self.holds),
-            "refills": self.num_images - len(self.holds),
+            "refills": len(passes) - min(len(self.holds), len(passes)),
             "batch_passes": self.passes_run,
         }
 
@@ -234,10 +332,12 @@ def score_first_passes_apart(batch: int, fresh: tuple[int, ...], device, score: 
 
 
 def running_batch(request) -> RunningBatch | None:
-    """The running batch a request asks for (`Request.slots`), or None."""
+    """The running batch a request asks for (`Request.slots`: over its open `source`, else over its
+    images as a closed one), or None."""
     if request.slots is None:
         return None
-    return RunningBatch(request.cond.shape[0], request.slots, request.on_image)
+    source = request.source or ImageSource(request.cond, request.cond_mask, request.generators)
+    return RunningBatch(source, request.slots, request.on_image)
 
 
 @torch.no_grad()
@@ -256,14 +356,21 @@ def decode_passes(
     if queue is None:
         bar = progress_bar(total=engine.total, enabled=progress, desc=engine.desc)
     else:
-        bar = progress_bar(total=queue.num_images, enabled=progress, desc=engine.desc, unit="img")
+        total = queue.num_images if queue.source.closed else None  # an open source's count is not known
+        bar = progress_bar(total=total, enabled=progress, desc=engine.desc, unit="img")
     try:
         with engine:
             while True:
                 if queue is not None:
                     queue.refill(engine)
+                    if queue.idle():  # an open source with nothing to decode: wait for an image or the close
+                        if queue.source.wait_past(queue.next):
+                            continue
+                        break
                 if (plan := engine.plan()) is None:
-                    break
+                    if queue is None or queue.exhausted():
+                        break
+                    continue  # every slot is done, and an image came (or may) since the refill
                 if queue is not None:
                     queue.passes_run += 1
                 try:

@@ -317,7 +317,7 @@ class StaticTreePasses:
         self.log = DecodeLog(self.batch, model.grid_size, self.max_depth, self.device)
         self.log.count_at_once = request.compile_passes is not None
         # the same numbers as a draw per pass, drawn 16 passes at a time; token 0's is each stream's first
-        self.uniforms = UniformStream(request.generators[: self.batch], self.device, block=16 * self.block)
+        self.uniforms = UniformStream(request.slot_generators(), self.device, block=16 * self.block)
         self.first_u = self.uniforms.take(1)[:, 0].clone()  # [B] each slot's image's uniform for token 0
         # pass numbers in the log are one past the passes planned: an image's prefill counts as a
         # pass of its own, numbered as the pass before the one it starts in (1 for a decode's images)

@@ -74,7 +74,7 @@ class DraftTreePasses:
         self.neighbours = neighbours
         self.device, self.total, self.vocab = model.device, model.num_image_tokens, model.vocab_size
         self.batch = batch = request.batch_size
-        generators = request.generators[:batch]
+        generators = request.slot_generators()
         main_len = layout.main_length
         self.state = new_state(model, generators, main_len, spare=main_len + 1)
         self.scorer = GuidedScorer.for_request(request)

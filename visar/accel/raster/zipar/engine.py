@@ -350,7 +350,7 @@ class FrontPasses:
         self.initialiser, self.carry, self.rule = settings.initialiser, settings.carry, settings.rule
         self.cross_row, self.trees = settings.cross_row, settings.trees
         self.total, self.batch = model.num_image_tokens, request.batch_size
-        self.fronts = Fronts.start(model, request.generators[: self.batch], self.window, self.trees)
+        self.fronts = Fronts.start(model, request.slot_generators(), self.window, self.trees)
         self.scorer = GuidedScorer.for_request(request)
         self.log = FrontRecord(self.batch, self.grid, self.window, model.device)
         self.book = SlotBook(request)  # passes planned (a refilled image's first pass, `start_fresh`, is none)

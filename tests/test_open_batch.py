@@ -1,0 +1,151 @@
+"""An open running batch (`pass_loop.ImageSource`, `Request.source`): images join while it decodes.
+
+Every raster engine (chain, draft trees, static tree, row fronts) decodes a source that grows between
+passes: each image, whenever it joined and whichever slot it took, has the tokens, passes and commit
+passes of its decode alone (one torch thread: tests/conftest.py), and is handed over as soon as it is
+done. A source that starts with fewer images than slots decodes spares in the empty slots, which are
+never handed over; one that has nothing to decode waits for an image or its close.
+"""
+
+import threading
+
+import pytest
+import torch
+from laws import perturbed, tiny_llamagen, unit_codebook
+
+from visar.accel import Request, get_method
+from visar.accel.core.sampling import SamplingParams
+from visar.accel.raster.pass_loop import ImageSource
+
+PARAMS = SamplingParams(guidance_scale=2.0, top_k=20)
+LABELS = [0, 2, 1, 1, 0, 2, 1]
+SEED = 70
+
+pytestmark = pytest.mark.usefixtures("private_neighbour_cache")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llamagen(vocab=32, block_size=36, seed=6, std=0.3)  # a 6 x 6 grid
+
+
+def engine_cases(model) -> list:
+    draft = perturbed(model, seed=1, scale=0.3)
+    return [
+        ("sjd", dict(window=4)),  # chain
+        ("mc-sjd", dict(window=8)),
+        ("spec", dict(window=3, draft=draft)),
+        ("lantern", dict(window=4, delta=0.2, coupling="maximal")),
+        ("sjd-pac", dict(window=8, branch=2, depth=3)),  # draft trees
+        ("tree-mc-sjd", dict(window=8, branch=3, depth=2)),
+        ("lantern++", dict(draft=draft, tree=[[0], [1], [0, 0], [0, 1], [0, 0, 0]])),  # static tree
+        ("zipar", dict(s=2)),  # row fronts
+        ("zipar-mc-sjd", dict(s=2, window=4)),
+        ("zipar-tree", dict(s=2, window=4, branch=4)),
+    ]
+
+
+def conditions(images: range):
+    cond = torch.tensor([LABELS[i] for i in images])
+    return cond, [torch.Generator().manual_seed(SEED + i) for i in images]
+
+
+class JoinsBetweenPasses(ImageSource):
+    """A source whose later images are added before given passes (the loop asks its count once
+    before each pass): {pass: images added before it}, closed after the last addition."""
+
+    def __init__(self, first: int, joins: dict[int, int]):
+        super().__init__(*conditions(range(first))[:1], None, conditions(range(first))[1], closed=False)
+        self.joins, self.asked = joins, 0
+
+    def count(self) -> int:
+        self.asked += 1
+        if self.asked in self.joins:
+            have = len(self.generators)
+            cond, generators = conditions(range(have, have + self.joins.pop(self.asked)))
+            self.add(cond, None, generators)
+            if not self.joins:
+                self.close()
+        return super().count()
+
+
+def decode_source(model, name, options, source, slots):
+    handed = []
+    request = Request(
+        model, source.cond, PARAMS, list(source.generators), slots=slots, source=source,
+        tokenizer=unit_codebook(model.vocab_size, 8, seed=0),
+        on_image=lambda image, tokens, info: handed.append((image, tokens, info["forward_passes"])),
+    )  # fmt: skip
+    tokens, stats = get_method(name).fn(request, **options)
+    return tokens, stats, handed
+
+
+def assert_each_as_alone(model, name, options, tokens, stats, handed):
+    assert sorted(image for image, _, _ in handed) == list(range(len(LABELS)))
+    for image, image_tokens, passes in handed:
+        cond, generators = conditions(range(image, image + 1))
+        request = Request(model, cond, PARAMS, generators, tokenizer=unit_codebook(model.vocab_size, 8, seed=0))
+        alone, alone_stats = get_method(name).fn(request, **options)
+        assert torch.equal(image_tokens, alone[0]) and torch.equal(tokens[image], alone[0]), (name, image)
+        assert passes == stats["forward_passes_per_image"][image] == alone_stats["forward_passes_per_image"][0]
+        assert torch.equal(stats["commit_pass"][image], alone_stats["commit_pass"][0]), (name, image)
+
+
+@pytest.mark.one_thread  # images against their decodes alone, bit for bit
+def test_images_added_after_the_fifth_pass_decode_as_alone_on_every_engine(model):
+    """4 images at 3 slots, 3 more added after the 5th pass: all 7 as decoded alone."""
+    for name, options in engine_cases(model):
+        assert get_method(name).refills
+        source = JoinsBetweenPasses(4, {6: 3})
+        tokens, stats, handed = decode_source(model, name, options, source, slots=3)
+        assert source.asked > 6 and tokens.shape == (7, 36) and stats["slots"] == 3
+        assert_each_as_alone(model, name, options, tokens, stats, handed)
+
+
+@pytest.mark.one_thread
+def test_a_source_with_fewer_images_than_slots_decodes_spares_and_hands_over_only_images(model):
+    """One image at 3 slots (two spares), two more before pass 3, four more before pass 9."""
+    for name, options in engine_cases(model)[1::3]:  # mc-sjd, sjd-pac, zipar, ...: one of each engine
+        source = JoinsBetweenPasses(1, {3: 2, 9: 4})
+        tokens, stats, handed = decode_source(model, name, options, source, slots=3)
+        assert len(handed) == 7 and tokens.shape == (7, 36)
+        assert_each_as_alone(model, name, options, tokens, stats, handed)
+
+
+def test_an_idle_batch_waits_for_an_image_and_ends_at_the_close(model):
+    """The decode runs in a thread; its first image is handed over before the second is added, the
+    decode waits (no pass) until then, and ends once the source is closed."""
+    cond, generators = conditions(range(1))
+    source = ImageSource(cond, None, generators, closed=False)
+    first_done = threading.Event()
+    handed = []
+    request = Request(
+        model, source.cond, PARAMS, list(generators), slots=2, source=source,
+        on_image=lambda image, tokens, info: (handed.append(image), first_done.set()),
+    )  # fmt: skip
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(out=get_method("mc-sjd").fn(request, window=8)))
+    thread.start()
+    assert first_done.wait(60)
+    assert handed == [0] and thread.is_alive()  # handed over at once; the decode waits for more
+    cond, generators = conditions(range(1, 3))
+    assert list(source.add(cond, None, generators)) == [1, 2]
+    source.close()
+    thread.join(60)
+    assert not thread.is_alive()
+    tokens, stats = result["out"]
+    assert sorted(handed) == [0, 1, 2] and tokens.shape == (3, 36)
+    with pytest.raises(ValueError, match="closed"):
+        source.add(cond, None, generators)
+
+
+@pytest.mark.parametrize("name", ["ar", "auto"])
+def test_a_method_that_cuts_its_images_into_batches_refuses_an_open_source(model, name):
+    from visar.accel.core.method_registry import run_images
+    from visar.errors import VisarError
+
+    cond, generators = conditions(range(2))
+    source = ImageSource(cond, None, generators, closed=False)
+    request = Request(model, cond, PARAMS, list(generators), slots=2, source=source)
+    with pytest.raises(VisarError, match="open running batch"):
+        run_images(request, name, {}, 0, 2)

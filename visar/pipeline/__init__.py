@@ -3,13 +3,15 @@
 Its parts: `pipeline.py` (the `Pipeline` and its `generate`), `conditions.py` (what a call conditions on,
 one row per image, each image's seed, the sampling settings), `runs.py` (a decoding method's run over a
 call's images), `images.py` (what `generate` returns, tokens decoded to images), `compiling.py`
-(torch.compile with an eager fallback) and `drafts.py` (draft models given by name, and whether a
+(torch.compile with an eager fallback), `open_batch.py` (a running batch that images join while it
+decodes) and `drafts.py` (draft models given by name, and whether a
 draft's tokenizer is the target's).
 """
 
 from .compiling import EagerFallback
 from .drafts import same_tokenizer
 from .images import OUTPUT_TYPES, GenerationOutput
+from .open_batch import OpenBatch
 from .pipeline import Pipeline
 
-__all__ = ["OUTPUT_TYPES", "EagerFallback", "GenerationOutput", "Pipeline", "same_tokenizer"]
+__all__ = ["OUTPUT_TYPES", "EagerFallback", "GenerationOutput", "OpenBatch", "Pipeline", "same_tokenizer"]

@@ -34,6 +34,7 @@ from .conditions import (
 )
 from .drafts import check_draft_tokenizer, loaded_draft
 from .images import GenerationOutput, check_output_type, generation_output, output_images, tokens_to_images
+from .open_batch import OpenBatch
 from .runs import (
     Run,
     check_batch_size,
@@ -171,6 +172,11 @@ class Pipeline:
         stats |= {"deterministic": True} if deterministic else {}
         stats |= {"kv_keep": kv_keep} if kv_keep < 1 else {}
         return generation_output(self, tokens, stats, output_type)
+
+    def open_batch(self, method: str, slots: int, **settings) -> OpenBatch:
+        """A running batch of `slots` that images join while it decodes (visar.pipeline.open_batch); settings:
+        output_type, kv_keep, progress, the sampling settings and the method's options."""
+        return OpenBatch(self, method, slots, **settings)
 
     def check_kv_keep(self, kv_keep) -> float:
         return check_kv_keep(self.model, self.name, kv_keep)

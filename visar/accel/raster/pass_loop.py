@@ -142,7 +142,7 @@ class ImageSource:
                 f"conditions and {len(generators)} generators"
             )
         self.cond, self.cond_mask, self.generators = cond, cond_mask, list(generators)
-        self.null, self.null_mask = (None, None) if null is None else null
+        self.null, self.null_mask = (None, None) if null is None else null  # null_mask may be None too
         self.closed = closed
         self.changed = threading.Condition()
 
@@ -166,7 +166,8 @@ class ImageSource:
                 self.cond_mask = torch.cat([self.cond_mask, cond_mask.to(self.cond_mask.device)])
             if null is not None:
                 self.null = torch.cat([self.null, null[0].to(self.null.device)])
-                self.null_mask = torch.cat([self.null_mask, null[1].to(self.null_mask.device)])
+                if self.null_mask is not None:
+                    self.null_mask = torch.cat([self.null_mask, null[1].to(self.null_mask.device)])
             self.generators.extend(generators)  # last: an image counts once its rows are in place
             self.changed.notify_all()
         return range(first, first + len(generators))
@@ -182,6 +183,11 @@ class ImageSource:
             self.changed.wait_for(lambda: self.count() > images or self.closed)
             return self.count() > images
 
+    def snapshot(self) -> tuple[Tensor, Tensor | None, list]:
+        """The conditions, masks and generators of the images so far, taken together."""
+        with self.changed:
+            return self.cond, self.cond_mask, list(self.generators)
+
     def rows(self, images: Tensor) -> tuple[Tensor, Tensor | None]:
         """The conditions [R, ...] and masks of images [R]."""
         with self.changed:
@@ -194,7 +200,7 @@ class ImageSource:
             return None
         with self.changed:
             index = images.to(self.null.device)
-            return self.null[index], self.null_mask[index]
+            return self.null[index], None if self.null_mask is None else self.null_mask[index]
 
 
 def power_of_two(n: int) -> int:
@@ -244,9 +250,11 @@ class RunningBatch:
     decode alone. A closed source's last images are handed over at the end; an open source's as
     soon as they are done (one read-back a pass)."""
 
-    def __init__(self, source: ImageSource, slots: int, on_image: Callable | None = None):
+    def __init__(self, source: ImageSource, slots: int, on_image: Callable | None = None, started: int | None = None):
         self.source, self.on_image = source, on_image
-        started = min(slots, source.count())
+        started = min(slots, source.count() if started is None else started)  # the images the engine starts with
+        # an open source's images go to on_image alone (a service's batch may run for ever), else kept
+        self.keep = on_image is None or source.closed
         self.holds: list[int | None] = [*range(started), *[None] * (slots - started)]  # the image in each slot
         self.next = started  # the next image to admit
         self.tokens: list[Tensor | None] = []
@@ -265,10 +273,12 @@ class RunningBatch:
             rows, tokens, passes.tolist(), commit_pass, strict=True
         ):
             image = self.holds[row]
-            grow = image + 1 - len(self.tokens)
+            grow = image + 1 - len(self.passes)
             for kept in (self.tokens, self.passes, self.commit_pass):
                 kept.extend([None] * grow)
-            self.tokens[image], self.passes[image], self.commit_pass[image] = image_tokens, image_passes, image_commits
+            self.passes[image] = image_passes
+            if self.keep:
+                self.tokens[image], self.commit_pass[image] = image_tokens, image_commits
             self.holds[row] = None
             self.finished += 1
             if self.on_image is not None:
@@ -305,15 +315,17 @@ class RunningBatch:
         """After the last pass: the images still in slots, then every image's tokens [Q, N] and the
         engine's statistics with the per-image ones of the whole queue."""
         self.collect(engine, [row for row, image in enumerate(self.holds) if image is not None])
-        _, stats = engine.finish()
-        tokens = torch.stack(self.tokens)
-        num_tokens = tokens.shape[1]
-        passes = self.passes
+        tokens, stats = engine.finish()
+        num_tokens, passes = tokens.shape[1], self.passes
+        if self.keep:
+            tokens, commit_pass = torch.stack(self.tokens), torch.stack(self.commit_pass).cpu()
+        else:  # handed over, not kept
+            tokens, commit_pass = tokens[:0], stats["commit_pass"][:0]
         return tokens, {
             **stats,
             "forward_passes_per_image": passes,
-            "tokens_per_forward": sum(num_tokens / max(p, 1) for p in passes) / len(passes),
-            "commit_pass": torch.stack(self.commit_pass).cpu(),
+            "tokens_per_forward": sum(num_tokens / max(p, 1) for p in passes) / max(len(passes), 1),
+            "commit_pass": commit_pass,
             "slots": len(self.holds),
             "refills": len(passes) - min(len(self.holds), len(passes)),
             "batch_passes": self.passes_run,
@@ -337,7 +349,7 @@ def running_batch(request) -> RunningBatch | None:
     if request.slots is None:
         return None
     source = request.source or ImageSource(request.cond, request.cond_mask, request.generators)
-    return RunningBatch(source, request.slots, request.on_image)
+    return RunningBatch(source, request.slots, request.on_image, started=request.cond.shape[0])
 
 
 @torch.no_grad()

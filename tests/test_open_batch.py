@@ -74,7 +74,7 @@ def decode_source(model, name, options, source, slots):
     request = Request(
         model, source.cond, PARAMS, list(source.generators), slots=slots, source=source,
         tokenizer=unit_codebook(model.vocab_size, 8, seed=0),
-        on_image=lambda image, tokens, info: handed.append((image, tokens, info["forward_passes"], info["commit_pass"])),
+        on_image=lambda image, tokens, info: handed.append((image, tokens, *info.values())),
     )  # fmt: skip
     tokens, stats = get_method(name).fn(request, **options)
     return tokens, stats, handed

@@ -1,6 +1,8 @@
 """What `visar generate` and `visar demo` say to a user (issue 58): refusals before any work, messages
 that name what the user gave, and a last line that says what `auto` ran and what its choice rests on."""
 
+import sys
+
 import pytest
 
 from visar.apps.cli import main
@@ -97,3 +99,141 @@ def visar_version() -> str:
     import visar
 
     return visar.__version__
+
+
+# -- issue 65: optional dependencies, refused runs, the CLI's own words, the methods of the model ----------------
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("visar: error: ")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_eval_shapes_without_scipy_names_the_extra(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "scipy", None)  # as if not installed: `import scipy` fails
+    monkeypatch.delitem(sys.modules, "visar.eval.detector", raising=False)  # imported afresh, without scipy
+    assert main(["eval", "shapes", "--n", "8"]) == 2
+    assert one_error_line(capsys) == (
+        "visar: error: 'scipy' is not installed: install the eval extra with `pip install -e \".[eval]\"`"
+    )
+
+
+def test_an_optional_import_without_require_names_the_extra_too(monkeypatch, capsys, tmp_path):
+    """scikit-image, imported by the shapes world's backgrounds (no `require` there): the CLI says the same."""
+    from visar.data import shapes
+
+    monkeypatch.setitem(sys.modules, "skimage", None)
+    shapes._background_photos.cache_clear()  # loaded afresh, without scikit-image
+    try:
+        assert main(["eval", "renders", "--n", "4", "--out", str(tmp_path / "renders")]) == 2
+    finally:
+        shapes._background_photos.cache_clear()  # the next test loads them with scikit-image again
+    assert one_error_line(capsys).endswith('install the data extra with `pip install -e ".[data]"`')
+
+
+def test_a_missing_module_that_is_no_extra_keeps_its_traceback(monkeypatch):
+    from visar.apps.commands import models
+
+    def broken(args):
+        import visar_no_such_module  # noqa: F401
+
+    monkeypatch.setattr(models, "run", broken)
+    with pytest.raises(ModuleNotFoundError):  # a bug or a broken install: not said as an extra to install
+        main(["models"])
+
+
+REFUSED = {
+    "unknown method": ["--method", "nosuch"],
+    "masked method on a raster model": ["--method", "maskgit"],
+    "bad option value": ["--method", "mc-sjd", "--opt", "window=abc"],
+    "unknown option": ["--method", "mc-sjd", "--opt", "nosuch=1"],
+}
+
+
+@pytest.mark.parametrize("refusal", REFUSED)
+def test_a_refused_generate_leaves_no_folder(tmp_path, capsys, refusal):
+    out = tmp_path / "new" / "run"  # its parent is made by the run too
+    assert main([*GENERATE, *REFUSED[refusal], "--out", str(out)]) == 2
+    one_error_line(capsys)
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_refused_generate_leaves_a_folder_that_was_there_as_it_was(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main([*GENERATE, "--method", "mc-sjd", "--opt", "window=abc", "--out", str(out)]) == 2
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+T2I = ["generate", "--model", "visar-tiny-t2i", "--quiet"]
+
+
+def test_an_empty_negative_prompt_is_refused_in_the_cli_s_words(tmp_path, capsys):
+    assert main([*T2I, "--prompt", "a red circle", "--negative-prompt", "", "--out", str(tmp_path / "o")]) == 2
+    error = one_error_line(capsys)
+    assert "leave out --negative-prompt" in error and "negative_prompt=None" not in error
+    lines = tmp_path / "prompts.jsonl"
+    lines.write_text('{"prompt": "a red circle", "negative_prompt": ""}\n')
+    assert main([*T2I, "--prompts-file", str(lines), "--out", str(tmp_path / "o")]) == 2
+    error = one_error_line(capsys)
+    assert 'leave out the line\'s "negative_prompt"' in error and "negative_prompt=None" not in error
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_python_api_keeps_its_own_words_for_an_empty_negative_prompt():
+    import visar
+    from visar.errors import VisarError
+
+    pipe = visar.load("visar-tiny-t2i", device="cpu")
+    with pytest.raises(VisarError, match="leave negative_prompt=None"):
+        pipe.generate(prompts=["a red circle"], negative_prompt="", output_type="tokens")
+
+
+def test_an_offline_hub_name_not_cached_says_the_cli_s_way_to_load_a_folder(tmp_path, monkeypatch, capsys):
+    import visar
+    from visar.errors import VisarError
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # empty
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    janus = "deepseek-community/Janus-Pro-1B"
+    assert main(["generate", "--model", janus, "--prompt", "a fox", "--out", str(tmp_path / "o")]) == 2
+    error = one_error_line(capsys)
+    assert "HF_HUB_OFFLINE is set" in error and "--model FOLDER" in error and "visar.load" not in error
+    with pytest.raises(VisarError, match=r"its folder by path: visar\.load\(FOLDER\)"):  # the API's own words
+        visar.load(janus, device="cpu")
+
+
+def test_an_unknown_method_lists_the_methods_of_the_model_only(tmp_path, capsys):
+    import visar
+    from visar.accel import methods_for
+
+    model = "visar-tiny-maskgit-c2i"
+    assert main(["generate", "--model", model, "--method", "nosuch", "--out", str(tmp_path / "o")]) == 2
+    error = one_error_line(capsys)
+    fitting = methods_for(visar.load(model, device="cpu").model)
+    assert f"the methods that decode {model} (a masked model): {', '.join(fitting)} " in error
+    assert "sjd" not in error and "halton" in error
+
+
+def test_a_model_loaded_without_its_tokenizer_is_refused_before_generating(tmp_path, capsys):
+    """--checkpoint without --vq-checkpoint: tokens that could not become images; said at once, in the CLI's words."""
+    import json
+
+    import torch
+
+    from visar.families import get_family
+    from visar.families.llamagen import TINY_MODEL_ARGS
+
+    checkpoint = tmp_path / "tiny.pt"
+    torch.save(get_family("llamagen").build_model(TINY_MODEL_ARGS).state_dict(), checkpoint)
+    model_args = [f"--model-arg={key}={json.dumps(value)}" for key, value in TINY_MODEL_ARGS.items()]
+    out = tmp_path / "o"
+    command = ["generate", "--model", "llamagen", "--checkpoint", str(checkpoint), *model_args, "--class", "1"]
+    assert main([*command, "--method", "ar", "--quiet", "--out", str(out)]) == 2
+    error = one_error_line(capsys)
+    assert "--vq-checkpoint" in error and "vq_checkpoint=" not in error
+    assert not out.exists()

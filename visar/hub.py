@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from .errors import VisarError
 
@@ -36,6 +38,23 @@ CONVERTED = {
 # (diffusers' "fp16" variants) beside the full-precision files visar reads.
 FOLDER_IGNORE = ["*.png", "*.jpg", "*.jpeg", "*.gif", "*.webp", "*.mp4", "*.fp16.*", "*.md"]
 FOLDER_CONFIGS = ("config.json", "model_index.json")
+
+
+class LocalForm(NamedTuple):
+    """The same load from files on disk, as the Python API writes it and as the command line does."""
+
+    api: str
+    cli: str
+
+
+def either_form(local_form: LocalForm | str) -> LocalForm:
+    """A local form given once (words both interfaces read the same) or in both forms."""
+    return local_form if isinstance(local_form, LocalForm) else LocalForm(local_form, local_form)
+
+
+def said_both_ways(sentence: Callable[[str], str], local_form: LocalForm) -> VisarError:
+    """sentence(local form) in the Python API's words, carrying the command line's (`VisarError.cli`)."""
+    return VisarError(sentence(local_form.api), cli=sentence(local_form.cli))
 
 
 def is_hub_name(name: str) -> bool:
@@ -68,15 +87,20 @@ def cache_dir() -> str:
     return hub_module().constants.HF_HUB_CACHE
 
 
-def explain(err: Exception, repo_id: str, filename: str | None, revision: str | None, local_form: str) -> VisarError:
+def explain(
+    err: Exception, repo_id: str, filename: str | None, revision: str | None, local_form: LocalForm
+) -> VisarError:
     """One sentence for a huggingface_hub failure; local_form: the same load from files on disk."""
     errors = hub_module().errors
     where = f"{repo_id}@{revision}" if revision else repo_id
     what = f"{filename} of {where}" if filename else where
     if isinstance(err, errors.GatedRepoError):
-        return VisarError(
-            f"{repo_id} is gated: accept its terms on https://huggingface.co/{repo_id} and log in (`hf auth login` "
-            f"or HF_TOKEN), or download it yourself and load {local_form}"
+        return said_both_ways(
+            lambda local: (
+                f"{repo_id} is gated: accept its terms on https://huggingface.co/{repo_id} and log in "
+                f"(`hf auth login` or HF_TOKEN), or download it yourself and load {local}"
+            ),
+            local_form,
         )
     if isinstance(err, errors.RepositoryNotFoundError):
         here = "" if filename else f", and no folder {repo_id} on this machine"
@@ -85,25 +109,32 @@ def explain(err: Exception, repo_id: str, filename: str | None, revision: str | 
             "the name, or see `visar models` for the names visar knows"
         )
     if isinstance(err, errors.RevisionNotFoundError):
-        return VisarError(
-            f"{repo_id} has no revision {revision!r}: pass an existing branch, tag or commit as revision="
-        )
+        ask = f"{repo_id} has no revision {revision!r}: pass an existing branch, tag or commit as"
+        return VisarError(f"{ask} revision=", cli=f"{ask} --revision")
     if isinstance(err, errors.LocalEntryNotFoundError):
         if offline():
-            return VisarError(
-                f"{what} is not in the Hugging Face cache ({cache_dir()}) and HF_HUB_OFFLINE is set: unset "
-                f"HF_HUB_OFFLINE to download it, or load {local_form}"
+            return said_both_ways(
+                lambda local: (
+                    f"{what} is not in the Hugging Face cache ({cache_dir()}) and HF_HUB_OFFLINE is set: "
+                    f"unset HF_HUB_OFFLINE to download it, or load {local}"
+                ),
+                local_form,
             )
         return unreachable(what, local_form)
     if isinstance(err, (errors.EntryNotFoundError, errors.RemoteEntryNotFoundError)):
-        return VisarError(f"{where} has no file {filename}: check the repository's files, or load {local_form}")
+        return said_both_ways(
+            lambda local: f"{where} has no file {filename}: check the repository's files, or load {local}", local_form
+        )
     return VisarError(f"fetching {what} from the Hugging Face Hub failed ({type(err).__name__}: {err})")
 
 
-def unreachable(what: str, local_form: str) -> VisarError:
-    return VisarError(
-        f"cannot reach the Hugging Face Hub and {what} is not in the cache ({cache_dir()}): connect and retry, "
-        f"or load {local_form}"
+def unreachable(what: str, local_form: LocalForm) -> VisarError:
+    return said_both_ways(
+        lambda local: (
+            f"cannot reach the Hugging Face Hub and {what} is not in the cache ({cache_dir()}): connect "
+            f"and retry, or load {local}"
+        ),
+        local_form,
     )
 
 
@@ -124,11 +155,12 @@ def hub_answers(repo_id: str, filename: str, revision: str | None) -> bool:
     return True
 
 
-def fetch_file(repo_id: str, filename: str, revision: str | None = None, local_form: str = "") -> Path:
+def fetch_file(repo_id: str, filename: str, revision: str | None = None, local_form: LocalForm | str = "") -> Path:
     """One file of a Hub repository, from huggingface_hub's cache (downloaded first unless offline).
-    A file not cached yet is fetched only after one quick request finds the Hub answering (`hub_answers`)."""
+    A file not cached yet is fetched only after one quick request finds the Hub answering (`hub_answers`).
+    local_form: the same load from files on disk, for the messages (in both interfaces' words, or one)."""
     hub = hub_module()
-    local_form = local_form or f"the file itself ({filename}) by path"
+    local_form = either_form(local_form or f"the file itself ({filename}) by path")
     if not offline() and not isinstance(cached_file(repo_id, filename, revision), str):
         if not hub_answers(repo_id, filename, revision):
             where = f"{repo_id}@{revision}" if revision else repo_id
@@ -157,7 +189,7 @@ def fetch_folder(repo_id: str, revision: str | None = None, allow_patterns: list
     """
     hub = hub_module()
     repo_id = CONVERTED.get(repo_id, repo_id)
-    local_form = "its folder by path: visar.load(FOLDER)"
+    local_form = LocalForm("its folder by path: visar.load(FOLDER)", "its folder by path: --model FOLDER")
     if not offline():
         for config in FOLDER_CONFIGS:
             try:

@@ -131,21 +131,20 @@ def load(
     embedded = registry.embedded_models()
     generic = registry.generic_names()
     if revision is not None and not (name in registry.OFFICIAL_PRESETS or hub.is_hub_name(name)):
-        raise VisarError(f"revision= picks a version of a Hub repository; {name!r} is not a Hub name nor a preset")
+        what = f"picks a version of a Hub repository; {name!r} is not a Hub name nor a preset"
+        raise VisarError(f"revision= {what}", cli=f"--revision {what}")
     if text_encoder is not None and not (name in registry.OFFICIAL_PRESETS or name in generic):
-        raise VisarError(
-            f"text_encoder= names the T5 encoder of a text-to-image LlamaGen preset or `llamagen`; {name!r} is neither"
-        )
+        what = f"names the T5 encoder of a text-to-image LlamaGen preset or `llamagen`; {name!r} is neither"
+        raise VisarError(f"text_encoder= {what}", cli=f"--text-encoder {what}")
     if name in embedded or registry.is_model_folder(Path(name)):
         folder = embedded.get(name, Path(name))
         pipe = load_folder(folder, checkpoint=checkpoint, vq_checkpoint=vq_checkpoint, model_args=model_args)
     elif name in registry.OFFICIAL_PRESETS or name in generic:
         pipe = load_official(name, checkpoint, vq_checkpoint, model_args, vq_args, revision, text_encoder)
     elif Path(name).exists():
+        what = f"{name} is not a model folder (no config.json, nor a diffusers model_index.json); for a checkpoint file"
         raise VisarError(
-            f"{name} is not a model folder (no config.json, nor a diffusers model_index.json); for a checkpoint "
-            "file use "
-            "visar.load('<preset>', checkpoint=...)"
+            f"{what} use visar.load('<preset>', checkpoint=...)", cli=f"{what} use --model PRESET --checkpoint FILE"
         )
     elif hub.is_hub_name(name):
         folder = hub.fetch_folder(name, revision)
@@ -168,9 +167,15 @@ def fetch_release(name: str, preset, vq_checkpoint, revision):
     """A preset's released checkpoint (and its tokenizer, unless given) from its Hub repository."""
     if preset is None or preset.hub_files is None:
         note = f"{preset.release_note}; " if preset is not None and preset.release_note else ""
-        raise VisarError(f"{note}{name} needs the checkpoint file: visar.load({name!r}, checkpoint=PATH, ...)")
+        raise VisarError(
+            f"{note}{name} needs the checkpoint file: visar.load({name!r}, checkpoint=PATH, ...)",
+            cli=f"{note}{name} needs the checkpoint file: --model {name} --checkpoint FILE ...",
+        )
     model_file, tokenizer_file = preset.hub_files
-    local = f"by path: visar.load({name!r}, checkpoint=PATH, vq_checkpoint=PATH)"
+    local = hub.LocalForm(
+        f"by path: visar.load({name!r}, checkpoint=PATH, vq_checkpoint=PATH)",
+        f"by path: --model {name} --checkpoint FILE --vq-checkpoint FILE",
+    )
     checkpoint = hub.fetch_file(preset.hub_repo, model_file, revision, local)
     if vq_checkpoint is None:
         vq_checkpoint = hub.fetch_file(preset.hub_repo, tokenizer_file, revision, local)
@@ -184,7 +189,10 @@ def load_official(name, checkpoint, vq_checkpoint, model_args, vq_args, revision
     if checkpoint is None:
         checkpoint, vq_checkpoint = fetch_release(name, presets.get(name), vq_checkpoint, revision)
     elif revision is not None:
-        raise VisarError("revision= picks the Hub version of a preset's files; with checkpoint= the files are yours")
+        raise VisarError(
+            "revision= picks the Hub version of a preset's files; with checkpoint= the files are yours",
+            cli="--revision picks the Hub version of a preset's files; with --checkpoint the files are yours",
+        )
     if name in presets:
         preset = presets[name]
         family = get_family(preset.family)
@@ -193,7 +201,10 @@ def load_official(name, checkpoint, vq_checkpoint, model_args, vq_args, revision
     else:
         family = registry.generic_names()[name]
         if model_args is None:
-            raise VisarError(f"visar.load({name!r}, ...) needs model_args= (the official constructor arguments)")
+            raise VisarError(
+                f"visar.load({name!r}, ...) needs model_args= (the official constructor arguments)",
+                cli=f"--model {name} needs the official constructor arguments, each as --model-arg KEY=VALUE",
+            )
         preset_args, defaults, tokenizer_args = model_args, {}, vq_args or {}
     if vq_args is not None and family.args_from_tokenizer is not None:
         preset_args = family.args_from_tokenizer(model_args or {}, preset_args, tokenizer_args)
@@ -219,7 +230,8 @@ def prompt_encoder(family: Family, model, preset, text_encoder):
     text_model = model.condition_layout.kind == "text"
     if text_encoder is not None:
         if family.load_text_encoder is None or not text_model:
-            raise VisarError("text_encoder= is for text-to-image models; this one is class-conditional")
+            what = "is for text-to-image models; this one is class-conditional"
+            raise VisarError(f"text_encoder= {what}", cli=f"--text-encoder {what}")
         return family.load_text_encoder(text_encoder, model)
     default = preset.text_encoder if preset is not None else None
     if default is None or family.load_text_encoder is None or not text_model:
@@ -248,10 +260,8 @@ def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None, model_args=No
     family = folder_family(config)
     if family.load_folder is not None:
         if checkpoint is not None or vq_checkpoint is not None:
-            raise VisarError(
-                f"{folder} is a Hugging Face (transformers or diffusers) folder: its weights load from it, not from "
-                "checkpoint="
-            )
+            what = f"{folder} is a Hugging Face (transformers or diffusers) folder: its weights load from it, not from"
+            raise VisarError(f"{what} checkpoint=", cli=f"{what} --checkpoint / --vq-checkpoint")
         parts = family.load_folder(folder, model_args)
         return Pipeline(
             parts.model, parts.tokenizer, name=folder.name, defaults=parts.defaults, text_encoder=parts.text_encoder

@@ -13,8 +13,8 @@ import json
 import os
 from pathlib import Path
 
-from .errors import VisarError
-from .families import generic_names, official_presets
+from .errors import VisarError, install_command
+from .families import FAMILIES, folder_formats, generic_names, official_presets, original_names
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 
@@ -80,6 +80,39 @@ def describe_models() -> list[tuple[str, str]]:
     rows += [(name, read_config(folder).get("description", "")) for name, folder in embedded_models().items()]
     rows += [(p.name, p.description) for p in OFFICIAL_PRESETS.values()]
     rows += [(name, family.generic_description) for name, family in generic_names().items()]
+    return rows
+
+
+def describe_families() -> list[tuple[str, str, str]]:
+    """(title, what of it loads, the folders it reads) of every family a registration lists (`Family.title`),
+    from the registrations: its kind, its embedded models, its presets and the repositories their files come
+    from, its generic name, the Hub repositories of its folders visar knows (with the original names that
+    fetch them) and the extra it needs."""
+    embedded: dict[str, list[str]] = {}
+    for name, folder in embedded_models().items():
+        embedded.setdefault(read_config(folder).get("family", ""), []).append(name)
+    rows = []
+    listed = [family for family in FAMILIES.values() if family.title is not None]
+    # visar's own dependencies first, then the families an extra brings; by title within each
+    for family in sorted(listed, key=lambda family: (family.extra is not None, family.title.casefold())):
+        parts = [f"{family.model_kind} models"]
+        if embedded.get(family.name):
+            parts.append(f"embedded {', '.join(embedded[family.name])}")
+        if family.official_presets:
+            presets = list(family.official_presets.values())
+            repos = sorted({p.hub_repo for p in presets if p.hub_repo})
+            where = f"files from {', '.join(repos)}" if repos else "files by path"
+            parts.append(f"{len(presets)} presets, below ({where})")
+        if family.generic_name:
+            parts.append(f"any checkpoint: --model {family.generic_name} --checkpoint FILE")
+        if family.hub_names:
+            originals = original_names(family)
+            plural = "s" if len(originals) > 1 else ""
+            also = f" (also by the original name{plural} {', '.join(originals)})" if originals else ""
+            parts.append(f"Hub {', '.join(family.hub_names)}{also}")
+        if family.extra:
+            parts.append(f"needs `{install_command(family.extra)}`")
+        rows.append((family.title, "; ".join(parts), folder_formats(family)))
     return rows
 
 

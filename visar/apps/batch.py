@@ -95,8 +95,28 @@ def check_negative_prompts(pipe, items: list[Item]):
     cannot encode) before a run writes anything: each distinct one is encoded once, as generate would."""
     distinct = sorted({item.negative_prompt for item in items if item.negative_prompt is not None})
     for first in range(0, len(distinct), 64):
-        group = distinct[first : first + 64]
-        pipe.negative_condition(group, len(group))
+        check_negatives(pipe, distinct[first : first + 64], 'leave out the line\'s "negative_prompt"')
+
+
+def check_negatives(pipe, negatives: list[str], leave_out: str):
+    """Negative prompts encoded as generate encodes them, so that what it would refuse is refused now. An empty
+    one that the model's encoder refuses for being empty (visar's caption encoder: no words to attend to, while
+    one word passes) is said in the command line's words: `leave_out`, what the user drops for the model's own
+    unconditional branch (the Python API's sentence says negative_prompt=None)."""
+    try:
+        pipe.negative_condition(negatives, len(negatives))
+    except VisarError as err:
+        worded = [text if text.split() else "a" for text in negatives]
+        if worded == negatives:
+            raise
+        try:
+            pipe.negative_condition(worded, len(worded))
+        except VisarError:
+            raise err from err.__cause__  # refused for another reason than the empty one
+        raise VisarError(
+            "an empty negative prompt cannot be encoded by this model's caption encoder (it has no words): give it "
+            f"some words, or {leave_out} for the model's own null caption"
+        ) from err
 
 
 def check_folder(folder, where: str) -> str:
@@ -297,6 +317,33 @@ def forget_settings_without_images(out: Path):
         settings.unlink()
 
 
+def topmost_missing(path: Path) -> Path | None:
+    """The outermost folder of `path` (itself included) that does not exist yet; None when it exists."""
+    missing = None
+    for folder in [path, *path.parents]:
+        if folder.exists():
+            break
+        missing = folder
+    return missing
+
+
+def undo_imageless_run(out: Path, made: Path | None):
+    """What a run that finished no image wrote goes: its settings.json (`forget_settings_without_images`),
+    then, where this run made OUT (with its parents up to `made`), every folder left empty."""
+    if out.is_dir():
+        forget_settings_without_images(out)
+    if made is None:
+        return
+    folders = sorted((p for p in out.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+    for folder in [*folders, out, *out.parents]:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: an image or a file of someone else's stays, and so do the folders above
+            return
+        if folder == made:
+            return
+
+
 def run_batch(
     pipe,
     items: list[Item],
@@ -326,10 +373,18 @@ def run_batch(
     generate_kwargs = dict(generate_kwargs)
     jobs, fixed = image_jobs(out, items, total, seed, generate_kwargs.pop("negative_prompt", None))
     settings = batch_settings(pipe, items, method, seed, identity)
-    prepare_output(out, jobs, settings, processes)
-    counts = generate_share(
-        pipe, out, jobs, fixed, method, batch_size, generate_kwargs, processes, progress and processes.rank == 0
-    )
+    made = topmost_missing(out)  # the folder this run makes (None: OUT was there)
+    try:
+        prepare_output(out, jobs, settings, processes)
+        counts = generate_share(
+            pipe, out, jobs, fixed, method, batch_size, generate_kwargs, processes, progress and processes.rank == 0
+        )
+    except BaseException:
+        # A run refused before its first image (a method option's value is checked by the method itself, at
+        # its first call) leaves nothing behind. One process only: under torchrun the others may still write.
+        if processes.world == 1:
+            undo_imageless_run(out, made)
+        raise
     processes.barrier()  # every process's images and records are written
     all_counts = processes.gather(counts)
     if processes.rank != 0:

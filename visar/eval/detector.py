@@ -43,7 +43,6 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from scipy import ndimage
 
 from visar.data.shapes import (
     BACKGROUND_LUMA_RANGE,
@@ -57,6 +56,9 @@ from visar.data.shapes import (
     shape_and_color,
     shape_coverage,
 )
+from visar.errors import require
+
+ndimage = require("scipy.ndimage", "eval")
 
 FOREGROUND_DISTANCE = 40.0  # RGB distance from the background model above which a pixel is an object
 _BACKGROUND_LUMA_MARGIN = 8.0  # renders stay inside BACKGROUND_LUMA_RANGE; degradations may not

@@ -21,10 +21,12 @@ from .family import (
     Family,
     FolderParts,
     OfficialPreset,
+    folder_formats,
     generic_names,
     get_family,
     hf_family,
     official_presets,
+    original_names,
     register_family,
 )
 
@@ -33,9 +35,11 @@ __all__ = [
     "Family",
     "FolderParts",
     "OfficialPreset",
+    "folder_formats",
     "generic_names",
     "get_family",
     "hf_family",
     "official_presets",
+    "original_names",
     "register_family",
 ]

@@ -67,7 +67,8 @@ def load_options(model_args: dict | None) -> dict:
     options = {**LOAD_OPTIONS, **(model_args or {})}
     unknown = sorted(set(options) - set(LOAD_OPTIONS))
     if unknown:
-        raise VisarError(f"unknown model_args {unknown} for an aMUSEd folder; known: {sorted(LOAD_OPTIONS)}")
+        what = f"{unknown} for an aMUSEd folder; known: {sorted(LOAD_OPTIONS)}"
+        raise VisarError(f"unknown model_args {what}", cli=f"unknown --model-arg {what}")
     return options
 
 
@@ -166,7 +167,8 @@ def build_text_encoder(text_encoder_args: dict) -> ClipPromptIds:
 
 
 def load_weights_elsewhere(module, path, source: str):
-    raise VisarError(f"{source}: an aMUSEd model loads from its diffusers folder, weights included: visar.load(FOLDER)")
+    loads = f"{source}: an aMUSEd model loads from its diffusers folder, weights included:"
+    raise VisarError(f"{loads} visar.load(FOLDER)", cli=f"{loads} --model FOLDER")
 
 
 TINY_MODEL_ARGS = dict(
@@ -190,6 +192,9 @@ register_family(
         tiny_model_args=TINY_MODEL_ARGS,
         tiny_tokenizer_args=tiny_vq_config(),
         pipeline_classes=PIPELINE_CLASSES,
+        title="aMUSEd",
+        hub_names=("amused/amused-256", "amused/amused-512"),
+        extra="hf",
         load_folder=load_folder,
         build_text_encoder=build_text_encoder,
     )

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..errors import VisarError
+from ..errors import VisarError, install_command
+from ..hub import CONVERTED
 
 WeightLoader = Callable[[nn.Module, "str | os.PathLike", str], nn.Module]
 
@@ -57,6 +58,12 @@ class Family:
     tiny_tokenizer_args: dict
     generic_name: str | None = None  # visar.load(generic_name, checkpoint=, model_args=) for any size
     generic_description: str = ""
+    # What `visar models` says of it: the name its authors give it (None: not listed, as a registration whose
+    # folders load through another one), the Hub repositories holding its folders that visar knows (beside
+    # its presets' files; any other of the family loads too), and the extra of pyproject.toml it needs.
+    title: str | None = None
+    hub_names: tuple[str, ...] = ()
+    extra: str | None = None
     # Families over a transformers model: the architectures it loads (config.json "architectures",
     # for `recognises` and error messages), `load_folder(folder, model_args)` for a save_pretrained
     # folder, and a prompt encoder (`build_text_encoder(text_encoder_args)`, tiny args for the tests).
@@ -130,7 +137,8 @@ def transformers_module():
         import transformers
     except ImportError as err:
         raise VisarError(
-            f"Hugging Face models need transformers: pip install 'visar-ar[hf]' ({TESTED_TRANSFORMERS})"
+            f"Hugging Face models need transformers: install the hf extra with `{install_command('hf')}` "
+            f"({TESTED_TRANSFORMERS})"
         ) from err
     return transformers
 
@@ -145,9 +153,25 @@ def diffusers_module():
         import diffusers
     except ImportError as err:
         raise VisarError(
-            f"aMUSEd models need diffusers: pip install 'visar-ar[hf]' ({TESTED_DIFFUSERS}, {TESTED_TRANSFORMERS})"
+            f"aMUSEd models need diffusers: install the hf extra with `{install_command('hf')}` ({TESTED_DIFFUSERS}, "
+            f"{TESTED_TRANSFORMERS})"
         ) from err
     return diffusers
+
+
+def original_names(family: Family) -> list[str]:
+    """The original-format repositories whose conversion is one of the family's Hub names (`hub.CONVERTED`):
+    a load by one of them fetches the conversion."""
+    return [original for original, converted in CONVERTED.items() if converted in family.hub_names]
+
+
+def folder_formats(family: Family) -> str:
+    """The folders the family reads: transformers ones by architecture, diffusers pipelines by class, else visar's."""
+    if family.architectures:
+        return f"folders whose config.json names {', '.join(family.architectures)} (transformers)"
+    if family.pipeline_classes:
+        return f"diffusers pipeline folders of {', '.join(family.pipeline_classes)}"
+    return f'visar folders whose config.json says "family": "{family.name}"'
 
 
 def official_presets() -> dict[str, OfficialPreset]:

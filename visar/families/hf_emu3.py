@@ -81,7 +81,8 @@ def build_emu3(hf_model, processor, options: dict) -> tuple[HFEmu3, HFPromptEnco
     """The adapter and its prompt encoder, for the load options (see the module docstring)."""
     unknown = sorted(set(options) - set(LOAD_OPTIONS))
     if unknown:
-        raise VisarError(f"unknown model_args {unknown} for an Emu3 folder; known: {list(LOAD_OPTIONS)}")
+        what = f"{unknown} for an Emu3 folder; known: {list(LOAD_OPTIONS)}"
+        raise VisarError(f"unknown model_args {what}", cli=f"unknown --model-arg {what}")
     max_prompt_tokens = int(options.get("max_prompt_tokens", DEFAULT_MAX_PROMPT_TOKENS))
     saved_area = getattr(hf_model.config, "image_area", None)  # the original Emu3 configs' size, if the folder has one
     size = {} if saved_area is None else {"image_area": int(saved_area)}
@@ -118,9 +119,8 @@ def load_folder(folder: os.PathLike, model_args: dict | None = None) -> FolderPa
 
 
 def load_weights_elsewhere(module, path, source: str):
-    raise VisarError(
-        f"{source}: an Emu3 model loads from its transformers folder, weights included: visar.load(FOLDER)"
-    )
+    loads = f"{source}: an Emu3 model loads from its transformers folder, weights included:"
+    raise VisarError(f"{loads} visar.load(FOLDER)", cli=f"{loads} --model FOLDER")
 
 
 # -- a tiny random Emu3, for the tests (tests/test_conformance.py, tests/test_hf_emu3.py) ------------
@@ -254,6 +254,9 @@ register_family(
         tiny_model_args=dict(config=tiny_config(), image_vocab=8, **TINY_OPTIONS),
         tiny_tokenizer_args=tiny_vq_config(),
         architectures=ARCHITECTURES,
+        title="Emu3",
+        hub_names=("BAAI/Emu3-Gen-hf",),
+        extra="hf",
         load_folder=load_folder,
         build_text_encoder=build_text_encoder,
         tiny_text_encoder_args=dict(image_vocab=8, max_prompt_tokens=16, image_area=TINY_IMAGE_AREA),

@@ -60,9 +60,8 @@ def build_tokenizer(tokenizer_args: dict) -> HFVQTokenizer:
 
 
 def load_weights_elsewhere(module, path, source: str):
-    raise VisarError(
-        f"{source}: a Janus model loads from its transformers folder, weights included: visar.load(FOLDER)"
-    )
+    loads = f"{source}: a Janus model loads from its transformers folder, weights included:"
+    raise VisarError(f"{loads} visar.load(FOLDER)", cli=f"{loads} --model FOLDER")
 
 
 def load_folder(folder: os.PathLike, model_args: dict | None = None) -> FolderParts:
@@ -72,7 +71,8 @@ def load_folder(folder: os.PathLike, model_args: dict | None = None) -> FolderPa
     options = dict(model_args or {})
     max_prompt_tokens = int(options.pop("max_prompt_tokens", DEFAULT_MAX_PROMPT_TOKENS))
     if options:
-        raise VisarError(f"unknown model_args {sorted(options)} for a Janus folder; known: ['max_prompt_tokens']")
+        what = f"{sorted(options)} for a Janus folder; known: ['max_prompt_tokens']"
+        raise VisarError(f"unknown model_args {what}", cli=f"unknown --model-arg {what}")
     hf_model = transformers.JanusForConditionalGeneration.from_pretrained(
         folder, dtype=torch.float32, attn_implementation="sdpa", local_files_only=True
     )
@@ -202,6 +202,9 @@ register_family(
         tiny_model_args=TINY_MODEL_ARGS,
         tiny_tokenizer_args=tiny_vq_config(),
         architectures=ARCHITECTURES,
+        title="Janus-Pro",
+        hub_names=("deepseek-community/Janus-Pro-1B", "deepseek-community/Janus-Pro-7B"),
+        extra="hf",
         load_folder=load_folder,
         build_text_encoder=build_text_encoder,
         tiny_text_encoder_args={"max_prompt_tokens": 16},

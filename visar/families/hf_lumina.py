@@ -70,6 +70,15 @@ class Version:
     vq_files: tuple[str, ...]  # in vq_repo; a folder holding them by base name serves too
 
 
+# The release repositories (1.0's sizes, then 2.0), as `visar models` lists them; their folders load by Hub name.
+HUB_NAMES = (
+    "Alpha-VLLM/Lumina-mGPT-7B-512",
+    "Alpha-VLLM/Lumina-mGPT-7B-768",
+    "Alpha-VLLM/Lumina-mGPT-7B-1024",
+    "Alpha-VLLM/Lumina-mGPT-34B-512",
+    "Alpha-VLLM/Lumina-mGPT-2.0",
+)
+
 VERSIONS = {
     1: Version(
         1,
@@ -207,8 +216,10 @@ def text_tokenizer(folder: Path, version: Version, options: dict):
     if source is None and version.tokenizer_repo is not None:
         source = version.tokenizer_repo
     if source is None:
+        missing = f"{folder} has no text tokenizer (tokenizer.json): pass"
         raise VisarError(
-            f"{folder} has no text tokenizer (tokenizer.json): pass model_args={{'text_tokenizer': FOLDER_OR_HUB_NAME}}"
+            f"{missing} model_args={{'text_tokenizer': FOLDER_OR_HUB_NAME}}",
+            cli=f"{missing} --model-arg text_tokenizer=FOLDER_OR_HUB_NAME",
         )
     if not Path(str(source)).is_dir():
         if not hub.is_hub_name(str(source)):
@@ -224,7 +235,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 def fetch_tokenizer(repo_id: str) -> Path:
     """A Hub repository's tokenizer files only (a release repository also holds 14 GB of weights)."""
-    local = f"model_args={{'text_tokenizer': FOLDER}} with {', '.join(TOKENIZER_FILES)}"
+    files = ", ".join(TOKENIZER_FILES)
+    local = hub.LocalForm(
+        f"model_args={{'text_tokenizer': FOLDER}} with {files}", f"--model-arg text_tokenizer=FOLDER with {files}"
+    )
     paths = [hub.fetch_file(repo_id, name, None, local) for name in TOKENIZER_FILES]
     try:  # optional: older tokenizers keep their special tokens here
         hub.fetch_file(repo_id, "special_tokens_map.json", None, local)
@@ -274,7 +288,8 @@ def vq_files(folder: Path, version: Version, options: dict) -> list[Path]:
             return [Path(place) / n for n in names]
     if options.get("vq") is not None:
         raise VisarError(f"vq {options['vq']}: expected a folder holding {', '.join(names)}")
-    local = f"model_args={{'vq': FOLDER}} with {', '.join(names)}"
+    files = ", ".join(names)
+    local = hub.LocalForm(f"model_args={{'vq': FOLDER}} with {files}", f"--model-arg vq=FOLDER with {files}")
     return [hub.fetch_file(version.vq_repo, f, None, local) for f in version.vq_files]
 
 
@@ -380,7 +395,8 @@ def load_folder(folder: os.PathLike, model_args: dict | None = None) -> FolderPa
     folder, options = Path(folder), dict(model_args or {})
     unknown = sorted(set(options) - set(LOAD_OPTIONS))
     if unknown:
-        raise VisarError(f"unknown model_args {unknown} for a Lumina-mGPT folder; known: {list(LOAD_OPTIONS)}")
+        what = f"{unknown} for a Lumina-mGPT folder; known: {list(LOAD_OPTIONS)}"
+        raise VisarError(f"unknown model_args {what}", cli=f"unknown --model-arg {what}")
     config = read_config(folder)
     version = VERSIONS[lumina_version(config, options)]
     size = image_size(options, release_size(folder, version.number))
@@ -392,7 +408,8 @@ def load_folder(folder: os.PathLike, model_args: dict | None = None) -> FolderPa
 
 
 def load_weights_elsewhere(module, path, source: str):
-    raise VisarError(f"{source}: a Lumina-mGPT model loads from its release folder or Hub name: visar.load(FOLDER)")
+    loads = f"{source}: a Lumina-mGPT model loads from its release folder or Hub name:"
+    raise VisarError(f"{loads} visar.load(FOLDER)", cli=f"{loads} --model FOLDER")
 
 
 # -- tiny random Lumina-mGPTs, for the tests (tests/test_conformance.py, tests/test_hf_lumina.py) -------------
@@ -527,6 +544,9 @@ for number, name in ((1, "hf-lumina-mgpt"), (2, "hf-lumina-mgpt-2")):
             tiny_model_args=tiny_model_args(number, *((64, 64) if number == 1 else (32, 32))),
             tiny_tokenizer_args=tiny_vq_params(levels=5 if number == 1 else 4, spatial=number == 2),
             architectures=ARCHITECTURES if number == 1 else (),
+            title="Lumina-mGPT 1.0 and 2.0" if number == 1 else None,
+            hub_names=HUB_NAMES if number == 1 else (),
+            extra="hf",
             load_folder=load_folder if number == 1 else None,
             build_text_encoder=build_text_encoder,
             tiny_text_encoder_args=tiny_model_args(number, *((64, 64) if number == 1 else (32, 32))),

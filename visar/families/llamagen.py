@@ -109,7 +109,7 @@ def official_presets() -> dict[str, OfficialPreset]:
         for px, tokens in ((256, 256), (384, 576)):
             name = f"llamagen-{size.lower()}-c2i-{px}"
             released = C2I_FILES.get((size, px))
-            where = f"{released} + vq_ds16_c2i.pt from {C2I_REPO}" if released else "no release: checkpoint= required"
+            where = f"{released} + vq_ds16_c2i.pt from {C2I_REPO}" if released else "no release: --checkpoint FILE"
             presets[name] = OfficialPreset(
                 name,
                 "llamagen",
@@ -128,7 +128,7 @@ def official_presets() -> dict[str, OfficialPreset]:
             name,
             "llamagen",
             f"LlamaGen GPT-XL text-to-image {px}px ({T2I_FILES[px]} + vq_ds16_t2i.pt from {T2I_REPO}; prompts "
-            f"through {T5_ENCODER}, fetched on first use, or caption_embeds= [B, 120, 2048])",
+            f"through {T5_ENCODER}, fetched on first use)",
             preset_config("GPT-XL", "t2i", tokens).to_dict(),
             vq16,
             {"guidance_scale": 7.5, "temperature": 1.0, "top_k": None, "top_p": 1.0},
@@ -157,8 +157,9 @@ register_family(
         tiny_model_args=TINY_MODEL_ARGS,
         tiny_tokenizer_args=TINY_TOKENIZER_ARGS,
         generic_name="llamagen",
-        generic_description="any LlamaGen checkpoint: pass checkpoint=, model_args= (official ModelArgs), vq_*; "
-        "t2i: text_encoder= (a T5 folder or Hub name) for prompts",
+        title="LlamaGen",
+        generic_description="any LlamaGen checkpoint: --checkpoint FILE, the official ModelArgs as --model-arg "
+        "KEY=VALUE, --vq-checkpoint FILE; t2i: --text-encoder (a T5 folder or Hub name) for prompts",
         load_text_encoder=load_text_encoder,
     )
 )

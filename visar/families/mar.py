@@ -128,8 +128,9 @@ register_family(
         tiny_model_args=TINY_MODEL_ARGS,
         tiny_tokenizer_args=TINY_TOKENIZER_ARGS,
         generic_name="mar",
-        generic_description="any MAR checkpoint: pass checkpoint=, model_args= (the official MAR constructor "
-        "arguments), vae_checkpoint=, vae_args=",
+        title="MAR",
+        generic_description="any MAR checkpoint: --checkpoint FILE, the official MAR constructor arguments as "
+        "--model-arg KEY=VALUE, --vq-checkpoint FILE (the KL VAE)",
         check_tokenizer=check_tokenizer,
     )
 )

@@ -48,5 +48,6 @@ register_family(
         official_presets={},
         tiny_model_args=TINY_MODEL_ARGS,
         tiny_tokenizer_args=TINY_TOKENIZER_ARGS,
+        title="MaskGIT (visar's own)",
     )
 )

@@ -110,9 +110,9 @@ register_family(
         tiny_model_args=TINY_MODEL_ARGS,
         tiny_tokenizer_args=TINY_TOKENIZER_ARGS,
         generic_name="var",
-        generic_description="any VAR checkpoint: pass checkpoint=, model_args= (official VAR constructor "
-        "arguments), vq_checkpoint=, vq_args= (VQVAE arguments, ch, ch_mult: the vocabulary size and latent width "
-        "come from them)",
+        title="VAR",
+        generic_description="any VAR checkpoint: --checkpoint FILE, the official VAR constructor arguments as "
+        "--model-arg KEY=VALUE, --vq-checkpoint FILE (the VQVAE: the vocabulary size and latent width come from it)",
         args_from_tokenizer=args_from_tokenizer,
     )
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...errors import VisarError
+from ...errors import VisarError, require
 from .common import add_model_args, compile_kwargs, load_pipeline, parse_option
 
 DESCRIPTION = " ".join(
@@ -116,6 +116,8 @@ def run(args) -> int:
     from ...eval.bench import bench, markdown_table, write_bench_report, write_report
     from ...eval.throughput import method_size
 
+    if args.quality_n:  # the detector's and the Frechet distance's, said before anything is timed
+        require("scipy", "eval")
     pipe = load_pipeline(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     options: dict[str, dict] = {}

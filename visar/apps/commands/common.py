@@ -81,7 +81,25 @@ def load_pipeline(args):
     )
     if hasattr(args, "method"):  # the sampling flags' --method: unset or "auto" resolved as generate does
         args.method = pipe.resolve_method(args.method)
+        check_method(pipe, args.method, dict(parse_option(o) for o in args.opt))
     return pipe.compile(**compile_kwargs(args)) if args.compile else pipe
+
+
+def check_method(pipe, method: str, options: dict):
+    """The method, its option names and the model's kind checked before a command writes anything, as generate
+    would check them; an unknown method is said with the methods that decode this model (not every kind's).
+    Option values are the method's own to check, at its first call."""
+    from ...accel import METHODS, methods_for
+    from ...models.base import model_kind
+
+    if method not in METHODS:
+        kind = model_kind(pipe.model)
+        raise VisarError(
+            f"unknown method {method!r}; the methods that decode {pipe.name} (a {kind} model): "
+            f"{', '.join(methods_for(pipe.model))} (`visar methods` lists every kind's)"
+        )
+    METHODS[method].check_options(options)  # in generate's order (visar.pipeline.runs.checked_method)
+    METHODS[method].check_model(pipe.model, pipe.name)
 
 
 def compile_kwargs(args) -> dict:
@@ -147,9 +165,11 @@ def add_negative_prompt_arg(parser: argparse.ArgumentParser):
 
 def check_negative_prompt(pipe, args):
     """--negative-prompt refused (class-conditional model, an empty one the encoder cannot encode, too long)
-    before a run writes anything, with the sentence generate would raise."""
+    before a run writes anything, with the sentence generate would raise (in the CLI's words)."""
+    from ..batch import check_negatives
+
     if getattr(args, "negative_prompt", None) is not None:
-        pipe.negative_condition(args.negative_prompt, 1)
+        check_negatives(pipe, [args.negative_prompt], "leave out --negative-prompt")
 
 
 def run_settings(pipe, args) -> dict:

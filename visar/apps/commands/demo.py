@@ -10,7 +10,7 @@ from ...errors import VisarError
 def add_parser(subparsers):
     parser = subparsers.add_parser(
         "demo",
-        help="a Gradio page: the reference decoding and a method side by side (pip install 'visar-ar[demo]')",
+        help='a Gradio page: the reference decoding and a method side by side (pip install -e ".[demo]")',
         description="Serve a Gradio page that samples one class or prompt with the reference decoding of the "
         "model's kind (plain AR for raster models) and with a chosen method "
         "on the same seed and shows both images, forward passes, step compression, wall time, speed-up, "

@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ...errors import VisarError
+from ...errors import VisarError, require
 from .common import (
     add_model_args,
     add_negative_prompt_arg,
@@ -68,6 +68,7 @@ def run_shapes(args) -> int:
     from ...eval.samples import write_json_atomic
     from ...eval.shapes_eval import evaluate_shapes, ground_truth_scores
 
+    require("scipy", "eval")  # the detector's, said before the model loads
     pipe = load_pipeline(args)
     options = dict(parse_option(o) for o in args.opt)
     if args.batch_size < 1:
@@ -116,7 +117,7 @@ def add_fid_parser(subparsers):
         "near-tie that another batch shape's rounding flips; complete "
         "files are kept). Writes OUT/samples/000000.png ..., OUT/config.json, OUT/samples.npz (arr_0, uint8 "
         "[N, H, W, 3], the ADM evaluator's format) and, with --ref, OUT/metrics.json, using torch-fidelity "
-        "(pip install 'visar-ar[eval]').",
+        '(pip install -e ".[eval]").',
     )
     add_model_args(parser)
     add_sampling_args(parser)
@@ -162,9 +163,13 @@ def add_fid_parser(subparsers):
 
 
 def run_fid(args) -> int:
-    from ...eval.fid import evaluate_fid, format_metrics, parse_shard, read_prompts
+    from ...eval.fid import SHAPES, evaluate_fid, format_metrics, parse_shard, read_prompts
 
     shard = parse_shard(args.shard)
+    if args.ref is not None and shard == (0, 1):  # the metrics' modules, said before any image is generated
+        require("torch_fidelity", "eval")
+        if args.feature_extractor == SHAPES:  # its features come with the detector's
+            require("scipy", "eval")
     if args.ref is None and shard == (0, 1) and args.images is None:
         print("no --ref given: the sample set and its .npz are written, no metrics", file=sys.stderr)
     metric_kwargs = dict(
@@ -294,6 +299,8 @@ def run_geneval(args) -> int:
     pipe = load_pipeline(args)
     check_negative_prompt(pipe, args)
     score = args.score if args.score is not None else pipe.name in embedded_models()
+    if score:  # the detector's, said before any image is generated
+        require("scipy", "eval")
     record = evaluate_geneval(
         pipe,
         args.out,

@@ -126,6 +126,8 @@ def run(args) -> int:
         items, total = read_command_items(pipe, args)
         check_negative_prompt(pipe, args)
         check_negative_prompts(pipe, items)
+        if pipe.tokenizer is None:  # its tokens could not become images: said before any folder is made
+            raise VisarError(f"{pipe.name} was loaded without its tokenizer: give it with --vq-checkpoint FILE")
         identity = run_settings(pipe, args)
         stats = run_batch(
             pipe,

@@ -13,7 +13,7 @@ def add_parser(subparsers):
         help='a Gradio page: the reference decoding and a method side by side (pip install -e ".[demo]")',
         description="Serve a Gradio page that samples one class or prompt with the reference decoding of the "
         "model's kind (plain AR for raster models) and with a chosen method "
-        "on the same seed and shows both images, forward passes, step compression, wall time, speed-up, "
+        "on the same seed and shows both images, forward passes, step compression, sampling time, speed-up, "
         "whether the method is lossless, and when each token was committed. Binds 127.0.0.1 unless --host "
         "says otherwise; --share (a public Gradio link) is off by default.",
     )

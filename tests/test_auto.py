@@ -328,3 +328,25 @@ def test_acceptance_is_pooled_by_slot_index_over_lists_of_different_lengths():
     pooled = acceptance_columns([stats([10, 8], [6, 4]), stats([10, 8, 6, 4], [9, 6, 3, 0]), stats([], [])])
     assert pooled["acceptance_by_slot"] == [15 / 20, 10 / 16, 3 / 6, 0.0]
     assert pooled["acceptance_rate"] == 28 / 46
+
+
+@pytest.mark.one_thread  # the same tokens on a repeated call: bits
+def test_deterministic_auto_settles_its_choice_before_any_image_and_repeats_it(monkeypatch, tmp_path):
+    """generate(method="auto", deterministic=True) from an empty cache chooses one candidate before any
+    image counts (its tuning on throwaway images), decodes every image with it, says which, and a
+    repeated call (the choice now kept) gives the same tokens: those of the candidate named."""
+    monkeypatch.setenv("VISAR_CACHE", str(tmp_path))
+    auto.forget_tunings()
+    pipe = tiny_pipeline("llamagen")
+    kwargs = dict(class_labels=[1, 2, 3], seed=4, output_type="tokens", deterministic=True)
+    handed = {}
+    first = pipe.generate(method="auto", on_image=lambda i, tokens, info: handed.update({i: info["auto"]}), **kwargs)
+    spec = first.stats["auto"]
+    assert " + " not in spec and "throwaway" in first.stats["auto_reason"] and handed == {0: spec, 1: spec, 2: spec}
+    auto.forget_tunings()  # a new process: the choice read from disk
+    again = pipe.generate(method="auto", **kwargs)
+    assert again.stats["auto"] == spec and "throwaway" not in again.stats["auto_reason"]
+    name, _, size = spec.partition(":")
+    named = pipe.generate(method=name, **({"budget": int(size)} if size else {}), **kwargs)
+    assert torch.equal(first.tokens, again.tokens) and torch.equal(first.tokens, named.tokens)
+    auto.forget_tunings()

@@ -392,3 +392,70 @@ def test_two_gloo_processes_write_the_files_of_one(sjd_reference, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((out / "stats.json").read_text())["processes"] == 2
     assert files_of(out) == files_of(sjd_reference)
+
+
+def stop_after_pngs(monkeypatch, images: int):
+    """A ^C as the (images + 1)-th PNG is written, as a user stops a run part-way."""
+    real_save, calls = Image.Image.save, []
+
+    def save(image, fp, *args, **kwargs):
+        calls.append(fp)
+        if len(calls) > images:
+            raise KeyboardInterrupt
+        return real_save(image, fp, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, "save", save)
+
+
+@pytest.mark.slow  # six runs of auto, two of them tuning from an empty cache (40 s)
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "one-thread"])
+@pytest.mark.parametrize("tuned_by", ["full", "part"])
+def test_an_auto_run_resumed_writes_the_files_of_an_uninterrupted_one(deterministic, tuned_by, tmp_path, monkeypatch):
+    """Issue 68's commands: `auto` (the default method) from an empty cache, one run whole and one
+    stopped after 2 images and resumed, write the same bytes whichever run tuned: the run settles its
+    choice before its first image and records it in settings.json, where a resume reads it. Before,
+    the tuning run decoded its first images with each candidate in turn and the other with the winner."""
+    monkeypatch.setenv("VISAR_CACHE", str(tmp_path / "cache"))  # empty: the first run tunes
+    classes = tmp_path / "classes.txt"
+    classes.write_text("1\n2\n3\n")
+    args = ["generate", "--model", "default", "--quiet", "--classes-file", str(classes), "--n", "4"]
+    args += ["--deterministic"] if deterministic else []
+    full, part = tmp_path / "full", tmp_path / "part"
+
+    def cut_and_resume():
+        with monkeypatch.context() as stopped:
+            stop_after_pngs(stopped, 2)
+            assert main([*args, "--out", str(part)]) == 130
+        assert len(list(part.glob("*.png"))) == 2
+        assert main([*args, "--out", str(part)]) == 0
+
+    if tuned_by == "part":
+        cut_and_resume()
+    assert main([*args, "--out", str(full)]) == 0
+    if tuned_by == "full":
+        cut_and_resume()
+    assert files_of(full) == files_of(part)
+    choice = json.loads((full / "settings.json").read_text())["auto_choice"]
+    records = [json.loads(line) for line in (full / "images.jsonl").read_text().splitlines()]
+    assert len(records) == 12 and {(r["method"], r["auto"]) for r in records} == {("auto", choice)}
+
+
+@pytest.mark.slow  # torchrun starts two interpreters, which tune auto from an empty cache (about 20 s)
+def test_two_gloo_processes_running_auto_write_the_files_of_one(tmp_path):
+    """A torchrun world settles auto once (process 0 tunes, every process decodes with its choice),
+    and a later one-process run, the tuning then kept, writes the same files."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VISAR_CACHE": str(tmp_path / "cache")}
+    args = ["generate", "--model", "default", "--quiet", "--class", "1", "2", "3", "-n", "4", "--deterministic"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "visar"]
+    world = subprocess.run(
+        [*command, *args, "--out", str(tmp_path / "world")], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert world.returncode == 0, world.stderr[-3000:]
+    one = subprocess.run(
+        [sys.executable, "-m", "visar", *args, "--out", str(tmp_path / "one")], capture_output=True, text=True,
+        timeout=600, env=env,
+    )  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert json.loads((tmp_path / "world" / "stats.json").read_text())["processes"] == 2
+    assert "auto_choice" in json.loads((tmp_path / "one" / "settings.json").read_text())
+    assert files_of(tmp_path / "world") == files_of(tmp_path / "one")

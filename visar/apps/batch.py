@@ -43,6 +43,8 @@ from ..eval.samples import (
     check_run_config,
     generate_missing,
     is_complete_png,
+    recorded_choice,
+    settled_method,
     write_atomic,
     write_error,
     write_json_atomic,
@@ -375,10 +377,16 @@ def run_batch(
     settings = batch_settings(pipe, items, method, seed, identity)
     made = topmost_missing(out)  # the folder this run makes (None: OUT was there)
     try:
-        prepare_output(out, jobs, settings, processes)
-        counts = generate_share(
-            pipe, out, jobs, fixed, method, batch_size, generate_kwargs, processes, progress and processes.rank == 0
+        decoding, generate_kwargs, choice = settled_choice(
+            pipe, out, jobs, method, batch_size, generate_kwargs, processes
         )
+        settings |= choice
+        prepare_output(out, jobs, settings, processes)
+        per_image = {"method": method} | ({"auto": choice["auto_choice"]} if choice else {})
+        counts = generate_share(
+            pipe, out, jobs, fixed, decoding, batch_size, generate_kwargs, processes, progress and processes.rank == 0,
+            per_image,
+        )  # fmt: skip
     except BaseException:
         # A run refused before its first image (a method option's value is checked by the method itself, at
         # its first call) leaves nothing behind. One process only: under torchrun the others may still write.
@@ -390,6 +398,18 @@ def run_batch(
     if processes.rank != 0:
         return None
     return write_records_and_stats(pipe, out, settings, total, all_counts, batch_size, processes.world)
+
+
+def settled_choice(pipe, out: Path, jobs: list[SampleJob], method: str, batch_size: int, kwargs: dict, processes):
+    """`auto` made one candidate for the whole run before its first image (`settled_method`): the one a
+    resumed run's settings.json records, else process 0's choice, which every process takes -> (the
+    method to decode with, generate_kwargs for it, {"auto_choice": ...} for settings.json, or {})."""
+    first = [job.condition for job in jobs[:batch_size]]
+    recorded = recorded_choice(out / SETTINGS_FILE)
+    if processes.rank == 0:
+        recorded = settled_method(pipe, method, first, batch_size, kwargs, recorded)[2].get("auto_choice")
+    recorded = processes.gather(recorded)[0]
+    return settled_method(pipe, method, first, batch_size, kwargs, recorded)
 
 
 def batch_settings(pipe, items: list[Item], method: str, seed: int, identity: dict) -> dict:
@@ -445,9 +465,11 @@ def generate_share(
     generate_kwargs: dict,
     processes: Processes,
     progress: bool,
+    per_image: dict,
 ) -> dict:
-    """This process's share of the images (every world-th from its rank) that OUT lacks, each recorded
-    in the process's own partial records file once its PNG is written -> the counts, with wall_s."""
+    """This process's share of the images (every world-th from its rank) that OUT lacks, decoded with
+    `method`, each recorded (with `per_image`: the run's method, and auto's choice) in the process's own
+    partial records file once its PNG is written -> the counts, with wall_s."""
     total = len(jobs)
     mine = jobs[processes.rank :: processes.world]
     done = read_records(out)
@@ -463,7 +485,7 @@ def generate_share(
         return job.path in kept
 
     if processes.rank == 0:  # this process's share; one line, --quiet or not
-        say_resuming(out, len(kept), len(mine), generate_kwargs.get("deterministic", False))
+        say_resuming(out, len(kept), len(mine), generate_kwargs.get("deterministic", False), per_image.get("auto"))
     partial = out / f".records-{processes.rank}-{os.getpid()}-{time.time_ns()}.jsonl"
     start = time.perf_counter()
     try:
@@ -471,7 +493,7 @@ def generate_share(
 
             def on_image(job: SampleJob, image_stats: dict):
                 g = by_path[job.path]
-                log.write(json.dumps({**fixed[g], "method": method, **image_stats}) + "\n")
+                log.write(json.dumps({**fixed[g], **per_image, **image_stats}) + "\n")
                 log.flush()  # one line per image, after its PNG: a killed run loses at most that image
 
             counts = generate_missing(
@@ -494,8 +516,9 @@ def generate_share(
     return counts
 
 
-def say_resuming(out: Path, done: int, share: int, deterministic: bool):
-    """One line when a run resumes: what is kept, and whether the rest are the bits of one run."""
+def say_resuming(out: Path, done: int, share: int, deterministic: bool, auto: str | None = None):
+    """One line when a run resumes: what is kept, and whether the rest are the bits of one run (auto:
+    the candidate settings.json records, which decodes every image of the run)."""
     if done == 0 or done == share:
         return
     bits = (
@@ -504,6 +527,8 @@ def say_resuming(out: Path, done: int, share: int, deterministic: bool):
         else "new draws of the same law: bit-identical to an uninterrupted run only on a CPU at one torch thread "
         "(--deterministic: on any device and batch size)"
     )
+    if auto:
+        bits += f"; auto decodes every image with {auto}, the choice settings.json records"
     print(f"resuming {out}: {done} of {share} images kept; the other {share - done} are {bits}", file=sys.stderr)
 
 

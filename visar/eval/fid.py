@@ -45,6 +45,8 @@ from .samples import (
     check_run_config,
     generate_missing,
     is_complete_png,
+    recorded_choice,
+    settled_method,
     write_atomic,
     write_json_atomic,
     writing,
@@ -539,17 +541,22 @@ def evaluate_fid(
         ident = run_identity(pipe, {"method": method, "seed": seed, **(identity or {})}, prompts)
         start = time.perf_counter()
         with writing(out):
-            check_run_config(out / "config.json", ident)
+            config = out / "config.json"
+            first = [job.condition for job in jobs[:batch_size]]
+            decoding, kwargs, choice = settled_method(
+                pipe, method, first, batch_size, generate_kwargs or {}, recorded_choice(config)
+            )
+            check_run_config(config, {**ident, **choice})
             stats = generate_missing(
                 pipe,
                 jobs,
-                method=method,
+                method=decoding,
                 batch_size=batch_size,
                 progress=progress,
                 desc=f"eval fid {method}",
-                **(generate_kwargs or {}),
+                **kwargs,
             )
-        record.update(model=pipe.name, method=method, n=n, shard=f"{shard[0]}/{shard[1]}", **stats)
+        record.update(model=pipe.name, method=method, n=n, shard=f"{shard[0]}/{shard[1]}", **stats, **choice)
         record["generation_s"] = time.perf_counter() - start
         if shard != (0, 1):
             return record

@@ -34,7 +34,16 @@ from numbers import Integral
 from pathlib import Path
 
 from ..errors import VisarError
-from .samples import SampleJob, check_run_config, generate_missing, write_atomic, write_json_atomic, writing
+from .samples import (
+    SampleJob,
+    check_run_config,
+    generate_missing,
+    recorded_choice,
+    settled_method,
+    write_atomic,
+    write_json_atomic,
+    writing,
+)
 
 SHIPPED_METADATA = Path(__file__).resolve().parents[1] / "data" / "geneval_shapes_metadata.jsonl"
 GENEVAL_RELATIONS = ("left of", "right of", "above", "below")
@@ -277,20 +286,26 @@ def evaluate_geneval(
     }
     jobs = geneval_jobs(out, entries, n_samples, seed)
     with writing(out):
-        check_run_config(out / "config.json", run)
+        config = out / "config.json"
+        first = [job.condition for job in jobs[:batch_size]]
+        decoding, kwargs, choice = settled_method(
+            pipe, method, first, batch_size, generate_kwargs or {}, recorded_choice(config)
+        )
+        check_run_config(config, {**run, **choice})
         write_prompt_metadata(out, entries)
         stats = generate_missing(
             pipe,
             jobs,
-            method=method,
+            method=decoding,
             batch_size=batch_size,
             progress=progress,
             desc=f"eval geneval {method}",
-            **(generate_kwargs or {}),
+            **kwargs,
         )
     record = {
         "model": pipe.name,
         "method": method,
+        **choice,
         "metadata": str(metadata_path),
         "n_prompts": len(entries),
         "n_samples": n_samples,

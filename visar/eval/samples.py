@@ -130,6 +130,32 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_atomic(path, lambda file: file.write(text.encode()))
 
 
+def settled_method(pipe, method: str, first: list, batch_size: int, generate_kwargs: dict, recorded: str | None = None):
+    """A run's method, with `auto` settled before its first image, so that which candidate decodes an
+    image depends on no timing made while the run goes (a resumed run decodes its images as an
+    uninterrupted one): `recorded`, the choice of the run it resumes, else `Pipeline.settle_auto` over
+    the run's first conditions `first` (class ids or prompts; the winner kept on this machine, or a
+    tuning on throwaway images) -> (method to decode with, generate_kwargs for it, what to record:
+    {"auto_choice": "mc-sjd:8"}, or {} for another method or a kind of model that runs no auto)."""
+    if method != "auto" or pipe.resolve_method(method) != "auto":
+        return method, generate_kwargs, {}
+    if recorded is None:
+        key = "class_labels" if pipe.is_class_conditional else "prompts"
+        kwargs = {k: v for k, v in generate_kwargs.items() if k not in ("progress", "output_type")}
+        recorded, _ = pipe.settle_auto(**{key: first[:batch_size]}, batch_size=min(batch_size, len(first)), **kwargs)
+    name, _, size = recorded.partition(":")
+    kwargs = {k: v for k, v in generate_kwargs.items() if k not in get_method("auto").options}  # its candidates
+    return name, kwargs | ({"budget": int(size)} if size else {}), {"auto_choice": recorded}
+
+
+def recorded_choice(config: Path) -> str | None:
+    """The auto choice a run's config file records (None: none, or no readable file)."""
+    try:
+        return json.loads(config.read_text()).get("auto_choice")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None  # check_run_config says what is wrong with a file that is there
+
+
 def check_run_config(path: Path, identity: dict) -> None:
     """Record what makes a run's images what they are, or check a resumed run matches it.
 

@@ -14,6 +14,7 @@ import math
 
 from ..errors import VisarError
 from ..progress import progress_bar
+from .samples import settled_method
 
 
 def caption_metadata(n: int) -> list[dict]:
@@ -49,6 +50,9 @@ def evaluate_shapes(
     if n < 1:
         raise VisarError("--n must be >= 1")
     conditions = shapes_conditions(pipe, n)
+    opening = [c if pipe.is_class_conditional else c["prompt"] for c in conditions[:batch_size]]
+    # auto settled before the first image: every image decoded by one candidate, named in the record
+    decoding, generate_kwargs, choice = settled_method(pipe, method, opening, batch_size, generate_kwargs)
     rows = []
     for first in progress_bar(
         range(0, n, batch_size), enabled=progress, desc=f"eval shapes {method}", unit="batch", leave=True
@@ -56,13 +60,13 @@ def evaluate_shapes(
         chunk = conditions[first : first + batch_size]
         if pipe.is_class_conditional:
             out = pipe.generate(
-                class_labels=chunk, method=method, seed=seed + first, output_type="np", **generate_kwargs
+                class_labels=chunk, method=decoding, seed=seed + first, output_type="np", **generate_kwargs
             )
             rows += [{"correct": score_class(detect(img), label)} for img, label in zip(out.images, chunk, strict=True)]
         else:
             out = pipe.generate(
                 prompts=[m["prompt"] for m in chunk],
-                method=method,
+                method=decoding,
                 seed=seed + first,
                 output_type="np",
                 **generate_kwargs,
@@ -70,7 +74,7 @@ def evaluate_shapes(
             for img, meta in zip(out.images, chunk, strict=True):
                 correct, _ = score_geneval(detect(img), meta)
                 rows.append({"tag": meta["tag"], "correct": correct})
-    record = {"model": pipe.name, "method": method, "n": n}
+    record = {"model": pipe.name, "method": method, "n": n, **choice}
     if pipe.is_class_conditional:
         record["accuracy"] = sum(r["correct"] for r in rows) / n
     else:

@@ -44,6 +44,7 @@ from .runs import (
     method_request,
     resolve_method,
     second_model,
+    settle_auto,
 )
 
 
@@ -67,12 +68,8 @@ class Pipeline:
         self.defaults = {"guidance_scale": 1.0, "temperature": 1.0, "top_k": None, "top_p": 1.0, **(defaults or {})}
         self.class_names = class_names
         self.text_encoder = text_encoder
-        # The recipe the model was trained by (config.json "recipe"), for evaluations that compare
-        # with its training data; the pipeline itself does not read it.
-        self.recipe = dict(recipe or {})
-        # torch.compile options each pass of a pass-loop engine runs under (`compile(whole_passes=True)`);
-        # None: eager passes
-        self.compile_options: dict | None = None
+        self.recipe = dict(recipe or {})  # config.json's "recipe", for evaluations; the pipeline does not read it
+        self.compile_options: dict | None = None  # each engine pass's torch.compile options (None: eager)
 
     def compile(self, *, whole_passes: bool = False, **compile_kwargs) -> Pipeline:
         """torch.compile the generator's forward in place (compile_kwargs to torch.compile, `dynamic=False`
@@ -145,10 +142,10 @@ class Pipeline:
         **method_options,
     ) -> GenerationOutput:
         """Generate `num_images_per_prompt` images (default 1) per class label / prompt with `method` (None:
-        plain sampling; "auto": the fastest lossless method here, timed on the first calls' own images) and
+        plain sampling; "auto": the fastest lossless method here, timed on the first calls' own images, or
+        chosen before any image with deterministic=True, stats["auto"] naming it) and
         `method_options` for it; sampling settings left None take the model's defaults (`self.defaults`).
-        Every argument, the seeds, the stats and what is guaranteed: docs/GENERATE.md, "`Pipeline.generate`";
-        bad input raises one VisarError."""
+        Every argument, the seeds, the stats, the guarantees: docs/GENERATE.md; bad input: one VisarError."""
         check_output_type(output_type)
         method, decoding_method = checked_method(self.model, self.name, method, method_options)
         params = self.sampling_params(guidance_scale, temperature, top_k, top_p)
@@ -177,6 +174,10 @@ class Pipeline:
         """A running batch of `slots` that images join while it decodes (visar.pipeline.open_batch); settings:
         output_type, kv_keep, progress, the sampling settings and the method's options."""
         return OpenBatch(self, method, slots, **settings)
+
+    def settle_auto(self, class_labels=None, prompts=None, **generate_kwargs) -> tuple[str, str] | None:
+        """auto's choice for a run of such generate calls, made before any image (pipeline/runs.py settle_auto)."""
+        return settle_auto(self, class_labels, prompts, **generate_kwargs)
 
     def check_kv_keep(self, kv_keep) -> float:
         return check_kv_keep(self.model, self.name, kv_keep)

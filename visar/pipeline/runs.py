@@ -20,10 +20,11 @@ from torch import Tensor
 from ..accel import Request, get_method, reference_method
 from ..accel.core.method_registry import consecutive_batches, hand_over_images
 from ..accel.core.sampling import SamplingParams
+from ..accel.policy.auto import settled
 from ..errors import VisarError
 from ..models.base import model_kind
 from ..models.outputs import output_maps
-from .conditions import ImageConditions
+from .conditions import ImageConditions, image_conditions, image_generators
 
 
 def out_of_memory(err: Exception, batch: int, method: str, device: torch.device) -> VisarError:
@@ -110,11 +111,14 @@ def decode_images(model, run: Run, slots: int | None, deterministic: bool, on_im
     (a method that refills), or in consecutive batches of `slots` (the others, ar among them: its
     slots all free at once) -> tokens and stats in the output's shapes; on_image gets each image as
     it is done (a running batch), as its batch is (consecutive batches, one image alone), or all at the end."""
+    settled = {}
+    if deterministic and run.name == "auto":  # its choice made first: each image's bits then hold
+        run, settled = settled_run(model, run, slots, deterministic)
     running = slots is not None and run.method.refills and not deterministic
     try:
         with deterministic_algorithms(model.device, deterministic):
             if deterministic:  # one image a batch: every model call has the shapes of its decode alone
-                tokens, stats = run_batches(model, run, 1, image_done(model, on_image))
+                tokens, stats = run_batches(model, run, 1, image_done(model, on_image, settled))
             elif running:
                 request = replace(run.request, slots=slots, on_image=image_callback(model, on_image))
                 tokens, stats = run_method(model, run._replace(request=request))
@@ -128,9 +132,49 @@ def decode_images(model, run: Run, slots: int | None, deterministic: bool, on_im
         images = run.request.cond.shape[0]
         raise out_of_memory(err, 1 if deterministic else slots or images, run.name, model.device) from err
     tokens, stats["commit_pass"] = output_maps(model, tokens, stats["commit_pass"])
+    stats |= settled
     if on_image is not None and slots is None and not deterministic:
         hand_over_images(on_image, 0, tokens, stats)
     return tokens, stats
+
+
+def settled_run(model, run: Run, slots: int | None, deterministic: bool) -> tuple[Run, dict]:
+    """`auto` made the named candidate it chooses for calls like this one before any of their images
+    counts (`auto.settled`: the winner kept for the key these calls decode under, each image alone when
+    deterministic, else `slots` or all at a time; else one timed on throwaway images of the call's first
+    conditions) -> the candidate's run, and stats naming it ({"auto", "auto_reason"})."""
+    count = 1 if deterministic else slots or run.request.cond.shape[0]
+    probe = replace(
+        run.request.images(0, count),
+        slots=None if deterministic or slots is None else count,
+        images_runner=partial(run_images, model, negative_rows(run.negative, 0, count)),
+    )
+    candidate, why = settled(probe, **run.options)
+    choice = run._replace(method=get_method(candidate.method), options=dict(candidate.options))
+    return choice, {"auto": candidate.spec, "auto_reason": why}
+
+
+def settle_auto(pipe, class_labels=None, prompts=None, *, batch_size=None, deterministic=False, **generate_kwargs):
+    """`auto`'s choice for a run of `generate` calls like generate(class_labels / prompts, batch_size=,
+    deterministic=, **generate_kwargs), made before any of its images (`settled_run`) -> (candidate spec,
+    e.g. "mc-sjd:8", and why); None where auto is not what the model runs (a kind other than raster).
+    The conditions are the run's first ones (throwaway images of them are timed where nothing is kept)."""
+    sampling = {k: generate_kwargs.pop(k, None) for k in ("guidance_scale", "temperature", "top_k", "top_p")}
+    negative_prompt, kv_keep = generate_kwargs.pop("negative_prompt", None), generate_kwargs.pop("kv_keep", 1.0)
+    name, method = checked_method(pipe.model, pipe.name, "auto", generate_kwargs)
+    if name != "auto":
+        return None
+    images = image_conditions(pipe, class_labels, prompts, None, None, negative_prompt, 1)
+    slots = None if batch_size is None else min(batch_size, images.count)
+    request = method_request(
+        pipe.model, pipe.tokenizer, images, pipe.sampling_params(**sampling), image_generators(None, 0, images), False,
+        kv_keep=check_kv_keep(pipe.model, pipe.name, kv_keep),
+        compile_passes=pipe.compile_options if pipe.is_compiled else None,
+    )  # fmt: skip
+    _, note = settled_run(
+        pipe.model, Run(method, request, images.negative, None, generate_kwargs), slots, deterministic
+    )
+    return note["auto"], note["auto_reason"]
 
 
 def run_method(model, run: Run):
@@ -165,15 +209,15 @@ def negative_rows(negative: tuple[Tensor, Tensor] | None, start: int, stop: int)
     return None if negative is None else tuple(x[start:stop] for x in negative)
 
 
-def image_done(model, on_image):
+def image_done(model, on_image, note: dict | None = None):
     """A batch of one image's (index, tokens, stats) -> on_image(index, its output tokens, info), as a
-    running batch hands an image over (None without on_image)."""
+    running batch hands an image over (None without on_image); note: stats to add (auto's settled choice)."""
     if on_image is None:
         return None
 
     def hand_over(index, tokens, stats):
         tokens, commit_pass = output_maps(model, tokens, stats["commit_pass"])
-        hand_over_images(on_image, index, tokens, {**stats, "commit_pass": commit_pass})
+        hand_over_images(on_image, index, tokens, {**stats, "commit_pass": commit_pass, **(note or {})})
 
     return hand_over
 

@@ -276,6 +276,37 @@ def auto(request: Request, *, candidates: str = DEFAULT_CANDIDATES) -> tuple[Ten
     }
 
 
+def settled(request: Request, *, candidates: str = DEFAULT_CANDIDATES) -> tuple[Candidate, str]:
+    """The candidate a run decodes every image with, chosen before any of its images counts: the winner
+    kept for the request's key (even where an AR step now takes another time), else the walk timed on
+    throwaway images (the request's conditions under scratch generators, rounds as `auto` times them,
+    kept on disk as ever) until the winner is known. Which candidate decodes a run's image then depends
+    on no timing made during the run, so a resumed or deterministic run decodes its images as an
+    uninterrupted one -> (candidate, why)."""
+    ladder = {c.spec: c for c in parse_candidates(candidates)}
+    specs = list(ladder)
+    key = tuning_key(request, specs)
+    # a winner once kept stays the settled choice (no AR-step probe that could time it again): the
+    # choice is a record, as a run's settings.json is
+    tuning = _TUNINGS.get(request.model, {}).get(key) or kept_tuning(cost_store.entry_name(request.model, key), specs)
+    if tuning is None or tuning.winner(specs) is None:
+        tuning = tuning_for(request, specs)
+    scratch, device, tuned_images = scratch_request(request), torch.device(str(request.model.device)), 0
+    queue = request.cond.shape[0]
+    while (spec := tuning.next_candidate(specs)) is not None:
+        stop, candidate = round_images(request, queue), ladder[spec]
+        clock = synchronized_clock(device)
+        run_images(scratch, candidate.method, candidate.options, 0, stop)
+        if request.compile_passes is None or spec in tuning.warm:  # a compiled first round compiles: untimed
+            tuning.record(spec, stop, synchronized_clock(device) - clock)
+            tuned_images += stop
+        tuning.warm.add(spec)
+    why = reason(tuning, specs, 0)
+    if tuned_images:
+        why = f"tuned on {tuned_images} throwaway images before the run: {why}"
+    return ladder[tuning.fastest()], why
+
+
 def round_images(request: Request, left: int) -> int:
     """The images a timed round decodes: the call's batch (each image of a batch decoded at once), a
     running batch's slots, LEAST_IMAGES at one slot (fewer when fewer are left)."""

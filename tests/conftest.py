@@ -48,7 +48,7 @@ if SHAPE_NOISE:
 
     def _linear_by_shape(input, weight, bias=None):
         out = _linear(input, weight, bias)
-        if torch.compiler.is_compiling():  # a traced pass keeps its graph (tests/test_compile.py)
+        if torch.compiler.is_compiling():  # a traced pass keeps its graph (tests/accel/raster/test_compile.py)
             return out
         if torch.get_num_threads() == 1 or out.dim() < 2 or not out.is_floating_point():
             return out
@@ -105,6 +105,62 @@ def fixtures_dir(family: str) -> Path:
     if not folder.is_dir():
         pytest.fail(f"compatibility fixtures not found at {folder}: they are part of the repository (tests/fixtures)")
     return folder
+
+
+def load_tool(name: str):
+    """tools/<name>.py as a module (tools/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def file_bytes(folder: Path, leave_out=(), pattern: str = "**/*") -> dict[str, bytes]:
+    """Every file under `folder` matching `pattern` (hidden ones too), but those named in `leave_out`
+    -> its bytes, by its path relative to `folder`: two runs wrote the same files when these are equal."""
+    folder = Path(folder)
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.glob(pattern))
+        if p.is_file() and p.name not in leave_out
+    }
+
+
+def run_output_bytes(folder: Path, leave_out=()) -> dict[str, bytes]:
+    """`file_bytes` of a command's output folder with the folder's own path (which GenEval's
+    results.jsonl names its images by) written as OUT: runs into two folders compare equal."""
+    return {name: data.replace(str(folder).encode(), b"OUT") for name, data in file_bytes(folder, leave_out).items()}
+
+
+@pytest.fixture
+def last_error(capsys):
+    """() -> the last line a command wrote to stderr ("" when it wrote none); reads capsys, so what was
+    captured before is gone."""
+
+    def read() -> str:
+        lines = capsys.readouterr().err.strip().splitlines()
+        return lines[-1] if lines else ""
+
+    return read
+
+
+@pytest.fixture(scope="module")
+def model16():
+    """A tiny LlamaGen of 4 x 4 tokens, vocabulary 32 (tests/laws.py): several windows per image, and
+    images of one batch that finish at different passes."""
+    from laws import tiny_llamagen
+
+    return tiny_llamagen(vocab=32, block_size=16, seed=3, std=0.3)
+
+
+@pytest.fixture(scope="module")
+def model16_vocab16():
+    """`model16`'s 4 x 4 grid on a vocabulary of 16 (the draft-tree tests' model)."""
+    from laws import tiny_llamagen
+
+    return tiny_llamagen(vocab=16, block_size=16, seed=3, std=0.3)
 
 
 @pytest.fixture

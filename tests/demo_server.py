@@ -1,4 +1,4 @@
-"""What the tests of `visar demo` share (tests/test_demo.py, tests/test_commands.py): the demo extra,
+"""What the tests of `visar demo` share (tests/apps/test_demo.py, tests/apps/test_commands.py): the demo extra,
 a free port, and a demo server started, awaited and stopped."""
 
 import os

@@ -44,6 +44,12 @@ def lay_out_folder(cache: Path, repo_id: str, folder: Path, revision: str = "mai
     return lay_out(cache, repo_id, files, revision)
 
 
+def lay_out_files(cache: Path, repo_id: str, folder: Path, names: list[str], revision: str = "main") -> Path:
+    """The files `names` of `folder` (a release folder holding more than one repository's files) as
+    the repository's files, each under its own name."""
+    return lay_out(cache, repo_id, {name: Path(folder) / name for name in names}, revision)
+
+
 def listing(cache: Path) -> list[str]:
     """Every path under the cache, to check that a failed load wrote nothing."""
     return sorted(str(p.relative_to(cache)) for p in Path(cache).rglob("*"))

@@ -7,6 +7,8 @@ family's tiny pipeline, a tiny MAR, and tiny random Janus, Emu3 (transformers) a
 transformers / diffusers before they call a builder that needs one (tests/conftest.py says when a skip
 is allowed), so importing this module needs neither.
 
+Running batches: an open image source whose later images join between given passes.
+
 Exact laws: the law of a model small enough to enumerate (vocabulary 6 and 2 x 2 image tokens is
 1,296 sequences) is computed by scoring every sequence with the model, teacher-forced, through the
 shared distribution function (`logits_to_probs`); a method's draws are compared with it by
@@ -23,6 +25,7 @@ from scipy.stats import chisquare
 import visar
 from visar.accel import Request, get_method
 from visar.accel.core.sampling import SamplingParams, cfg_mix, logits_to_probs, make_generators, split_cfg
+from visar.accel.raster.pass_loop import ImageSource
 from visar.families import FAMILIES
 from visar.loading import resolve_dtype, seeded_init
 from visar.models.llamagen import LlamaGen, LlamaGenConfig
@@ -178,6 +181,31 @@ def random_amused(seed: int, std: float = 0.3):
         transformer=transformer,
         scheduler=diffusers.AmusedScheduler(mask_token_id=8),
     )
+
+
+# -- running batches ---------------------------------------------------------------------------------------
+
+
+class JoinsBetweenPasses(ImageSource):
+    """An open source (`pass_loop.ImageSource`) whose later images are added before given passes (the
+    loop asks its count once before each pass): `conditions(images: range) -> (cond [R], generators)`
+    makes images `images`; `joins` is {pass: images added before it}, and the source closes after
+    the last addition. `asked` counts the loop's questions."""
+
+    def __init__(self, conditions, first: int, joins: dict[int, int]):
+        cond, generators = conditions(range(first))
+        super().__init__(cond, None, generators, closed=False)
+        self.conditions, self.joins, self.asked = conditions, dict(joins), 0
+
+    def count(self) -> int:
+        self.asked += 1
+        if self.asked in self.joins:
+            have = len(self.generators)
+            cond, generators = self.conditions(range(have, have + self.joins.pop(self.asked)))
+            self.add(cond, None, generators)
+            if not self.joins:
+                self.close()
+        return super().count()
 
 
 # -- exact laws ---------------------------------------------------------------------------------------------

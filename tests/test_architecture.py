@@ -315,7 +315,10 @@ def imported_test_modules(source: str) -> set[str]:
 def test_no_test_module_imports_another():
     """A test module imported by another runs twice under two names and ties the files together:
     what tests share lives in a helper module (tests/laws.py for the tiny models and exact laws)."""
-    found = {path.name: imported_test_modules(path.read_text()) for path in sorted(TESTS.glob("test_*.py"))}
+    found = {
+        path.relative_to(TESTS).as_posix(): imported_test_modules(path.read_text())
+        for path in sorted(TESTS.rglob("test_*.py"))
+    }
     assert {name: sorted(modules) for name, modules in found.items() if modules} == {}
 
 

@@ -21,7 +21,7 @@
 #
 # --dry-run: the same steps on the CPU at tiny sizes (a 0.04 M random model, batch 1 and 2, one
 # compiled cell with the eager backend, a few tests of each run), in about two minutes on a busy
-# 2-core CPU; tests/test_device_check.py runs it (slow tier).
+# 2-core CPU; tests/tools/test_device_check.py runs it (slow tier).
 set -uo pipefail
 
 DRY=0
@@ -121,13 +121,13 @@ XDIST=()
 if [ $DRY -eq 0 ] && python3 -c "import xdist" 2>/dev/null; then XDIST=(-n 4); fi
 
 if [ $DRY -eq 1 ]; then
-    run_tests suite-fp32 120 VISAR_TEST_DEVICE=cpu -- -m "not slow" tests/test_device.py tests/test_readbacks.py \
-        -k "counter or randomness or uniforms or keys or noise"
-    run_tests suite-bf16 120 VISAR_TEST_DEVICE=cpu VISAR_TEST_DTYPES=bf16 -- tests/test_conformance.py \
+    run_tests suite-fp32 120 VISAR_TEST_DEVICE=cpu -- -m "not slow" tests/accel/core/test_device.py \
+        tests/eval/test_readbacks.py -k "counter or randomness or uniforms or keys or noise"
+    run_tests suite-bf16 120 VISAR_TEST_DEVICE=cpu VISAR_TEST_DTYPES=bf16 -- tests/accel/test_method_conformance.py \
         -k "test_method_on_every_family and llamagen and mc-sjd"
-    run_tests exact-law 120 VISAR_TEST_DEVICE=cpu VISAR_TEST_LAW_SAMPLES=2000 -- -m slow tests/test_conformance.py \
-        -k "exact_settings and gsd"
-    run_tests lumina-bf16 120 VISAR_TEST_DEVICE=cpu VISAR_TEST_DTYPES=bf16 -- tests/test_conformance.py \
+    run_tests exact-law 120 VISAR_TEST_DEVICE=cpu VISAR_TEST_LAW_SAMPLES=2000 -- -m slow \
+        tests/accel/test_method_conformance.py -k "exact_settings and gsd"
+    run_tests lumina-bf16 120 VISAR_TEST_DEVICE=cpu VISAR_TEST_DTYPES=bf16 -- tests/accel/test_method_conformance.py \
         -k "test_method_on_every_family and lumina and mc-sjd"
     run_bench $(($(date +%s) + 60)) --model tiny --modes eager --batches 1,2 --methods sjd,mc-sjd,mc-sjd:8,auto,zipar
     run_bench $(($(date +%s) + 60)) --model tiny --modes reduce-overhead --batches 1 --methods sjd \
@@ -136,16 +136,16 @@ if [ $DRY -eq 1 ]; then
     run_deterministic 60 --model tiny --n 4 --batch-size 2
 else
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/nvidia-smi.txt" 2>&1
-    run_tests suite-fp32 100 VISAR_TEST_DEVICE=cuda -- "${XDIST[@]}" -m "not slow" tests/test_device.py \
-        tests/test_readbacks.py tests/test_compile.py tests/test_conformance.py tests/test_jacobi.py \
-        tests/test_llamagen_fixtures.py tests/test_eval_cli.py
+    run_tests suite-fp32 100 VISAR_TEST_DEVICE=cuda -- "${XDIST[@]}" -m "not slow" tests/accel/core/test_device.py \
+        tests/eval/test_readbacks.py tests/accel/raster/test_compile.py tests/accel/test_method_conformance.py \
+        tests/accel/raster/test_jacobi.py tests/models/test_llamagen_fixtures.py tests/eval/test_eval_cli.py
     run_tests suite-bf16 50 VISAR_TEST_DEVICE=cuda VISAR_TEST_DTYPES=bf16 -- "${XDIST[@]}" -m "not slow" \
-        tests/test_conformance.py
+        tests/accel/test_method_conformance.py
     run_tests exact-law 40 VISAR_TEST_DEVICE=cuda VISAR_TEST_LAW_SAMPLES=10000 -- "${XDIST[@]}" -m slow \
-        tests/test_conformance.py -k exact_settings
+        tests/accel/test_method_conformance.py -k exact_settings
     # Lumina-mGPT 1.0 and 2.0 (tiny random weights, bf16): every raster method on both versions
     run_tests lumina-bf16 30 VISAR_TEST_DEVICE=cuda VISAR_TEST_DTYPES=bf16 -- "${XDIST[@]}" -m "not slow" \
-        tests/test_conformance.py -k lumina
+        tests/accel/test_method_conformance.py -k lumina
     run_deterministic 70 --model gpt-b --n 16 --batch-size 8
     # eager rows of every model first (cheap, and the ones that matter most), then the compiled modes
     run_bench $((START + 300)) --model default --modes eager --methods sjd,mc-sjd,mc-sjd:8,tree-mc-sjd,tree-mc-sjd:32,auto,zipar

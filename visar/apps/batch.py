@@ -377,7 +377,7 @@ def run_batch(
     settings = batch_settings(pipe, items, method, seed, identity)
     made = topmost_missing(out)  # the folder this run makes (None: OUT was there)
     try:
-        decoding, generate_kwargs, choice = settled_choice(
+        decoding, generate_kwargs, choice, auto_stats = settled_choice(
             pipe, out, jobs, method, batch_size, generate_kwargs, processes
         )
         settings |= choice
@@ -397,19 +397,22 @@ def run_batch(
     all_counts = processes.gather(counts)
     if processes.rank != 0:
         return None
-    return write_records_and_stats(pipe, out, settings, total, all_counts, batch_size, processes.world)
+    return write_records_and_stats(pipe, out, settings, total, all_counts, batch_size, processes.world) | auto_stats
 
 
 def settled_choice(pipe, out: Path, jobs: list[SampleJob], method: str, batch_size: int, kwargs: dict, processes):
     """`auto` made one candidate for the whole run before its first image (`settled_method`): the one a
     resumed run's settings.json records, else process 0's choice, which every process takes -> (the
-    method to decode with, generate_kwargs for it, {"auto_choice": ...} for settings.json, or {})."""
+    method to decode with, generate_kwargs for it, {"auto_choice": ...} for settings.json or {}, and
+    {"auto", "auto_reason"} for stats.json or {})."""
     first = [job.condition for job in jobs[:batch_size]]
-    recorded = recorded_choice(out / SETTINGS_FILE)
+    recorded, why = recorded_choice(out / SETTINGS_FILE), ""
     if processes.rank == 0:
-        recorded = settled_method(pipe, method, first, batch_size, kwargs, recorded)[2].get("auto_choice")
-    recorded = processes.gather(recorded)[0]
-    return settled_method(pipe, method, first, batch_size, kwargs, recorded)
+        _, _, choice, why = settled_method(pipe, method, first, batch_size, kwargs, recorded)
+        recorded = choice.get("auto_choice")
+    recorded, why = processes.gather((recorded, why))[0]
+    decoding, kwargs, choice, _ = settled_method(pipe, method, first, batch_size, kwargs, recorded)
+    return decoding, kwargs, choice, {"auto": recorded, "auto_reason": why} if choice else {}
 
 
 def batch_settings(pipe, items: list[Item], method: str, seed: int, identity: dict) -> dict:

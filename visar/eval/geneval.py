@@ -288,7 +288,7 @@ def evaluate_geneval(
     with writing(out):
         config = out / "config.json"
         first = [job.condition for job in jobs[:batch_size]]
-        decoding, kwargs, choice = settled_method(
+        decoding, kwargs, choice, _ = settled_method(
             pipe, method, first, batch_size, generate_kwargs or {}, recorded_choice(config)
         )
         check_run_config(config, {**run, **choice})

@@ -136,16 +136,18 @@ def settled_method(pipe, method: str, first: list, batch_size: int, generate_kwa
     uninterrupted one): `recorded`, the choice of the run it resumes, else `Pipeline.settle_auto` over
     the run's first conditions `first` (class ids or prompts; the winner kept on this machine, or a
     tuning on throwaway images) -> (method to decode with, generate_kwargs for it, what to record:
-    {"auto_choice": "mc-sjd:8"}, or {} for another method or a kind of model that runs no auto)."""
+    {"auto_choice": "mc-sjd:8"}, or {} for another method or a kind of model that runs no auto, and
+    why auto chose it, "" if it did not)."""
     if method != "auto" or pipe.resolve_method(method) != "auto":
-        return method, generate_kwargs, {}
+        return method, generate_kwargs, {}, ""
+    why = "the choice the run this one resumes recorded"
     if recorded is None:
         key = "class_labels" if pipe.is_class_conditional else "prompts"
         kwargs = {k: v for k, v in generate_kwargs.items() if k not in ("progress", "output_type")}
-        recorded, _ = pipe.settle_auto(**{key: first[:batch_size]}, batch_size=min(batch_size, len(first)), **kwargs)
+        recorded, why = pipe.settle_auto(**{key: first[:batch_size]}, batch_size=min(batch_size, len(first)), **kwargs)
     name, _, size = recorded.partition(":")
     kwargs = {k: v for k, v in generate_kwargs.items() if k not in get_method("auto").options}  # its candidates
-    return name, kwargs | ({"budget": int(size)} if size else {}), {"auto_choice": recorded}
+    return name, kwargs | ({"budget": int(size)} if size else {}), {"auto_choice": recorded}, why
 
 
 def recorded_choice(config: Path) -> str | None:

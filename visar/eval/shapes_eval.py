@@ -52,7 +52,7 @@ def evaluate_shapes(
     conditions = shapes_conditions(pipe, n)
     opening = [c if pipe.is_class_conditional else c["prompt"] for c in conditions[:batch_size]]
     # auto settled before the first image: every image decoded by one candidate, named in the record
-    decoding, generate_kwargs, choice = settled_method(pipe, method, opening, batch_size, generate_kwargs)
+    decoding, generate_kwargs, choice, _ = settled_method(pipe, method, opening, batch_size, generate_kwargs)
     rows = []
     for first in progress_bar(
         range(0, n, batch_size), enabled=progress, desc=f"eval shapes {method}", unit="batch", leave=True

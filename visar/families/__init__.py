@@ -9,7 +9,7 @@ A family is what `config.json`'s "family" key names. It registers here, in its o
 - `official_presets`: released checkpoints by name (`visar.load(name, checkpoint=...)`), and
   `generic_name`, a name that loads any checkpoint of the family given its constructor arguments;
 - `tiny_model_args` / `tiny_tokenizer_args`: a tiny random instance, so that tests loop over
-  every registered family (tests/test_conformance.py).
+  every registered family (tests/accel/test_method_conformance.py).
 
 The models a family builds implement the interface of their kind (`visar.models.base`), which is
 all the decoding methods see. A new family is new files: its model, its tokenizer, its registration.

@@ -97,7 +97,7 @@ def load_folder(folder: os.PathLike, model_args: dict | None = None) -> FolderPa
     return FolderParts(model, DiffusersVQTokenizer(vq.eval()), prompt_ids, dict(DEFAULTS))
 
 
-# -- a tiny random aMUSEd, for the tests (tests/test_conformance.py, tests/test_amused.py) --------------
+# -- a tiny random aMUSEd, for the tests (tests/accel/test_method_conformance.py, tests/models/test_amused.py) --
 # diffusers' own fast-test sizes (tests/pipelines/amused), a 4 x 4 grid, and a character-level CLIP tokenizer.
 
 TINY_MAX_PROMPT_TOKENS = 16

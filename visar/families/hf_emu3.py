@@ -123,7 +123,7 @@ def load_weights_elsewhere(module, path, source: str):
     raise VisarError(f"{loads} visar.load(FOLDER)", cli=f"{loads} --model FOLDER")
 
 
-# -- a tiny random Emu3, for the tests (tests/test_conformance.py, tests/test_hf_emu3.py) ------------
+# -- a tiny random Emu3, for the tests (tests/accel/test_method_conformance.py, tests/models/test_hf_emu3.py) --
 
 TINY_SPECIAL_TOKENS = [
     "<|endoftext|>",  # pad

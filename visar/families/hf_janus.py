@@ -91,7 +91,7 @@ def load_folder(folder: os.PathLike, model_args: dict | None = None) -> FolderPa
     return FolderParts(model, tokenizer, text_encoder, defaults)
 
 
-# -- a tiny random Janus, for the tests (tests/test_conformance.py, tests/test_hf_janus.py) ------------
+# -- a tiny random Janus, for the tests (tests/accel/test_method_conformance.py, tests/models/test_hf_janus.py) --
 
 TINY_SPECIAL_TOKENS = [
     "<bos>",

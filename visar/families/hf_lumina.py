@@ -412,7 +412,7 @@ def load_weights_elsewhere(module, path, source: str):
     raise VisarError(f"{loads} visar.load(FOLDER)", cli=f"{loads} --model FOLDER")
 
 
-# -- tiny random Lumina-mGPTs, for the tests (tests/test_conformance.py, tests/test_hf_lumina.py) -------------
+# -- tiny random Lumina-mGPTs, for the tests (tests/accel/test_method_conformance.py, tests/models/test_hf_lumina.py) --
 
 TINY_WORDS = ["Generate", "an", "image", "of", "according", "to", "the", "following", "prompt", ":", "a", "red"]
 TINY_WORDS += ["green", "blue", "circle", "square", "dog", "on", "in", "lowres", "blurry", ","]

@@ -2,7 +2,7 @@
 
 Paper: Wang et al. 2024, "Emu3: Next-Token Prediction is All You Need" (baaivision/Emu3). Checked
 against transformers 5.24 `generate` with Emu3's prefix constraint and negative-prompt guidance
-(baaivision/Emu3 `image_generation.py`; transformers' Emu3 docs) by tests/test_hf_emu3.py: same
+(baaivision/Emu3 `image_generation.py`; transformers' Emu3 docs) by tests/models/test_hf_emu3.py: same
 greedy image tokens, same teacher-forced logits.
 
 What differs from a plain raster model, and where it is handled:

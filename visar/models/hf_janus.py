@@ -3,7 +3,7 @@
 Paper: Chen et al. 2025, "Janus-Pro: Unified Multimodal Understanding and Generation with Data and
 Model Scaling" (deepseek-ai/Janus). Checked against transformers 5.24
 `models/janus/modeling_janus.py::JanusForConditionalGeneration.generate(generation_mode="image")`
-by tests/test_hf_janus.py: same greedy image tokens, same teacher-forced logits.
+by tests/models/test_hf_janus.py: same greedy image tokens, same teacher-forced logits.
 
 The pieces image generation uses, as transformers' `generate` does:
 - the prompt (chat template + `<begin_of_image>`, left-padded) is embedded with the language

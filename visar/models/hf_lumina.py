@@ -4,7 +4,7 @@ Papers: Liu et al. 2024, "Lumina-mGPT: Illuminate Flexible Photorealistic Text-t
 Multimodal Generative Pretraining" (Alpha-VLLM/Lumina-mGPT); Lumina-mGPT 2.0 (Alpha-VLLM/Lumina-mGPT-2.0,
 trained from scratch). Both language models are the official code's copy of transformers-4.4x Chameleon;
 transformers' `ChameleonForConditionalGeneration` holds them (visar/families/hf_lumina.py loads them).
-Checked against the official vanilla `generate` on tiny random weights by tests/test_hf_lumina.py.
+Checked against the official vanilla `generate` on tiny random weights by tests/models/test_hf_lumina.py.
 
 What differs from a plain raster model, and where it is handled:
 - Image tokens are text-vocabulary ids: in 1.0 Chameleon's `IMGIMG...Z` tokens, whose VQ code is read

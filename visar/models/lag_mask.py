@@ -3,7 +3,7 @@
 ZipAR (He et al. 2025) decodes row r + 1 once row r has s tokens; a model trained with some
 sequences under this mask (ZipAR-aware training, `visar train`) meets at generation the contexts
 it was trained on. It lives with the models, not with the decoding method, so that training code
-imports no decoding method; tests/test_zipar.py checks it against the masks a real zipar decode
+imports no decoding method; tests/accel/raster/test_zipar.py checks it against the masks a real zipar decode
 feeds.
 """
 

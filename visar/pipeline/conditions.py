@@ -8,6 +8,7 @@ messages) and its text encoder; `image_conditions` takes the pipeline and goes t
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import NamedTuple
 
 import numpy as np
@@ -76,6 +77,19 @@ def text_condition(
         )
     embeds, mask = text_encoder.encode(prompt_list(prompts))
     return on_model(embeds, model), mask.to(model.device)
+
+
+def null_rows(model, images: ImageConditions, guided: bool, own: bool = False) -> tuple | None:
+    """The null conditions guidance pairs the images with, one row each, made by the model under their
+    negative prompt -> (null [N, ...], null_mask [N, T] or None); None without guidance, or where the
+    images have no negative prompt and the model makes its own at the decode (unless `own`: its own then)."""
+    if not guided or (images.negative is None and not own):
+        return None
+    with ExitStack() as held:
+        if images.negative is not None:
+            held.enter_context(model.negative_prompt(*images.negative))
+        null, null_mask = model.null_condition(images.cond), model.null_condition_mask(images.cond_mask)
+    return null, None if null_mask is None else null_mask.expand(images.count, -1)
 
 
 def negative_condition(model, name: str, text_encoder, negative_prompt, num_items: int) -> tuple[Tensor, Tensor]:

@@ -22,18 +22,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from contextlib import ExitStack
 
 import torch
 
 from ..accel import Request
+from ..accel.core.scoring import reads_prompts
 from ..accel.raster.pass_loop import ImageSource
 from ..errors import VisarError
 from ..models.base import model_kind
 from ..models.outputs import output_maps
-from .conditions import image_conditions, image_generators
+from .conditions import image_conditions, image_generators, null_rows
 from .images import check_output_type
-from .runs import check_kv_keep, checked_method, second_model, text_models
+from .runs import check_kv_keep, checked_method, second_model
 
 
 class OpenBatch:
@@ -76,14 +76,11 @@ class OpenBatch:
         images = image_conditions(
             self.pipe, class_labels, prompts, caption_embeds, caption_mask, negative_prompt, num_images_per_prompt
         )
-        if (
-            images.negative is not None
-            and self.second is not None
-            and len(text_models(self.pipe.model, self.second)) > 1
-        ):
+        if images.negative is not None and self.second is not None and reads_prompts(self.second):
             raise VisarError("an open batch takes no negative prompt with a draft model that reads prompts")
         generators = image_generators(None, seed, images)
-        null = self.null_rows(images)
+        # every image's null conditions (its negative prompt's, else the model's): a batch may mix them
+        null = null_rows(self.pipe.model, images, self.params.uses_cfg, own=True)
         with self.changed:
             if self.closed:
                 raise VisarError("this open batch is closed: it takes no more images")
@@ -95,16 +92,6 @@ class OpenBatch:
                 return list(self.source.add(images.cond, images.cond_mask, generators, null))
             except (RuntimeError, ValueError) as err:  # a condition of another layout (prompt length, mask)
                 raise VisarError(f"these images cannot join this open batch: {err}") from err
-
-    def null_rows(self, images) -> tuple | None:
-        """The images' null conditions under guidance: their negative prompt's, else the model's own."""
-        if not self.params.uses_cfg:
-            return None
-        model = self.pipe.model
-        with ExitStack() as held:
-            if images.negative is not None:
-                held.enter_context(model.negative_prompt(*images.negative))
-            return model.null_condition(images.cond), model.null_condition_mask(images.cond_mask)
 
     def close(self):
         """No more images: `run` returns once every queued image is done."""

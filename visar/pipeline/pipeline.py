@@ -157,12 +157,12 @@ class Pipeline:
         )
         slots = check_batch_size(batch_size, images.count)
         generators = image_generators(generator, seed, images)
-        second = second_model(decoding_method, method_options, self.resolve_draft)
+        second_model(decoding_method, method_options, self.resolve_draft)  # a draft by name, resolved in place
         passes = self.compile_options if self.is_compiled else None  # eager again after a compile failure
         request = method_request(
             self.model, self.tokenizer, images, params, generators, progress, kv_keep=kv_keep, compile_passes=passes
         )
-        run = Run(decoding_method, request, images.negative, second, method_options)
+        run = Run(decoding_method, request, method_options)
         tokens, stats = decode_images(self.model, run, slots, deterministic, on_image)
         lossless = decoding_method.is_lossless(method_options, self.model) and kv_keep == 1
         stats = {**stats, "method": method, "lossless": lossless, "batch_size": images.count}

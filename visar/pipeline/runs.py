@@ -1,5 +1,5 @@
 """A decoding method's run over a `generate` call's images: alone, as a running batch or in consecutive
-batches, with the negative prompt held on the models, and each image handed over as it is done.
+batches, each image handed over as it is done.
 
 The functions take the model they run (and, for messages, the pipeline's name); a second model
 given by name is resolved by the pipeline (`second_model` takes its `resolve_draft`).
@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import replace
-from functools import partial
 from typing import Any, NamedTuple
 
 import torch
-from torch import Tensor
 
 from ..accel import Request, get_method, reference_method
 from ..accel.core.method_registry import consecutive_batches, hand_over_images
@@ -24,7 +22,7 @@ from ..accel.policy.auto import settled
 from ..errors import VisarError
 from ..models.base import model_kind
 from ..models.outputs import output_maps
-from .conditions import ImageConditions, image_conditions, image_generators
+from .conditions import ImageConditions, image_conditions, image_generators, null_rows
 
 
 def out_of_memory(err: Exception, batch: int, method: str, device: torch.device) -> VisarError:
@@ -39,13 +37,11 @@ def out_of_memory(err: Exception, batch: int, method: str, device: torch.device)
 
 
 class Run(NamedTuple):
-    """One method call's arguments (`run_method`): the method, its request, the negative prompt's rows
-    (or None), its second model (draft / refiner, or None) and its options."""
+    """One method call's arguments: the method, its request (the negative prompt's null conditions in
+    it) and its options (a second model among them)."""
 
     method: Any
     request: Request
-    negative: tuple[Tensor, Tensor] | None
-    second: Any
     options: dict
 
     @property
@@ -92,7 +88,8 @@ def second_model(decoding_method, options: dict, resolve_draft: Callable):
 def method_request(
     model, tokenizer, images: ImageConditions, params: SamplingParams, generators, progress, *, kv_keep, compile_passes
 ) -> Request:
-    """The decoding method's request: every image of the call, with its sampling settings and generator."""
+    """The decoding method's request: every image of the call, with its sampling settings, generator and
+    (under a negative prompt) the null conditions guidance pairs it with."""
     return Request(
         model,
         images.cond,
@@ -103,6 +100,7 @@ def method_request(
         tokenizer=tokenizer,
         compile_passes=compile_passes,
         kv_keep=kv_keep,
+        null=null_rows(model, images, params.uses_cfg),
     )
 
 
@@ -118,16 +116,16 @@ def decode_images(model, run: Run, slots: int | None, deterministic: bool, on_im
     try:
         with deterministic_algorithms(model.device, deterministic):
             if deterministic:  # one image a batch: every model call has the shapes of its decode alone
-                tokens, stats = run_batches(model, run, 1, image_done(model, on_image, settled))
+                tokens, stats = run_batches(run, 1, image_done(model, on_image, settled))
             elif running:
                 request = replace(run.request, slots=slots, on_image=image_callback(model, on_image))
-                tokens, stats = run_method(model, run._replace(request=request))
+                tokens, stats = run.method.fn(request, **run.options)
             elif slots is not None:
-                tokens, stats = run_batches(model, run, slots, image_done(model, on_image))
+                tokens, stats = run_batches(run, slots, image_done(model, on_image))
                 images = run.request.cond.shape[0]  # a running batch's counts: its images start `slots` at a time
                 stats.update(slots=slots, refills=images - slots, batch_passes=stats["forward_passes"])
             else:
-                tokens, stats = run_method(model, run)
+                tokens, stats = run.method.fn(run.request, **run.options)
     except torch.OutOfMemoryError as err:
         images = run.request.cond.shape[0]
         raise out_of_memory(err, 1 if deterministic else slots or images, run.name, model.device) from err
@@ -144,11 +142,7 @@ def settled_run(model, run: Run, slots: int | None, deterministic: bool) -> tupl
     deterministic, else `slots` or all at a time; else one timed on throwaway images of the call's first
     conditions) -> the candidate's run, and stats naming it ({"auto", "auto_reason"})."""
     count = 1 if deterministic else slots or run.request.cond.shape[0]
-    probe = replace(
-        run.request.images(0, count),
-        slots=None if deterministic or slots is None else count,
-        images_runner=partial(run_images, model, negative_rows(run.negative, 0, count)),
-    )
+    probe = replace(run.request.images(0, count), slots=None if deterministic or slots is None else count)
     candidate, why = settled(probe, **run.options)
     choice = run._replace(method=get_method(candidate.method), options=dict(candidate.options))
     return choice, {"auto": candidate.spec, "auto_reason": why}
@@ -171,42 +165,14 @@ def settle_auto(pipe, class_labels=None, prompts=None, *, batch_size=None, deter
         kv_keep=check_kv_keep(pipe.model, pipe.name, kv_keep),
         compile_passes=pipe.compile_options if pipe.is_compiled else None,
     )  # fmt: skip
-    _, note = settled_run(
-        pipe.model, Run(method, request, images.negative, None, generate_kwargs), slots, deterministic
-    )
+    _, note = settled_run(pipe.model, Run(method, request, generate_kwargs), slots, deterministic)
     return note["auto"], note["auto_reason"]
 
 
-def run_method(model, run: Run):
-    """One call of the method, with the negative prompt (if any) held on the model and its draft."""
-    request = replace(run.request, images_runner=partial(run_images, model, run.negative))
-    with ExitStack() as held:
-        if run.negative is not None:  # the model's (and its draft's) null_condition returns it meanwhile
-            for text_model in text_models(model, run.second):
-                held.enter_context(text_model.negative_prompt(*run.negative))
-        return run.method.fn(request, **run.options)
-
-
-def run_images(model, negative, images: Request, name: str, options: dict, start: int, stop: int):
-    """`Request.images_runner`: method `name` on `images`, [start, stop) of the call's, as a call of
-    their own with their rows of the negative prompt held meanwhile (`auto`'s candidates, through
-    `method_registry.run_images`)."""
-    return run_method(model, Run(get_method(name), images, negative_rows(negative, start, stop), None, options))
-
-
-def run_batches(model, run: Run, size: int, done=None):
-    """The method on consecutive batches of at most `size` images (`consecutive_batches`), each with
-    its rows of the negative prompt, stats merged; done(start, tokens, stats), if given, after each."""
-
-    def decode(start: int, stop: int, batch: Request):
-        return run_method(model, run._replace(request=batch, negative=negative_rows(run.negative, start, stop)))
-
-    return consecutive_batches(run.request, size, decode, done)
-
-
-def negative_rows(negative: tuple[Tensor, Tensor] | None, start: int, stop: int) -> tuple[Tensor, Tensor] | None:
-    """Images [start, stop)'s rows of the negative prompt (None without one)."""
-    return None if negative is None else tuple(x[start:stop] for x in negative)
+def run_batches(run: Run, size: int, done=None):
+    """The method on consecutive batches of at most `size` images (`consecutive_batches`), stats merged;
+    done(start, tokens, stats), if given, after each."""
+    return consecutive_batches(run.request, size, lambda start, stop, batch: run.method.fn(batch, **run.options), done)
 
 
 def image_done(model, on_image, note: dict | None = None):
@@ -250,14 +216,6 @@ def deterministic_algorithms(device: torch.device, enabled: bool):
         yield
     finally:
         torch.use_deterministic_algorithms(was, warn_only=warn_only)
-
-
-def text_models(model, draft) -> list:
-    """The models a negative prompt is held on: the target, and a draft that reads the same prompts."""
-    models = [model]
-    if draft is not None and hasattr(draft, "negative_prompt") and draft.condition_layout.kind == "text":
-        models.append(draft)
-    return models
 
 
 def check_batch_size(batch_size, num_images: int) -> int | None:

@@ -3,7 +3,7 @@
 A recipe is a plain dict, seed included, recorded in each export's config.json (tokenizer.json for a
 tokenizer), so that `visar train tokenizer --recipe visar-tiny-vq`, `visar train ar --recipe
 visar-tiny-c2i` and the others reproduce the shipped weights (up to floating-point differences
-between machines); tests/test_embedded_models.py checks every recipe against what its shipped model
+between machines); tests/models/test_embedded_models.py checks every recipe against what its shipped model
 recorded. A trainer reads only the fields a recipe has: a recipe without `ema_decay` keeps no weight
 average, one without `init` starts from scratch. Why each model's settings are what they are:
 docs/MODELS.md; how the loops use them: docs/TRAINING.md.

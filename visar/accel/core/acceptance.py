@@ -3,7 +3,7 @@
 Each function states its rule as math and carries a `lossless` flag: True means that, whatever
 the draft distribution q, the token it outputs is distributed exactly as the target p (given
 that the draft token x was drawn from q, independently of the uniforms passed in). The engine in
-`raster/chain.py` composes them; the tests in tests/test_acceptance.py check every lossless rule
+`raster/chain.py` composes them; the tests in tests/accel/core/test_acceptance.py check every lossless rule
 against p by chi-square.
 
 Notation (as in the speculative sampling papers cited in raster/chain.py): p = target distribution (the output of
@@ -354,7 +354,7 @@ def lantern_relax_per_draft(
     exactly p~_x when the draft is deterministic (q one-hot, as EAGLE-2 top-k drafts). For a
     sampled draft (q not one-hot: Jacobi carry-overs, draft-model samples) the output law is the
     q-average of per-draft kernels and its TV to p can exceed delta by far (about 0.26 at
-    delta = 0.2 on a 7-token example; see tests/test_relaxed.py): `lantern_relax_bounded` keeps it.
+    delta = 0.2 on a 7-token example; see tests/accel/raster/test_relaxed.py): `lantern_relax_bounded` keeps it.
 
     neighbours [V, k] code ids sorted by distance; -> p~ [..., V] for the draft of each slot.
     """

@@ -11,7 +11,7 @@ itself (a draft given by name) is resolved by the pipeline before the call.
 
 Lossless is a property of the options: a method registered lossy may name the settings at which
 it is exact (`exact_when`, e.g. gsd with group_size=1 is sjd); `Method.is_lossless(options, model)`
-says which, and tests/test_conformance.py checks each such claim against the exact law.
+says which, and tests/accel/test_method_conformance.py checks each such claim against the exact law.
 """
 
 from __future__ import annotations
@@ -66,11 +66,10 @@ class Request:
     # 1: the whole cache, exact
     kv_keep: float = 1.0
 
-    # (the request of some of its images, method name, its options, start, stop) -> what that method
-    # returns for those images, which are [start, stop) of this request's queue, decoded as a call of
-    # their own: how `auto` runs its candidates (`run_images`). The pipeline's holds those images'
-    # negative prompt on the model meanwhile; None: the method is called as it is.
-    images_runner: Callable | None = None
+    # The null conditions guidance pairs each image with where the caller made them (a negative
+    # prompt's): (null [Q, ...], null_mask [Q, T] or None), a row per image as `cond`; None: the model's
+    # own (`null_condition`). A draft model that reads the same prompts takes them too.
+    null: tuple[Tensor, Tensor | None] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -103,23 +102,17 @@ class Request:
             generators=self.generators[start:stop],
             slots=None if self.slots is None else min(self.slots, stop - start),
             on_image=None if hand_over is None else lambda index, *info: hand_over(start + index, *info),
-            images_runner=None,
+            null=None if self.null is None else tuple(x if x is None else x[start:stop] for x in self.null),
         )
 
 
 def run_images(request: Request, name: str, options: dict, start: int, stop: int) -> tuple:
-    """Method `name` with `options` on the request's images [start, stop), as a call of their own
-    (through the caller's `images_runner`, which holds what belongs to those images, if it gave one);
-    a running batch of them, for a method that does not refill, as consecutive batches of its slots."""
-    method, images, runner = get_method(name), request.images(start, stop), request.images_runner
-
-    def decode(first: int, last: int, part: Request):  # part: images [first, last) of `images`
-        if runner is None:
-            return method.fn(part, **options)
-        return runner(part, name, options, start + first, start + last)
-
+    """Method `name` with `options` on the request's images [start, stop), as a call of their own; a
+    running batch of them, for a method that does not refill, as consecutive batches of its slots."""
+    method, images = get_method(name), request.images(start, stop)
     if images.slots is None or method.refills:
-        return decode(0, stop - start, images)
+        return method.fn(images, **options)
+    decode = lambda first, last, part: method.fn(part, **options)  # noqa: E731
     return consecutive_batches(images, images.slots, decode, hand_over_batch(images.on_image))
 
 

@@ -22,14 +22,17 @@ from .sampling import SamplingParams, logits_to_probs, split_cfg
 class QueuedConditions:
     """Every queued image's conditions as the model is fed them ([cond ; null condition] under CFG, each
     half in queue order): what a slot takes when it takes an image. The null conditions of the queue
-    a call starts with are made at once, as one batch (a negative prompt that the model holds for the
-    whole call has one row per queued image); an open source's later images join as a slot first
+    a call starts with are made at once, as one batch (the caller's `null` rows, one per queued image,
+    where it made them: a negative prompt's); an open source's later images join as a slot first
     takes one of them (`take`), their null conditions made then."""
 
-    def __init__(self, model: RasterModel, guided: bool, cond: Tensor, cond_mask: Tensor | None, source=None):
+    def __init__(
+        self, model: RasterModel, guided: bool, cond: Tensor, cond_mask: Tensor | None, source=None, null=None
+    ):
         self.model, self.guided, self.source = model, guided, source
         self.count = cond.shape[0]  # Q
-        null = None if source is None else source.null_rows(torch.arange(self.count))
+        if source is not None:
+            null = source.null_rows(torch.arange(self.count))
         self.cond, self.mask = self.model_rows(cond, cond_mask, null)  # [Q(x2), ...]
 
     def model_rows(self, cond: Tensor, cond_mask: Tensor | None, null=None) -> tuple[Tensor, Tensor | None]:
@@ -87,19 +90,13 @@ class GuidedScorer:
     cond_mask are a queue of Q images' conditions (`QueuedConditions`), of which slot b holds image b
     at first and the image `admit` gives it later (a running batch that refills its finished slots);
     source: an open one's (`pass_loop.ImageSource`), which may start with fewer images than slots
-    (the others decode spares: the last image's condition) and grows.
+    (the others decode spares: the last image's condition) and grows; null: the caller's null rows.
     """
 
     def __init__(
-        self,
-        model: RasterModel,
-        cond: Tensor,
-        cond_mask: Tensor | None,
-        params: SamplingParams,
-        slots=None,
-        kv_keep=1.0,
-        source=None,
-    ):
+        self, model: RasterModel, cond: Tensor, cond_mask: Tensor | None, params: SamplingParams, slots=None,
+        kv_keep=1.0, source=None, null=None,
+    ):  # fmt: skip
         self.model, self.params = model, params
         self.kv_keep = kv_keep  # the fraction of cache slots `open_cache` keeps (1: the whole cache, exact)
         self.guided = params.uses_cfg
@@ -107,7 +104,7 @@ class GuidedScorer:
         if slots is not None and not 1 <= slots <= (queue if source is None else slots):
             raise ValueError(f"slots must be 1 .. {queue} (the images queued), got {slots}")
         self.batch = queue if slots is None else slots
-        self.queued = QueuedConditions(model, self.guided, cond, cond_mask, source)
+        self.queued = QueuedConditions(model, self.guided, cond, cond_mask, source, null)
         if slots is None:
             self.cond, self.cond_mask = self.queued.cond, self.queued.mask
         else:
@@ -117,7 +114,8 @@ class GuidedScorer:
 
     @classmethod
     def for_request(cls, request, model: RasterModel | None = None) -> GuidedScorer:
-        """A request's target scorer, or a draft `model`'s (no kv_keep: a draft keeps its whole cache)."""
+        """A request's target scorer, or a draft `model`'s (no kv_keep: a draft keeps its whole cache; the
+        caller's null conditions only where it reads the same prompts: a class model's null is its own)."""
         target = model is None
         return cls(
             request.model if target else model,
@@ -127,6 +125,7 @@ class GuidedScorer:
             request.slots,
             request.kv_keep if target else 1.0,
             request.source,
+            request.null if target or reads_prompts(model) else None,
         )
 
     def halves(self, index: Tensor, size: int) -> Tensor:
@@ -231,6 +230,12 @@ class GuidedScorer:
         self.model.truncate_cache(self.doubled(lengths))
 
 
+def reads_prompts(model) -> bool:
+    """A model conditioned on text: a negative prompt's null conditions are its too."""
+    layout = getattr(model, "condition_layout", None)
+    return layout is not None and layout.kind == "text"
+
+
 class MaskedScorer:
     """A masked model, a batch of B conditions and the sampling settings: one full pass -> target laws [B, N, V].
 
@@ -238,12 +243,14 @@ class MaskedScorer:
     without a cache: every call feeds the whole grid (unknown positions at the mask id).
     """
 
-    def __init__(self, model: MaskedModel, cond: Tensor, cond_mask: Tensor | None, params: SamplingParams):
+    def __init__(self, model: MaskedModel, cond: Tensor, cond_mask: Tensor | None, params: SamplingParams, null=None):
         self.model, self.params = model, params
         self.guided = params.uses_cfg
-        if self.guided:
-            null_mask = model.null_condition_mask(cond_mask)
-            cond = torch.cat([cond, model.null_condition(cond)])
+        if self.guided:  # null: the caller's null conditions and masks (a negative prompt's), else the model's
+            null, null_mask = (
+                (model.null_condition(cond), model.null_condition_mask(cond_mask)) if null is None else null
+            )
+            cond = torch.cat([cond, null])
             cond_mask = None if cond_mask is None else torch.cat([cond_mask, null_mask])
         self.cond, self.cond_mask = cond, cond_mask  # [B(x2), ...]
         self.forward_passes = 0

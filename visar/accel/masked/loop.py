@@ -17,7 +17,7 @@ over the image's [N, V] law, then (selection policies that use noise) `uniform_`
 the Gumbel noise, each from the image's own generator. So an image's tokens do not depend on its
 batch, and image b with seed s equals `AmusedPipeline(..., generator=Generator().manual_seed(s))`
 run on that image alone (aMUSEd draws one batch from a single generator, so its batches of more
-than one image differ from visar's: tests/test_amused.py).
+than one image differ from visar's: tests/models/test_amused.py).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def unmask(request: Request, select: SelectFn, *, steps: int, mask_schedule: str
     device, batch, num_tokens = model.device, cond.shape[0], model.num_image_tokens
     if len(generators) != batch:
         raise VisarError(f"got {len(generators)} generators for {batch} images: pass one per image")
-    scorer = MaskedScorer(model, cond, request.cond_mask, request.params)
+    scorer = MaskedScorer(model, cond, request.cond_mask, request.params, request.null)
     log = DecodeLog(batch, model.grid_size, 0, device)
     tokens = torch.full((batch, num_tokens), model.mask_token_id, dtype=torch.long, device=device)
     known = torch.zeros(batch, num_tokens, dtype=torch.bool, device=device)

@@ -2,7 +2,7 @@
 
 Checked against google-research/maskgit (`libml/parallel_decode.py`: decode, mask_by_random_topk)
 and diffusers' `AmusedScheduler` / `AmusedPipeline` (0.42, `pipelines/deprecated/amused`), which
-tests/test_amused.py reproduces token for token.
+tests/models/test_amused.py reproduces token for token.
 
 At each step every unknown position draws a token; its confidence is the log-probability of what
 it drew plus annealed Gumbel noise,

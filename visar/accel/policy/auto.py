@@ -23,7 +23,7 @@ candidate's next round is timed.
 
 The law stays exact: every candidate samples the model's law, and which candidate decodes an
 image depends on the timings of other images and on the store, never on that image's own random
-numbers (tests/test_auto.py, with a negative control whose choice reads them).
+numbers (tests/accel/policy/test_auto.py, with a negative control whose choice reads them).
 """
 
 from __future__ import annotations

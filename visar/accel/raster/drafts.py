@@ -19,7 +19,7 @@ Exactness. A copy is a function of what the verifier's test uniforms are indepen
 canvas, earlier drafts and this iteration's draft uniforms), so the distribution it was drawn
 from is the one-hot on it, q = onehot(x), and the speculative test accepts it with probability
 p(x); for "above-left" q = (onehot(above) + onehot(left)) / 2, accepted with min(1, 2 p(x)).
-The test against the enumerated joint law (tests/test_zipar.py) holds for all three.
+The test against the enumerated joint law (tests/accel/raster/test_zipar.py) holds for all three.
 """
 
 from __future__ import annotations

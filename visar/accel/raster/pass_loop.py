@@ -211,7 +211,7 @@ def power_of_two(n: int) -> int:
 
 def run_pass(engine: PassEngine, plan) -> None:
     """One pass of a planned shape: propose, score, verify, commit. Only `plan` reads the device
-    back (the pass's shape); this part traces as one graph (tests/test_compile.py)."""
+    back (the pass's shape); this part traces as one graph (tests/accel/raster/test_compile.py)."""
     drafts = engine.propose(plan)
     scores = engine.score(plan, drafts)
     verdict = engine.verify(plan, drafts, scores)
@@ -348,7 +348,7 @@ def running_batch(request) -> RunningBatch | None:
     images as a closed one), or None."""
     if request.slots is None:
         return None
-    source = request.source or ImageSource(request.cond, request.cond_mask, request.generators)
+    source = request.source or ImageSource(request.cond, request.cond_mask, request.generators, null=request.null)
     return RunningBatch(source, request.slots, request.on_image, started=request.cond.shape[0])
 
 

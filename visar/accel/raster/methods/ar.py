@@ -10,6 +10,8 @@ ar's queue as consecutive batches (`method_registry.consecutive_batches`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor
 
@@ -25,7 +27,7 @@ from ...core.timing import StepTimer
 @register_method("ar", lossless=True, description="plain next-token sampling (the reference)")
 def autoregressive(request: Request) -> tuple[Tensor, dict]:
     """Sample image tokens [B, N] in raster order, every image of the request at once; returns (tokens, stats)."""
-    scorer = GuidedScorer(request.model, request.cond, request.cond_mask, request.params, kv_keep=request.kv_keep)
+    scorer = GuidedScorer.for_request(replace(request, slots=None))
     return sample_batch(request, scorer, request.generators)
 
 
@@ -33,9 +35,7 @@ def sample_tokens(request: Request, timer: StepTimer) -> tuple[Tensor, dict]:
     """The AR loop, timed by `timer` (AR steps for `auto`), which may stop it early; a running batch's
     request times its first `slots` images (the scorer made for its whole queue, as the refilling
     methods make theirs)."""
-    scorer = GuidedScorer(
-        request.model, request.cond, request.cond_mask, request.params, slots=request.slots, kv_keep=request.kv_keep
-    )
+    scorer = GuidedScorer.for_request(request)
     return sample_batch(request, scorer, request.generators[: scorer.batch], timer)
 
 

@@ -109,14 +109,14 @@ def decode_images(model, run: Run, slots: int | None, deterministic: bool, on_im
     (a method that refills), or in consecutive batches of `slots` (the others, ar among them: its
     slots all free at once) -> tokens and stats in the output's shapes; on_image gets each image as
     it is done (a running batch), as its batch is (consecutive batches, one image alone), or all at the end."""
-    settled = {}
+    choice = {}  # {"auto", "auto_reason"} where auto settled its candidate first
     if deterministic and run.name == "auto":  # its choice made first: each image's bits then hold
-        run, settled = settled_run(model, run, slots, deterministic)
+        run, choice = settled_run(model, run, slots, deterministic)
     running = slots is not None and run.method.refills and not deterministic
     try:
         with deterministic_algorithms(model.device, deterministic):
             if deterministic:  # one image a batch: every model call has the shapes of its decode alone
-                tokens, stats = run_batches(run, 1, image_done(model, on_image, settled))
+                tokens, stats = run_batches(run, 1, image_done(model, on_image, choice))
             elif running:
                 request = replace(run.request, slots=slots, on_image=image_callback(model, on_image))
                 tokens, stats = run.method.fn(request, **run.options)
@@ -130,7 +130,7 @@ def decode_images(model, run: Run, slots: int | None, deterministic: bool, on_im
         images = run.request.cond.shape[0]
         raise out_of_memory(err, 1 if deterministic else slots or images, run.name, model.device) from err
     tokens, stats["commit_pass"] = output_maps(model, tokens, stats["commit_pass"])
-    stats |= settled
+    stats |= choice
     if on_image is not None and slots is None and not deterministic:
         hand_over_images(on_image, 0, tokens, stats)
     return tokens, stats

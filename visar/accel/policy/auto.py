@@ -251,15 +251,9 @@ def auto(request: Request, *, candidates: str = DEFAULT_CANDIDATES) -> tuple[Ten
         timed = spec is not None and stop <= queue
         if not timed:  # tuned; or too few images left for a round of this size: the fastest so far
             spec, stop = tuning.fastest() or spec, queue
-        elif request.compile_passes is not None and spec not in tuning.warm:
-            timed = False  # its first round compiles: decoded, not timed
-        tuning.warm.add(spec)
-        candidate = ladder[spec]
-        clock = synchronized_clock(device)
-        parts.append(run_images(noting(request, auto=spec), candidate.method, candidate.options, start, stop))
-        if timed:
-            tuning.record(spec, stop - start, synchronized_clock(device) - clock)
-            tuned_images += stop - start
+        part, timed = timed_round(tuning, noting(request, auto=spec), ladder[spec], start, stop, device, timed)
+        parts.append(part)
+        tuned_images += stop - start if timed else 0
         ran[spec] = ran.get(spec, 0) + stop - start
         start = stop
     return torch.cat([tokens for tokens, _ in parts]), {
@@ -292,19 +286,27 @@ def settled(request: Request, *, candidates: str = DEFAULT_CANDIDATES) -> tuple[
     if tuning is None or tuning.winner(specs) is None:
         tuning = tuning_for(request, specs)
     scratch, device, tuned_images = scratch_request(request), torch.device(str(request.model.device)), 0
-    queue = request.cond.shape[0]
     while (spec := tuning.next_candidate(specs)) is not None:
-        stop, candidate = round_images(request, queue), ladder[spec]
-        clock = synchronized_clock(device)
-        run_images(scratch, candidate.method, candidate.options, 0, stop)
-        if request.compile_passes is None or spec in tuning.warm:  # a compiled first round compiles: untimed
-            tuning.record(spec, stop, synchronized_clock(device) - clock)
-            tuned_images += stop
-        tuning.warm.add(spec)
+        stop = round_images(request, request.cond.shape[0])
+        _, timed = timed_round(tuning, scratch, ladder[spec], 0, stop, device)
+        tuned_images += stop if timed else 0
     why = reason(tuning, specs, 0)
     if tuned_images:
         why = f"tuned on {tuned_images} throwaway images before the run: {why}"
     return ladder[tuning.fastest()], why
+
+
+def timed_round(tuning, request: Request, candidate: Candidate, start: int, stop: int, device, timed=True) -> tuple:
+    """`candidate` on the request's images [start, stop) as a call of their own, its seconds recorded in
+    `tuning` where `timed`, but not a compiled candidate's first round (it compiles: decoded, not
+    timed) -> (what it returns, whether it was timed)."""
+    timed = timed and (request.compile_passes is None or candidate.spec in tuning.warm)
+    tuning.warm.add(candidate.spec)
+    clock = synchronized_clock(device)
+    out = run_images(request, candidate.method, candidate.options, start, stop)
+    if timed:
+        tuning.record(candidate.spec, stop - start, synchronized_clock(device) - clock)
+    return out, timed
 
 
 def round_images(request: Request, left: int) -> int:

@@ -167,10 +167,10 @@ def model16_vocab16():
 def private_neighbour_cache(tmp_path, monkeypatch):
     """Neighbour tables (the relaxed methods' codebook neighbours) go to a fresh cache folder per test,
     never the user's."""
-    from visar.accel.raster.methods import relaxed
+    from visar.accel.core import codebook
 
     monkeypatch.setenv("VISAR_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(relaxed, "LOADED_TABLES", {})
+    monkeypatch.setattr(codebook, "LOADED_TABLES", {})
 
 
 @contextmanager

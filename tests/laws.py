@@ -25,7 +25,7 @@ from scipy.stats import chisquare
 import visar
 from visar.accel import Request, get_method
 from visar.accel.core.sampling import SamplingParams, cfg_mix, logits_to_probs, make_generators, split_cfg
-from visar.accel.raster.pass_loop import ImageSource
+from visar.accel.core.source import ImageSource
 from visar.families import FAMILIES
 from visar.loading import resolve_dtype, seeded_init
 from visar.models.llamagen import LlamaGen, LlamaGenConfig
@@ -187,7 +187,7 @@ def random_amused(seed: int, std: float = 0.3):
 
 
 class JoinsBetweenPasses(ImageSource):
-    """An open source (`pass_loop.ImageSource`) whose later images are added before given passes (the
+    """An open source (`core.source.ImageSource`) whose later images are added before given passes (the
     loop asks its count once before each pass): `conditions(images: range) -> (cond [R], generators)`
     makes images `images`; `joins` is {pass: images added before it}, and the source closes after
     the last addition. `asked` counts the loop's questions."""

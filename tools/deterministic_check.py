@@ -28,7 +28,7 @@ from device_bench import random_folder  # noqa: E402
 
 import visar  # noqa: E402
 from visar.accel.core.timing import synchronized_clock  # noqa: E402
-from visar.eval.bench import conditions, run_images  # noqa: E402
+from visar.eval.bench import conditions, generate_batches  # noqa: E402
 from visar.eval.throughput import run_queue  # noqa: E402
 
 
@@ -40,7 +40,7 @@ def check(pipe, method: str, n: int, batch_size: int, deterministic: bool) -> di
     batched = run_queue(pipe, method, conds, batch_size, True, run)[0].tokens  # image i: condition i, seed i
     seconds = synchronized_clock(pipe.device) - start
     again = run_queue(pipe, method, conds, batch_size, True, run)[0].tokens
-    alone = [out.tokens[0] for out in run_images(pipe, method, conds, 1, run, "tokens")]  # batches of one
+    alone = [out.tokens[0] for out in generate_batches(pipe, method, conds, 1, run, "tokens")]  # batches of one
     return {
         "deterministic": deterministic,
         "images": n,

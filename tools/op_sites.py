@@ -23,7 +23,7 @@ from collections import Counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import visar
-from visar.eval.bench import conditions, run_images
+from visar.eval.bench import conditions, generate_batches
 
 MODEL = "the model"  # its forward and its KV cache's upkeep (visar/models)
 # The package's own folder, so that a site is named from inside it ("accel/raster/chain.py:commit") wherever
@@ -58,9 +58,9 @@ def site(frame, package: str = PACKAGE) -> str:
 
 
 def count_sites(pipe, method: str, conds: list) -> dict:
-    run_images(pipe, method, conds[:1], 1, {}, "tokens", seed=10**6)  # pass costs, first-call allocations
+    generate_batches(pipe, method, conds[:1], 1, {}, "tokens", seed=10**6)  # pass costs, first-call allocations
     with OpSites() as counter:
-        outs = run_images(pipe, method, conds, 1, {}, "tokens")
+        outs = generate_batches(pipe, method, conds, 1, {}, "tokens")
     passes = sum(o.stats["forward_passes"] for o in outs)
     per_pass = {name: count / passes for name, count in counter.sites.most_common()}
     return {"method": method, "passes": passes, "ops_per_pass": sum(per_pass.values()), "sites": per_pass}

@@ -22,7 +22,7 @@ import time
 import torch
 
 import visar
-from visar.eval.bench import conditions, run_images
+from visar.eval.bench import conditions, generate_batches
 
 
 class ModelTimer:
@@ -47,12 +47,12 @@ class ModelTimer:
 
 def split(pipe, timer: ModelTimer, method: str, conds: list, compiled: bool) -> dict:
     if compiled:  # every shape the timed images meet, compiled before them
-        run_images(pipe, method, conds, 1, {}, "tokens")
+        generate_batches(pipe, method, conds, 1, {}, "tokens")
     else:  # auto's AR-step probe, first-call allocations
-        run_images(pipe, method, conds[:1], 1, {}, "tokens", seed=10**6)
+        generate_batches(pipe, method, conds[:1], 1, {}, "tokens", seed=10**6)
     timer.calls, timer.seconds = 0, 0.0
     start = time.perf_counter()
-    outs = run_images(pipe, method, conds, 1, {}, "tokens")
+    outs = generate_batches(pipe, method, conds, 1, {}, "tokens")
     total = time.perf_counter() - start
     passes = sum(o.stats["forward_passes"] for o in outs)
     return {

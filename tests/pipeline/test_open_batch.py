@@ -1,4 +1,4 @@
-"""An open running batch (`pass_loop.ImageSource`, `Request.source`): images join while it decodes.
+"""An open running batch (`core.source.ImageSource`, `Request.source`): images join while it decodes.
 
 Every raster engine (chain, draft trees, static tree, row fronts) decodes a source that grows between
 passes, each image as its decode alone whenever it joined (tests/accel/raster/test_engine_conformance.py).
@@ -16,7 +16,7 @@ from laws import JoinsBetweenPasses, perturbed, tiny_llamagen, unit_codebook
 
 from visar.accel import Request, get_method
 from visar.accel.core.sampling import SamplingParams
-from visar.accel.raster.pass_loop import ImageSource
+from visar.accel.core.source import ImageSource
 
 PARAMS = SamplingParams(guidance_scale=2.0, top_k=20)
 LABELS = [0, 2, 1, 1, 0, 2, 1]

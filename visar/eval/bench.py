@@ -96,7 +96,7 @@ def conditions(pipe, n: int) -> list:
     return caption_metadata(n)
 
 
-def run_images(pipe, method, conds, batch_size, options, output_type, seed=0):
+def generate_batches(pipe, method, conds, batch_size, options, output_type, seed=0):
     """Generate one image per condition (image i with seed `seed + i`); returns the outputs per batch."""
     outs = []
     key = "class_labels" if pipe.is_class_conditional else "prompts"
@@ -109,7 +109,7 @@ def run_images(pipe, method, conds, batch_size, options, output_type, seed=0):
 
 
 def quality_images(pipe, method, conds, options, seed=0) -> torch.Tensor:
-    return torch.cat([o.images for o in run_images(pipe, method, conds, 16, options, "pt", seed)])
+    return torch.cat([o.images for o in generate_batches(pipe, method, conds, 16, options, "pt", seed)])
 
 
 def acceptance_columns(stats: list[dict]) -> dict:
@@ -204,19 +204,19 @@ def reference_options(pipe) -> dict:
 def speed_row(pipe, name: str, options: dict, conds: list, batch_size: int) -> dict:
     """One method's speed and memory columns over `conds`, after a timed warm-up batch."""
     start = synchronized_clock(pipe.device)
-    run_images(pipe, name, conds[:batch_size], batch_size, options, "tokens")  # warm-up (compiles, if compiled)
+    generate_batches(pipe, name, conds[:batch_size], batch_size, options, "tokens")  # warm-up (compiles, if compiled)
     warmup = synchronized_clock(pipe.device) - start
     start = synchronized_clock(pipe.device)
     with PeakMemory(pipe.device, count_tensors=False) as memory:  # CUDA: the allocator's peak, free to read
-        outs = run_images(pipe, name, conds, batch_size, options, "tokens")
+        outs = generate_batches(pipe, name, conds, batch_size, options, "tokens")
     wall = synchronized_clock(pipe.device) - start
     # One batch more, untimed (counting slows a decode): its read-backs and, on CPU, its tensor memory.
     with ReadBackCounter() as read_backs:
         if memory.peak_mb is None:
             with PeakMemory(pipe.device) as memory:
-                counted = run_images(pipe, name, conds[:batch_size], batch_size, options, "tokens")
+                counted = generate_batches(pipe, name, conds[:batch_size], batch_size, options, "tokens")
         else:
-            counted = run_images(pipe, name, conds[:batch_size], batch_size, options, "tokens")
+            counted = generate_batches(pipe, name, conds[:batch_size], batch_size, options, "tokens")
     latency = sum(o.stats["latency_s"] for o in outs)
     # each batch's passes times its images, counted from the stats (next-scale tokens are a list of maps)
     batch_images = [len(o.stats["forward_passes_per_image"]) for o in outs]

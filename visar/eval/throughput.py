@@ -22,7 +22,7 @@ from ..accel import get_method, reference_method
 from ..accel.core.timing import synchronized_clock
 from ..errors import VisarError
 from ..progress import progress_bar
-from .bench import conditions, run_images
+from .bench import conditions, generate_batches
 from .memory import PeakMemory
 
 BATCH_SIZES = (1, 8, 32, 64)
@@ -32,7 +32,7 @@ def run_queue(pipe, name: str, conds: list, batch_size: int, refill: bool, optio
     """The images of `conds` (image i seeded i) at `batch_size`: one call as a running batch, or one call
     per consecutive batch -> the calls' outputs."""
     if not refill:
-        return run_images(pipe, name, conds, batch_size, options, "tokens")
+        return generate_batches(pipe, name, conds, batch_size, options, "tokens")
     key = "class_labels" if pipe.is_class_conditional else "prompts"
     if not pipe.is_class_conditional:
         conds = [entry["prompt"] for entry in conds]

@@ -27,7 +27,7 @@ import torch
 
 from ..accel import Request
 from ..accel.core.scoring import reads_prompts
-from ..accel.raster.pass_loop import ImageSource
+from ..accel.core.source import ImageSource
 from ..errors import VisarError
 from ..models.base import model_kind
 from ..models.outputs import output_maps

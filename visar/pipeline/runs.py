@@ -16,8 +16,9 @@ from typing import Any, NamedTuple
 import torch
 
 from ..accel import Request, get_method, reference_method
-from ..accel.core.method_registry import consecutive_batches, hand_over_images
+from ..accel.core.method_registry import consecutive_batches, decode_queue
 from ..accel.core.sampling import SamplingParams
+from ..accel.core.stats import batch_of_one, per_image
 from ..accel.policy.auto import settled
 from ..errors import VisarError
 from ..models.base import model_kind
@@ -108,32 +109,26 @@ def decode_images(model, run: Run, slots: int | None, deterministic: bool, on_im
     """The method over the call's images: each alone (deterministic), as a running batch of `slots`
     (a method that refills), or in consecutive batches of `slots` (the others, ar among them: its
     slots all free at once) -> tokens and stats in the output's shapes; on_image gets each image as
-    it is done (a running batch), as its batch is (consecutive batches, one image alone), or all at the end."""
+    it is done (a running batch), as its batch is (consecutive batches, one image alone), or all at
+    the end, through the one hand-over of `method_registry.decode_queue`."""
     choice = {}  # {"auto", "auto_reason"} where auto settled its candidate first
     if deterministic and run.name == "auto":  # its choice made first: each image's bits then hold
         run, choice = settled_run(model, run, slots, deterministic)
-    running = slots is not None and run.method.refills and not deterministic
+    request = replace(run.request, slots=slots, on_image=image_callback(model, on_image, choice))
     try:
         with deterministic_algorithms(model.device, deterministic):
             if deterministic:  # one image a batch: every model call has the shapes of its decode alone
-                tokens, stats = run_batches(run, 1, image_done(model, on_image, choice))
-            elif running:
-                request = replace(run.request, slots=slots, on_image=image_callback(model, on_image))
-                tokens, stats = run.method.fn(request, **run.options)
-            elif slots is not None:
-                tokens, stats = run_batches(run, slots, image_done(model, on_image))
-                images = run.request.cond.shape[0]  # a running batch's counts: its images start `slots` at a time
-                stats.update(slots=slots, refills=images - slots, batch_passes=stats["forward_passes"])
+                tokens, stats = consecutive_batches(request, 1, lambda batch: run.method.fn(batch, **run.options))
             else:
-                tokens, stats = run.method.fn(run.request, **run.options)
+                tokens, stats = decode_queue(request, run.method, run.options)
     except torch.OutOfMemoryError as err:
         images = run.request.cond.shape[0]
         raise out_of_memory(err, 1 if deterministic else slots or images, run.name, model.device) from err
+    if slots is not None and not run.method.refills and not deterministic:
+        images = run.request.cond.shape[0]  # a running batch's counts: its images start `slots` at a time
+        stats.update(slots=slots, refills=images - slots, batch_passes=stats["forward_passes"])
     tokens, stats["commit_pass"] = output_maps(model, tokens, stats["commit_pass"])
-    stats |= choice
-    if on_image is not None and slots is None and not deterministic:
-        hand_over_images(on_image, 0, tokens, stats)
-    return tokens, stats
+    return tokens, stats | choice
 
 
 def settled_run(model, run: Run, slots: int | None, deterministic: bool) -> tuple[Run, dict]:
@@ -169,34 +164,16 @@ def settle_auto(pipe, class_labels=None, prompts=None, *, batch_size=None, deter
     return note["auto"], note["auto_reason"]
 
 
-def run_batches(run: Run, size: int, done=None):
-    """The method on consecutive batches of at most `size` images (`consecutive_batches`), stats merged;
-    done(start, tokens, stats), if given, after each."""
-    return consecutive_batches(run.request, size, lambda start, stop, batch: run.method.fn(batch, **run.options), done)
-
-
-def image_done(model, on_image, note: dict | None = None):
-    """A batch of one image's (index, tokens, stats) -> on_image(index, its output tokens, info), as a
-    running batch hands an image over (None without on_image); note: stats to add (auto's settled choice)."""
-    if on_image is None:
-        return None
-
-    def hand_over(index, tokens, stats):
-        tokens, commit_pass = output_maps(model, tokens, stats["commit_pass"])
-        hand_over_images(on_image, index, tokens, {**stats, "commit_pass": commit_pass, **(note or {})})
-
-    return hand_over
-
-
-def image_callback(model, on_image):
-    """A running batch's (index, tokens [N], info with commit_pass [N]) -> on_image(index, the image's
-    output tokens, info with its commit_pass in the output's shape)."""
+def image_callback(model, on_image, note: dict):
+    """The accel layer's hand-over (index, an image's tokens, info with its commit_pass) ->
+    on_image(index, the image's output tokens, info with its commit_pass in the output's shape and
+    `note`: what auto settled on); None without on_image."""
     if on_image is None:
         return None
 
     def hand_over(index, tokens, info):
-        tokens, commit_pass = output_maps(model, tokens[None], info["commit_pass"][None])
-        on_image(index, tokens[0], {**info, "commit_pass": commit_pass[0]})
+        tokens, commit_pass = output_maps(model, batch_of_one(tokens), batch_of_one(info["commit_pass"]))
+        on_image(index, per_image(tokens)[0], {**info, "commit_pass": per_image(commit_pass)[0], **note})
 
     return hand_over
 

@@ -12,7 +12,7 @@ from conftest import TEST_DEVICE
 import visar
 from visar.accel.core.acceptance import keyed_uniforms
 from visar.accel.core.sampling import draw_uniforms, make_generators, sample_from_probs
-from visar.accel.raster import chain
+from visar.accel.raster import slots
 from visar.errors import VisarError
 
 
@@ -36,9 +36,9 @@ def test_uniforms_meet_the_probabilities_on_their_device():
 
 
 def test_image_keys_come_from_the_generators_and_go_to_the_device():
-    keys = chain.image_keys(make_generators(3, seed=1), TEST_DEVICE)
+    keys = slots.image_keys(make_generators(3, seed=1), TEST_DEVICE)
     assert keys.device.type == TEST_DEVICE.type
-    assert torch.equal(keys[1:2].cpu(), chain.image_keys(make_generators(1, seed=2), "cpu"))
+    assert torch.equal(keys[1:2].cpu(), slots.image_keys(make_generators(1, seed=2), "cpu"))
 
 
 def test_position_keyed_noise_is_integer_arithmetic_then_one_rounding():

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import torch
+import torch._dynamo as dynamo
 from conftest import law_samples
 from laws import (
     CFG_TOPK,
@@ -48,6 +49,7 @@ from laws import (
 from visar.accel import METHODS, Request, get_method
 from visar.accel.core.sampling import SamplingParams, draw_uniforms, make_generators
 from visar.accel.core.scoring import GuidedScorer
+from visar.accel.raster import chain, slots, static_tree, tree_passes
 from visar.accel.raster.methods import ar
 from visar.accel.raster.pass_loop import run_pass
 from visar.accel.raster.zipar import engine
@@ -195,6 +197,33 @@ def test_images_that_join_an_open_source_late_are_their_decodes_alone(models, al
         assert torch.equal(info["commit_pass"].cpu(), own["commit_pass"][0]), image
 
 
+# -- one traced graph a pass ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case_id", CASES)
+def test_a_pass_traces_as_one_graph(models, case_id, monkeypatch):
+    """Only the plan (a pass's shape: its width, whether an image is left, a draft's catch-up, the
+    carried laws' K) reads the device back; the step, propose to commit with the model call and the
+    bookkeeping, is one graph without breaks, so a compiled pass replays as one CUDA graph per shape.
+    Traced after a few real passes of the case's own decode."""
+    traced = []
+
+    def trace_a_pass(engine, state, *loop_options):
+        with torch.no_grad(), engine:
+            for _ in range(3):
+                run_pass(engine, engine.plan())
+            traced.append(dynamo.explain(run_pass)(engine, engine.plan()))
+        return state.tokens, {}  # a result for the method to return
+
+    for module in (chain, tree_passes, static_tree, engine):
+        monkeypatch.setattr(module, "decode_passes", trace_a_pass)
+    decode(models, CASES[case_id], range(2))
+    dynamo.reset()
+    (explained,) = traced
+    assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
+    assert explained.graph_count == 1
+
+
 # -- budget=N: every pass N rows; its bad values ----------------------------------------------------------
 
 BUDGET_METHODS = sorted(name for name, method in METHODS.items() if "budget" in method.options)
@@ -259,26 +288,26 @@ def test_budget_auto_says_where_choosing_went(models, name):
 
 
 def test_an_admitted_image_has_its_first_pass_in_the_next_pass(models, monkeypatch):
-    """The contract of `PassEngine.admit`, on the row fronts: the slot is reset, and the new image's first
+    """The contract of `SlotState.admit`, on the row fronts: the slot is reset, and the new image's first
     pass (its prefill and token 0) is the next pass's, not the admit's."""
     engines = []
 
-    def keep_the_engine(front_passes, *loop_options):
-        engines.append(front_passes)
-        return front_passes.finish()  # a result for the method to return; the passes run below
+    def keep_the_engine(front_passes, state, *loop_options):
+        engines.append((front_passes, state))
+        return state.tokens, {}  # a result for the method to return; the passes run below
 
     monkeypatch.setattr(engine, "decode_passes", keep_the_engine)
     labels = torch.tensor(LABELS[:6])
     request = Request(models["model"], labels, PARAMS, make_generators(len(labels), SEED), slots=2)
     get_method("zipar-tree").fn(request, s=2, window=4, branch=4)
-    (fronts,) = engines
+    ((fronts, state),) = engines
     with torch.no_grad(), fronts:
-        while not fronts.done().any():
+        while not state.done().any():
             run_pass(fronts, fronts.plan())
-        row = int(fronts.done().long().argmax())
-        fronts.release([row])
+        row = int(state.done().long().argmax())
+        state.release([row])
         calls = fronts.scorer.forward_passes
-        fronts.admit([row], [2])
+        state.admit([row], [2])
         assert fronts.scorer.forward_passes == calls and int(fronts.fronts.count[row].sum()) == 0
         plan = fronts.plan()  # the prefill of the admitted slot, then the pass's shape
         assert fronts.scorer.forward_passes == calls + 1 and int(fronts.fronts.count[row].sum()) == 1
@@ -404,8 +433,9 @@ def test_tree_fronts_with_refills_sample_the_exact_law(model4):
 
 @pytest.mark.slow
 def test_a_front_image_reusing_its_first_uniforms_is_detected(model4, monkeypatch):
-    """Negative control: the admitted image's first pass reads its uniforms without consuming them, so
-    its next pass draws token 1 with the number that drew token 0; the two tokens are coupled."""
+    """Negative control: an image's first pass reads its uniforms without consuming them (the state's
+    `first_draws`), so its next pass draws token 1 with the number that drew token 0; the two tokens
+    are coupled."""
 
     def peek(generators, count):
         states = [generator.get_state() for generator in generators]
@@ -414,7 +444,7 @@ def test_a_front_image_reusing_its_first_uniforms_is_detected(model4, monkeypatc
             generator.set_state(state)
         return draws
 
-    monkeypatch.setattr(engine, "draw_uniforms", peek)  # the engine draws only an admitted image's first pass
+    monkeypatch.setattr(slots, "draw_uniforms", peek)  # the state draws only an image's first uniforms with it
     ok, summary, _ = refilled_tree_draws(model4)
     print("zipar-tree refilled, first uniforms reused", summary)
     assert not ok, summary

@@ -1,4 +1,4 @@
-"""Relaxed acceptance (gsd, lantern): exact reduction to SJD, LANTERN's TV bound, speed, neighbour cache, bad input.
+"""Relaxed acceptance (gsd, lantern): exact reduction to SJD, LANTERN's TV bound, speed, bad input.
 
 The bound is checked twice: exactly, by enumerating the output law of one verification step
 over every draft token (acceptance.py's functions on random p, q and codebooks), and by
@@ -19,6 +19,7 @@ from laws import CFG_TOPK, SAMPLES, VOCAB, all_sequences, perturbed, sequence_in
 
 import visar
 from visar.accel import METHODS, get_method
+from visar.accel.core import codebook
 from visar.accel.core.acceptance import (
     AcceptanceRule,
     grouped_accept,
@@ -82,7 +83,7 @@ def random_case(seed: int, vocab: int, one_hot: bool):
         q = q / q.sum()
     k = int(torch.randint(1, vocab - 1, (), generator=gen))
     delta = float(torch.empty(1).uniform_(0, 0.4, generator=gen))
-    table = relaxed.compute_neighbours(unit_codebook(vocab, 3, seed), k)
+    table = codebook.compute_neighbours(unit_codebook(vocab, 3, seed), k)
     return p, q, table, delta
 
 
@@ -139,7 +140,7 @@ def test_official_rejection_path_breaks_the_bound():
         p = torch.rand(vocab, generator=gen, dtype=torch.float64) ** 2
         p = p / p.sum()
         q = F.one_hot(torch.randint(vocab, (), generator=gen), vocab).double()
-        table = relaxed.compute_neighbours(unit_codebook(vocab, 3, seed), k + 1)
+        table = codebook.compute_neighbours(unit_codebook(vocab, 3, seed), k + 1)
         official_law, _ = one_step_law(official_relax, p, q, table, delta)
         paper_law, _ = one_step_law(lantern_relax_per_draft, p, q, table[:, :k], delta)
         assert tv(paper_law, p) <= delta + 1e-9
@@ -206,7 +207,7 @@ DELTA, K = 0.15, 2
 @pytest.fixture(scope="module")
 def lantern_runs(model):
     """Tokens [SAMPLES, 4] and stats of each rule on the V = 6 model, CFG + top-k, window 4, same seeds."""
-    table = relaxed.compute_neighbours(unit_codebook(VOCAB, 3, 0), K + 1)
+    table = codebook.compute_neighbours(unit_codebook(VOCAB, 3, 0), K + 1)
     cond = torch.full((SAMPLES,), 1)
     runs = {}
     for name, relax, proposer, neighbours in [
@@ -354,26 +355,6 @@ def test_group_is_the_draft_and_its_probability_neighbours_within_the_thresholds
         wide = dict(prob_gap=1.0, max_distance=9.0)
         verdicts = {accepts(u, group_size=n, **wide) for n in (11, 12, 10**9)}
         assert len(verdicts) == 1
-
-
-def test_neighbour_table_is_computed_once_and_cached_by_codebook(tmp_path, monkeypatch):
-    book = unit_codebook(40, 4, 3)
-    table = relaxed.nearest_codes(book, 5)
-    distances = torch.cdist(book.double(), book.double()).pow(2)
-    distances.fill_diagonal_(float("inf"))
-    assert torch.equal(table, distances.argsort(dim=1, stable=True)[:, :5])
-    files = list((tmp_path / "cache" / "neighbours").glob("*.pt"))
-    assert [f.name for f in files] == [f"{relaxed.codebook_hash(book)}-39.pt"]  # all 39 others stored
-
-    # a new process (empty memory) reads the file, and another k reuses it
-    monkeypatch.setattr(relaxed, "LOADED_TABLES", {})
-    monkeypatch.setattr(relaxed, "compute_neighbours", lambda *a, **kw: pytest.fail("recomputed"))
-    assert torch.equal(relaxed.nearest_codes(book, 12)[:, :5], table)
-    monkeypatch.undo()
-    monkeypatch.setenv("VISAR_CACHE", str(tmp_path / "cache"))
-    # another codebook gets its own file
-    relaxed.nearest_codes(unit_codebook(40, 4, 4), 5)
-    assert len(list((tmp_path / "cache" / "neighbours").glob("*.pt"))) == 2
 
 
 def test_methods_are_registered_lossy_with_their_options():

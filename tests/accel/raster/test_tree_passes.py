@@ -6,7 +6,6 @@ temperature, and all of them; the negative control verifies every candidate of a
 itself (no residual after a rejected sibling) and must fail the same test.
 """
 
-import numpy as np
 import pytest
 import torch
 from laws import (
@@ -23,7 +22,7 @@ from laws import (
 )
 
 from visar.accel import METHODS, Request, get_method
-from visar.accel.core import tree_acceptance
+from visar.accel.core import candidates, tree_acceptance
 from visar.accel.core.sampling import SamplingParams, make_generators
 from visar.accel.core.stats import COMMON_STATS
 from visar.accel.raster import draft_trees
@@ -83,7 +82,7 @@ def test_candidates_reported_with_the_wrong_law_are_detected(model, monkeypatch)
         left = weights.scatter(-1, first, 0.0)
         return (left / left.sum(-1, keepdim=True))[..., None, :].expand(*tokens.shape, -1)
 
-    monkeypatch.setattr(draft_trees, "candidate_laws", first_draw_law)
+    monkeypatch.setattr(candidates, "candidate_laws", first_draw_law)
     tokens, _ = draw("tree-mc-sjd", model, 1, TOPP_TEMP, SAMPLES, 4100, window=6, branch=3, depth=2, init="random")
     with pytest.raises(AssertionError):  # a zero-probability sequence drawn, or a law off by chi-square and TV
         pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(model, 1, TOPP_TEMP))
@@ -189,69 +188,3 @@ def test_neighbour_candidates_never_wrap_round_a_row():
     index = torch.tensor([[0, 3, 4, 7, 9]])
     found = draft_trees.neighbour_candidates(canvas, index, 4, draft_trees.NEIGHBOURS)
     assert found[0].tolist() == [[-1, -1, -1, -1], [2, -1, -1, -1], [-1, 0, -1, 1], [6, 3, 2, -1], [8, 5, 4, 6]]
-
-
-def reference_candidates(base: list[float], first: int, branch: int, fixed: list[int]) -> dict:
-    """The candidate rule one rank after another, exactly: {(x_1 .. x_{K-1}): probability}. Rank by
-    rank: the first known neighbour not tried yet, else a draw from base without the tried tokens
-    (uniform over the untried ones where that has no mass)."""
-    laws = {(): 1.0}
-    for _ in range(branch - 1):
-        longer = {}
-        for tried, mass in laws.items():
-            used = {first, *tried}
-            fresh = [x for x in fixed if x >= 0 and x not in used]
-            if fresh:
-                longer[(*tried, fresh[0])] = mass
-                continue
-            left = [0.0 if v in used else base[v] for v in range(len(base))]
-            if sum(left) == 0:
-                left = [0.0 if v in used else 1.0 for v in range(len(base))]
-            for v, w in enumerate(left):
-                if w > 0:
-                    longer[(*tried, v)] = longer.get((*tried, v), 0.0) + mass * w / sum(left)
-        laws = longer
-    return laws
-
-
-@pytest.mark.parametrize(
-    "base, first, branch, fixed",
-    [
-        ([0.4, 0.3, 0.0, 0.2, 0.1, 0.0], 1, 4, []),
-        ([0.4, 0.3, 0.0, 0.2, 0.1, 0.0], 1, 6, []),  # draws past the law's support: uniform over the rest
-        ([0.05, 0.5, 0.25, 0.0, 0.2, 0.0], 2, 5, [4, 2, -1, 4]),  # a neighbour that is candidate 0, a repeat
-        ([0.05, 0.5, 0.25, 0.0, 0.2, 0.0], 2, 3, [5, 0, 1]),  # more neighbours than ranks: no draw
-    ],
-)
-def test_candidates_drawn_at_once_follow_the_rule_drawn_rank_by_rank(base, first, branch, fixed):
-    """The extra candidates of one top-k over Gumbel keys have the joint law of drawing them one
-    after another without replacement (known neighbours first), and each reported law is the
-    candidate's law given those before it; chi-square and TV against the enumerated law."""
-    vocab, n = len(base), SAMPLES
-    generator = torch.Generator().manual_seed(5)
-    noise = torch.rand(n, 1, vocab, generator=generator)
-    tokens, laws = draft_trees.without_replacement(
-        torch.tensor(base).expand(n, 1, -1),
-        torch.full((n, 1), first),
-        branch,
-        noise,
-        torch.tensor(fixed).expand(n, 1, -1) if fixed else None,
-    )
-    assert (tokens[:, 0, 0] == first).all() and torch.equal(laws[:, 0, 0], torch.tensor(base).expand(n, -1))
-    exact = reference_candidates(base, first, branch, fixed)
-    cells = {ranks: i for i, ranks in enumerate(exact)}
-    extra = [tuple(row) for row in tokens[:, 0, 1:].tolist()]
-    assert set(extra) <= set(cells), "a candidate sequence the rule never draws"
-    if len(cells) > 1:  # else every draw is the one sequence, as checked above
-        law = np.array(list(exact.values()))
-        pvalue, tv, tolerance = compare_laws(np.array([cells[ranks] for ranks in extra]), law)
-        assert pvalue > 1e-3 and tv < tolerance, (pvalue, tv, tolerance)
-    for i in range(20):  # each reported law: the rule's law of that rank given the ranks before it
-        ranks = extra[i]
-        for k in range(1, branch):
-            expected = torch.zeros(vocab, dtype=torch.float64)
-            for r, p in exact.items():
-                if r[: k - 1] == ranks[: k - 1]:
-                    expected[r[k - 1]] += p
-            expected = (expected / expected.sum()).float()
-            torch.testing.assert_close(laws[i, 0, k], expected, atol=1e-6, rtol=0)

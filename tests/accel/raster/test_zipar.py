@@ -11,6 +11,7 @@
 """
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -597,9 +598,10 @@ def test_tree_fronts_without_the_residual_ladder_are_detected(model4, monkeypatc
 
 def test_initialisers_copy_their_neighbours():
     """On a 3x3 grid, vocabulary 5: what each initialiser drafts and the q it reports."""
-    state = drafts.DecodeState(
-        torch.zeros(3, 12, dtype=torch.long), torch.tensor([4, 1, 4]), torch.zeros(3), 9, 5, (3, 3), 3
-    )
+    state = SimpleNamespace(  # what an initialiser reads of a `SlotState`
+        tokens=torch.zeros(3, 12, dtype=torch.long), committed=torch.tensor([4, 1, 4]), keys=torch.zeros(3),
+        num_tokens=9, vocab_size=5, grid_size=(3, 3), window=3, vocab_ids=lambda: torch.arange(5),
+    )  # fmt: skip
     canvas = torch.full((3, 12), -1)
     canvas[0, :4] = torch.tensor([1, 2, 3, 4])  # image 0: four committed tokens and a carried draft at index 5
     canvas[0, 5] = 0
@@ -768,11 +770,10 @@ def test_bad_options(name, options, message):
         get_method(name).fn(request, **options)
 
 
-def test_vectorised_above_fill_equals_the_slot_loop():
+def test_vectorised_above_init_equals_the_slot_loop():
     """init="above" copies in one gather per chain link what neighbour_fill copies slot by slot: random
     canvases and slot sets, windows longer than a row (a slot copies the copy made one row up), slots
     in any order, unused slots (-1)."""
-    from types import SimpleNamespace
 
     gen = torch.Generator().manual_seed(0)
     chains = 0
@@ -788,14 +789,14 @@ def test_vectorised_above_fill_equals_the_slot_loop():
         canvas.scatter_(1, index.clamp(min=0), torch.where(index >= 0, -1, canvas.gather(1, index.clamp(min=0))))
         state = SimpleNamespace(grid_size=(size // width + 1, width), vocab_size=vocab)
         request = drafts.FillRequest(state, index, torch.rand(batch, slots, generator=gen), canvas)
-        fast, loop = drafts.above_fill(request), drafts.neighbour_fill(request, True, False)
+        fast, loop = drafts.above_init(request), drafts.neighbour_fill(request, True, False)
         assert torch.equal(fast[0], loop[0]) and torch.equal(fast[1], loop[1]), trial
         source = index - width
         chains += int(((index[:, None, :] == source[:, :, None]) & (index[:, None, :] >= 0)).any(-1).sum())
     assert chains > 50  # the case the loop exists for is exercised
 
 
-def test_consecutive_above_fill_equals_the_slot_loop():
+def test_consecutive_above_init_equals_the_slot_loop():
     """A window's or a tree's slots lie at committed + 0 .. G - 1 (`FillRequest.consecutive`): the
     forward fill down each column of W (`latest_known_above`) copies what neighbour_fill copies slot by
     slot, with committed tokens, carried drafts and gaps past the commit, G longer than several rows."""
@@ -813,6 +814,6 @@ def test_consecutive_above_fill_equals_the_slot_loop():
         index = committed[:, None] + torch.arange(slots)
         state = SimpleNamespace(grid_size=(size // width + 1, width), vocab_size=vocab)
         uniforms = torch.rand(batch, slots, generator=gen)
-        fast = drafts.above_fill(drafts.FillRequest(state, index, uniforms, canvas, consecutive=True))
+        fast = drafts.above_init(drafts.FillRequest(state, index, uniforms, canvas, consecutive=True))
         loop = drafts.neighbour_fill(drafts.FillRequest(state, index, uniforms, canvas), True, False)
         assert torch.equal(fast[0], loop[0]) and torch.equal(fast[1], loop[1]), trial

@@ -20,6 +20,12 @@ def check_number(
         raise VisarError(f"{name} must be {kind} {bounds}, got {value!r}")
 
 
+def check_flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise VisarError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
 def check_choice(name: str, value, choices) -> None:
     if not isinstance(value, str) or value not in choices:
         raise VisarError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")

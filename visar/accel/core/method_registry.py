@@ -19,7 +19,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import partial
 
 import torch
 from torch import Tensor
@@ -58,7 +57,7 @@ class Request:
     # called (image index, tokens [N], {"forward_passes", "commit_pass" [N], what the method adds}) as each
     # image of a running batch finishes
     on_image: Callable | None = None
-    # An open running batch (`pass_loop.ImageSource`, with `slots`): images join while it decodes, and
+    # An open running batch (`core.source.ImageSource`, with `slots`): images join while it decodes, and
     # cond, cond_mask and generators are the source's first images. None: the request's images alone.
     source: object | None = None
 
@@ -107,28 +106,33 @@ class Request:
 
 
 def run_images(request: Request, name: str, options: dict, start: int, stop: int) -> tuple:
-    """Method `name` with `options` on the request's images [start, stop), as a call of their own; a
-    running batch of them, for a method that does not refill, as consecutive batches of its slots."""
-    method, images = get_method(name), request.images(start, stop)
-    if images.slots is None or method.refills:
-        return method.fn(images, **options)
-    decode = lambda first, last, part: method.fn(part, **options)  # noqa: E731
-    return consecutive_batches(images, images.slots, decode, hand_over_batch(images.on_image))
+    """Method `name` with `options` on the request's images [start, stop), as a call of their own
+    (`decode_queue`)."""
+    return decode_queue(request.images(start, stop), get_method(name), options)
 
 
-def consecutive_batches(request: Request, size: int | None, decode: Callable, done: Callable | None = None) -> tuple:
-    """The request's images as consecutive batches of at most `size` (None: one batch): decode(start, stop,
-    the request of images [start, stop) alone) -> their (tokens, stats); done(start, tokens, stats), if
-    given, after each batch -> the batches' tokens concatenated, their stats merged. How a method that
-    does not refill (`Method.refills`) decodes a running batch: ar's slots all free at once anyway."""
+def decode_queue(request: Request, method: Method, options: dict) -> tuple:
+    """The method on the request's images, each handed to `request.on_image` once, as it is done: a
+    running batch of `request.slots` for a method that refills (`Method.refills`), consecutive batches
+    of them for the others, else one call whose images are handed over at its end."""
+    if request.slots is not None and method.refills:
+        return method.fn(request, **options)
+    return consecutive_batches(request, request.slots, lambda batch: method.fn(batch, **options))
+
+
+def consecutive_batches(request: Request, size: int | None, decode: Callable) -> tuple:
+    """The request's images as consecutive batches of at most `size` (None: one batch): decode(the
+    request of images [start, stop) alone) -> their (tokens, stats), each batch's images handed to
+    request.on_image when it is done -> the batches' tokens concatenated, their stats merged. How a
+    method that does not refill decodes a running batch: ar's slots all free at once anyway."""
     images = request.cond.shape[0]
     size = min(size or images, images)
     parts = []
     for start in range(0, images, size):
         stop = min(start + size, images)
-        parts.append(decode(start, stop, replace(request.images(start, stop), slots=None, on_image=None)))
-        if done is not None:
-            done(start, *parts[-1])
+        parts.append(decode(replace(request.images(start, stop), slots=None, on_image=None)))
+        if request.on_image is not None:
+            hand_over_images(request.on_image, start, *parts[-1])
     if len(parts) == 1:
         return parts[0]
     return concat_batches([tokens for tokens, _ in parts]), merge_batch_stats([stats for _, stats in parts])
@@ -144,12 +148,6 @@ def hand_over_images(on_image: Callable, start: int, tokens, stats: dict):
         if "auto" in stats:
             info["auto"] = stats["auto"]
         on_image(start + i, image_tokens, info)
-
-
-def hand_over_batch(on_image: Callable | None) -> Callable | None:
-    """A running batch's on_image -> `consecutive_batches`' done(start, tokens, stats), which hands
-    over each image of a finished batch (`hand_over_images`; None without on_image)."""
-    return None if on_image is None else partial(hand_over_images, on_image)
 
 
 @dataclass(frozen=True)

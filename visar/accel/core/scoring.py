@@ -89,7 +89,7 @@ class GuidedScorer:
     slots: the model batch holds `slots` images at a time (default: all of them), and cond /
     cond_mask are a queue of Q images' conditions (`QueuedConditions`), of which slot b holds image b
     at first and the image `admit` gives it later (a running batch that refills its finished slots);
-    source: an open one's (`pass_loop.ImageSource`), which may start with fewer images than slots
+    source: an open one's (`core.source.ImageSource`), which may start with fewer images than slots
     (the others decode spares: the last image's condition) and grows; null: the caller's null rows.
     """
 

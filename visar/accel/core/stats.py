@@ -98,15 +98,17 @@ class DecodeLog:
         self.tested_by_slot.scatter_add_(0, slots, tested)
         self.accepted_by_slot.scatter_add_(0, slots, accepted)
 
-    def image_commits(self, index: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
-        """A running batch's slots `index` [R], whose images started after pass start [R] -> (their
-        passes [R], the pass of their own that committed each token [R, N], 1 = their first)."""
+    def image_commits(self, rows: list[int], start: list[int], end: int) -> tuple[Tensor, Tensor]:
+        """A running batch's slots `rows`, whose images started after `start` passes (`end`: the passes
+        so far) -> (their passes [R], the pass of their own that committed each token [R, N], 1 = their
+        first)."""
+        index, start = (torch.tensor(x, device=self.device) for x in (rows, start))
         return self.passes_per_image[index], self.commit_pass[index, : self.num_tokens] - start[:, None]
 
-    def forget(self, index: Tensor):
-        """Slots `index` [R] start new images: no passes, no commits."""
-        self.passes_per_image[index] = 0
-        self.commit_pass[index] = 0
+    def admit(self, rows: Tensor, images: Tensor):
+        """Slots `rows` [R] start new images: no passes, no commits."""
+        self.passes_per_image[rows] = 0
+        self.commit_pass[rows] = 0
 
     def stats(self, forward_passes: int, draft_forward_passes: int = 0) -> dict:
         """The COMMON_STATS of the finished decode."""
@@ -160,15 +162,18 @@ class ChainRecord:
             more = max(passes, 2 * len(self.records)) - len(self.records)
             self.records = torch.cat([self.records, self.records.new_zeros(more, *self.records.shape[1:])])
 
-    def image_commits(self, row: int, start: int, end: int) -> tuple[Tensor, Tensor]:
-        """The image slot `row` decoded in passes start .. end - 1 -> (its passes, 0-d; the pass of its
-        own that committed each token [N], 1 = its first)."""
-        num_tokens = self.log.num_tokens
-        committed, _, num_accepted = self.records[start:end, :, row].unbind(1)  # [P]
-        active = committed < num_tokens
-        reached = committed + torch.where(active, num_accepted + 1, 0)
-        first = torch.searchsorted(reached, torch.arange(num_tokens, device=reached.device), right=True)
-        return active.sum(), first + 1
+    def image_commits(self, rows: list[int], start: list[int], end: int) -> tuple[Tensor, Tensor]:
+        """The images slots `rows` decoded in passes start .. end - 1 -> (their passes [R]; the pass of
+        their own that committed each token [R, N], 1 = their first)."""
+        num_tokens, passes, commit_pass = self.log.num_tokens, [], []
+        for row, first_pass in zip(rows, start, strict=True):
+            committed, _, num_accepted = self.records[first_pass:end, :, row].unbind(1)  # [P]
+            active = committed < num_tokens
+            reached = committed + torch.where(active, num_accepted + 1, 0)
+            first = torch.searchsorted(reached, torch.arange(num_tokens, device=reached.device), right=True)
+            passes.append(active.sum())
+            commit_pass.append(first + 1)
+        return torch.stack(passes), torch.stack(commit_pass)
 
     def stats(self, forward_passes: int, draft_forward_passes: int = 0) -> dict:
         log, num_tokens = self.log, self.log.num_tokens
@@ -211,6 +216,13 @@ def per_image(batch) -> list:
     if isinstance(batch, (list, tuple)):
         return [list(maps) for maps in zip(*batch, strict=True)]
     return list(batch)
+
+
+def batch_of_one(image):
+    """One entry of `per_image` -> a batch of that image alone ([1, ...], or a list of [1, ...] per scale)."""
+    if isinstance(image, (list, tuple)):
+        return [part[None] for part in image]
+    return image[None]
 
 
 def concat_batches(parts: list):

@@ -3,7 +3,7 @@
 `auto` times its candidates once per model, device, dtype, batch size, guidance and sampling
 settings; a process that starts again (a second `visar generate`, each torchrun worker) would time
 them again, images decoded by slower candidates before it runs the fastest. What it measured is
-kept in one JSON file in visar's cache folder (`cache_root`: `$VISAR_CACHE`, else
+kept in one JSON file in visar's cache folder (`core.cache.cache_root`: `$VISAR_CACHE`, else
 `~/.cache/visar`, where the relaxed methods keep their codebook neighbours too). An entry is found
 again only by the same key on the same machine: the model's fingerprint (its class, parameter
 names, shapes, dtypes and first values), the torch version, the processor or GPU, and the CPU
@@ -21,10 +21,7 @@ from pathlib import Path
 
 import torch
 
-
-def cache_root() -> Path:
-    """Where visar caches derived data: $VISAR_CACHE, else ~/.cache/visar."""
-    return Path(os.environ.get("VISAR_CACHE") or Path.home() / ".cache" / "visar")
+from ..core.cache import cache_root
 
 
 def model_fingerprint(model) -> str:

@@ -25,15 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...models.base import RasterModel
 from ..core.acceptance import SPECULATIVE, AcceptanceRule, verify_slots
 from ..core.checks import check_number
 from ..core.method_registry import Request
-from ..core.sampling import UniformStream, sample_from_probs, to_device
+from ..core.sampling import sample_from_probs
 from ..core.scoring import GuidedScorer
 from ..core.stats import ChainRecord
-from .drafts import DecodeState
-from .pass_loop import SlotBook, decode_passes, power_of_two, running_batch, score_first_passes_apart
+from .pass_loop import decode_passes, power_of_two, score_first_passes_apart
 from .proposers import (
     ACCEPT,
     NUM_PURPOSES,
@@ -41,6 +39,7 @@ from .proposers import (
     Proposer,
     Window,
 )
+from .slots import SlotState
 
 
 def check_spans(window, warmup, tail):
@@ -60,7 +59,7 @@ def window_lengths(committed: Tensor, window: int, warmup: int, tail: int, num_t
 
 def score_window(
     scorer: GuidedScorer,
-    state: DecodeState,
+    state: SlotState,
     draft_tokens: Tensor,
     first: bool,
     offsets: Tensor | None = None,
@@ -115,7 +114,7 @@ def first_window_logits(scorer: GuidedScorer, draft_tokens: Tensor, num_slots: i
 
 
 def next_window_logits(
-    scorer: GuidedScorer, state: DecodeState, draft_tokens: Tensor, offsets: Tensor | None, rows=None, input_pos=None
+    scorer: GuidedScorer, state: SlotState, draft_tokens: Tensor, offsets: Tensor | None, rows=None, input_pos=None
 ):
     """A later window: [last committed token, drafts] right after the commit -> logits [R, num_slots, V].
     input_pos: the slots' positions [R, num_slots] where the caller made them, else from offsets
@@ -169,26 +168,6 @@ def verify_window(
     return Verdict(verdict.tokens, verdict.laws, num_accepted, verdict.p_draws)
 
 
-def image_keys(generators: list[torch.Generator], device) -> Tensor:
-    """[B] one 32-bit key per image, the first draw of its generator (for position-keyed noise)."""
-    return to_device(torch.stack([torch.randint(0, 2**32, (1,), generator=g) for g in generators])[:, 0], device)
-
-
-def new_state(model: RasterModel, generators: list[torch.Generator], window: int, spare: int) -> DecodeState:
-    """Nothing committed yet; the token buffer has `spare` scratch columns past the image for a pass's
-    tokens beyond the commit."""
-    batch, device, num_tokens = len(generators), model.device, model.num_image_tokens
-    return DecodeState(
-        tokens=torch.zeros(batch, num_tokens + spare, dtype=torch.long, device=device),
-        committed=torch.zeros(batch, dtype=torch.long, device=device),
-        keys=image_keys(generators, device),
-        num_tokens=num_tokens,
-        vocab_size=model.vocab_size,
-        grid_size=tuple(model.grid_size),
-        window=window,
-    )
-
-
 class ChainPasses:
     """The chain engine's passes: each image scores a window right after its committed prefix
     ([last committed token, drafts]), verifies the drafts left to right, commits the leading
@@ -199,25 +178,18 @@ class ChainPasses:
     of the new image alone starts with.
     """
 
-    desc = "speculative"
-
-    def __init__(self, request: Request, proposer: Proposer, window: int, warmup, tail, rule):
-        check_spans(window, warmup, tail)
+    def __init__(self, request: Request, state: SlotState, proposer: Proposer, warmup, tail, rule):
         model = request.model
-        self.proposer, self.rule = proposer, rule
+        self.state, self.proposer, self.rule = state, proposer, rule
         self.spans = (warmup, tail)  # the plain-AR spans at the start and end
         self.batch, self.device = request.batch_size, model.device
         self.num_cond, self.total = model.num_condition_tokens, model.num_image_tokens
-        self.window = min(window, self.total)  # a longer window is clipped, here once and for all
+        self.window = state.window
         self.record = ChainRecord(self.batch, model.grid_size, self.window, self.device)
-        generators = request.slot_generators()
-        self.state = new_state(model, generators, self.window, spare=self.window)
-        # each pass's uniforms, the same numbers as a draw per pass, drawn 16 passes at a time
-        self.uniforms = UniformStream(generators, self.device, block=16 * NUM_PURPOSES * self.window)
         self.slot_range = torch.arange(self.window, device=self.device)
         self.position_offsets = self.num_cond - 1 + self.slot_range  # slot j's position past the commit
         self.scorer = GuidedScorer.for_request(request)
-        self.book = SlotBook(request)
+        state.record, state.parts = self.record, [self.scorer, proposer]
         self.full_lengths: dict[int, Tensor] = {}  # slots -> window_len [B] of a pass of full windows
         # Compiled passes draft padded windows: slots past an image's window are padding (never
         # tested, after every real slot, forgotten with the cache), so the tokens are the same.
@@ -239,9 +211,9 @@ class ChainPasses:
         window_len, num_slots, least, full, catch_up = self.pass_shape(self.window)
         if num_slots == 0:
             return None
-        uniforms = self.uniforms.take(NUM_PURPOSES * self.window)  # [B, 4 * window] (`Window.row`)
-        fresh = self.book.next_pass()
-        self.record.reserve(self.book.passes)
+        uniforms = self.state.uniforms.take(NUM_PURPOSES * self.window)  # [B, 4 * window] (`Window.row`)
+        fresh = self.state.next_pass()
+        self.record.reserve(self.state.passes)
         scored = min(power_of_two(num_slots), self.window)  # slots scored, padding included
         slots = self.slot_range if scored == self.window else self.slot_range[:scored]
         slot_index = self.state.committed[:, None] + slots  # [B, scored]: the image index of each
@@ -276,8 +248,11 @@ class ChainPasses:
             self.full_lengths[num_slots] = torch.full_like(committed, num_slots)
         return self.full_lengths[num_slots], num_slots, least, True, catch_up
 
-    def propose(self, plan: Window) -> tuple[Tensor, Tensor]:
-        return self.proposer.propose(self.state, plan)  # [B, G], [B, G, V]
+    def step(self, plan: Window):
+        drafts = self.proposer.propose(self.state, plan)  # [B, G], [B, G, V]
+        probs = self.score(plan, drafts)
+        verdict = verify_window(self.rule, probs, *drafts, plan, self.proposer.draws_from_p)
+        self.commit(plan, probs, verdict)
 
     def score(self, plan: Window, drafts) -> Tensor:
         first = len(plan.fresh) == self.batch
@@ -288,10 +263,7 @@ class ChainPasses:
                 input_pos = input_pos.clamp(max=self.num_cond + self.total - 1)
         return score_window(self.scorer, self.state, drafts[0], first, self.position_offsets, plan.fresh, input_pos)
 
-    def verify(self, plan: Window, drafts, probs: Tensor) -> Verdict:
-        return verify_window(self.rule, probs, *drafts, plan, self.proposer.draws_from_p)
-
-    def commit(self, plan: Window, drafts, probs: Tensor, verdict: Verdict):
+    def commit(self, plan: Window, probs: Tensor, verdict: Verdict):
         state = self.state
         commit_count = verdict.num_accepted + 1
         if not plan.full:  # 0 for finished images, at most the window for clipped ones
@@ -310,30 +282,9 @@ class ChainPasses:
         # The cache keeps every committed token but the newest, which the next window feeds.
         self.scorer.truncate_cache(state.committed + (self.num_cond - 1))
 
-    def least_done(self) -> Tensor:
-        return self.state.committed.min()
-
-    def finish(self) -> tuple[Tensor, dict]:
+    def stats(self) -> dict:
         stats = self.record.stats(self.scorer.forward_passes, draft_forward_passes=self.proposer.forward_passes)
-        return self.state.tokens[:, : self.total], {**stats, "window": self.window}
-
-    def done(self) -> Tensor:
-        return self.state.committed >= self.total
-
-    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
-        book = self.book
-        commits = [self.record.image_commits(row, book.start_pass[row], book.passes) for row in rows]
-        passes, commit_pass = (torch.stack(part) for part in zip(*commits, strict=True))
-        return self.state.tokens[rows, : self.total], passes, commit_pass
-
-    def admit(self, rows: list[int], images: list[int]):
-        index, image_index, generators = self.book.admit(rows, images)
-        state = self.state
-        state.committed[index] = 0
-        state.keys[index] = image_keys(generators, self.device)  # its generator's first draw, as in new_state
-        self.uniforms.replace(rows, generators)
-        self.scorer.admit(index, image_index)
-        self.proposer.admit(index, image_index)
+        return {**stats, "window": self.window}
 
 
 def speculative_decode(
@@ -347,5 +298,10 @@ def speculative_decode(
 ) -> tuple[Tensor, dict]:
     """Propose, score, verify, commit (ragged), truncate, carry over, pass after pass
     (`ChainPasses` on the pass loop). -> (tokens [B, N], stats)."""
-    engine = ChainPasses(request, proposer, window, warmup, tail, rule)
-    return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))
+    check_spans(window, warmup, tail)
+    window = min(window, request.model.num_image_tokens)  # a longer window is clipped, here once and for all
+    state = SlotState(
+        request, window=window, spare=window, keyed=True, block=16 * NUM_PURPOSES * window
+    )  # each pass's uniforms, the same numbers as a draw per pass, drawn 16 passes at a time
+    engine = ChainPasses(request, state, proposer, warmup, tail, rule)
+    return decode_passes(engine, state, request, "speculative")

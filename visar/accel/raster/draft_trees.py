@@ -1,17 +1,15 @@
 """The draft tree at the head of a Jacobi window (sjd-pac, tree-mc-sjd; zipar-tree's fronts use its candidates).
 
-`DraftTree`: the layout, a K-ary tree over the first D - 1 draft positions whose rank-0 branch
-goes on as a chain (the main path). `draft_tree`: every node's token and the law it was drawn
-from (candidate 0 from the proposer, then known neighbours and draws without replacement).
-`DraftTreeScorer`: the inputs, cache slots and mask of one target pass over the tree. `verify_draft_tree`:
-every node at once by recursive rejection (`tree_acceptance`, the one verifier of every draft tree).
+`DraftTree`: the layout. `draft_tree`: every node's token and the law it was drawn from (candidate 0
+from the proposer, then known neighbours and draws without replacement). `DraftTreeScorer`: one target
+pass over the tree. `verify_draft_tree`: every node at once by recursive rejection (`tree_acceptance`).
 docs/RASTER.md ("Draft trees") has the iteration and why each candidate is drawn from the law it is verified under.
 """
 
 from __future__ import annotations
 
 import functools
-import math
+import itertools
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -19,12 +17,13 @@ from torch import Tensor
 
 from ...errors import VisarError
 from ..core import tree_acceptance
+from ..core.candidates import without_replacement
 from ..core.checks import check_number
 from ..core.sampling import UniformStream, sample_from_probs
 from ..core.scoring import GuidedScorer
 from ..core.tree_acceptance import TreeIndex
-from .drafts import DecodeState
 from .proposers import DRAFT, NUM_PURPOSES, JacobiProposer, Window
+from .slots import SlotState
 from .static_tree import CacheSlots, StaticTree
 
 
@@ -96,7 +95,7 @@ class DraftTree:
     def built(cls, window: int, branch: int, depth: int) -> DraftTree:
         """`build`'s tree, made once per process (its index tensors are only read): a build takes some
         500 small ops, and every decode of a tree method asks for its tree."""
-        paths = [p for d in range(1, depth) for p in _rank_paths(branch, d)]
+        paths = [p for d in range(1, depth) for p in itertools.product(range(branch), repeat=d)]
         tree_nodes = len(paths) + 1
         paths += [(0,) * d for d in range(depth, window - tree_nodes + depth)]
         tree = StaticTree.from_paths(paths)
@@ -135,12 +134,6 @@ def _to(value, device):
     return value.to(device) if isinstance(value, Tensor) else value
 
 
-def _rank_paths(branch: int, depth: int) -> list[tuple[int, ...]]:
-    if depth == 0:
-        return [()]
-    return [p + (r,) for p in _rank_paths(branch, depth - 1) for r in range(branch)]
-
-
 NEIGHBOURS = ("left", "above", "above-left", "above-right")
 
 
@@ -169,78 +162,6 @@ def neighbour_positions(length: int, width: int, names: tuple[str, ...], device)
     }
     found = [torch.where(ok, (index - offset).clamp(0, length - 1), -1) for offset, ok in map(offsets.get, names)]
     return torch.stack(found, -1).to(device)
-
-
-def without_replacement(
-    base: Tensor, first: Tensor, branch: int, noise: Tensor, fixed: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
-    """Candidates 1 .. K - 1 of each position, drawn without replacement from the law of candidate 0.
-
-    base [B, P, V] candidate 0's law, first [B, P] its token, noise [B, P, V] one uniform per token;
-    fixed [B, P, J] (optional): known neighbour tokens (-1 unknown), which come first, each as a
-    one-hot law, while one is not a candidate yet. Otherwise candidate k is drawn from norm(w with
-    candidates 0 .. k - 1 removed), w = max(base, tiny): a token base gives no mass weighs the
-    smallest normal float, so it ranks after every token with mass (but for odds of about 1e-38,
-    which its reported law carries), and where base has no mass left (a one-hot copy, or a law
-    with fewer than K tokens) the draw is uniform over the unused tokens. Either way the law is
-    fixed by what the verifier's uniforms are independent of, as recursive rejection needs.
-    -> tokens [B, P, K], laws [B, P, K, V]: each candidate's law given those before it.
-    """
-    first = first[..., None]  # [B, P, 1]
-    if branch == 1:
-        return first, base[..., None, :]
-    weights = base.clamp(min=torch.finfo(base.dtype).tiny)
-    tokens, picked = ranked_candidates(weights, first, branch - 1, noise, fixed)
-    laws = candidate_laws(weights, first, tokens, picked)
-    return torch.cat([first, tokens], -1), torch.cat([base[..., None, :], laws], -2)
-
-
-# A known neighbour's key: above every drawn token's (a Gumbel key log w - log(-log u) is below
-# log 1 + 17 for float32 uniforms), the earlier neighbour higher.
-PICKED = 1e4
-
-
-def ranked_candidates(
-    weights: Tensor, first: Tensor, num_ranks: int, noise: Tensor, fixed: Tensor | None
-) -> tuple[Tensor, Tensor | None]:
-    """Candidates 1 .. K - 1 in one top-k over every token's key: the n distinct known neighbours that
-    are not candidate 0 first, in their order, then draws without replacement from the weights.
-
-    Why the draws are exact: with Gumbel keys log w(v) + g(v), g(v) = -log(-log u(v)) independent,
-    the largest key is token v with probability w(v) / sum w, and given it the rest rank as the same
-    race over the tokens left (Gumbel top-k; Plackett-Luce). So the order of the K - 1 largest keys is
-    a draw one after another, each from norm(w without the tokens ranked before), in one step instead
-    of K - 1 dependent rounds. A picked neighbour's key outranks every draw, and candidate 0 never
-    ranks, so the draws come from w without candidate 0 and the picks, as rank by rank picking
-    "the first known neighbour not tried yet, else a draw" gives. (Float32 uniforms bound g to
-    [-2.8, 16.6]: an order of odds below about 1e-8 is never drawn, a rounding of the law of the
-    order of the inverse-CDF draw's, whose 24-bit grid resolves masses to about 6e-8.)
-    weights [B, P, V] > 0, first [B, P, 1], noise [B, P, V], fixed [B, P, J] or None
-    -> tokens [B, P, K - 1], picked [B, P, K - 1]: True at a picked neighbour (None without neighbours).
-    """
-    keys = weights.log() - noise.log().neg_().log_()  # [B, P, V]
-    if fixed is not None:
-        priority = torch.where(fixed >= 0, neighbour_priority(fixed.shape[-1], fixed.device), -math.inf)  # [B, P, J]
-        keys.scatter_reduce_(-1, fixed.clamp(min=0), priority, "amax")
-    ranked = keys.scatter_(-1, first, -math.inf).topk(num_ranks, -1)
-    return ranked.indices, None if fixed is None else ranked.values >= PICKED
-
-
-@functools.lru_cache(maxsize=16)
-def neighbour_priority(count: int, device) -> Tensor:
-    """[J] the keys of known neighbours 0 .. J - 1: PICKED + J .. PICKED + 1 (made once)."""
-    return torch.arange(count, 0, -1, device=device) + PICKED
-
-
-def candidate_laws(weights: Tensor, first: Tensor, tokens: Tensor, picked: Tensor | None) -> Tensor:
-    """The law of each of candidates 1 .. K - 1 given those before it: one-hot for a picked neighbour,
-    else norm(w without candidate 0 and the candidates ranked before it) (picks rank before every
-    draw, so that is w without the picks too). -> [B, P, K - 1, V]."""
-    hits = weights.new_zeros(*tokens.shape, weights.shape[-1]).scatter_(-1, tokens[..., None], 1.0)  # one-hot
-    ranked_before = hits.cumsum(-2) > hits  # [B, P, K - 1, V]: the token is a candidate of an earlier rank
-    left = weights.scatter(-1, first, 0.0)[..., None, :].masked_fill(ranked_before, 0.0)
-    laws = left / left.sum(-1, keepdim=True)  # some token is always left: K <= V
-    return laws if picked is None else torch.where(picked[..., None], hits, laws)
 
 
 @dataclass
@@ -313,36 +234,28 @@ class DraftTreeScorer(CacheSlots):
         """One target pass -> p at every node [B, T, V] (node 0: the root's, the law of index `committed`).
         rows [R]: the pass is for these slots of the scorer's batch only (every tensor here has R rows)."""
         input_pos, cache_pos, mask = self.nodes(committed)
-        batch = committed.shape[0]
         if first:  # the condition is the chain; its last position is the root
-            cond_pos = torch.arange(self.num_cond, device=self.device)[None].expand(batch, -1)
-            cond_mask = (self.slots[None, None] <= cond_pos[..., None]) & (self.slots < self.scratch)[None, None]
-            logits = self.scorer.logits(
-                node_tokens[:, 1:],
-                torch.cat([cond_pos, input_pos], 1),
-                mask=torch.cat([cond_mask, mask], 1),
-                cache_pos=torch.cat([cond_pos, cache_pos], 1),
-                with_condition=True,
-                rows=rows,
-            )
-            width = self.num_cond
+            chain_pos = torch.arange(self.num_cond, device=self.device)[None].expand(committed.shape[0], -1)
+            chain_mask = (self.slots[None, None] <= chain_pos[..., None]) & (self.slots < self.scratch)[None, None]
+            fed_tokens, chain_slots = node_tokens[:, 1:], chain_pos
         else:
             # a fixed width (a path off the main branch leaves the tree by depth D - 1): no read-back, one shape
-            feed, feed_pos, feed_slots, feed_mask = self.chain(tokens, fed, committed, self.layout.depth)
-            logits = self.scorer.logits(
-                torch.cat([feed, node_tokens[:, 1:]], 1),
-                torch.cat([feed_pos, input_pos], 1),
-                mask=torch.cat([feed_mask, mask], 1),
-                cache_pos=torch.cat([feed_slots, cache_pos], 1),
-                rows=rows,
-            )
-            width = feed.shape[1]
-        return self.scorer.target_probs(logits[:, width - 1 :])
+            feed, chain_pos, chain_slots, chain_mask = self.chain(tokens, fed, committed, self.layout.depth)
+            fed_tokens = torch.cat([feed, node_tokens[:, 1:]], 1)
+        logits = self.scorer.logits(
+            fed_tokens,
+            torch.cat([chain_pos, input_pos], 1),
+            mask=torch.cat([chain_mask, mask], 1),
+            cache_pos=torch.cat([chain_slots, cache_pos], 1),
+            with_condition=first,
+            rows=rows,
+        )
+        return self.scorer.target_probs(logits[:, chain_pos.shape[1] - 1 :])
 
 
 def draft_tree(
     proposer: JacobiProposer,
-    state: DecodeState,
+    state: SlotState,
     window: Window,
     layout: DraftTree,
     neighbours: tuple[str, ...],
@@ -380,7 +293,7 @@ def draft_tree(
 
 def candidate_noise(layout: DraftTree, vocab: int) -> int:
     """Uniforms of the extra candidates' draw a pass: one per token at each branching position (the
-    keys of `ranked_candidates`), none when there are no extra candidates."""
+    keys of `candidates.ranked_candidates`), none when there are no extra candidates."""
     return (layout.depth - 1) * vocab if layout.branch > 1 else 0
 
 
@@ -406,7 +319,7 @@ def tree_randomness(
     return Window(active * main_len, window_u, main_len - 1), extra_u, test_u
 
 
-def commit_path(state: DecodeState, columns: Tensor, verdict: DraftTreeVerdict) -> Tensor:
+def commit_path(state: SlotState, columns: Tensor, verdict: DraftTreeVerdict) -> Tensor:
     """Write the reached path and the token after it past each image's commit (columns [M]: 1 .. M,
     made once a decode); -> the image index of every path column [B, M] (column d holds index
     committed - 1 + d)."""

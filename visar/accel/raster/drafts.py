@@ -32,33 +32,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...errors import VisarError
-
-
-@dataclass
-class DecodeState:
-    """What proposers read. B images, N image tokens, V vocabulary."""
-
-    tokens: Tensor  # [B, N + window] committed image tokens, valid below `committed` (the tail is scratch)
-    committed: Tensor  # [B] number of committed tokens of each image
-    keys: Tensor  # [B] one 32-bit key per image, for position-keyed noise
-    num_tokens: int
-    vocab_size: int
-    grid_size: tuple[int, int]
-    window: int  # the longest window (slots per pass)
-    vocab_range: Tensor | None = None  # [V] 0 .. V - 1, made once (`vocab_ids`)
-
-    def vocab_ids(self) -> Tensor:
-        """[V] the token ids, made at the first call of a decode and kept."""
-        if self.vocab_range is None:
-            self.vocab_range = torch.arange(self.vocab_size, device=self.tokens.device)
-        return self.vocab_range
+from .slots import SlotState
 
 
 @dataclass
 class FillRequest:
     """What an initialiser may look at. A 2-D initialiser (token above / to the left) reads the canvas."""
 
-    state: DecodeState
+    state: SlotState
     draft_index: Tensor  # [B, G] absolute image-token index of every draft slot
     # [B, G] this iteration's draft uniforms of each image, or a function that takes them (`uniforms`)
     uniform_source: Tensor | Callable[[], Tensor]
@@ -141,8 +122,9 @@ def neighbour_fill(request: FillRequest, above: bool, left: bool) -> tuple[Tenso
     return tokens, torch.where((has_up | has_left)[..., None], copy_q, probs)
 
 
-def above_fill(request: FillRequest) -> tuple[Tensor, Tensor]:
-    """`neighbour_fill(above=True, left=False)` without its loop over slots: the same tokens and q.
+def above_init(request: FillRequest) -> tuple[Tensor, Tensor]:
+    """The token one row up (q one-hot), else a uniform token: `neighbour_fill(above=True, left=False)`
+    without its loop over slots, the same tokens and q.
 
     A slot copies the token one row up: the canvas's, or, where the canvas has none there, the copy
     made for an earlier slot of this pass at that index (a window longer than the row). Chains of
@@ -176,7 +158,7 @@ def latest_known_above(known: Tensor, width: int) -> Tensor:
     """Consecutive slots (`FillRequest.consecutive`): known [B, G] each slot's token one row up (-1:
     none) -> the token each slot copies: its own known one, else the copy made for slot j - W, and so
     on up its column; -1 where none in the column is known. A forward fill down each column of the
-    slots laid out W a row: the same copies as `above_fill`'s chains, in a dozen ops at any G."""
+    slots laid out W a row: the same copies as `above_init`'s chains, in a dozen ops at any G."""
     batch, slots = known.shape
     rows = -(-slots // width)
     grid = F.pad(known, (0, rows * width - slots), value=-1).view(batch, rows, width)
@@ -187,7 +169,7 @@ def latest_known_above(known: Tensor, width: int) -> Tensor:
 
 
 def above_committed_fill(request: FillRequest, source: Tensor) -> tuple[Tensor, Tensor]:
-    """`above_fill` where every slot is real and its source, when inside the image, is committed:
+    """`above_init` where every slot is real and its source, when inside the image, is committed:
     the committed token there (q one-hot), else a uniform token (q uniform), in a few ops."""
     vocab, committed = request.state.vocab_size, request.state.tokens
     if request.sources_inside:  # q one-hot, as bool (a caller that asks for this takes it as 0 / 1)
@@ -205,11 +187,6 @@ def one_hot_or(copies: Tensor, tokens: Tensor, probs: Tensor) -> tuple[Tensor, T
     q = torch.zeros_like(probs).scatter_(-1, copies.clamp(min=0)[..., None], 1.0)
     copied = copies >= 0
     return torch.where(copied, copies, tokens), torch.where(copied[..., None], q, probs)
-
-
-def above_init(request: FillRequest) -> tuple[Tensor, Tensor]:
-    """The token one row up (q one-hot), else a uniform token."""
-    return above_fill(request)
 
 
 def left_init(request: FillRequest) -> tuple[Tensor, Tensor]:

@@ -24,7 +24,8 @@ from ..core.acceptance import gumbel_coupling, keyed_uniforms
 from ..core.method_registry import Request
 from ..core.sampling import sample_from_probs
 from ..core.scoring import GuidedScorer
-from .drafts import DecodeState, FillRequest, made
+from .drafts import FillRequest, made
+from .slots import SlotState
 
 # Rows of the per-iteration uniform block [B, 4 * window] each image draws from its generator (RESIDUAL
 # and CARRY side by side: `Window.draw_rows` takes both in one slice).
@@ -77,20 +78,20 @@ class Proposer(Protocol):
     # that draw with its own and hands it to `after_commit` (p_draws)
     draws_from_p: bool
 
-    def start(self, state: DecodeState) -> None: ...
+    def start(self, state: SlotState) -> None: ...
 
-    def catch_up_need(self, state: DecodeState) -> Tensor | None:
+    def catch_up_need(self, state: SlotState) -> Tensor | None:
         """What the next `propose` must know on the host (a 0-d integer tensor the plan reads back with
         the pass's shape, into `Window.catch_up`), or None."""
         ...
 
-    def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
+    def propose(self, state: SlotState, window: Window) -> tuple[Tensor, Tensor]:
         """-> draft_tokens [B, G], draft_probs [B, G, V] for image indices committed + j, G = max_drafts."""
         ...
 
     def after_commit(
         self,
-        state: DecodeState,
+        state: SlotState,
         window: Window,
         target_probs: Tensor,
         slot_tokens: Tensor,
@@ -116,7 +117,7 @@ class Proposer(Protocol):
 
 @dataclass
 class CarryRequest:
-    state: DecodeState
+    state: SlotState
     target_probs: Tensor  # [B, L, V] this pass's p at every slot
     slot_tokens: Tensor  # [B, L] the verified-or-resampled token of every slot (maximal coupling of (q, p))
     slot_laws: Tensor  # [B, L, V] the law each slot token follows: p, or LANTERN's p~ at a verified draft
@@ -199,6 +200,10 @@ class Carry:
     draw: Callable[[CarryRequest], tuple[Tensor, Tensor]]
     forget: Callable[[Tensor], None] = forget_nothing
 
+    def admit(self, rows: Tensor, images: Tensor):
+        """Slots `rows` start new images (a `SlotState` part): `forget` their old ones."""
+        self.forget(rows)
+
 
 FRESH_DRAWS = Carry(independent_carry)  # SJD's carry: stateless, so one object serves every decode
 COUPLINGS = {"maximal": maximal_coupling_carry, "gumbel": GumbelCarry}
@@ -225,10 +230,10 @@ class JacobiProposer:
         self.draws_from_p = carry.draw is independent_carry
         self.forward_passes = 0
 
-    def catch_up_need(self, state: DecodeState) -> None:
+    def catch_up_need(self, state: SlotState) -> None:
         return None  # drafts come from the last pass: nothing to feed first
 
-    def start(self, state: DecodeState):
+    def start(self, state: SlotState):
         batch, vocab, device = state.tokens.shape[0], state.vocab_size, state.tokens.device
         self.window = state.window
         self.slots = torch.arange(self.window, device=device)  # sliced each pass rather than made again
@@ -240,21 +245,21 @@ class JacobiProposer:
         self.carry_probs = torch.zeros(batch, self.window, vocab, device=device)
         self.carried = torch.zeros(batch, self.window, dtype=torch.bool, device=device)  # [B, C] slot holds a draft
 
-    def canvas(self, state: DecodeState) -> Tensor:
+    def canvas(self, state: SlotState) -> Tensor:
         """[B, N + window] committed tokens and carried drafts at their indices, -1 elsewhere."""
         canvas = torch.where(self.canvas_slots < state.committed[:, None], state.tokens, -1)
         slots = self.slot_prefix[self.carry_tokens.shape[1]]  # the last pass's slots: every carried draft
         index = state.committed[:, None] + slots  # < N + window
         return canvas.scatter(1, index, torch.where(self.carried, self.carry_tokens, canvas.gather(1, index)))
 
-    def proposal_canvas(self, state: DecodeState) -> Tensor:
+    def proposal_canvas(self, state: SlotState) -> Tensor:
         """`canvas` as the last `propose` saw it (the carry-over moves only after the commit): built
         once a pass, by whichever of the initialiser and the caller asks first."""
         if self.last_canvas is None:
             self.last_canvas = self.canvas(state)
         return self.last_canvas
 
-    def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
+    def propose(self, state: SlotState, window: Window) -> tuple[Tensor, Tensor]:
         self.last_canvas = None
         num_slots = window.max_drafts
         # more slots than the last pass had (after a span of plain-AR passes)
@@ -307,7 +312,7 @@ class JacobiProposer:
         # a carried slot holds a draft where its source lies in the window (every slot's is L long when full)
         self.carried = source < (length if window.full else window.window_len[:, None])
 
-    def slot_index(self, state: DecodeState, window: Window, length: int) -> Tensor:
+    def slot_index(self, state: SlotState, window: Window, length: int) -> Tensor:
         """[B, length] the image index of each slot: the plan's, else made here."""
         if window.slot_index is None:
             return state.committed[:, None] + self.slot_prefix[length]
@@ -339,19 +344,19 @@ class DraftModelProposer:
     def forward_passes(self) -> int:
         return self.scorer.forward_passes
 
-    def start(self, state: DecodeState):
+    def start(self, state: SlotState):
         self.max_pos = self.num_cond + state.num_tokens - 1
         self.scorer.open_cache(self.max_pos + 1)
         self.draft_len: Tensor | None = None  # [B] valid cache length; None before the prefill
         self.pending: Tensor | None = None  # [B, V] the prefill's law of image token 0
 
-    def catch_up_need(self, state: DecodeState) -> Tensor:
+    def catch_up_need(self, state: SlotState) -> Tensor:
         """The most positions any image's draft has not seen (before the prefill: every committed token)."""
         if self.draft_len is None:
             return state.committed.max()
         return (self.num_cond + state.committed - self.draft_len).max()
 
-    def catch_up(self, state: DecodeState, steps: int) -> Tensor:
+    def catch_up(self, state: SlotState, steps: int) -> Tensor:
         """Feed the draft what it has not seen (positions draft_len .. T + committed - 1; steps: the
         most of any image, `catch_up_need` as the plan read it).
 
@@ -366,7 +371,7 @@ class DraftModelProposer:
         last = logits[torch.arange(len(catch_up), device=device), (catch_up - 1).clamp(min=0)]  # [B, V]
         return torch.where((catch_up > 0)[:, None], self.scorer.target_probs(last), self.pending)
 
-    def propose(self, state: DecodeState, window: Window) -> tuple[Tensor, Tensor]:
+    def propose(self, state: SlotState, window: Window) -> tuple[Tensor, Tensor]:
         batch, device = state.tokens.shape[0], state.tokens.device
         num_drafts = window.max_drafts
         if num_drafts == 0:

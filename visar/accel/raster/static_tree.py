@@ -24,11 +24,12 @@ from torch import Tensor
 from ...errors import VisarError
 from ...models.base import RasterModel
 from ..core.method_registry import Request
-from ..core.sampling import UniformStream, draw_uniforms, sample_from_probs, to_device
+from ..core.sampling import sample_from_probs
 from ..core.scoring import GuidedScorer
 from ..core.stats import DecodeLog
 from ..core.tree_acceptance import TreeIndex, verify_tree
-from .pass_loop import SlotBook, decode_passes, running_batch
+from .pass_loop import decode_passes
+from .slots import SlotState
 
 # Each path lists child ranks from the root: [0] is the root's first child, [0, 1] that child's second.
 NAIVE_EXTEND_57 = (
@@ -292,16 +293,14 @@ class StaticTreePasses:
 
     relax(p, q, x) -> p~: the target each child is tested against (None: p itself, lossless); a
     rejection continues from norm((p~ - q)+). An image's first step is a plain AR step: the pass
-    that starts it (`plan`, for the slots `SlotBook.fresh` names) runs its prefill, target and draft,
+    that starts it (`plan`, for the slots `SlotState.fresh` names) runs its prefill, target and draft,
     and draws token 0 before the tree; a running batch (`request.slots`) refills a slot between
     passes (`admit`), and the next pass starts the new image the same way.
     """
 
-    desc = "tree"
-
-    def __init__(self, request: Request, draft: RasterModel, tree: StaticTree, relax):
+    def __init__(self, request: Request, state: SlotState, draft: RasterModel, tree: StaticTree, relax):
         model = request.model
-        self.tree, self.relax, self.device = tree, relax, model.device
+        self.state, self.tree, self.relax, self.device = state, tree, relax, model.device
         self.batch, self.total = request.batch_size, model.num_image_tokens
         self.target = TreeAttention(GuidedScorer.for_request(request), tree)
         self.drafter = TreeDrafter(draft, tree, request)
@@ -311,17 +310,11 @@ class StaticTreePasses:
         self.index = tree.verify_index().to(self.device)
         self.node_range = torch.arange(1, self.size, device=self.device)
         self.depth_range = torch.arange(self.max_depth + 1, device=self.device)
-        self.tokens = torch.zeros(self.batch, self.total + self.max_depth + 1, dtype=torch.long, device=self.device)
-        self.committed = torch.zeros(self.batch, dtype=torch.long, device=self.device)
-        self.fed = torch.zeros(self.batch, dtype=torch.long, device=self.device)
-        self.log = DecodeLog(self.batch, model.grid_size, self.max_depth, self.device)
-        self.log.count_at_once = request.compile_passes is not None
-        # the same numbers as a draw per pass, drawn 16 passes at a time; token 0's is each stream's first
-        self.uniforms = UniformStream(request.slot_generators(), self.device, block=16 * self.block)
-        self.first_u = self.uniforms.take(1)[:, 0].clone()  # [B] each slot's image's uniform for token 0
         # pass numbers in the log are one past the passes planned: an image's prefill counts as a
         # pass of its own, numbered as the pass before the one it starts in (1 for a decode's images)
-        self.book = SlotBook(request)
+        self.log = DecodeLog(self.batch, model.grid_size, self.max_depth, self.device)
+        self.log.count_at_once = request.compile_passes is not None
+        state.record, state.parts = self.log, [self.target.scorer, self.drafter, self.log]
 
     def __enter__(self):
         self.target.open()
@@ -338,82 +331,62 @@ class StaticTreePasses:
         """The first step of the images in slots `fresh`: the prefill (target and draft) and token 0
         drawn with the image's first uniform, logged as its first pass. A decode's first pass starts
         every slot in one call; a refill, even of every slot at once, calls the model for its rows."""
-        rows = None if self.book.passes == 0 else torch.tensor(fresh, device=self.device)
+        state = self.state
+        rows = None if state.passes == 0 else torch.tensor(fresh, device=self.device)
         index = slice(None) if rows is None else rows
-        self.log.forget(index)
         self.log.passes_per_image[index] = 1
-        self.log.commit_pass[index, 0] = self.book.passes + 1
-        self.tokens[index] = 0
-        self.tokens[index, 0] = sample_from_probs(self.target.scorer.prefill(rows), self.first_u[index])
+        self.log.commit_pass[index, 0] = state.passes + 1
+        # token 0's uniform: each image's first draw (`first_draws=1`)
+        state.tokens[index, 0] = sample_from_probs(self.target.scorer.prefill(rows), state.first_uniforms[index, 0])
         self.drafter.start(rows)
-        self.committed[index] = 1
-        self.fed[index] = 0
+        state.committed[index] = 1
 
     def plan(self) -> StaticTreePlan | None:
-        if self.book.fresh:
-            self.start_images(self.book.fresh)
-        active = self.committed < self.total
+        state = self.state
+        if state.fresh:
+            self.start_images(state.fresh)
+        active = state.committed < self.total
         # the one read-back of the loop: whether any image is left, and the most committed tokens any
         # image has not fed to the target and the draft (both feed them at the next pass's start)
-        left, width = torch.stack([active.any().long(), (self.committed - self.fed).max()]).tolist()
+        left, width = torch.stack([active.any().long(), (state.committed - state.fed).max()]).tolist()
         if not left:
             return None
-        self.book.next_pass()
-        return StaticTreePlan(active, self.uniforms.take(self.block), max(width, 1))
+        state.next_pass()
+        return StaticTreePlan(active, state.uniforms.take(self.block), max(width, 1))
 
-    def propose(self, plan: StaticTreePlan) -> tuple[Tensor, Tensor, Tensor]:
+    def step(self, plan: StaticTreePlan):
+        state = self.state
         node_tokens, node_q, node_ok = self.drafter.propose(
-            self.tokens, self.fed, self.committed, plan.uniforms[:, : self.size], plan.width
+            state.tokens, state.fed, state.committed, plan.uniforms[:, : self.size], plan.width
         )
         # nodes past the image's end are never verified: the deepest usable depth leaves room for one more token
-        return node_tokens, node_q, node_ok & (self.depths[None] <= (self.total - 1 - self.committed)[:, None])
-
-    def score(self, plan: StaticTreePlan, drafts) -> Tensor:
-        chain = self.target.chain(self.tokens, self.fed, self.committed, plan.width)
-        nodes = self.target.nodes(self.node_range, drafts[0][:, 1:], self.committed)
+        node_ok = node_ok & (self.depths[None] <= (self.total - 1 - state.committed)[:, None])
+        chain = self.target.chain(state.tokens, state.fed, state.committed, plan.width)
+        nodes = self.target.nodes(self.node_range, node_tokens[:, 1:], state.committed)
         logits = self.target.run(*(torch.cat([a, b], 1) for a, b in zip(chain, nodes, strict=True)))
-        self.fed = self.committed.clone()
-        return self.target.scorer.target_probs(logits[:, chain[0].shape[1] - 1 :])  # [B, T + 1, V]
-
-    def verify(self, plan: StaticTreePlan, drafts, probs: Tensor) -> TreeWalk:
+        state.fed = state.committed.clone()
+        probs = self.target.scorer.target_probs(logits[:, chain[0].shape[1] - 1 :])  # [B, T + 1, V]
         max_depth, width = self.max_depth, self.tree.children.shape[1]
         accept_u = plan.uniforms[:, self.size : self.size + max_depth * width].view(self.batch, max_depth, width)
-        final_u = plan.uniforms[:, -1]
-        return walk_tree(self.index, probs, *drafts, accept_u, final_u, plan.active, self.relax)
+        walk = walk_tree(
+            self.index, probs, node_tokens, node_q, node_ok, accept_u, plan.uniforms[:, -1], plan.active, self.relax
+        )
+        self.commit(plan, walk)
 
-    def commit(self, plan: StaticTreePlan, drafts, probs: Tensor, walk: TreeWalk):
-        committed, depth, log, active = self.committed, self.depth_range, self.log, plan.active
-        self.tokens.scatter_(1, committed[:, None] + depth, walk.path)
+    def commit(self, plan: StaticTreePlan, walk: TreeWalk):
+        state, depth, log, active = self.state, self.depth_range, self.log, plan.active
+        committed = state.committed
+        state.tokens.scatter_(1, committed[:, None] + depth, walk.path)
         kept = active[:, None] & (depth <= walk.accepted[:, None]) & (committed[:, None] + depth < self.total)
-        log.commit(committed[:, None] + depth, kept, self.book.passes + 1)
+        log.commit(committed[:, None] + depth, kept, state.passes + 1)
         slot = depth[:-1].expand(self.batch, -1)
         log.drafts(committed[:, None] + slot, slot, walk.tried_at, slot < walk.accepted[:, None])
         log.count_pass(active)
-        self.committed = committed + torch.where(active, walk.accepted + 1, 0)
+        state.committed = committed + torch.where(active, walk.accepted + 1, 0)
 
-    def least_done(self) -> Tensor:
-        return self.committed.clamp(max=self.total).min()
-
-    def finish(self) -> tuple[Tensor, dict]:
+    def stats(self) -> dict:
         stats = self.log.stats(self.target.forward_passes, draft_forward_passes=self.drafter.forward_passes)
-        return self.tokens[:, : self.total], {**stats, "tree_nodes": self.tree.num_nodes, "tree_depth": self.max_depth}
-
-    def done(self) -> Tensor:
-        return self.committed >= self.total
-
-    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
-        index = torch.tensor(rows, device=self.device)
-        return self.tokens[index, : self.total], *self.log.image_commits(index, self.book.started(rows))
-
-    def admit(self, rows: list[int], images: list[int]):
-        """Slots `rows` take queue images `images`: their conditions and randomness (token 0's uniform
-        first, as a decode of the image alone draws it); the next pass starts them (`start_images`)."""
-        index, image_index, generators = self.book.admit(rows, images)
-        self.first_u[index] = to_device(draw_uniforms(generators, 1), self.device)[:, 0]  # the stream's first take
-        self.uniforms.replace(rows, generators)
-        self.target.scorer.admit(index, image_index)
-        self.drafter.admit(index, image_index)
-        self.committed[index] = 0
+        return {**stats, "tree_nodes": self.tree.num_nodes, "tree_depth": self.max_depth}
 
 
 def tree_decode(
@@ -424,5 +397,10 @@ def tree_decode(
 ) -> tuple[Tensor, dict]:
     """Draft a static tree, verify it in one target pass, commit the accepted path + 1, pass after
     pass (`StaticTreePasses` on the pass loop). -> (tokens [B, N], stats)."""
-    engine = StaticTreePasses(request, draft, tree, relax)
-    return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))
+    # a pass's uniforms an image draws: the draft's draws, the accept tests, the final draw
+    block = tree.num_nodes + 1 + tree.max_depth * tree.children.shape[1] + 1
+    # each image's first draw is token 0's (its prefill's AR step), then the passes', drawn 16 at a time
+    depth = tree.max_depth
+    state = SlotState(request, window=depth, spare=depth + 1, keyed=False, first_draws=1, block=16 * block)
+    engine = StaticTreePasses(request, state, draft, tree, relax)
+    return decode_passes(engine, state, request, "tree")

@@ -25,10 +25,9 @@ from ...errors import VisarError
 from ...models.base import RasterModel
 from ..core.checks import check_budget, check_number
 from ..core.method_registry import Request
-from ..core.sampling import UniformStream, stream_block
+from ..core.sampling import stream_block
 from ..core.scoring import GuidedScorer
 from ..core.stats import DecodeLog
-from .chain import image_keys, new_state
 from .draft_trees import (
     NEIGHBOURS,
     DraftTree,
@@ -40,8 +39,9 @@ from .draft_trees import (
     tree_uniforms,
     verify_draft_tree,
 )
-from .pass_loop import SlotBook, decode_passes, running_batch, score_first_passes_apart
+from .pass_loop import decode_passes, score_first_passes_apart
 from .proposers import Carry, JacobiProposer, Window, maximal_coupling_carry
+from .slots import SlotState
 
 
 class DraftTreePlan(NamedTuple):
@@ -67,28 +67,25 @@ class DraftTreePasses:
     passes (`admit`); the slot's state is then what a decode of the new image alone starts with.
     """
 
-    desc = "tree"
-
-    def __init__(self, request: Request, layout: DraftTree, initialiser: Callable, neighbours: tuple[str, ...]):
+    def __init__(
+        self, request: Request, state: SlotState, layout: DraftTree, initialiser: Callable, neighbours: tuple[str, ...]
+    ):
         model = request.model
-        self.neighbours = neighbours
+        self.state, self.neighbours = state, neighbours
         self.device, self.total, self.vocab = model.device, model.num_image_tokens, model.vocab_size
         self.batch = batch = request.batch_size
-        generators = request.slot_generators()
-        main_len = layout.main_length
-        self.state = new_state(model, generators, main_len, spare=main_len + 1)
         self.scorer = GuidedScorer.for_request(request)
         self.proposer = JacobiProposer(initialiser, Carry(maximal_coupling_carry))
-        self.log = DecodeLog(batch, model.grid_size, main_len, self.device)
+        self.log = DecodeLog(batch, model.grid_size, layout.main_length, self.device)
         self.log.count_at_once = request.compile_passes is not None
-        self.book = SlotBook(request)  # its passes planned are the pass numbers the log records
+        state.record, state.parts = (
+            self.log,
+            [self.scorer, self.proposer, self.log],
+        )  # the log's pass numbers: the state's
         self.tree_scorer = DraftTreeScorer(self.scorer, layout)
         self.layout = layout.to(self.device)
         # the reached path's columns 1 .. M past the newest committed token, made once (`commit_path`)
         self.path_columns = torch.arange(1, layout.main_length + 1, device=self.device)
-        self.fed = torch.zeros(batch, dtype=torch.long, device=self.device)  # tokens with their KV cached
-        # each pass's uniforms, the same numbers as a draw per pass, drawn up to 16 passes at a time
-        self.uniforms = UniformStream(generators, self.device, block=stream_block(tree_uniforms(layout, self.vocab)))
 
     def __enter__(self):
         self.scorer.open_cache(self.tree_scorer.size)
@@ -103,78 +100,51 @@ class DraftTreePasses:
         if not bool(active.any()):  # the one read-back of the loop
             return None
         layout = self.layout
-        window, extra_u, test_u = tree_randomness(self.uniforms, layout, active, self.vocab)
-        fresh = self.book.next_pass()
+        window, extra_u, test_u = tree_randomness(self.state.uniforms, layout, active, self.vocab)
+        fresh = self.state.next_pass()
         return DraftTreePlan(layout, self.tree_scorer, active, window, extra_u, test_u, fresh)
 
-    def propose(self, plan: DraftTreePlan) -> tuple[Tensor, Tensor]:
-        return draft_tree(self.proposer, self.state, plan.window, plan.layout, self.neighbours, plan.extra_u)
+    def step(self, plan: DraftTreePlan):
+        drafts = draft_tree(self.proposer, self.state, plan.window, plan.layout, self.neighbours, plan.extra_u)
+        probs = self.score(plan, drafts)
+        node_depth = plan.layout.tree.depth
+        valid = plan.active[:, None] & (node_depth[None] <= (self.total - self.state.committed)[:, None])
+        self.commit(plan, probs, verify_draft_tree(plan.layout, probs, *drafts, valid, plan.test_u))
 
     def score(self, plan: DraftTreePlan, drafts) -> Tensor:
         state, tree_scorer = self.state, plan.tree_scorer
         if not plan.fresh or len(plan.fresh) == self.batch:  # one call: every slot's first pass, or none's
             first = len(plan.fresh) == self.batch
-            return tree_scorer.probs(state.tokens, self.fed, state.committed, drafts[0], first)  # [B, T, V]
+            return tree_scorer.probs(state.tokens, state.fed, state.committed, drafts[0], first)  # [B, T, V]
         return score_first_passes_apart(
             self.batch,
             plan.fresh,
             self.device,
             lambda rows, first: tree_scorer.probs(
-                state.tokens[rows], self.fed[rows], state.committed[rows], drafts[0][rows], first, rows
+                state.tokens[rows], state.fed[rows], state.committed[rows], drafts[0][rows], first, rows
             ),
         )
 
-    def verify(self, plan: DraftTreePlan, drafts, probs: Tensor) -> DraftTreeVerdict:
-        node_depth = plan.layout.tree.depth
-        valid = plan.active[:, None] & (node_depth[None] <= (self.total - self.state.committed)[:, None])
-        return verify_draft_tree(plan.layout, probs, *drafts, valid, plan.test_u)
-
-    def commit(self, plan: DraftTreePlan, drafts, probs: Tensor, verdict: DraftTreeVerdict):
+    def commit(self, plan: DraftTreePlan, probs: Tensor, verdict: DraftTreeVerdict):
         state, layout, active, log = self.state, plan.layout, plan.active, self.log
         commit_count = torch.where(active, verdict.accepted + 1, 0)  # the reached path and one token more
         index = commit_path(state, self.path_columns, verdict)
         node_index = state.committed[:, None] + layout.depth_less_one
         node_slot = layout.draft_slot.expand(len(active), -1)
         log.drafts(node_index, node_slot, verdict.tried & active[:, None], verdict.accept)
-        log.commit(index, (self.path_columns <= commit_count[:, None]) & (index < self.total), self.book.passes)
+        log.commit(index, (self.path_columns <= commit_count[:, None]) & (index < self.total), state.passes)
         log.count_pass(active)
         # The main path's outputs past the commit are the next drafts, coupled to the old ones.
         main_probs = probs[:, layout.main]
         self.proposer.after_commit(state, plan.window, main_probs, verdict.main_outputs, commit_count, main_probs)
-        self.fed = torch.where(active, state.committed + verdict.main_reached, self.fed)
+        state.fed = torch.where(active, state.committed + verdict.main_reached, state.fed)
         state.committed = (state.committed + commit_count).clamp(max=self.total)
-        self.scorer.truncate_cache(plan.tree_scorer.num_cond + self.fed)
+        self.scorer.truncate_cache(plan.tree_scorer.num_cond + state.fed)
 
-    def least_done(self) -> Tensor:
-        return self.state.committed.min()
-
-    def finish(self) -> tuple[Tensor, dict]:
+    def stats(self) -> dict:
         layout = self.layout
         shape = {"window": layout.num_nodes, "branch": layout.branch, "depth": layout.depth}
-        return self.state.tokens[:, : self.total], {
-            **self.log.stats(self.scorer.forward_passes),
-            **shape,
-            "rows_per_pass": layout.num_nodes,
-        }
-
-    def done(self) -> Tensor:
-        return self.state.committed >= self.total
-
-    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
-        index = torch.tensor(rows, device=self.device)
-        return self.state.tokens[index, : self.total], *self.log.image_commits(index, self.book.started(rows))
-
-    def admit(self, rows: list[int], images: list[int]):
-        index, image_index, generators = self.book.admit(rows, images)
-        state = self.state
-        state.tokens[index] = 0
-        state.committed[index] = 0
-        state.keys[index] = image_keys(generators, self.device)  # its generator's first draw, as in new_state
-        self.uniforms.replace(rows, generators)
-        self.scorer.admit(index, image_index)
-        self.proposer.admit(index, image_index)
-        self.fed[index] = 0
-        self.log.forget(index)
+        return {**self.log.stats(self.scorer.forward_passes), **shape, "rows_per_pass": layout.num_nodes}
 
 
 def tree_jacobi_decode(
@@ -185,8 +155,11 @@ def tree_jacobi_decode(
 ) -> tuple[Tensor, dict]:
     """Propose a tree, score it in one pass, verify every node, commit, carry over, pass after pass
     (`DraftTreePasses` on the pass loop). -> (tokens [B, N], stats)."""
-    engine = DraftTreePasses(request, layout, initialiser, neighbours)
-    return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))
+    main_len, block = layout.main_length, stream_block(tree_uniforms(layout, request.model.vocab_size))
+    # each pass's uniforms, the same numbers as a draw per pass, drawn up to 16 passes at a time
+    state = SlotState(request, window=main_len, spare=main_len + 1, keyed=True, block=block)
+    engine = DraftTreePasses(request, state, layout, initialiser, neighbours)
+    return decode_passes(engine, state, request, "tree")
 
 
 def decode_tree(

@@ -12,13 +12,7 @@ from ...core.checks import check_budget
 from ...core.method_registry import Request, register_method
 from ..chain import check_spans, speculative_decode
 from ..drafts import resolve_initialiser
-from ..proposers import (
-    Carry,
-    DraftModelProposer,
-    JacobiProposer,
-    carry_updater,
-    independent_carry,
-)
+from ..proposers import Carry, DraftModelProposer, JacobiProposer, carry_updater, independent_carry
 
 
 @register_method(

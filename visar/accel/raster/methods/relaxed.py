@@ -12,24 +12,19 @@ Papers and the upstream code the rules were checked against:
 Image tokens are redundant: several codes draw almost the same patch. gsd and lantern keep the
 speculative Jacobi engine (chain.py) and change only the verification, through an
 `AcceptanceRule` (the rules live in acceptance.py); lantern++ verifies a static draft tree from
-a draft model (static_tree.py). Neighbour tables (each code's nearest codes) are cached on disk under
-$VISAR_CACHE. docs/RASTER.md ("Relaxed acceptance") has each rule, the deliberate differences
-from the upstream code (LANTERN's bound kept for sampled drafts) and the default initialisers.
+a draft model (static_tree.py). The codebook and its neighbour tables are core/codebook.py's.
+docs/RASTER.md ("Relaxed acceptance") has each rule, the deliberate differences from the upstream
+code (LANTERN's bound kept for sampled drafts) and the default initialisers.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
-import os
 from collections.abc import Callable
 from functools import partial
 
-import torch
 from torch import Tensor
 
 from ....errors import VisarError
-from ....tokenizers.base import TokenGridTokenizer
 from ...core.acceptance import (
     AcceptanceRule,
     grouped_accept,
@@ -40,108 +35,14 @@ from ...core.acceptance import (
     speculative_residual,
 )
 from ...core.checks import check_number
+from ...core.codebook import codebook_of, nearest_codes
 from ...core.method_registry import Request, register_method
-from ...policy.cost_store import cache_root
 from ..chain import check_spans, speculative_decode
 from ..drafts import resolve_initialiser
 from ..proposers import CARRIES, Carry, DraftModelProposer, JacobiProposer, carry_updater, independent_carry
 from .jacobi import check_draft
 
 LANTERN_FORMS: dict[str, Callable] = {"bounded": lantern_relax_bounded, "paper": lantern_relax_per_draft}
-TABLE_MIN_WIDTH = 256  # neighbours stored per code, so that other k reuse the same file
-
-# -- the codebook and its neighbour tables -------------------------------------------------------------
-
-
-def codebook_of(tokenizer, vocab_size: int, method: str) -> Tensor:
-    """The code vectors [V, C] (float32, CPU) a VQ tokenizer decodes with; `tokenizer` may also be
-    that tensor itself. One clear error for a missing tokenizer, one without a codebook, or a
-    codebook that does not match the model's vocabulary."""
-    if tokenizer is None:
-        raise VisarError(
-            f"method {method!r} compares tokens by their code vectors: make the Request with tokenizer= (the "
-            "model's VQ tokenizer, or its codebook [V, C]; Pipeline.generate passes its own)"
-        )
-    if isinstance(tokenizer, Tensor):
-        book = tokenizer
-    else:
-        if not isinstance(tokenizer, TokenGridTokenizer):
-            raise VisarError(
-                f"method {method!r} needs a VQ tokenizer with a codebook; {type(tokenizer).__name__} has none "
-                "(a continuous tokenizer has no code neighbours to relax towards)"
-            )
-        with torch.no_grad():
-            book = tokenizer.codebook()
-    book = book.detach().float().cpu()
-    if book.dim() != 2 or book.shape[0] != vocab_size:
-        raise VisarError(
-            f"codebook of shape {tuple(book.shape)} does not fit the model's {vocab_size}-token vocabulary: "
-            "pass the model's own tokenizer"
-        )
-    return book
-
-
-def codebook_hash(codebook: Tensor) -> str:
-    data = codebook.detach().float().cpu().contiguous()
-    digest = hashlib.sha256(str(tuple(data.shape)).encode())
-    digest.update(data.numpy().tobytes())
-    return digest.hexdigest()[:20]
-
-
-def compute_neighbours(codebook: Tensor, width: int, chunk: int = 256) -> Tensor:
-    """[V, width] ids of each code's nearest other codes, nearest first (squared L2 of the code
-    vectors, float64; ties by id), as LANTERN's `generate_codebook.py` (diagonal excluded)."""
-    book = codebook.double()
-    norms = book.pow(2).sum(1)
-    rows = []
-    for start in range(0, book.shape[0], chunk):
-        part = book[start : start + chunk]
-        dist = (norms[start : start + chunk, None] + norms[None] - 2 * part @ book.t()).clamp(min=0)
-        dist[torch.arange(len(part)), torch.arange(start, start + len(part))] = math.inf
-        rows.append(dist.sort(dim=1, stable=True).indices[:, :width])
-    return torch.cat(rows)
-
-
-LOADED_TABLES: dict[str, Tensor] = {}  # codebook hash -> the widest table seen in this process
-
-
-def nearest_codes(codebook: Tensor, k: int) -> Tensor:
-    """[V, k] nearest codes of every code (int64, CPU), from memory, the disk cache, or computed
-    once and stored as `<cache>/neighbours/<codebook hash>-<width>.pt`."""
-    vocab = codebook.shape[0]
-    if not 1 <= k <= vocab - 1:
-        raise VisarError(f"a codebook of {vocab} codes has 1..{vocab - 1} neighbours per code, asked for {k}")
-    key = codebook_hash(codebook)
-    table = LOADED_TABLES.get(key)
-    if table is None or table.shape[1] < k:
-        table = load_or_build_table(codebook, key, k)
-        LOADED_TABLES[key] = table
-    return table[:, :k]
-
-
-def load_or_build_table(codebook: Tensor, key: str, k: int) -> Tensor:
-    folder = cache_root() / "neighbours"
-    stored = sorted(folder.glob(f"{key}-*.pt"), key=lambda path: int(path.stem.rsplit("-", 1)[1]))
-    for path in stored:
-        if int(path.stem.rsplit("-", 1)[1]) >= k:
-            try:
-                table = torch.load(path, weights_only=True).long()
-            except (OSError, RuntimeError, ValueError):
-                continue  # unreadable (a partial write from another process): rebuild below
-            if table.shape[0] == codebook.shape[0] and table.shape[1] >= k:
-                return table
-    vocab = codebook.shape[0]
-    table = compute_neighbours(codebook, min(vocab - 1, max(k, TABLE_MIN_WIDTH)))
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{key}-{table.shape[1]}.pt"
-        scratch = path.with_suffix(f".tmp{os.getpid()}")
-        torch.save(table.to(torch.int16 if vocab <= 2**15 else torch.int32), scratch)
-        scratch.replace(path)  # atomic: readers never see half a file
-    except OSError:
-        pass  # a read-only cache only costs the recomputation next time
-    return table
-
 
 # -- option checks --------------------------------------------------------------------------------------
 
@@ -155,6 +56,17 @@ def gsd_rule(model, tokenizer, group_size, prob_gap, max_distance, method: str =
     book = codebook_of(tokenizer, model.vocab_size, method).to(model.device)
     accept = partial(grouped_accept, codebook=book, group_size=group_size, prob_gap=prob_gap, max_distance=max_distance)
     return AcceptanceRule(lossless(False)(accept), speculative_residual)
+
+
+def lantern_neighbours(request: Request, k, form, method: str) -> Tensor:
+    """LANTERN's k and form checked, and the k nearest codes of every code of the model's codebook
+    [V, min(k, V - 1)], on the model's device."""
+    check_number("k", k, 1, integer=True)
+    if not isinstance(form, str) or form not in LANTERN_FORMS:
+        raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")
+    model = request.model
+    book = codebook_of(request.tokenizer, model.vocab_size, method)
+    return nearest_codes(book, min(k, model.vocab_size - 1)).to(model.device)
 
 
 def jacobi_or_draft_proposer(request: Request, draft, init, coupling=None):
@@ -253,15 +165,10 @@ def lantern(
     records p~ as its q, so the bound holds with it too. request.tokenizer: the model's VQ
     tokenizer (or its codebook [V, C]); Pipeline.generate passes it. Other options as `sjd`.
     """
-    model = request.model
     window = (16 if draft is None else 5) if window is None else window
     check_spans(window, warmup, tail)
     check_number("delta", delta, 0, maximum=1)  # mass moved per position
-    check_number("k", k, 1, integer=True)
-    if not isinstance(form, str) or form not in LANTERN_FORMS:
-        raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")
-    book = codebook_of(request.tokenizer, model.vocab_size, "lantern")
-    table = nearest_codes(book, min(k, model.vocab_size - 1)).to(model.device)
+    table = lantern_neighbours(request, k, form, "lantern")
     relax = lossless(False)(partial(LANTERN_FORMS[form], neighbours=table, delta=float(delta)))
     proposer = jacobi_or_draft_proposer(request, draft, init, coupling)
     rule = AcceptanceRule(speculative_accept, speculative_residual, relax)
@@ -310,16 +217,11 @@ def lantern_pp(
     """
     from ..static_tree import resolve_tree, tree_decode  # the tree engine is only needed here
 
-    model = request.model
     static_tree = resolve_tree(tree)
     check_number("lambda_cap", lambda_cap, 1)
     check_number("delta", delta, 0, maximum=1, allow_none=True)
-    check_number("k", k, 1, integer=True)
-    if not isinstance(form, str) or form not in LANTERN_FORMS:
-        raise VisarError(f"unknown lantern form {form!r}; use one of {', '.join(LANTERN_FORMS)}")
-    draft_model = check_draft(model, draft, "lantern++")  # the tree is drafted by a draft model
-    book = codebook_of(request.tokenizer, model.vocab_size, "lantern++")
-    table = nearest_codes(book, min(k, model.vocab_size - 1)).to(model.device)
+    draft_model = check_draft(request.model, draft, "lantern++")  # the tree is drafted by a draft model
+    table = lantern_neighbours(request, k, form, "lantern++")
     budget = 1.0 if delta is None else float(delta)  # all mass is <= 1: no additive cap
     relax = lossless(lambda_cap == 1 or budget == 0)(
         partial(LANTERN_FORMS[form], neighbours=table, delta=budget, lambda_cap=float(lambda_cap))

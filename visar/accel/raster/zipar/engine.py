@@ -19,12 +19,13 @@ from ....models.base import RasterModel
 from ....models.lag_mask import check_lag
 from ...core.acceptance import SPECULATIVE, AcceptanceRule
 from ...core.method_registry import Request
-from ...core.sampling import UniformStream, draw_uniforms, sample_from_probs, stream_block, to_device
+from ...core.sampling import sample_from_probs, stream_block
 from ...core.scoring import GuidedScorer
-from ..chain import check_spans, image_keys
-from ..drafts import DecodeState, FillRequest, random_init
-from ..pass_loop import SlotBook, decode_passes, power_of_two, running_batch
+from ..chain import check_spans
+from ..drafts import FillRequest, random_init
+from ..pass_loop import decode_passes, power_of_two
 from ..proposers import CARRY, DRAFT, FRESH_DRAWS, NUM_PURPOSES, RESIDUAL, Carry, CarryRequest
+from ..slots import SlotState
 from .plan import (
     GridIndex,
     PassContext,
@@ -62,7 +63,7 @@ class CarriedDrafts:
         # the last carry-over's (stored [B, M], laws [B, M, V]), packed before the next pass (`pack`)
         self.unpacked: tuple[Tensor, Tensor] | None = None
 
-    def forget(self, rows: Tensor):
+    def admit(self, rows: Tensor, images: Tensor):
         """Slots `rows` [R] start new images: no draft carried (their packed laws go unread)."""
         for held in (self.tokens, self.valid, self.entry):
             held[rows] = 0
@@ -75,7 +76,7 @@ class CarriedDrafts:
         return self.probs.gather(1, self.entry.gather(1, index)[..., None].expand(-1, -1, vocab))
 
     def propose(
-        self, plan: PassPlan, state: DecodeState, target: Tensor, generated: Tensor, initialiser, uniforms: Tensor
+        self, plan: PassPlan, state: SlotState, target: Tensor, generated: Tensor, initialiser, uniforms: Tensor
     ) -> tuple[Tensor, Tensor]:
         """Drafts for every slot that has one: carried if a pass left one, else the initialiser's.
 
@@ -93,7 +94,7 @@ class CarriedDrafts:
         draft_probs = torch.where(needs_fill[..., None], fill_probs.to(draft_probs.dtype), draft_probs)
         return draft_tokens, draft_probs
 
-    def canvas(self, state: DecodeState, generated: Tensor) -> Tensor:
+    def canvas(self, state: SlotState, generated: Tensor) -> Tensor:
         """What a 2-D draft may copy from: generated tokens and carried drafts, -1 elsewhere [B, N + 1]."""
         canvas = torch.where(self.valid, self.tokens, -1)
         canvas[:, : self.num_tokens] = torch.where(generated, state.tokens[:, : self.num_tokens], canvas[:, :-1])
@@ -167,75 +168,39 @@ def score_fronts(scorer: GuidedScorer, plan: PassPlan, context: PassContext, dra
 
 @dataclass
 class Fronts:
-    """What a decode of row fronts carries from pass to pass."""
+    """What a decode of row fronts carries from pass to pass beside the slot state (whose tokens are
+    [B, N + 1] by image index, column N scratch for writes that go nowhere, and whose first uniforms
+    are plain fronts' draws by image index, token i's uniform i, or Jacobi fronts' first block)."""
 
-    tokens: Tensor  # [B, N + 1] generated tokens by image index (column N: scratch, for writes that go nowhere)
     count: Tensor  # [B, H] generated tokens of each row
     fed: Tensor  # [B, H] of those, how many have their KV cached
-    state: DecodeState  # what initialisers and updaters read
     index: GridIndex  # the grid's index tensors
     carried: CarriedDrafts | None  # Jacobi fronts: the drafts of earlier passes
-    draws: UniformStream | None  # Jacobi fronts: each image's uniforms, pass after pass
-    position_uniforms: Tensor | None  # plain fronts: ar.py's draws [B, N + 1], token i uses uniform i (N: padding's)
-    first_draws: Tensor  # [B] a refilled slot's uniform for its image's token 0, drawn by `admit`
 
     @classmethod
-    def start(cls, model: RasterModel, generators: list[torch.Generator], window: int, trees) -> Fronts:
-        """window: slots per front (1: plain fronts); trees: the fronts' `FrontTrees`, or None."""
-        height, width = model.grid_size
-        batch, num_tokens, vocab, device = len(generators), model.num_image_tokens, model.vocab_size, model.device
-        carried = position_uniforms = draws = None
-        if window > 1:
-            keys = image_keys(generators, device)
-            carried = CarriedDrafts(batch, num_tokens, vocab, device)
-            # each pass's uniforms, the same numbers as a draw per pass, drawn up to 16 of the largest passes at a time
-            per_pass = NUM_PURPOSES * height * window + (0 if trees is None else trees.draws_per_pass(height))
-            draws = UniformStream(generators, device, block=stream_block(per_pass))
-        else:
-            keys = torch.zeros(batch, dtype=torch.long, device=device)
-            position_uniforms = to_device(draw_uniforms(generators, num_tokens), device)
-            position_uniforms = torch.cat([position_uniforms, position_uniforms[:, -1:]], 1)
-        tokens = torch.zeros(batch, num_tokens + 1, dtype=torch.long, device=device)
+    def start(cls, model: RasterModel, batch: int, window: int) -> Fronts:
+        """window: slots per front (1: plain fronts)."""
+        height, num_tokens, device = model.grid_size[0], model.num_image_tokens, model.device
+        carried = CarriedDrafts(batch, num_tokens, model.vocab_size, device) if window > 1 else None
         count = torch.zeros(batch, height, dtype=torch.long, device=device)
-        # window = N in the state because one pass spans up to the whole grid
-        state = DecodeState(tokens, count.sum(1), keys, num_tokens, vocab, (height, width), num_tokens)
-        index = grid_index((height, width), device)
-        first_draws = torch.zeros(batch, device=device)
-        return cls(tokens, count, torch.zeros_like(count), state, index, carried, draws, position_uniforms, first_draws)
+        return cls(count, torch.zeros_like(count), grid_index(tuple(model.grid_size), device), carried)
 
-    def admit(self, index: Tensor, rows: list[int], generators: list[torch.Generator], lanes: int, extra: int):
-        """Slots `rows` (index [R]) start the images of these generators, each as `start` starts a decode
-        of it alone (its key, then its uniforms, drawn in the same order); token 0's uniform is kept
-        for `first_token`.
+    def admit(self, rows: Tensor, images: Tensor):
+        """Slots `rows` start new images: no row generated, no draft carried."""
+        self.count[rows] = 0
+        self.fed[rows] = 0
+        if self.carried is not None:
+            self.carried.admit(rows, images)
 
-        Jacobi fronts: its first pass takes a block of NUM_PURPOSES x `lanes` uniforms (H x the pass's
-        window), then `extra` (the trees'), and token 0 is that block's residual draw of row 0, slot 0."""
-        for held in (self.tokens, self.count, self.fed):
-            held[index] = 0
-        if self.carried is None:
-            position_uniforms = to_device(draw_uniforms(generators, self.state.num_tokens), self.tokens.device)
-            self.position_uniforms[index] = torch.cat([position_uniforms, position_uniforms[:, -1:]], 1)
-            self.first_draws[index] = self.position_uniforms[index, 0]
-            return
-        self.state.keys[index] = image_keys(generators, self.tokens.device)
-        self.carried.forget(index)
-        first = to_device(draw_uniforms(generators, NUM_PURPOSES * lanes + extra), self.tokens.device)
-        self.draws.replace(rows, generators)  # its next pass takes what follows
-        self.first_draws[index] = first[:, RESIDUAL * lanes]
 
-    def take_blocks(self, window: int, trees: FrontTrees | None) -> tuple[Tensor, Tensor | None] | None:
-        """Jacobi fronts: this pass's blocks of each image's uniform stream, [4, H, window] an image (the
-        first pass's too), then the trees' (None without trees); None for plain fronts."""
-        if self.draws is None:
-            return None
-        height = self.count.shape[1]
-        block = self.draws.take(NUM_PURPOSES * height * window)  # then the trees', as drawn
-        return block, None if trees is None else self.draws.take(trees.draws_per_pass(height))
-
-    def first_token(self, index: Tensor, law: Tensor):
-        """Admitted slots `index` [R] draw their image's token 0 from its law [R, V] (the prefill's)."""
-        self.tokens[index, 0] = sample_from_probs(law, self.first_draws[index])
-        self.count[index, 0] = 1
+def take_blocks(state: SlotState, per_pass: int, trees: FrontTrees | None, first: bool) -> tuple[Tensor, Tensor | None]:
+    """Jacobi fronts: this pass's blocks of each image's uniforms, the fronts' [B, 4 * H * window], then
+    the trees' (None without trees). The decode's first pass takes each image's first uniforms, which
+    an image admitted later draws for its first pass too (`first_draws`: the same two blocks)."""
+    if first:
+        return state.first_uniforms[:, :per_pass], None if trees is None else state.first_uniforms[:, per_pass:]
+    block = state.uniforms.take(per_pass)  # then the trees', as drawn
+    return block, None if trees is None else state.uniforms.take(trees.draws_per_pass(state.grid_size[0]))
 
 
 class PassDraft(NamedTuple):
@@ -248,11 +213,11 @@ class PassDraft(NamedTuple):
     tree: TreeDraft | None  # zipar-tree's candidates and side nodes (None without trees, and in the first pass)
 
 
-def pass_drafts(fronts: Fronts, front_plan: FrontPlan, initialiser, window: int, trees) -> PassDraft:
+def pass_drafts(state: SlotState, fronts: Fronts, front_plan: FrontPlan, initialiser, window: int, trees) -> PassDraft:
     """This pass's randomness, drafts and trees."""
     plan, generated = front_plan.plan, front_plan.context.generated
-    if fronts.carried is None:
-        return PassDraft(None, None, None, fronts.position_uniforms.gather(1, plan.input_index + 1), None)
+    if fronts.carried is None:  # ar.py's draws by image index (`first_draws=N + 1`; N: padding's)
+        return PassDraft(None, None, None, state.first_uniforms.gather(1, plan.input_index + 1), None)
     height = fronts.count.shape[1]
     block, tree_block = front_plan.blocks
     uniforms = pass_uniforms(block, plan, height, window)
@@ -260,10 +225,10 @@ def pass_drafts(fronts: Fronts, front_plan: FrontPlan, initialiser, window: int,
     if plan.drafts:  # a pass of one slot per front has no drafts
         target = plan.input_index + 1
         draft_tokens, draft_probs = fronts.carried.propose(
-            plan, fronts.state, target, generated, initialiser, uniforms[:, DRAFT]
+            plan, state, target, generated, initialiser, uniforms[:, DRAFT]
         )
     if trees is not None and not front_plan.first:  # the first pass is the prefill alone
-        canvas = partial(fronts.carried.canvas, fronts.state, generated)
+        canvas = partial(fronts.carried.canvas, state, generated)
         tree_u = tree_block.view(tree_block.shape[0], height, -1)
         tree = draft_trees(trees, plan, draft_tokens, draft_probs, canvas, fronts.index.width, tree_u)
     return PassDraft(draft_tokens, draft_probs, uniforms, uniforms[:, RESIDUAL], tree)
@@ -285,12 +250,12 @@ class FrontVerdict(NamedTuple):
 
 
 def commit_fronts(
-    fronts: Fronts, plan: PassPlan, verdict: FrontVerdict, log: FrontRecord, cross_row: bool, trees
+    state: SlotState, fronts: Fronts, plan: PassPlan, verdict: FrontVerdict, log: FrontRecord, cross_row: bool, trees
 ) -> tuple[Tensor, Tensor]:
     """Write each front's commit (its leading accepted drafts and one token more) into the tokens
     and the record -> commits [B, H] and each input's front's commits [B, M]. cross_row: whether the
     plan has cross-row drafts (it carries what their checks need of s); trees: the fronts' trees or None."""
-    count, num_tokens = fronts.count, fronts.state.num_tokens
+    count, num_tokens = fronts.count, state.num_tokens
     width = num_tokens // count.shape[1]
     valid, commits, good = valid_commits(plan, verdict.accept, count, cross_row)
     extended = commits  # a taken side candidate commits its side node's draw too
@@ -299,7 +264,7 @@ def commit_fronts(
     log.write(count, extended, commits, good, plan.window_len)
     lane_commits = extended.gather(1, plan.row)
     skip = plan.slot >= lane_commits  # a front commits at most its window: every slot kept predicts
-    fronts.tokens.scatter_(1, (plan.input_index + 1).masked_fill(skip, num_tokens), verdict.slot_tokens)
+    state.tokens.scatter_(1, (plan.input_index + 1).masked_fill(skip, num_tokens), verdict.slot_tokens)
     return extended, lane_commits
 
 
@@ -335,25 +300,23 @@ class FrontPasses:
 
     cross_row (Jacobi fronts only): a front may also predict past its plain reach from the drafts the
     row above feeds in the same pass (kept only if those drafts are accepted); trees (Jacobi fronts
-    only): each front also drafts K candidates for its first draft (tree_fronts.py). A running batch
-    (`request.slots`) refills a slot between passes (`admit`), whose new image has its first pass at
-    the head of the next (`start_fresh`); the slot's state is then what a decode of that image alone
-    has after its first pass."""
+    only): each front also drafts K candidates for its first draft (tree_fronts.py). A running batch's
+    new image (`SlotState.admit`) has its first pass at the head of the next (`start_fresh`); the
+    slot's state is then what a decode of that image alone has after its first pass."""
 
-    def __init__(self, request: Request, settings: FrontSettings):
-        model, window = request.model, settings.window
-        self.desc, self.s = settings.method, settings.s
-        self.grid = token_grid(model, settings.method)
-        check_lag(self.s)
-        check_spans(window, 0, 0)
-        self.window, self.speculative = min(window, self.grid[1]), window > 1
+    def __init__(self, request: Request, state: SlotState, settings: FrontSettings):
+        model = request.model
+        self.state, self.s, self.grid = state, settings.s, state.grid_size
+        self.window, self.speculative = min(settings.window, self.grid[1]), settings.window > 1
         self.initialiser, self.carry, self.rule = settings.initialiser, settings.carry, settings.rule
         self.cross_row, self.trees = settings.cross_row, settings.trees
         self.total, self.batch = model.num_image_tokens, request.batch_size
-        self.fronts = Fronts.start(model, request.slot_generators(), self.window, self.trees)
+        self.fronts = Fronts.start(model, self.batch, self.window)
+        self.per_pass = NUM_PURPOSES * self.grid[0] * self.window  # a pass's uniforms of each image: [4, H, window]
         self.scorer = GuidedScorer.for_request(request)
         self.log = FrontRecord(self.batch, self.grid, self.window, model.device)
-        self.book = SlotBook(request)  # passes planned (a refilled image's first pass, `start_fresh`, is none)
+        state.record = self.log
+        state.parts = [part for part in (self.scorer, self.fronts, self.carry, self.trees) if part is not None]
         scratch = 0 if self.trees is None else self.trees.scratch(self.grid[0])
         self.cache_length = model.num_condition_tokens + self.total + scratch
         # compiled passes (`request.compile_passes`) are padded to a few shapes (`plan_pass`'s round_up)
@@ -367,10 +330,10 @@ class FrontPasses:
         self.scorer.close_cache()
 
     def plan(self) -> FrontPlan | None:
-        first = self.book.passes == 0  # the decode's first pass: every slot's prefill, a pass of its own
-        if self.book.fresh and not first:
+        state, fronts = self.state, self.fronts
+        first = state.passes == 0  # the decode's first pass: every slot's prefill, a pass of its own
+        if state.fresh and not first:
             self.start_fresh()
-        count, fronts = self.fronts.count, self.fronts
         window = 1 if first else self.window
         cross_row = self.cross_row and not first
         # what the pass needs to know on the host, read with its shape: the carried laws' K, the
@@ -379,7 +342,7 @@ class FrontPasses:
         if self.trees is not None:
             also_read += (self.trees.refeed_most(),)
         plan = plan_pass(
-            count, fronts.fed, self.grid, self.s, window, cross_row, fronts.index, also_read, self.compiled
+            fronts.count, fronts.fed, self.grid, self.s, window, cross_row, fronts.index, also_read, self.compiled
         )
         if plan.row.shape[1] == 0:
             return None
@@ -387,14 +350,17 @@ class FrontPasses:
             fronts.carried.pack(plan.read[0])
         if self.trees is not None:
             self.trees.refeed_width = power_of_two(plan.read[-1]) if self.compiled else plan.read[-1]
-        fronts.state.committed = count.sum(1)
-        self.book.next_pass()
-        self.log.reserve(self.book.passes)
-        context = PassContext(fronts.tokens, generated_mask(count, self.grid[1], fronts.index), self.s, fronts.index)
-        return FrontPlan(first, window, plan, context, fronts.take_blocks(self.window, self.trees))
+        state.next_pass()
+        self.log.reserve(state.passes)
+        generated = generated_mask(fronts.count, self.grid[1], fronts.index)
+        context = PassContext(state.tokens, generated, self.s, fronts.index)
+        blocks = None if fronts.carried is None else take_blocks(state, self.per_pass, self.trees, first)
+        return FrontPlan(first, window, plan, context, blocks)
 
-    def propose(self, plan: FrontPlan) -> PassDraft:
-        return pass_drafts(self.fronts, plan, self.initialiser, self.window, self.trees)
+    def step(self, plan: FrontPlan):
+        draft = pass_drafts(self.state, self.fronts, plan, self.initialiser, self.window, self.trees)
+        scores = self.score(plan, draft)
+        self.commit(plan, draft, scores, self.verify(plan, draft, scores))
 
     def score(self, plan: FrontPlan, draft: PassDraft) -> FrontScores:
         """The target laws of every input, and of zipar-tree's side nodes (scored in the same call)."""
@@ -418,60 +384,39 @@ class FrontPasses:
         return FrontVerdict(slot_tokens, accept, side)
 
     def commit(self, plan: FrontPlan, draft: PassDraft, scores: FrontScores, verdict: FrontVerdict):
-        fronts, width = self.fronts, self.grid[1]
+        state, fronts, width = self.state, self.fronts, self.grid[1]
         count = fronts.count
         cross_row = self.cross_row and not plan.first
-        commits, lane_commits = commit_fronts(fronts, plan.plan, verdict, self.log, cross_row, self.trees)
+        commits, lane_commits = commit_fronts(state, fronts, plan.plan, verdict, self.log, cross_row, self.trees)
         # The slots after a front's commit become drafts for the same indices.
         if self.speculative:
             after_pass = generated_mask(count + commits, width, fronts.index)
             outputs = (scores.probs, verdict.slot_tokens, lane_commits, draft.uniforms[:, CARRY])
-            fronts.carried.carry_over(self.carry.draw, plan.plan, fronts.state, *outputs, after_pass)
+            fronts.carried.carry_over(self.carry.draw, plan.plan, state, *outputs, after_pass)
         fronts.fed = fed_after_pass(plan.plan, fronts.fed, count, commits, width)
         fronts.count = count + commits
-
-    def least_done(self) -> Tensor:
-        return self.fronts.count.sum(1).min()
-
-    def done(self) -> Tensor:
-        return self.fronts.count.sum(1) >= self.total
-
-    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
-        records, start_pass = self.log.records(), self.book.start_pass
-        # an image started after the decode's first pass was admitted into a refilled slot
-        commits = [self.log.image_commits(records, row, start_pass[row], start_pass[row] > 0) for row in rows]
-        passes, commit_pass = (torch.stack(part) for part in zip(*commits, strict=True))
-        if self.trees is not None:
-            self.trees.release(rows, [self.book.holds[row] for row in rows])  # side_taken is kept by image
-        return self.fronts.tokens[rows, : self.total], passes, commit_pass
-
-    def admit(self, rows: list[int], images: list[int]):
-        """Slots `rows` start queue images `images`: their state reset and their randomness drawn as a
-        decode of each alone starts; their first pass is in the next pass (`start_fresh`)."""
-        index, image_index, generators = self.book.admit(rows, images)
-        self.scorer.admit(index, image_index)
-        # an image's first pass (window 1) takes each pass's block of uniforms: [4, H, window]
-        extra = 0 if self.trees is None else self.trees.draws_per_pass(self.grid[0])
-        self.fronts.admit(index, rows, generators, self.grid[0] * self.window, extra)
-        self.carry.forget(index)
-        if self.trees is not None:
-            self.trees.admit(index)
+        state.committed = fronts.count.sum(1)
 
     def start_fresh(self):
         """The first pass of the images admitted since the last pass (the condition's prefill, which
         predicts token 0), for their slots alone, at the head of the next pass: one model call more
         in that pass, but no pass of the others' that a new image would idle in. That pass then goes
         on with their next tokens, as a decode of each image alone does in its second pass (so their
-        statistics count this first pass apart: `FrontRecord.image_commits`' admitted)."""
-        index = torch.tensor(self.book.fresh, device=self.fronts.tokens.device)
-        self.fronts.first_token(index, self.scorer.prefill(index))
+        statistics count this first pass apart: `FrontRecord.image_commits`' admitted). Token 0's
+        uniform is the one the first pass of the image's decode alone draws it with (`first_draws`)."""
+        state = self.state
+        index = torch.tensor(state.fresh, device=state.device)
+        column = 0 if self.fronts.carried is None else RESIDUAL * self.per_pass // NUM_PURPOSES  # row 0, slot 0
+        state.tokens[index, 0] = sample_from_probs(self.scorer.prefill(index), state.first_uniforms[index, column])
+        self.fronts.count[index, 0] = 1
+        state.committed[index] = 1
 
-    def finish(self) -> tuple[Tensor, dict]:
+    def stats(self) -> dict:
         stats = self.log.stats(self.scorer.forward_passes)
         stats.update(s=self.s, max_fronts=self.log.max_fronts())
         if self.speculative:
             stats.update(window=self.window, cross_row=self.cross_row)
-        return self.fronts.tokens[:, : self.total], stats
+        return stats
 
 
 def decode_fronts(
@@ -488,5 +433,18 @@ def decode_fronts(
 ) -> tuple[Tensor, dict]:
     """Decode all row fronts of every image together, pass after pass (`FrontPasses` on the pass
     loop); window 1 = plain zipar. -> (tokens [B, N], stats)."""
-    engine = FrontPasses(request, FrontSettings(method, s, window, initialiser, carry, rule, cross_row, trees))
-    return decode_passes(engine, request.progress, request.compile_passes, running_batch(request))
+    model = request.model
+    grid = token_grid(model, method)
+    check_lag(s)
+    check_spans(window, 0, 0)
+    clipped = min(window, grid[1])
+    if window == 1:  # ar.py's draws: token i's uniform i of each image (N: the padding's)
+        first_draws, block = model.num_image_tokens + 1, 1
+    else:  # a pass's blocks (the first pass's drawn first), drawn up to 16 of the largest passes at a time
+        first_draws = NUM_PURPOSES * grid[0] * clipped + (0 if trees is None else trees.draws_per_pass(grid[0]))
+        block = stream_block(first_draws)
+    # the state's window is N: one pass spans up to the whole grid
+    num_tokens = model.num_image_tokens
+    state = SlotState(request, window=num_tokens, spare=1, keyed=window > 1, first_draws=first_draws, block=block)
+    engine = FrontPasses(request, state, FrontSettings(method, s, window, initialiser, carry, rule, cross_row, trees))
+    return decode_passes(engine, state, request, method)

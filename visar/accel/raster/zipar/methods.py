@@ -12,7 +12,7 @@ from torch import Tensor
 from ....errors import VisarError
 from ....models.lag_mask import check_lag
 from ...core.acceptance import SPECULATIVE, AcceptanceRule
-from ...core.checks import check_budget
+from ...core.checks import check_budget, check_flag
 from ...core.method_registry import Request, register_method
 from ..chain import check_spans
 from ..drafts import resolve_initialiser
@@ -22,12 +22,6 @@ from ..tree_passes import clip_branch, parse_neighbours
 from .engine import decode_fronts
 from .plan import token_grid
 from .tree_fronts import FrontTrees
-
-
-def check_flag(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise VisarError(f"{name} must be true or false, got {value!r}")
-    return value
 
 
 def covers_rows(options: dict, model) -> bool:
@@ -48,11 +42,7 @@ EXACT_WHEN_ROWS_COVERED = dict(exact_when=covers_rows, exact_when_text="s >= the
     **EXACT_WHEN_ROWS_COVERED,
     refills=True,
 )
-def zipar(
-    request: Request,
-    *,
-    s: int = 8,
-) -> tuple[Tensor, dict]:
+def zipar(request: Request, *, s: int = 8) -> tuple[Tensor, dict]:
     """ZipAR next-set decoding (He et al. 2025): row r + 1 starts once row r has s tokens, and every
     started row advances one token per pass, in W + (H - 1) * min(s, W) passes. Lossy for s < W
     (docs/RASTER.md says what is approximated); with s >= W it is plain AR, token for token.
@@ -204,9 +194,8 @@ def zipar_tree(
             f"got depth {depth!r}"
         )
     names = parse_neighbours(neighbours)
-    drafts_trees = depth == 2 and branch > 1 and window > 1
     trees = None
-    if drafts_trees:
+    if depth == 2 and branch > 1 and window > 1:  # depth 1, or one candidate or slot: nothing to branch
         trees = FrontTrees(branch, names, request.batch_size, height, model.device, model.vocab_size)
     options = JacobiFrontOptions(s, window, init, cross_row, budget)
     tokens, stats = jacobi_fronts(request, "zipar-tree", options, Carry(maximal_coupling_carry), trees=trees)

@@ -179,8 +179,7 @@ def plan_pass(
     A row whose newest token has no KV yet and that does not predict feeds it alone (a finished
     row's last token, or a front waiting for the row above), unless the next row's start feeds it.
     """
-    batch, height = count.shape
-    width = grid[1]
+    height, width = count.shape[1], grid[1]
     num_tokens = height * width
     index = grid_index(grid, count.device) if index is None else index
     window_len, above, above_drafts = front_windows(count, width, s, window, cross_row)
@@ -191,11 +190,7 @@ def plan_pass(
     if round_up:
         # (drafting fronts at most the rows: the trees' scratch cache holds a side node set per row)
         num_inputs, drafting = power_of_two(num_inputs), min(power_of_two(drafting), height)
-    m = torch.arange(num_inputs, device=count.device).expand(batch, -1).contiguous()
-    row = torch.searchsorted(ends, m, right=True)  # [B, M]
-    padding = row >= height
-    row = row.clamp(max=height - 1)
-    slot = m - (ends - inputs).gather(1, row)  # padding: past its row's inputs, so past its window
+    row, slot, padding = packed_rows(inputs, ends, num_inputs)  # padding's slot lies past its row's window
     newest = count + index.before_rows  # [B, H] each row's newest token
     # a front's slot 0 feeds the row's newest token; a row start sits at row r - 1's last column and
     # feeds row r - 1's newest token there (its true last token once the row is complete, else a stand-in)
@@ -210,6 +205,16 @@ def plan_pass(
     per_row = (window_len, feed_only, fed_by_next, above_start, above_drafts, leans, need)
     has_draft = slot + 1 < length if drafting else None
     return PassPlan(*per_input, *per_row, drafting, read, has_draft)
+
+
+def packed_rows(counts: Tensor, ends: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Items packed row after row into `width` columns (counts [B, H] per row, ends their cumsum) -> each
+    column's row, its place in it and whether it is padding (then: the last row, past its count), [B, width]."""
+    m = torch.arange(width, device=ends.device).expand(ends.shape[0], -1).contiguous()
+    row = torch.searchsorted(ends, m, right=True)
+    padding = row >= ends.shape[1]
+    row = row.clamp(max=ends.shape[1] - 1)
+    return row, m - (ends - counts).gather(1, row), padding
 
 
 def pass_width(

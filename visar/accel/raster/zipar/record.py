@@ -52,18 +52,27 @@ class FrontRecord:
         """[P, 5, B, H] the passes written."""
         return self.buffer[: len(self.forward_pass)]
 
-    def image_commits(self, records: Tensor, row: int, start: int, admitted: bool) -> tuple[Tensor, Tensor]:
-        """The image slot `row` holds, which started after `start` passes (records: `records()`) -> (its
-        passes, 0-d; the pass of its own that committed each token [N], 1 = its first). admitted: it
-        took a running batch's refilled slot, and its first pass ran for its slot alone at the head of
-        the next pass (`FrontPasses.start_fresh`), which writes no record: it took row 0 from 0 tokens
-        to 1, so its pass k is the record start + k - 2."""
+    def image_commits(self, rows: list[int], start: list[int], end: int) -> tuple[Tensor, Tensor]:
+        """The images slots `rows` hold, which started after `start` passes (`end`: the passes so far)
+        -> (their passes [R]; the pass of their own that committed each token [R, N], 1 = their first)."""
+        records, passes, commit_pass = self.records(), [], []
+        for row, first_pass in zip(rows, start, strict=True):
+            image_passes, image_commits = self.image_record(records, row, first_pass)
+            passes.append(image_passes)
+            commit_pass.append(image_commits)
+        return torch.stack(passes), torch.stack(commit_pass)
+
+    def image_record(self, records: Tensor, row: int, start: int) -> tuple[Tensor, Tensor]:
+        """One image's passes (0-d) and commit passes [N]. An image that started after the decode's first
+        pass took a refilled slot, and its first pass ran for its slot alone at the head of the next
+        pass (`FrontPasses.start_fresh`), which writes no record: it took row 0 from 0 tokens to 1, so
+        its pass k is the record start + k - 2."""
         height, width = self.shape[-1], self.log.width
         device = records.device
         count, commits = records[start:, 0, row], records[start:, 1, row]  # [P', H]
         reached = count + commits
         active = (count[:, -1] < width).sum()
-        if admitted:
+        if start > 0:
             first_pass = torch.zeros(1, height, dtype=torch.long, device=device)
             first_pass[0, 0] = 1
             reached, active = torch.cat([first_pass, reached]), active + 1

@@ -17,18 +17,19 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ...core.candidates import without_replacement
 from ...core.sampling import sample_from_probs
 from ...core.scoring import GuidedScorer
 from ...core.tree_acceptance import residual_ladder
-from ..draft_trees import neighbour_candidates, without_replacement
-from .plan import PassContext, PassPlan, pass_inputs, visibility
+from ..draft_trees import neighbour_candidates
+from .plan import PassContext, PassPlan, packed_rows, pass_inputs, visibility
 
 
 class FrontTrees:
     """tree-mc-sjd's depth-2 tree at every front: K candidates for the index its slot 0 predicts.
 
     branch: K; neighbours: the known neighbours tried first ("left", "above", ...); vocab: V, the
-    uniforms of each front's extra candidates' keys (`ranked_candidates`); side_taken [B]
+    uniforms of each front's extra candidates' keys (`candidates.ranked_candidates`); side_taken [B]
     counts the passes in which a front of each image took a side candidate (k >= 1). Between
     passes it holds which committed tokens wait to be fed again (`refeed`, [B, H] image index or
     -1): a taken side candidate's true cache slot holds candidate 0's KV, so the next pass feeds it
@@ -46,7 +47,7 @@ class FrontTrees:
         """The most tokens any image waits to feed again (0-d)."""
         return (self.refeed >= 0).sum(1).max()
 
-    def admit(self, rows: Tensor):
+    def admit(self, rows: Tensor, images: Tensor):
         """Slots `rows` start new images: no side taken yet, nothing to feed again."""
         self.side_taken[rows] = 0
         self.refeed[rows] = -1
@@ -107,15 +108,10 @@ def side_nodes(plan: PassPlan, branch: int) -> SideNodes:
     has_tree = plan.window_len >= 2
     per_row = has_tree.long() * (branch - 1)
     ends = per_row.cumsum(1)
-    batch, height = per_row.shape
     size = plan.drafting_fronts * (branch - 1)  # the most side inputs of any image (read with the plan)
-    m = torch.arange(size, device=ends.device).expand(batch, -1).contiguous()
-    row = torch.searchsorted(ends, m, right=True)
-    real = row < height
-    row = row.clamp(max=height - 1)
-    start = ends - per_row
-    rank = torch.where(real, m - start.gather(1, row) + 1, 0)
-    return SideNodes(has_tree, inputs.cumsum(1) - inputs, start, row, rank, real)
+    row, place, padding = packed_rows(per_row, ends, size)
+    rank = torch.where(padding, 0, place + 1)
+    return SideNodes(has_tree, inputs.cumsum(1) - inputs, ends - per_row, row, rank, ~padding)
 
 
 def front_candidates(

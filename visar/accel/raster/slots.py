@@ -1,0 +1,131 @@
+"""The one slot state of a raster decode, which the pass loop owns and every engine reads and writes.
+
+A decode works on B slots, one image each (a running batch's images take turns in them). The slot
+state holds what every engine's pass reads of them (the tokens, the committed counts, the images'
+keys and uniforms) and what the loop's bookkeeping needs (the passes planned, the image each slot
+holds and the pass it started in). Starting an image in a slot (`admit`) and handing a finished
+one over (`release`) are written here once: an engine says what it keeps per slot by its parts
+(each with `admit(rows, images)`: a scorer takes the images' conditions, a log forgets the old
+image, a carry-over drops its drafts) and how an image draws its randomness (keys first, then
+`first_draws` uniforms, then a stream), and the state starts every image as its decode alone does.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from ..core.method_registry import Request
+from ..core.sampling import UniformStream, draw_uniforms, to_device
+
+
+class SlotPart(Protocol):
+    """What an engine keeps per slot beside the state: told when slots start new images."""
+
+    def admit(self, rows: Tensor, images: Tensor) -> None: ...
+
+
+class Record(Protocol):
+    """An engine's statistics record, read for each image as it leaves its slot."""
+
+    def image_commits(self, rows: list[int], start: list[int], end: int) -> tuple[Tensor, Tensor]:
+        """Slots `rows`, whose images started after `start` passes, after `end` passes -> (their
+        passes [R], the pass of their own that committed each token [R, N], 1 = their first)."""
+        ...
+
+
+def image_keys(generators: list[torch.Generator], device) -> Tensor:
+    """[B] one 32-bit key per image, the first draw of its generator (for position-keyed noise)."""
+    return to_device(torch.stack([torch.randint(0, 2**32, (1,), generator=g) for g in generators])[:, 0], device)
+
+
+class SlotState:
+    """B slots of one decode. Tokens [B, N + spare] (valid below `committed`; the spare columns are
+    scratch for a pass's tokens past its commit), committed [B], and each image's randomness, drawn
+    from its generator in one order: its key (`keyed` engines: position-keyed noise), then
+    `first_draws` uniforms kept in `first_uniforms` [B, F] (a first step's: token 0's, a first
+    block), then the stream the passes take from (`uniforms`, blocks of `block`). fed [B]: the
+    committed tokens whose KV the target has cached, for engines that track it (reset with an image).
+
+    The loop's bookkeeping: `passes` planned, `fresh` (the slots whose image has its first pass in
+    the next: every slot at first, a running batch's new images later), `holds` (each slot's image;
+    None for an open source's spare) and `start_pass` (the passes planned before it started)."""
+
+    def __init__(self, request: Request, *, window: int, spare: int, keyed: bool, first_draws: int = 0, block: int = 1):
+        model, batch = request.model, request.batch_size
+        self.device, self.num_tokens = model.device, model.num_image_tokens
+        self.vocab_size, self.grid_size, self.window = model.vocab_size, tuple(model.grid_size), window
+        self.vocab_range: Tensor | None = None
+        self.tokens = torch.zeros(batch, self.num_tokens + spare, dtype=torch.long, device=self.device)
+        self.committed = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.fed = torch.zeros_like(self.committed)
+        self.keyed, self.first_draws = keyed, first_draws
+        generators = request.slot_generators()
+        self.keys = image_keys(generators, self.device) if keyed else torch.zeros_like(self.committed)
+        self.first_uniforms = self.draw_first(generators)
+        self.uniforms = UniformStream(generators, self.device, block=block)
+        # an admitted image's generator: an open source's list grows as images join
+        self.generators = request.generators if request.source is None else request.source.generators
+        self.passes = 0
+        self.fresh: tuple[int, ...] = tuple(range(batch))
+        self.start_pass = [0] * batch
+        started = min(batch, request.cond.shape[0])  # the slots past an open source's images hold spares
+        self.holds: list[int | None] = [*range(started), *[None] * (batch - started)]
+        self.record: Record | None = None  # the engine's, with its parts (`SlotPart`)
+        self.parts: list[SlotPart] = []
+
+    def vocab_ids(self) -> Tensor:
+        """[V] the token ids, made at the first call of a decode and kept."""
+        if self.vocab_range is None:
+            self.vocab_range = torch.arange(self.vocab_size, device=self.device)
+        return self.vocab_range
+
+    def draw_first(self, generators: list[torch.Generator]) -> Tensor | None:
+        if not self.first_draws:
+            return None
+        return to_device(draw_uniforms(generators, self.first_draws), self.device)
+
+    def next_pass(self) -> tuple[int, ...]:
+        """Count the pass being planned -> the slots whose image has its first pass in it."""
+        fresh, self.fresh = self.fresh, ()
+        self.passes += 1
+        return fresh
+
+    def done(self) -> Tensor:
+        """[B] bool: the slot's image has all its tokens."""
+        return self.committed >= self.num_tokens
+
+    def least_done(self) -> Tensor:
+        """The fewest tokens any image has committed (a 0-d tensor; read only for a progress bar)."""
+        return self.committed.min()
+
+    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        """The finished images in slots `rows` -> (tokens [R, N], their passes [R], commit_pass [R, N]
+        counted from each image's own first pass), before the slots are reused."""
+        passes, commit_pass = self.record.image_commits(rows, [self.start_pass[row] for row in rows], self.passes)
+        images = [self.holds[row] for row in rows]
+        for part in self.parts:
+            if hasattr(part, "release"):  # a part that keeps a statistic by image (zipar-tree's side_taken)
+                part.release(rows, images)
+        return self.tokens[rows, : self.num_tokens], passes, commit_pass
+
+    def admit(self, rows: list[int], images: list[int]):
+        """Slots `rows` start queue images `images`: every state of the slot made as a decode of that
+        image alone starts it (its randomness drawn in the same order), its first pass the next (no
+        model call here: an engine whose first step is a plain AR step takes it in its plan)."""
+        for row, image in zip(rows, images, strict=True):
+            self.start_pass[row], self.holds[row] = self.passes, image
+        self.fresh = tuple(sorted(rows))
+        index, image_index = (torch.tensor(x, device=self.device) for x in (rows, images))
+        generators = [self.generators[image] for image in images]
+        for held in (self.tokens, self.committed, self.fed):
+            held[index] = 0
+        if self.keyed:
+            self.keys[index] = image_keys(generators, self.device)
+        if self.first_draws:
+            self.first_uniforms[index] = self.draw_first(generators)
+        self.uniforms.replace(rows, generators)
+        for part in self.parts:
+            part.admit(index, image_index)

@@ -14,9 +14,14 @@ zipar-tree, and wavefront on a model with local dependence). For each:
   rules: `PassEngine`);
 - images that join an open source late (4 images at 3 slots, 3 more before the 6th pass) are their
   decodes alone too;
+- a pass (`PassEngine.step`, propose to commit) traces as one graph, without breaks;
 - `budget=N` (the engines that take one: the drafting raster methods) is `window=N`: every pass of N
   rows; any other value, "auto" among them (a size chosen per pass lost to the best fixed size,
   docs/SPEED.md), is one sentence.
+
+The statistics per image are the running-batch cases' passes, commit_pass and (zipar-tree) side_taken
+against each image's decode alone. The quick tier runs the running-batch and late-join cases on one
+case per engine (`QUICK`); CI runs them all.
 
 Then the rules no case shows: an admitted image's first pass is the next pass's, not the admit's; the
 exact wavefront stays AR's tokens when it refills; and the joint law holds with refills happening, each
@@ -99,6 +104,12 @@ CASES = {
 }
 
 
+# the quick tier's cases: each engine once (the chain with a draft model and with the Gumbel coupling, the
+# two tree engines, the richest fronts, the exact wavefront); CI runs every case (slow)
+QUICK = ("mc-sjd-gumbel", "spec", "sjd-pac", "lantern++", "zipar-tree", "wavefront")
+EVERY_CASE = [case_id if case_id in QUICK else pytest.param(case_id, marks=pytest.mark.slow) for case_id in CASES]
+
+
 @pytest.fixture(scope="module")
 def models() -> dict:
     model = tiny_llamagen(vocab=32, block_size=36, seed=6, std=0.3)  # a 6 x 6 grid
@@ -153,7 +164,7 @@ def batch_passes_of_a_greedy_queue(case: Case, passes: list[int], slots: int) ->
 
 
 @pytest.mark.one_thread  # a running batch's images against their decodes alone, bit for bit
-@pytest.mark.parametrize("case_id", CASES)
+@pytest.mark.parametrize("case_id", EVERY_CASE)
 def test_each_image_of_a_running_batch_is_its_decode_alone(models, alone, case_id):
     case, handed = CASES[case_id], []
     assert get_method(case.name).refills
@@ -182,7 +193,7 @@ def test_each_image_of_a_running_batch_is_its_decode_alone(models, alone, case_i
 
 
 @pytest.mark.one_thread  # images against their decodes alone, bit for bit
-@pytest.mark.parametrize("case_id", CASES)
+@pytest.mark.parametrize("case_id", EVERY_CASE)
 def test_images_that_join_an_open_source_late_are_their_decodes_alone(models, alone, case_id):
     """4 images at 3 slots, 3 more added after the 5th pass: all 7 handed over as decoded alone."""
     source, handed = JoinsBetweenPasses(conditions, 4, {6: 3}), {}

@@ -446,7 +446,7 @@ def test_carried_laws_are_kept_for_live_drafts_only(monkeypatch, coupling):
     fronts x (window - 1)) and for one pass's slots, not for all N image tokens: at a real
     vocabulary [B, N, V] of each is 540 MB (B=32, N=256, V=16,384)."""
     held = {"laws": 0, "noise": 0}
-    pack, carry = zipar.engine.CarriedDrafts.pack, proposers.GumbelCarry.__call__
+    pack, carry = zipar.carried.CarriedDrafts.pack, proposers.GumbelCarry.__call__
 
     def counted_pack(self, size):
         pack(self, size)
@@ -457,7 +457,7 @@ def test_carried_laws_are_kept_for_live_drafts_only(monkeypatch, coupling):
         held["noise"] = max(held["noise"], self.noise.shape[1])
         return out
 
-    monkeypatch.setattr(zipar.engine.CarriedDrafts, "pack", counted_pack)
+    monkeypatch.setattr(zipar.carried.CarriedDrafts, "pack", counted_pack)
     monkeypatch.setattr(proposers.GumbelCarry, "__call__", counted_carry)
     model = tiny_llamagen(vocab=16, block_size=64, seed=5, std=0.6)  # 8 x 8 tokens
     window = 4

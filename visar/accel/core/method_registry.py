@@ -117,7 +117,12 @@ def decode_queue(request: Request, method: Method, options: dict) -> tuple:
     of them for the others, else one call whose images are handed over at its end."""
     if request.slots is not None and method.refills:
         return method.fn(request, **options)
-    return consecutive_batches(request, request.slots, lambda batch: method.fn(batch, **options))
+    if request.slots is not None:
+        return consecutive_batches(request, request.slots, lambda batch: method.fn(batch, **options))
+    tokens, stats = method.fn(replace(request, on_image=None), **options)
+    if request.on_image is not None:
+        hand_over_images(request.on_image, 0, tokens, stats)
+    return tokens, stats
 
 
 def consecutive_batches(request: Request, size: int | None, decode: Callable) -> tuple:

@@ -143,9 +143,10 @@ class UniformStream:
     draws and one copy to the device per block instead of per pass. What a decode leaves undrawn
     at its end is never read: the generators are the decode's own."""
 
-    def __init__(self, generators: list[torch.Generator], device, block: int):
+    def __init__(self, generators: list[torch.Generator], device, block: int, drawn: Tensor | None = None):
+        """drawn: each image's next uniforms already drawn from its generator, handed out first."""
         self.generators, self.device, self.block = list(generators), device, block
-        self.buffer = to_device(torch.zeros(len(generators), 0), device)
+        self.buffer = to_device(torch.zeros(len(generators), 0), device) if drawn is None else drawn
         self.used = 0
 
     def take(self, count: int) -> Tensor:

@@ -32,13 +32,7 @@ from ..core.sampling import sample_from_probs
 from ..core.scoring import GuidedScorer
 from ..core.stats import ChainRecord
 from .pass_loop import decode_passes, power_of_two, score_first_passes_apart
-from .proposers import (
-    ACCEPT,
-    NUM_PURPOSES,
-    RESIDUAL,
-    Proposer,
-    Window,
-)
+from .proposers import ACCEPT, NUM_PURPOSES, RESIDUAL, Proposer, Window
 from .slots import SlotState
 
 
@@ -55,79 +49,6 @@ def window_lengths(committed: Tensor, window: int, warmup: int, tail: int, num_t
         return remaining.clamp(max=window)
     jacobi = (num_tokens - tail - committed).clamp(1, window)  # 1 past the Jacobi span, in the tail
     return torch.where(committed >= warmup, jacobi, 1).minimum(remaining)
-
-
-def score_window(
-    scorer: GuidedScorer,
-    state: SlotState,
-    draft_tokens: Tensor,
-    first: bool,
-    offsets: Tensor | None = None,
-    fresh: tuple[int, ...] = (),
-    input_pos: Tensor | None = None,
-) -> Tensor:
-    """One target forward over [last committed token, drafts] for every image -> target probs [B, G + 1, V].
-
-    Slot j predicts image index committed + j. The first pass (nothing committed yet) feeds the
-    condition instead of a last token. Slots past an image's window are padding: their positions
-    lie after its real ones (clamped to the last position), so no real query sees them, and the
-    truncation after the pass forgets them. The pass is padded to a power of two of slots (at
-    most `state.window`), so a compiled model meets a handful of shapes (1, 2, 4, 8, 16 for a
-    16-slot window) instead of one per length the end of an image leaves; the padding's
-    outputs are dropped. offsets: num_cond - 1 + arange(window), made once per decode (else here).
-    fresh: the slots of a running batch whose image has its first pass now (not `first`, the whole
-    batch's): they feed the condition and the others their last token, in one call each.
-    input_pos: a later window's positions [B, padded slots] for every image, made by the caller
-    (`ChainPasses.score`), else from offsets.
-    """
-    num_cond = scorer.model.num_condition_tokens
-    needed = draft_tokens.shape[1] + 1
-    num_slots = min(power_of_two(needed), max(state.window, needed))
-    if num_slots > needed:
-        draft_tokens = F.pad(draft_tokens, (0, num_slots - needed))
-    device = draft_tokens.device
-    if offsets is None:
-        offsets = num_cond - 1 + torch.arange(max(state.window, num_slots), device=device)
-    if first:
-        logits = first_window_logits(scorer, draft_tokens, num_slots)
-    elif not fresh:
-        slot_offsets = offsets[:num_slots] if input_pos is None else None
-        logits = next_window_logits(scorer, state, draft_tokens, slot_offsets, input_pos=input_pos)
-    else:
-
-        def score(rows, first):
-            if first:
-                return first_window_logits(scorer, draft_tokens[rows], num_slots, rows)
-            return next_window_logits(scorer, state, draft_tokens[rows], offsets[:num_slots], rows)
-
-        logits = score_first_passes_apart(len(draft_tokens), fresh, device, score)
-    return scorer.target_probs(logits[:, :needed])
-
-
-def first_window_logits(scorer: GuidedScorer, draft_tokens: Tensor, num_slots: int, rows=None) -> Tensor:
-    """An image's first window: [condition, drafts] at positions 0 .. -> logits [R, num_slots, V] of
-    the window's slots (the condition's last position predicts token 0)."""
-    num_cond = scorer.model.num_condition_tokens
-    input_pos = torch.arange(num_cond + num_slots - 1, device=draft_tokens.device)
-    tokens = draft_tokens if num_slots > 1 else None
-    return scorer.logits(tokens, input_pos, with_condition=True, rows=rows)[:, num_cond - 1 :]
-
-
-def next_window_logits(
-    scorer: GuidedScorer, state: SlotState, draft_tokens: Tensor, offsets: Tensor | None, rows=None, input_pos=None
-):
-    """A later window: [last committed token, drafts] right after the commit -> logits [R, num_slots, V].
-    input_pos: the slots' positions [R, num_slots] where the caller made them, else from offsets
-    [num_slots] (num_cond - 1 + j)."""
-    committed = state.committed if rows is None else state.committed[rows]
-    tokens = state.tokens if rows is None else state.tokens[rows]
-    # every image has committed a token since its first pass (a done one all N): committed - 1 >= 0
-    last = tokens.gather(1, (committed - 1)[:, None])
-    if input_pos is None:
-        last_position = scorer.model.num_condition_tokens + state.num_tokens - 1
-        input_pos = (committed[:, None] + offsets).clamp(max=last_position)
-    fed = torch.cat([last, draft_tokens], 1)  # [R, L]
-    return scorer.logits(fed, input_pos, rows=rows)
 
 
 @dataclass
@@ -171,12 +92,8 @@ def verify_window(
 class ChainPasses:
     """The chain engine's passes: each image scores a window right after its committed prefix
     ([last committed token, drafts]), verifies the drafts left to right, commits the leading
-    accepted ones and one token more (ragged), and carries the rest over (`Proposer`).
-
-    Every pass has `window` slots (fewer where an image's window reaches its end). A running batch
-    (`request.slots`) refills a slot between passes (`admit`); the slot's state is then what a decode
-    of the new image alone starts with.
-    """
+    accepted ones and one token more (ragged), and carries the rest over (`Proposer`). Every pass
+    has `window` slots (fewer where an image's window reaches its end)."""
 
     def __init__(self, request: Request, state: SlotState, proposer: Proposer, warmup, tail, rule):
         model = request.model
@@ -255,13 +172,52 @@ class ChainPasses:
         self.commit(plan, probs, verdict)
 
     def score(self, plan: Window, drafts) -> Tensor:
-        first = len(plan.fresh) == self.batch
-        input_pos = None
-        if not plan.fresh:  # every image's window follows its commit: positions from the slot index
+        """One target forward over [last committed token, drafts] of every image -> p [B, G + 1, V].
+
+        Slot j sits at the position of image index committed + j. The window is padded to the plan's
+        power of two of slots, so a compiled model meets a handful of shapes (1, 2, 4, 8, 16 for a
+        16-slot window) instead of one per length the end of an image leaves; padding lies after an
+        image's real slots (clamped to the last position), so no real query sees it, the truncation
+        after the pass forgets it and its outputs are dropped. An image's first pass feeds its
+        condition instead of a last token: a running batch's pass in which only some slots have
+        theirs (`plan.fresh`) scores those and the others in a call each."""
+        needed, num_slots = plan.max_drafts + 1, plan.slot_index.shape[1]
+        draft_tokens = drafts[0] if num_slots == needed else F.pad(drafts[0], (0, num_slots - needed))
+        last_position = self.num_cond + self.total - 1
+        if len(plan.fresh) == self.batch:
+            logits = self.first_window_logits(draft_tokens)
+        elif not plan.fresh:
             input_pos = plan.slot_index + (self.num_cond - 1)
-            if not plan.full or plan.slot_index.shape[1] > plan.max_drafts + 1:  # padding may pass the image
-                input_pos = input_pos.clamp(max=self.num_cond + self.total - 1)
-        return score_window(self.scorer, self.state, drafts[0], first, self.position_offsets, plan.fresh, input_pos)
+            if not plan.full or num_slots > needed:  # padding may pass the image
+                input_pos = input_pos.clamp(max=last_position)
+            logits = self.next_window_logits(draft_tokens, input_pos)
+        else:
+
+            def score(rows, first):
+                if first:
+                    return self.first_window_logits(draft_tokens[rows], rows)
+                committed = self.state.committed[rows]  # the positions from the rows' own counts
+                input_pos = (committed[:, None] + self.position_offsets[:num_slots]).clamp(max=last_position)
+                return self.next_window_logits(draft_tokens[rows], input_pos, rows, committed)
+
+            logits = score_first_passes_apart(self.batch, plan.fresh, self.device, score)
+        return self.scorer.target_probs(logits[:, :needed])
+
+    def first_window_logits(self, draft_tokens: Tensor, rows=None) -> Tensor:
+        """An image's first window: [condition, drafts] at positions 0 .. -> logits [R, slots, V] (the
+        condition's last position predicts token 0)."""
+        input_pos = torch.arange(self.num_cond + draft_tokens.shape[1], device=self.device)
+        tokens = draft_tokens if draft_tokens.shape[1] else None
+        return self.scorer.logits(tokens, input_pos, with_condition=True, rows=rows)[:, self.num_cond - 1 :]
+
+    def next_window_logits(self, draft_tokens: Tensor, input_pos: Tensor, rows=None, committed=None) -> Tensor:
+        """A later window: [last committed token, drafts] at `input_pos` -> logits [R, slots, V] (rows:
+        the slots scored, with their `committed` counts)."""
+        committed = self.state.committed if rows is None else committed
+        tokens = self.state.tokens if rows is None else self.state.tokens[rows]
+        # every image has committed a token since its first pass (a done one all N): committed - 1 >= 0
+        last = tokens.gather(1, (committed - 1)[:, None])
+        return self.scorer.logits(torch.cat([last, draft_tokens], 1), input_pos, rows=rows)
 
     def commit(self, plan: Window, probs: Tensor, verdict: Verdict):
         state = self.state

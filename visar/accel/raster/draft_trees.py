@@ -228,11 +228,10 @@ class DraftTreeScorer(CacheSlots):
         mask = (self.true_slots & (self.slot_row <= seen[..., None])) | self.side_visible
         return position.clamp(max=self.max_pos), cache_pos, mask
 
-    def probs(
-        self, tokens: Tensor, fed: Tensor, committed: Tensor, node_tokens: Tensor, first: bool, rows=None
-    ) -> Tensor:
-        """One target pass -> p at every node [B, T, V] (node 0: the root's, the law of index `committed`).
-        rows [R]: the pass is for these slots of the scorer's batch only (every tensor here has R rows)."""
+    def probs(self, state: SlotState, node_tokens: Tensor, first: bool, rows=None) -> Tensor:
+        """One target pass -> p at every node [B, T, V] (node 0: the root's, the law of index committed).
+        rows [R]: the pass is for these slots only (node_tokens has R rows)."""
+        tokens, fed, committed = (x if rows is None else x[rows] for x in (state.tokens, state.fed, state.committed))
         input_pos, cache_pos, mask = self.nodes(committed)
         if first:  # the condition is the chain; its last position is the root
             chain_pos = torch.arange(self.num_cond, device=self.device)[None].expand(committed.shape[0], -1)

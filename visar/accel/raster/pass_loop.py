@@ -1,20 +1,17 @@
-"""The raster pass loop: every raster decode that drafts is this one loop over passes.
+"""The raster pass loop: every raster decode that drafts is this one loop over passes (`decode_passes`).
 
-A pass plans which slots each image scores (a chain window after its committed prefix, a draft
-tree, its row fronts, a static tree), proposes their drafts, scores them in one target forward,
-verifies them under the acceptance rule, and commits what holds (tokens, statistics, carried
-drafts, the cache). What differs between the shapes of pass is a `PassEngine`: `ChainPasses`
-(chain.py: sjd, mc-sjd, spec, gsd, lantern), `DraftTreePasses` (tree_passes.py: sjd-pac,
-tree-mc-sjd), `StaticTreePasses` (static_tree.py: lantern++) and `FrontPasses` (zipar/engine.py: the zipar
-family, wavefront). Every pass of a decode has the engine's one size (a method's `budget=N` sets
-it): sizes chosen pass by pass lost to the best fixed size on every method they ran, and `auto`
-chooses among fixed sizes by timing them (docs/SPEED.md).
+What differs between the shapes of pass is a `PassEngine`: `ChainPasses` (chain.py: sjd, mc-sjd,
+spec, gsd, lantern), `DraftTreePasses` (tree_passes.py: sjd-pac, tree-mc-sjd), `StaticTreePasses`
+(static_tree.py: lantern++) and `FrontPasses` (zipar/engine.py: the zipar family, wavefront). Every
+pass of a decode has the engine's one size (a method's `budget=N` sets it): sizes chosen pass by
+pass lost to the best fixed size on every method they ran, and `auto` chooses among fixed sizes by
+timing them (docs/SPEED.md).
 
-A running batch (`Request.slots`): the engine decodes `slots` images of a longer queue at once; when a
-slot's image has all its tokens it leaves, and the next image of the queue takes the slot before the
-next pass (`RunningBatch`), so no slot feeds padding for a finished image while the queue lasts. The
-queue is an `ImageSource`: a call's fixed list is one closed from the start; an open one
-(`Request.source`) takes images while the batch decodes, from any thread, until it is closed.
+A running batch (`Request.slots`, `RunningBatch`) decodes `slots` images of a longer queue at once,
+a finished image's slot taken by the next before the next pass, so no slot feeds padding for a
+finished image while the queue lasts. The queue is an `ImageSource`: a call's fixed list is one
+closed from the start; an open one (`Request.source`) takes images while the batch decodes, from
+any thread, until it is closed.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The one slot state of a raster decode, which the pass loop owns and every engine reads and writes.
 
-A decode works on B slots, one image each (a running batch's images take turns in them). The slot
-state holds what every engine's pass reads of them (the tokens, the committed counts, the images'
-keys and uniforms) and what the loop's bookkeeping needs (the passes planned, the image each slot
-holds and the pass it started in). Starting an image in a slot (`admit`) and handing a finished
-one over (`release`) are written here once: an engine says what it keeps per slot by its parts
-(each with `admit(rows, images)`: a scorer takes the images' conditions, a log forgets the old
-image, a carry-over drops its drafts) and how an image draws its randomness (keys first, then
-`first_draws` uniforms, then a stream), and the state starts every image as its decode alone does.
+A decode works on B slots, one image each (a running batch's images take turns in them). Starting
+an image in a slot (`admit`) and handing a finished one over (`release`) are written here once: an
+engine says what it keeps per slot by its parts (`SlotPart`: a scorer takes the images' conditions,
+a log forgets the old image, a carry-over drops its drafts) and how an image draws its randomness,
+and the state starts every image as its decode alone does.
 """
 
 from __future__ import annotations
@@ -46,26 +43,39 @@ class SlotState:
     scratch for a pass's tokens past its commit), committed [B], and each image's randomness, drawn
     from its generator in one order: its key (`keyed` engines: position-keyed noise), then
     `first_draws` uniforms kept in `first_uniforms` [B, F] (a first step's: token 0's, a first
-    block), then the stream the passes take from (`uniforms`, blocks of `block`). fed [B]: the
-    committed tokens whose KV the target has cached, for engines that track it (reset with an image).
+    block), then the stream the passes take from (`uniforms`, blocks of `block`). fed [B] (`tracks_fed`
+    engines, else None): the committed tokens whose KV the target has cached.
 
     The loop's bookkeeping: `passes` planned, `fresh` (the slots whose image has its first pass in
     the next: every slot at first, a running batch's new images later), `holds` (each slot's image;
     None for an open source's spare) and `start_pass` (the passes planned before it started)."""
 
-    def __init__(self, request: Request, *, window: int, spare: int, keyed: bool, first_draws: int = 0, block: int = 1):
+    def __init__(
+        self,
+        request: Request,
+        *,
+        window: int,
+        spare: int,
+        keyed: bool,
+        first_draws: int = 0,
+        block: int = 1,
+        tracks_fed: bool = False,
+    ):
         model, batch = request.model, request.batch_size
         self.device, self.num_tokens = model.device, model.num_image_tokens
         self.vocab_size, self.grid_size, self.window = model.vocab_size, tuple(model.grid_size), window
         self.vocab_range: Tensor | None = None
         self.tokens = torch.zeros(batch, self.num_tokens + spare, dtype=torch.long, device=self.device)
         self.committed = torch.zeros(batch, dtype=torch.long, device=self.device)
-        self.fed = torch.zeros_like(self.committed)
+        self.fed = torch.zeros_like(self.committed) if tracks_fed else None
         self.keyed, self.first_draws = keyed, first_draws
         generators = request.slot_generators()
         self.keys = image_keys(generators, self.device) if keyed else torch.zeros_like(self.committed)
-        self.first_uniforms = self.draw_first(generators)
-        self.uniforms = UniformStream(generators, self.device, block=block)
+        self.first_uniforms = drawn = None
+        if first_draws:  # with the stream's first block, in one draw
+            drawn = to_device(draw_uniforms(generators, first_draws + block), self.device)
+            self.first_uniforms, drawn = drawn[:, :first_draws], drawn[:, first_draws:]
+        self.uniforms = UniformStream(generators, self.device, block=block, drawn=drawn)
         # an admitted image's generator: an open source's list grows as images join
         self.generators = request.generators if request.source is None else request.source.generators
         self.passes = 0
@@ -81,11 +91,6 @@ class SlotState:
         if self.vocab_range is None:
             self.vocab_range = torch.arange(self.vocab_size, device=self.device)
         return self.vocab_range
-
-    def draw_first(self, generators: list[torch.Generator]) -> Tensor | None:
-        if not self.first_draws:
-            return None
-        return to_device(draw_uniforms(generators, self.first_draws), self.device)
 
     def next_pass(self) -> tuple[int, ...]:
         """Count the pass being planned -> the slots whose image has its first pass in it."""
@@ -120,12 +125,14 @@ class SlotState:
         self.fresh = tuple(sorted(rows))
         index, image_index = (torch.tensor(x, device=self.device) for x in (rows, images))
         generators = [self.generators[image] for image in images]
-        for held in (self.tokens, self.committed, self.fed):
-            held[index] = 0
+        # nothing committed (what lies past `committed` is never read: the old image's tokens stay)
+        self.committed[index] = 0
+        if self.fed is not None:
+            self.fed[index] = 0
         if self.keyed:
             self.keys[index] = image_keys(generators, self.device)
         if self.first_draws:
-            self.first_uniforms[index] = self.draw_first(generators)
+            self.first_uniforms[index] = to_device(draw_uniforms(generators, self.first_draws), self.device)
         self.uniforms.replace(rows, generators)
         for part in self.parts:
             part.admit(index, image_index)

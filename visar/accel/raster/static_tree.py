@@ -61,7 +61,7 @@ class StaticTree:
 
     @property
     def max_depth(self) -> int:
-        return int(self.depth.max())
+        return len(self.paths[-1])  # sorted by depth: the last path is a deepest (no read of `depth`)
 
     def verify_index(self) -> TreeIndex:
         """The index tensors `tree_acceptance.verify_tree` reads (made once per tree)."""
@@ -155,10 +155,6 @@ class TreeAttention(CacheSlots):
         self.node_scratch = torch.zeros(tree.num_nodes + 1, self.size, dtype=torch.bool, device=self.device)
         self.node_scratch[:, self.scratch : self.trash] = tree.ancestors[:, 1:].to(self.device)
 
-    @property
-    def forward_passes(self) -> int:
-        return self.scorer.forward_passes
-
     def run(self, tokens: Tensor, input_pos: Tensor, cache_pos: Tensor, mask: Tensor) -> Tensor:
         """One pass over inputs at explicit positions, slots and visibility -> guided logits [B, L, V]."""
         return self.scorer.logits(tokens, input_pos, mask=mask, cache_pos=cache_pos)
@@ -184,8 +180,8 @@ class TreeDrafter:
     """The draft model's side: catch up on committed tokens, then one pass per tree depth."""
 
     def __init__(self, draft: RasterModel, tree: StaticTree, request: Request):
-        self.tree = tree
-        self.attention = TreeAttention(GuidedScorer.for_request(request, draft), tree)
+        self.tree, self.scorer = tree, GuidedScorer.for_request(request, draft)
+        self.attention = TreeAttention(self.scorer, tree)
         depth = tree.depth.tolist()
         has_children = (tree.children >= 0).any(1).tolist()
         device = self.attention.device
@@ -200,13 +196,6 @@ class TreeDrafter:
                     index = [torch.tensor(x, device=device) for x in (at, [kids[j][rank] for j in at])]
                     ranks.append((*index, torch.tensor([parents[j] for j in at], device=device)))
             self.levels.append((torch.tensor(parents, device=device), ranks))
-
-    @property
-    def forward_passes(self) -> int:
-        return self.attention.forward_passes
-
-    def q(self, logits: Tensor) -> Tensor:
-        return self.attention.scorer.target_probs(logits)
 
     def propose(
         self, tokens: Tensor, fed: Tensor, committed: Tensor, uniforms: Tensor, width: int
@@ -226,10 +215,10 @@ class TreeDrafter:
         node_ok = torch.ones(batch, size, dtype=torch.bool, device=device)
         for depth, (parents, ranks) in enumerate(self.levels):
             if depth == 0:
-                parent_q = self.q(root_logits)[:, None]  # [B, 1, V]
+                parent_q = self.scorer.target_probs(root_logits)[:, None]  # [B, 1, V]
             else:
                 logits = self.attention.run(*self.attention.nodes(parents, node_tokens[:, parents], committed))
-                parent_q = self.q(logits)  # [B, n, V]
+                parent_q = self.scorer.target_probs(logits)  # [B, n, V]
             remaining = parent_q.clone()
             for at, kids, kid_parents in ranks:  # at [k]: this level's parents with a child of this rank
                 mass = remaining.sum(-1, keepdim=True)  # [B, n, 1]
@@ -249,12 +238,12 @@ class TreeDrafter:
 
     def admit(self, rows: Tensor, images: Tensor):
         """Slots `rows` take queue images `images` (their conditions; `start` feeds them)."""
-        self.attention.scorer.admit(rows, images)
+        self.scorer.admit(rows, images)
 
     def start(self, rows: Tensor | None):
         """The condition of slots `rows` (None: every slot) into the draft's cache, nothing fed yet
         (token 0 is the target's AR step)."""
-        self.attention.scorer.prefill(rows)
+        self.scorer.prefill(rows)
 
 
 @dataclass
@@ -280,6 +269,11 @@ def walk_tree(
     return TreeWalk(verdict.path[:, 1:], verdict.accepted, (verdict.tried.float() @ index.at_depth) > 0)
 
 
+def pass_draws(tree: StaticTree) -> int:
+    """The uniforms an image draws a pass: the draft's draws, the accept tests, the final draw."""
+    return tree.num_nodes + 1 + tree.max_depth * tree.children.shape[1] + 1
+
+
 class StaticTreePlan(NamedTuple):
     active: Tensor  # [B] images not done
     uniforms: Tensor  # [B, T + 1 + D * C + 1]: draft draws, accept tests, the final draw
@@ -289,14 +283,11 @@ class StaticTreePlan(NamedTuple):
 class StaticTreePasses:
     """lantern++'s passes: a draft model proposes a static tree after each image's committed prefix,
     the target scores it in one pass (tree nodes in scratch cache slots), the (relaxed) speculative
-    test walks it, and the accepted path plus one token commits.
+    test walks it, and the accepted path plus one token commits. An image's first step is a plain
+    AR step, taken by the plan (`start_images`).
 
     relax(p, q, x) -> p~: the target each child is tested against (None: p itself, lossless); a
-    rejection continues from norm((p~ - q)+). An image's first step is a plain AR step: the pass
-    that starts it (`plan`, for the slots `SlotState.fresh` names) runs its prefill, target and draft,
-    and draws token 0 before the tree; a running batch (`request.slots`) refills a slot between
-    passes (`admit`), and the next pass starts the new image the same way.
-    """
+    rejection continues from norm((p~ - q)+)."""
 
     def __init__(self, request: Request, state: SlotState, draft: RasterModel, tree: StaticTree, relax):
         model = request.model
@@ -305,7 +296,7 @@ class StaticTreePasses:
         self.target = TreeAttention(GuidedScorer.for_request(request), tree)
         self.drafter = TreeDrafter(draft, tree, request)
         self.size, self.max_depth = tree.num_nodes + 1, tree.max_depth
-        self.block = self.size + self.max_depth * tree.children.shape[1] + 1  # uniforms an image draws a pass
+        self.block = pass_draws(tree)
         self.depths = tree.depth.to(self.device)
         self.index = tree.verify_index().to(self.device)
         self.node_range = torch.arange(1, self.size, device=self.device)
@@ -385,7 +376,9 @@ class StaticTreePasses:
         state.committed = committed + torch.where(active, walk.accepted + 1, 0)
 
     def stats(self) -> dict:
-        stats = self.log.stats(self.target.forward_passes, draft_forward_passes=self.drafter.forward_passes)
+        stats = self.log.stats(
+            self.target.scorer.forward_passes, draft_forward_passes=self.drafter.scorer.forward_passes
+        )
         return {**stats, "tree_nodes": self.tree.num_nodes, "tree_depth": self.max_depth}
 
 
@@ -397,10 +390,8 @@ def tree_decode(
 ) -> tuple[Tensor, dict]:
     """Draft a static tree, verify it in one target pass, commit the accepted path + 1, pass after
     pass (`StaticTreePasses` on the pass loop). -> (tokens [B, N], stats)."""
-    # a pass's uniforms an image draws: the draft's draws, the accept tests, the final draw
-    block = tree.num_nodes + 1 + tree.max_depth * tree.children.shape[1] + 1
     # each image's first draw is token 0's (its prefill's AR step), then the passes', drawn 16 at a time
-    depth = tree.max_depth
-    state = SlotState(request, window=depth, spare=depth + 1, keyed=False, first_draws=1, block=16 * block)
+    depth, block = tree.max_depth, 16 * pass_draws(tree)
+    state = SlotState(request, window=depth, spare=depth + 1, keyed=False, first_draws=1, block=block, tracks_fed=True)
     engine = StaticTreePasses(request, state, draft, tree, relax)
     return decode_passes(engine, state, request, "tree")

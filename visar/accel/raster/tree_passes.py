@@ -53,19 +53,13 @@ class DraftTreePlan(NamedTuple):
     window: Window  # the main path's drafts for the proposer
     extra_u: Tensor  # [B, (D - 1) V] the extra candidates' uniforms (one per token: `candidate_noise`)
     test_u: Tensor  # [B, T + M + 1] the node tests' and draws' uniforms
-    # the slots whose image has its first pass now (its condition is fed): every slot at a decode's
-    # first pass, a running batch's new images later
-    fresh: tuple[int, ...] = ()
+    fresh: tuple[int, ...] = ()  # the slots whose image has its first pass now (its condition is fed)
 
 
 class DraftTreePasses:
     """The tree engine's passes: a draft tree after each image's committed prefix (draft_trees.py),
     scored in one pass, every node verified, the reached path plus one token committed, the main
-    path's outputs carried over (MC-SJD's coupling).
-
-    layout: the tree every pass drafts. A running batch (`request.slots`) refills a slot between
-    passes (`admit`); the slot's state is then what a decode of the new image alone starts with.
-    """
+    path's outputs carried over (MC-SJD's coupling), `layout` the tree every pass drafts."""
 
     def __init__(
         self, request: Request, state: SlotState, layout: DraftTree, initialiser: Callable, neighbours: tuple[str, ...]
@@ -78,10 +72,8 @@ class DraftTreePasses:
         self.proposer = JacobiProposer(initialiser, Carry(maximal_coupling_carry))
         self.log = DecodeLog(batch, model.grid_size, layout.main_length, self.device)
         self.log.count_at_once = request.compile_passes is not None
-        state.record, state.parts = (
-            self.log,
-            [self.scorer, self.proposer, self.log],
-        )  # the log's pass numbers: the state's
+        # the log's pass numbers are the state's
+        state.record, state.parts = self.log, [self.scorer, self.proposer, self.log]
         self.tree_scorer = DraftTreeScorer(self.scorer, layout)
         self.layout = layout.to(self.device)
         # the reached path's columns 1 .. M past the newest committed token, made once (`commit_path`)
@@ -114,16 +106,9 @@ class DraftTreePasses:
     def score(self, plan: DraftTreePlan, drafts) -> Tensor:
         state, tree_scorer = self.state, plan.tree_scorer
         if not plan.fresh or len(plan.fresh) == self.batch:  # one call: every slot's first pass, or none's
-            first = len(plan.fresh) == self.batch
-            return tree_scorer.probs(state.tokens, state.fed, state.committed, drafts[0], first)  # [B, T, V]
-        return score_first_passes_apart(
-            self.batch,
-            plan.fresh,
-            self.device,
-            lambda rows, first: tree_scorer.probs(
-                state.tokens[rows], state.fed[rows], state.committed[rows], drafts[0][rows], first, rows
-            ),
-        )
+            return tree_scorer.probs(state, drafts[0], len(plan.fresh) == self.batch)  # [B, T, V]
+        score = lambda rows, first: tree_scorer.probs(state, drafts[0][rows], first, rows)  # noqa: E731
+        return score_first_passes_apart(self.batch, plan.fresh, self.device, score)
 
     def commit(self, plan: DraftTreePlan, probs: Tensor, verdict: DraftTreeVerdict):
         state, layout, active, log = self.state, plan.layout, plan.active, self.log
@@ -157,7 +142,7 @@ def tree_jacobi_decode(
     (`DraftTreePasses` on the pass loop). -> (tokens [B, N], stats)."""
     main_len, block = layout.main_length, stream_block(tree_uniforms(layout, request.model.vocab_size))
     # each pass's uniforms, the same numbers as a draw per pass, drawn up to 16 passes at a time
-    state = SlotState(request, window=main_len, spare=main_len + 1, keyed=True, block=block)
+    state = SlotState(request, window=main_len, spare=main_len + 1, keyed=True, block=block, tracks_fed=True)
     engine = DraftTreePasses(request, state, layout, initialiser, neighbours)
     return decode_passes(engine, state, request, "tree")
 

@@ -11,8 +11,9 @@ from ....models.base import RasterModel
 from ...core.checks import check_budget
 from ...core.method_registry import Request, register_method
 from ..chain import check_spans, speculative_decode
+from ..draft_model import DraftModelProposer
 from ..drafts import resolve_initialiser
-from ..proposers import Carry, DraftModelProposer, JacobiProposer, carry_updater, independent_carry
+from ..proposers import Carry, JacobiProposer, carry_updater, independent_carry
 
 
 @register_method(

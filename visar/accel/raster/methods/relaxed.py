@@ -38,8 +38,9 @@ from ...core.checks import check_number
 from ...core.codebook import codebook_of, nearest_codes
 from ...core.method_registry import Request, register_method
 from ..chain import check_spans, speculative_decode
+from ..draft_model import DraftModelProposer
 from ..drafts import resolve_initialiser
-from ..proposers import CARRIES, Carry, DraftModelProposer, JacobiProposer, carry_updater, independent_carry
+from ..proposers import CARRIES, Carry, JacobiProposer, carry_updater, independent_carry
 from .jacobi import check_draft
 
 LANTERN_FORMS: dict[str, Callable] = {"bounded": lantern_relax_bounded, "paper": lantern_relax_per_draft}

@@ -14,8 +14,8 @@ condition and the randomness are written out in docs/RASTER.md (ZipAR section).
 
 Modules: `plan` (one pass: its inputs, what each sees, each slot's output, which commits hold),
 `tree_fronts` (zipar-tree's draft tree at the head of each front), `engine` (`decode_fronts`:
-the passes of every front of every image), `record` (each pass's counts, from which the statistics
-follow at the end), `methods` (the registered methods).
+the passes of every front of every image), `carried` (the drafts Jacobi fronts carry over), `record`
+(each pass's counts, from which the statistics follow at the end), `methods` (the registered methods).
 """
 
 from .methods import wavefront, zipar, zipar_gsd, zipar_mc_sjd, zipar_sjd, zipar_tree

@@ -86,7 +86,6 @@ class PassPlan:
 
     @property
     def real(self) -> Tensor:
-        """[B, M] bool, False for padding."""
         return ~self.padding
 
 
@@ -190,7 +189,11 @@ def plan_pass(
     if round_up:
         # (drafting fronts at most the rows: the trees' scratch cache holds a side node set per row)
         num_inputs, drafting = power_of_two(num_inputs), min(power_of_two(drafting), height)
-    row, slot, padding = packed_rows(inputs, ends, num_inputs)  # padding's slot lies past its row's window
+    m = torch.arange(num_inputs, device=count.device).expand(count.shape[0], -1).contiguous()
+    row = torch.searchsorted(ends, m, right=True)  # [B, M]
+    padding = row >= height
+    row = row.clamp(max=height - 1)
+    slot = m - (ends - inputs).gather(1, row)  # padding: past its row's inputs, so past its window
     newest = count + index.before_rows  # [B, H] each row's newest token
     # a front's slot 0 feeds the row's newest token; a row start sits at row r - 1's last column and
     # feeds row r - 1's newest token there (its true last token once the row is complete, else a stand-in)
@@ -207,16 +210,6 @@ def plan_pass(
     return PassPlan(*per_input, *per_row, drafting, read, has_draft)
 
 
-def packed_rows(counts: Tensor, ends: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Items packed row after row into `width` columns (counts [B, H] per row, ends their cumsum) -> each
-    column's row, its place in it and whether it is padding (then: the last row, past its count), [B, width]."""
-    m = torch.arange(width, device=ends.device).expand(ends.shape[0], -1).contiguous()
-    row = torch.searchsorted(ends, m, right=True)
-    padding = row >= ends.shape[1]
-    row = row.clamp(max=ends.shape[1] - 1)
-    return row, m - (ends - counts).gather(1, row), padding
-
-
 def pass_width(
     ends: Tensor, window_len: Tensor, window: int, also_read: tuple[Tensor, ...] = ()
 ) -> tuple[int, int, tuple[int, ...]]:
@@ -231,9 +224,7 @@ def pass_width(
 
 
 def fed_alone(count: Tensor, fed: Tensor, window_len: Tensor, width: int) -> tuple[Tensor, Tensor]:
-    """-> feed_only [B, H] (the row feeds its newest token alone: it has no KV yet and the row does not
-    predict), fed_by_next [B, H] (the row is complete and row r + 1 starts: that start's input sits
-    at the row's last token and feeds it; or the row is the last one, complete)."""
+    """-> `PassPlan`'s feed_only and fed_by_next [B, H]."""
     # row r complete and row r + 1 not started: count[r] - count[r + 1] = W, as counts lie in 0 .. W
     fed_by_next = count - F.pad(count[:, 1:], (0, 1)) == width
     # The last row, compared with a count of 0, is "fed by next" once complete: its last token is never
@@ -245,10 +236,8 @@ def fed_alone(count: Tensor, fed: Tensor, window_len: Tensor, width: int) -> tup
 def leaning_slots(
     above: Tensor, above_drafts: Tensor, row: Tensor, input_index: Tensor, predicts: Tensor, width: int, s: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Cross-row fronts: each input's above_start (image index of the row above's first draft of this
-    pass, N when it feeds none), whether it leans (predicts (r, c) with c + s - 1 past the row above's
-    generated tokens) and its need (c + s - count[r - 1]: the row above's drafts it needs) -> three
-    [B, M]. Row 0 has no drafts above (above_drafts 0)."""
+    """Cross-row fronts: `PassPlan`'s above_start, leans and need [B, M]. Row 0 has no drafts above
+    (above_drafts 0)."""
     num_tokens = above.shape[1] * width
     above_count = above.gather(1, row)
     need = (input_index + 1) % width + s - above_count

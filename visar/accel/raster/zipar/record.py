@@ -67,18 +67,14 @@ class FrontRecord:
         pass took a refilled slot, and its first pass ran for its slot alone at the head of the next
         pass (`FrontPasses.start_fresh`), which writes no record: it took row 0 from 0 tokens to 1, so
         its pass k is the record start + k - 2."""
-        height, width = self.shape[-1], self.log.width
-        device = records.device
         count, commits = records[start:, 0, row], records[start:, 1, row]  # [P', H]
         reached = count + commits
-        active = (count[:, -1] < width).sum()
+        active = (count[:, -1] < self.log.width).sum()
         if start > 0:
-            first_pass = torch.zeros(1, height, dtype=torch.long, device=device)
+            first_pass = torch.zeros(1, self.shape[-1], dtype=torch.long, device=records.device)
             first_pass[0, 0] = 1
             reached, active = torch.cat([first_pass, reached]), active + 1
-        columns = torch.arange(width, device=device).expand(height, -1).contiguous()
-        first = torch.searchsorted(reached.T.contiguous(), columns, right=True)  # [H, W]
-        return active, first.flatten() + 1
+        return active, first_reaching(reached.T, self.log.width).flatten() + 1
 
     def stats(self, forward_passes: int) -> dict:
         log = self.log
@@ -93,10 +89,14 @@ class FrontRecord:
         slots = torch.arange(len(log.tested_by_slot), device=count.device)
         log.tested_by_slot += (tested[..., None] > slots).sum((0, 1, 2))  # fronts whose prefix covers slot j
         log.accepted_by_slot += (accepted[..., None] > slots).sum((0, 1, 2))
-        # token (r, c) of image b came in the first pass whose commit took row r past c
-        reached = (count + commits).permute(1, 2, 0).flatten(0, 1).contiguous()  # [B * H, P]
-        columns = torch.arange(log.width, device=reached.device).expand(len(reached), -1).contiguous()
-        first = torch.searchsorted(reached, columns, right=True)  # P where no pass reached it
-        passes = torch.tensor([*self.forward_pass, 0], dtype=torch.long, device=reached.device)
+        first = first_reaching((count + commits).permute(1, 2, 0).flatten(0, 1), log.width)  # [B * H, W]
+        passes = torch.tensor([*self.forward_pass, 0], dtype=torch.long, device=count.device)
         log.commit_pass[:, : log.num_tokens] = passes[first].view(len(log.commit_pass), -1)
         return log.stats(forward_passes)
+
+
+def first_reaching(reached: Tensor, width: int) -> Tensor:
+    """reached [R, P]: each row's count after each pass -> [R, W] the pass (from 0) whose commit took
+    the row past each column: token (r, c) came in it (P where no pass reached it)."""
+    columns = torch.arange(width, device=reached.device).expand(len(reached), -1).contiguous()
+    return torch.searchsorted(reached.contiguous(), columns, right=True)

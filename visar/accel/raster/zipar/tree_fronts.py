@@ -22,7 +22,7 @@ from ...core.sampling import sample_from_probs
 from ...core.scoring import GuidedScorer
 from ...core.tree_acceptance import residual_ladder
 from ..draft_trees import neighbour_candidates
-from .plan import PassContext, PassPlan, packed_rows, pass_inputs, visibility
+from .plan import PassContext, PassPlan, pass_inputs, visibility
 
 
 class FrontTrees:
@@ -48,12 +48,10 @@ class FrontTrees:
         return (self.refeed >= 0).sum(1).max()
 
     def admit(self, rows: Tensor, images: Tensor):
-        """Slots `rows` start new images: no side taken yet, nothing to feed again."""
         self.side_taken[rows] = 0
         self.refeed[rows] = -1
 
     def release(self, rows: list[int], images: list[int]):
-        """The images `images` leave slots `rows`: their side_taken kept by image."""
         self.released.update(zip(images, self.side_taken[rows].tolist(), strict=True))
 
     def side_taken_per_image(self) -> list[int]:
@@ -86,7 +84,8 @@ class FrontTrees:
         return commits + extended.long()
 
     def draws_per_pass(self, height: int) -> int:
-        """The uniforms `uniforms` takes a pass, per image."""
+        """The uniforms an image draws a pass for its trees: each row's extra candidates' keys (V), tests
+        (K - 1) and draws (2: after the last rejection, at the side node)."""
         return height * (self.vocab + self.branch + 1)
 
 
@@ -109,9 +108,14 @@ def side_nodes(plan: PassPlan, branch: int) -> SideNodes:
     per_row = has_tree.long() * (branch - 1)
     ends = per_row.cumsum(1)
     size = plan.drafting_fronts * (branch - 1)  # the most side inputs of any image (read with the plan)
-    row, place, padding = packed_rows(per_row, ends, size)
-    rank = torch.where(padding, 0, place + 1)
-    return SideNodes(has_tree, inputs.cumsum(1) - inputs, ends - per_row, row, rank, ~padding)
+    batch, height = per_row.shape
+    m = torch.arange(size, device=ends.device).expand(batch, -1).contiguous()
+    row = torch.searchsorted(ends, m, right=True)
+    real = row < height
+    row = row.clamp(max=height - 1)
+    start = ends - per_row
+    rank = torch.where(real, m - start.gather(1, row) + 1, 0)
+    return SideNodes(has_tree, inputs.cumsum(1) - inputs, start, row, rank, real)
 
 
 def front_candidates(

@@ -20,8 +20,8 @@ zipar-tree, and wavefront on a model with local dependence). For each:
   docs/SPEED.md), is one sentence.
 
 The statistics per image are the running-batch cases' passes, commit_pass and (zipar-tree) side_taken
-against each image's decode alone. The quick tier runs the running-batch and late-join cases on one
-case per engine (`QUICK`); CI runs them all.
+against each image's decode alone. The quick tier runs the per-case tests on one case per engine
+(`QUICK`); CI runs them all.
 
 Then the rules no case shows: an admitted image's first pass is the next pass's, not the admit's; the
 exact wavefront stays AR's tokens when it refills; and the joint law holds with refills happening, each
@@ -211,7 +211,7 @@ def test_images_that_join_an_open_source_late_are_their_decodes_alone(models, al
 # -- one traced graph a pass ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case_id", CASES)
+@pytest.mark.parametrize("case_id", EVERY_CASE)
 def test_a_pass_traces_as_one_graph(models, case_id, monkeypatch):
     """Only the plan (a pass's shape: its width, whether an image is left, a draft's catch-up, the
     carried laws' K) reads the device back; the step, propose to commit with the model call and the

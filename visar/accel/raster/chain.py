@@ -173,14 +173,10 @@ class ChainPasses:
 
     def score(self, plan: Window, drafts) -> Tensor:
         """One target forward over [last committed token, drafts] of every image -> p [B, G + 1, V].
-
-        Slot j sits at the position of image index committed + j. The window is padded to the plan's
-        power of two of slots, so a compiled model meets a handful of shapes (1, 2, 4, 8, 16 for a
-        16-slot window) instead of one per length the end of an image leaves; padding lies after an
-        image's real slots (clamped to the last position), so no real query sees it, the truncation
-        after the pass forgets it and its outputs are dropped. An image's first pass feeds its
-        condition instead of a last token: a running batch's pass in which only some slots have
-        theirs (`plan.fresh`) scores those and the others in a call each."""
+        Slot j sits at image index committed + j; the window is padded to the plan's power of two of
+        slots (a compiled model meets a few shapes), padding after the real slots (clamped to the
+        last position: no real query sees it, the truncation forgets it). An image's first pass
+        feeds its condition: a pass where only some slots do (`plan.fresh`) scores them apart."""
         needed, num_slots = plan.max_drafts + 1, plan.slot_index.shape[1]
         draft_tokens = drafts[0] if num_slots == needed else F.pad(drafts[0], (0, num_slots - needed))
         last_position = self.num_cond + self.total - 1

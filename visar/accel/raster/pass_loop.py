@@ -63,7 +63,7 @@ def power_of_two(n: int) -> int:
 
 def run_pass(engine: PassEngine, plan) -> None:
     """One pass of a planned shape. Only `plan` reads the device back (the pass's shape); this part
-    traces as one graph (tests/accel/raster/test_compile.py)."""
+    traces as one graph (tests/accel/raster/test_engine_conformance.py)."""
     engine.step(plan)
 
 

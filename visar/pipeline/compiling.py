@@ -8,9 +8,9 @@ mode="reduce-overhead" for CUDA graphs on a GPU).
 whole_passes (the pipeline's `compile_options`): the raster engines that draft
 (`visar.accel.raster.pass_loop`: chains, trees, zipar's fronts, lantern++'s static trees) also run
 each whole pass, their bookkeeping with the model call, under torch.compile with these options: one
-graph a pass (tests/accel/raster/test_engine_conformance.py), windows and front passes padded to powers of two, so that on a
-GPU a pass can replay as one CUDA graph. Off by default: on a CPU it measured slower than eager
-passes (docs/SPEED.md), and it is not yet measured on a GPU.
+graph a pass (tests/accel/raster/test_engine_conformance.py), windows and front passes padded to
+powers of two, so that on a GPU a pass can replay as one CUDA graph. Off by default: on a CPU it
+measured slower than eager passes (docs/SPEED.md), and it is not yet measured on a GPU.
 Where compiling fails (no C++ compiler, an unsupported platform or Python), the generator runs
 eagerly from that call on, rerunning it, with one warning saying why (`EagerFallback`).
 """

@@ -30,10 +30,9 @@ from ..accel.core.scoring import reads_prompts
 from ..accel.core.source import ImageSource
 from ..errors import VisarError
 from ..models.base import model_kind
-from ..models.outputs import output_maps
 from .conditions import image_conditions, image_generators, null_rows
 from .images import check_output_type
-from .runs import check_kv_keep, checked_method, second_model
+from .runs import check_kv_keep, checked_method, image_callback, second_model
 
 
 class OpenBatch:
@@ -112,18 +111,18 @@ class OpenBatch:
                 return {"forward_passes": 0, "forward_passes_per_image": []}
         source, pipe = self.source, self.pipe
 
-        def hand_over(index, tokens, info):
-            tokens, commit_pass = output_maps(pipe.model, tokens[None], info["commit_pass"][None])
+        def hand_over(index, tokens, info):  # tokens and commit_pass in the output's shapes (`image_callback`)
+            if on_image is None:  # still handed over: an open batch keeps no image
+                return
             if self.output_type != "tokens":
-                tokens = pipe.to_output(pipe.decode(tokens), self.output_type)
-            if on_image is not None:
-                on_image(index, tokens[0], {**info, "commit_pass": commit_pass[0]})
+                tokens = pipe.to_output(pipe.decode(tokens[None]), self.output_type)[0]
+            on_image(index, tokens, info)
 
         cond, cond_mask, generators = source.snapshot()
         request = Request(
             pipe.model, cond, self.params, generators, cond_mask, self.progress, tokenizer=pipe.tokenizer,
             compile_passes=pipe.compile_options if pipe.is_compiled else None, slots=self.slots,
-            on_image=hand_over, kv_keep=self.kv_keep, source=source,
+            on_image=image_callback(pipe.model, hand_over, {}), kv_keep=self.kv_keep, source=source,
         )  # fmt: skip
         _, stats = self.method.fn(request, **self.options)
         return {**stats, "method": self.name, "lossless": self.method.is_lossless(self.options, pipe.model)}

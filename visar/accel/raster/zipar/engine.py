@@ -88,6 +88,12 @@ class Fronts:
             self.carried.admit(rows, images)
 
 
+def front_block(height: int, window: int) -> int:
+    """The uniforms a pass of Jacobi fronts takes for its fronts, per image: [4, H, window] (the first
+    pass's too, so an admitted image's token 0 is that block's residual draw of row 0, slot 0)."""
+    return NUM_PURPOSES * height * window
+
+
 def take_blocks(state: SlotState, per_pass: int, trees: FrontTrees | None, first: bool) -> tuple[Tensor, Tensor | None]:
     """Jacobi fronts: this pass's blocks of each image's uniforms, the fronts' [B, 4 * H * window], then
     the trees' (None without trees). The decode's first pass takes each image's first uniforms, which
@@ -204,7 +210,7 @@ class FrontPasses:
         self.cross_row, self.trees = settings.cross_row, settings.trees
         self.total, self.batch = model.num_image_tokens, request.batch_size
         self.fronts = Fronts.start(model, self.batch, self.window)
-        self.per_pass = NUM_PURPOSES * self.grid[0] * self.window  # a pass's uniforms of each image: [4, H, window]
+        self.per_pass = front_block(self.grid[0], self.window)
         self.scorer = GuidedScorer.for_request(request)
         self.log = FrontRecord(self.batch, self.grid, self.window, model.device)
         state.record = self.log
@@ -332,7 +338,7 @@ def decode_fronts(
     if window == 1:  # ar.py's draws: token i's uniform i of each image (N: the padding's)
         first_draws, block = model.num_image_tokens + 1, 1
     else:  # a pass's blocks (the first pass's drawn first), drawn up to 16 of the largest passes at a time
-        first_draws = NUM_PURPOSES * grid[0] * clipped + (0 if trees is None else trees.draws_per_pass(grid[0]))
+        first_draws = front_block(grid[0], clipped) + (0 if trees is None else trees.draws_per_pass(grid[0]))
         block = stream_block(first_draws)
     # the state's window is N: one pass spans up to the whole grid
     num_tokens = model.num_image_tokens

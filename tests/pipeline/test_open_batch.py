@@ -17,6 +17,7 @@ from laws import JoinsBetweenPasses, perturbed, tiny_llamagen, unit_codebook
 from visar.accel import Request, get_method
 from visar.accel.core.sampling import SamplingParams
 from visar.accel.core.source import ImageSource
+from visar.errors import VisarError
 
 PARAMS = SamplingParams(guidance_scale=2.0, top_k=20)
 LABELS = [0, 2, 1, 1, 0, 2, 1]
@@ -75,9 +76,10 @@ def assert_each_as_alone(model, name, options, stats, handed):
 
 @pytest.mark.one_thread
 def test_a_source_with_fewer_images_than_slots_decodes_spares_and_hands_over_only_images(model):
-    """One image at 3 slots (two spares), two more before pass 3, four more before pass 9."""
+    """One image at 3 slots (two spares), one more before the first pass (a service's image that came as
+    the decode started), two before pass 3, three before pass 9."""
     for name, options in engine_cases(model)[1::3]:  # mc-sjd, sjd-pac, zipar, ...: one of each engine
-        source = JoinsBetweenPasses(conditions, 1, {3: 2, 9: 4})
+        source = JoinsBetweenPasses(conditions, 1, {1: 1, 3: 2, 9: 3})
         tokens, stats, handed = decode_source(model, name, options, source, slots=3)
         assert len(handed) == 7
         assert_each_as_alone(model, name, options, stats, handed)
@@ -177,3 +179,37 @@ def test_an_open_batch_refuses_what_it_cannot_decode(text_pipe):
     assert batch.run() == {"forward_passes": 0, "forward_passes_per_image": []}  # closed before any image
     with pytest.raises(VisarError, match="closed"):
         batch.add(prompts=["a red circle"])
+
+
+@pytest.mark.one_thread  # images against their decodes alone, bit for bit
+def test_a_paced_batch_runs_a_pass_a_step_and_a_cancelled_image_leaves_the_others_unchanged(text_pipe):
+    """A paced open batch (a serving loop's) decodes nothing until `step` lets it, one pass a step; of
+    four images at two slots, one cancelled in its slot and one cancelled while it waits are never
+    handed over, and the other two are each generate's alone."""
+    batch = text_pipe.open_batch("mc-sjd", slots=2, output_type="tokens", paced=True, window=8)
+    handed = {}
+    worker = threading.Thread(
+        target=lambda: handed.update(stats=batch.run(on_image=lambda i, tokens, info: handed.update({i: tokens})))
+    )
+    worker.start()
+    prompts = ["a red circle", "two blue squares", "a green triangle", "a red cross"]
+    assert batch.add(prompts=prompts, seed=4) == [0, 1, 2, 3]
+    threading.Event().wait(0.5)
+    assert handed == {}  # unpaced, these images take a few milliseconds a pass
+    steps = 0
+    for _ in range(2):
+        steps += batch.step(timeout=30)
+    batch.cancel([1, 3])  # 1 holds a slot; 3 waits
+    while not {0, 2} <= handed.keys():
+        assert batch.step(timeout=30)
+        steps += 1
+    batch.close()
+    worker.join(120)
+    stats = handed.pop("stats")
+    assert sorted(handed) == [0, 2]
+    assert stats["batch_passes"] == steps  # a pass a step, none unpaced
+    alone = text_pipe.generate(prompts=prompts, seed=4, method="mc-sjd", window=8, output_type="tokens").tokens
+    for index in (0, 2):
+        assert torch.equal(handed[index], alone[index]), index
+    with pytest.raises(VisarError, match="paced"):
+        text_pipe.open_batch("sjd", slots=2).step()

@@ -15,7 +15,10 @@ the same bits on a CPU at one torch thread), as with `generate(batch_size=)`.
     worker.join()
 
 One batch has one method, its options and one set of sampling settings (guidance is one scale per
-pass); negative prompts, seeds and conditions are per `add`.
+pass); negative prompts, seeds and conditions are per `add`. `cancel` takes images back (a caller
+that left): they leave their slots before the next pass, and the others' tokens do not change. A
+`paced` batch runs a pass only when `step` lets it, so a serving loop (visar serve, on LitServe's
+continuous batching) advances it one pass per loop step.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ from .runs import check_kv_keep, checked_method, image_callback, second_model
 class OpenBatch:
     """A running batch of `slots` that images join while it decodes (`Pipeline.open_batch`)."""
 
-    def __init__(self, pipe, method: str, slots: int, *, output_type="pil", kv_keep=1.0, progress=False, **settings):
+    def __init__(
+        self, pipe, method: str, slots: int, *, output_type="pil", kv_keep=1.0, progress=False, paced=False, **settings
+    ):
         if model_kind(pipe.model) != "raster":
             raise VisarError(f"an open batch decodes a raster model's running batch; {pipe.name} is not one")
         sampling = {k: settings.pop(k) for k in ("guidance_scale", "temperature", "top_k", "top_p") if k in settings}
@@ -57,7 +62,7 @@ class OpenBatch:
         self.second = second_model(self.method, self.options, pipe.resolve_draft)
         self.source: ImageSource | None = None  # made by the first add: a source starts with an image
         self.changed = threading.Condition()
-        self.closed = False
+        self.closed, self.paced = False, paced
 
     def add(
         self,
@@ -84,13 +89,31 @@ class OpenBatch:
             if self.closed:
                 raise VisarError("this open batch is closed: it takes no more images")
             if self.source is None:
-                self.source = ImageSource(images.cond, images.cond_mask, generators, closed=False, null=null)
+                self.source = ImageSource(
+                    images.cond, images.cond_mask, generators, closed=False, null=null, paced=self.paced
+                )
                 self.changed.notify_all()
                 return list(range(images.count))
             try:
                 return list(self.source.add(images.cond, images.cond_mask, generators, null))
             except (RuntimeError, ValueError) as err:  # a condition of another layout (prompt length, mask)
                 raise VisarError(f"these images cannot join this open batch: {err}") from err
+
+    def cancel(self, indices) -> None:
+        """Take back images of this batch (indices `add` gave): those waiting never start, those in slots
+        leave them before the next pass; none is handed over unless it was done already. Any thread."""
+        with self.changed:
+            if self.source is not None:
+                self.source.cancel(indices)
+
+    def step(self, timeout: float = 0.05) -> bool:
+        """A paced batch: let `run` decode one pass, and wait until it has, its finished images handed to
+        on_image (-> True), or `timeout` s (-> False: idle, or a pass that takes longer)."""
+        if not self.paced:
+            raise VisarError("step() paces a batch opened with paced=True; this one runs its passes unpaced")
+        with self.changed:
+            source = self.source
+        return False if source is None else source.allow_pass(timeout)
 
     def close(self):
         """No more images: `run` returns once every queued image is done."""

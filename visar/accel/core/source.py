@@ -1,5 +1,6 @@
 """The images a running batch decodes (`ImageSource`): a call's fixed list, or an open queue that grows
-while the batch decodes (a service's), from any thread, until it is closed."""
+while the batch decodes (a service's), from any thread, until it is closed; a service may also cancel
+its images and step the batch a pass at a time (`paced`)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,23 @@ class ImageSource:
 
     While an open source holds fewer images than the batch has slots, each slot without an image
     decodes a spare (the last image's condition under a generator of its own, never handed over)
-    until an image takes it: a slot is one row of every pass whether it holds an image or not."""
+    until an image takes it: a slot is one row of every pass whether it holds an image or not.
 
-    def __init__(self, cond: Tensor, cond_mask: Tensor | None, generators: list, closed: bool = True, null=None):
+    A source open from the start (a service's) may `cancel` images: a waiting one never takes a
+    slot, one in a slot leaves it before the next pass, unfinished and not handed over; the other
+    images' tokens are unchanged (each image's are those of its decode alone). A `paced` one's batch
+    runs a pass only when `allow_pass` lets it (a serving loop's step is one pass), until it is closed.
+    """
+
+    def __init__(
+        self,
+        cond: Tensor,
+        cond_mask: Tensor | None,
+        generators: list,
+        closed: bool = True,
+        null=None,
+        paced: bool = False,
+    ):
         if cond.shape[0] == 0 or cond.shape[0] != len(generators):
             raise ValueError(
                 f"a source starts with one image or more, one generator each: got {cond.shape[0]} "
@@ -29,8 +44,11 @@ class ImageSource:
             )
         self.cond, self.cond_mask, self.generators = cond, cond_mask, list(generators)
         self.null, self.null_mask = (None, None) if null is None else null  # null_mask may be None too
-        self.closed = closed
+        self.closed, self.fixed = closed, closed  # fixed: a call's list, closed from the start
+        self.cancelled: set[int] = set()
         self.changed = threading.Condition()
+        # pacing: passes let run (0 or 1), and the times the decode came back for more or went idle
+        self.paced, self.permits, self.returns = paced, 0, 0
 
     def count(self) -> int:
         """The images added so far (the loop asks once before each pass)."""
@@ -63,11 +81,43 @@ class ImageSource:
             self.closed = True
             self.changed.notify_all()
 
+    def cancel(self, images) -> None:
+        """Images that are no longer wanted (a service's caller left or ran out of time)."""
+        if self.fixed:
+            raise ValueError("a call's fixed list of images cannot be cancelled: only an open source's")
+        with self.changed:
+            self.cancelled.update(images)
+
     def wait_past(self, images: int) -> bool:
         """Block until the source holds more than `images` images (-> True) or is closed (-> False)."""
         with self.changed:
+            self.came_back()
             self.changed.wait_for(lambda: self.count() > images or self.closed)
             return self.count() > images
+
+    def before_pass(self) -> None:
+        """Called by the loop before each pass: a paced source's decode waits here until `allow_pass`
+        (or the close: a closed batch finishes its images unpaced)."""
+        if not self.paced:
+            return
+        with self.changed:
+            self.came_back()
+            self.changed.wait_for(lambda: self.permits > 0 or self.closed)
+            self.permits = 0
+
+    def came_back(self):
+        if self.paced:
+            self.returns += 1
+            self.changed.notify_all()
+
+    def allow_pass(self, timeout: float) -> bool:
+        """Let a paced batch run one pass and wait until it has (its finished images handed over) and is
+        back for the next, or idle -> False after `timeout` s (nothing to decode, or a long pass). A
+        batch that is idle when let takes its pass as soon as an image comes."""
+        with self.changed:
+            returns, self.permits = self.returns, 1
+            self.changed.notify_all()
+            return self.changed.wait_for(lambda: self.returns > returns, timeout)
 
     def snapshot(self) -> tuple[Tensor, Tensor | None, list]:
         """The conditions, masks and generators of the images so far, taken together."""

@@ -102,7 +102,7 @@ class RunningBatch:
     def __init__(self, source: ImageSource, state: SlotState, on_image: Callable | None = None):
         self.source, self.state, self.on_image = source, state, on_image
         # an open source's images go to on_image alone (a service's batch may run for ever), else kept
-        self.keep = on_image is None or source.closed
+        self.keep = on_image is None or source.fixed
         self.next = sum(image is not None for image in state.holds)  # the next image to admit
         self.tokens: list[Tensor | None] = []
         self.passes: list[int] = []
@@ -134,15 +134,23 @@ class RunningBatch:
         available, holds = self.source.count(), self.state.holds
         if self.next >= available and self.source.closed:
             return
-        done = self.state.done().tolist()
+        done, cancelled = self.state.done().tolist(), self.source.cancelled
         rows = [row for row, image in enumerate(holds) if image is not None and done[row]]
         if rows:
             self.collect(rows)
-        free = [row for row, image in enumerate(holds) if image is None][: available - self.next]
-        if not free:
-            return
-        self.state.admit(free, list(range(self.next, self.next + len(free))))
-        self.next += len(free)
+        if cancelled:  # their slots freed unfinished, nothing handed over
+            for row, image in enumerate(holds):
+                if image in cancelled:
+                    holds[row] = None
+                    self.finished += 1
+        free = [row for row, image in enumerate(holds) if image is None]
+        images = []
+        while len(images) < len(free) and self.next < available:
+            if self.next not in cancelled:
+                images.append(self.next)
+            self.next += 1
+        if images:
+            self.state.admit(free[: len(images)], images)
 
     def idle(self) -> bool:
         """No slot holds an image and none waits (an open source's spares are not worth a pass)."""
@@ -154,16 +162,18 @@ class RunningBatch:
 
     def finish(self, stats: dict) -> tuple[Tensor, dict]:
         """After the last pass: the images still in slots, then every image's tokens [Q, N] and the
-        engine's statistics with the per-image ones of the whole queue."""
-        self.collect([row for row, image in enumerate(self.state.holds) if image is not None])
-        num_tokens, passes = self.state.num_tokens, self.passes
+        engine's statistics with the per-image ones of the whole queue (None: an image cancelled)."""
+        if rows := [row for row, image in enumerate(self.state.holds) if image is not None]:
+            self.collect(rows)
+        num_tokens = self.state.num_tokens
+        passes = [p for p in self.passes if p is not None]  # a cancelled image's are None
         if self.keep:
             tokens, commit_pass = torch.stack(self.tokens), torch.stack(self.commit_pass).cpu()
         else:  # handed over, not kept
             tokens, commit_pass = self.state.tokens[:0, :num_tokens], stats["commit_pass"][:0]
         return tokens, {
             **stats,
-            "forward_passes_per_image": passes,
+            "forward_passes_per_image": self.passes,
             "tokens_per_forward": sum(num_tokens / max(p, 1) for p in passes) / max(len(passes), 1),
             "commit_pass": commit_pass,
             "slots": len(self.state.holds),
@@ -221,6 +231,7 @@ def decode_passes(engine: PassEngine, state: SlotState, request, desc: str) -> t
                         break
                     continue  # every slot is done, and an image came (or may) since the refill
                 if queue is not None:
+                    queue.source.before_pass()  # a paced source's pass waits for its step
                     queue.passes_run += 1
                 try:
                     step(engine, plan)

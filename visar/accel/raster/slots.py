@@ -122,7 +122,8 @@ class SlotState:
         model call here: an engine whose first step is a plain AR step takes it in its plan)."""
         for row, image in zip(rows, images, strict=True):
             self.start_pass[row], self.holds[row] = self.passes, image
-        self.fresh = tuple(sorted(rows))
+        # with the slots still before their first pass (an image added before a decode's first pass)
+        self.fresh = tuple(sorted({*self.fresh, *rows}))
         index, image_index = (torch.tensor(x, device=self.device) for x in (rows, images))
         generators = [self.generators[image] for image in images]
         # nothing committed (what lies past `committed` is never read: the old image's tokens stay)

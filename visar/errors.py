@@ -38,6 +38,8 @@ EXTRA_OF_MODULE = {
     "transformers": "hf",
     "tokenizers": "hf",
     "diffusers": "hf",
+    "litserve": "serve",
+    "prometheus_client": "serve",
 }
 
 

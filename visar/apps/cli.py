@@ -12,7 +12,7 @@ import os
 import sys
 
 from ..errors import VisarError, missing_dependency
-from .commands import bench, demo, evaluate, generate, methods, models, train
+from .commands import bench, demo, evaluate, generate, methods, models, serve, train
 from .commands.common import (  # noqa: F401  (re-exported: `from visar.apps.cli import load_pipeline` keeps working)
     add_model_args,
     add_sampling_args,
@@ -22,7 +22,7 @@ from .commands.common import (  # noqa: F401  (re-exported: `from visar.apps.cli
     run_settings,
 )
 
-COMMANDS = (generate, demo, models, evaluate, bench, train, methods)  # in the order `visar --help` lists them
+COMMANDS = (generate, demo, serve, models, evaluate, bench, train, methods)  # in the order `visar --help` lists them
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from demo_server import free_port
 
-MODEL, METHOD, SLOTS, MAX_QUEUE = "visar-tiny-c2i", "mc-sjd", 4, 6
+MODEL, METHOD, SLOTS, MAX_QUEUE = "visar-tiny-c2i", "mc-sjd", 4, 8
 
 
 def start_server(port: int, *flags: str) -> subprocess.Popen:
@@ -106,10 +106,12 @@ def pipe():
 
 
 @pytest.mark.one_thread  # the images it compares were decoded at one thread by the server too
-def test_concurrent_requests_each_get_generates_images_with_their_seed(server, pipe):
-    """Five requests at once (one of three images) share the running batch of 4 slots; every image is
-    `generate`'s (method mc-sjd) for its class and seed, bit for bit, and says its method and passes."""
+def test_concurrent_requests_each_get_generates_images_with_their_seed_and_settings(server, pipe):
+    """Seven requests at once (one of three images), two of them with a method or guidance scale of their
+    own, which wait for a batch of their settings: every image's tokens are `generate`'s for its
+    class, seed, method and guidance, bit for bit, and it says its method and passes."""
     bodies = [dict(class_label=c, seed=s, n=n) for c, s, n in ((3, 0, 1), (7, 5, 3), (3, 1, 1), (12, 9, 1), (0, 2, 2))]
+    bodies[2:2] = [dict(class_label=4, seed=6, n=2, method="sjd"), dict(class_label=5, seed=8, guidance_scale=1.5)]
     answers = [None] * len(bodies)
     threads = [
         threading.Thread(target=lambda k=k, body=body: answers.__setitem__(k, post(server, body)))
@@ -121,17 +123,18 @@ def test_concurrent_requests_each_get_generates_images_with_their_seed(server, p
         thread.join(180)
     for body, (status, _, answer) in zip(bodies, answers, strict=True):
         assert status == 200, answer
-        assert len(answer["data"]) == body["n"]
+        assert len(answer["data"]) == body.get("n", 1)
+        method = body.get("method", METHOD)
         alone = pipe.generate(
-            class_labels=[body["class_label"]], num_images_per_prompt=body["n"], seed=body["seed"], method=METHOD,
-            output_type="tokens",
+            class_labels=[body["class_label"]], num_images_per_prompt=body.get("n", 1), seed=body["seed"],
+            method=method, guidance_scale=body.get("guidance_scale"), output_type="tokens",
         )  # fmt: skip
         for image, tokens in zip(answer["data"], alone.tokens, strict=True):
             # the server decodes each image's pixels alone (a VQ decoder's batch of 2 rounds otherwise)
             expected = pipe.to_output(pipe.decode(tokens[None]), "pil")[0]
             assert np.array_equal(pixels(image["b64_json"]), np.asarray(expected)), body
-            assert image["visar"]["method"] == METHOD and image["visar"]["forward_passes"] > 0
-    assert metric(server, "visar_images_total") >= 8 and metric(server, "visar_passes_total") > 0
+            assert image["visar"]["method"] == method and image["visar"]["forward_passes"] > 0
+    assert metric(server, "visar_images_total") >= 11 and metric(server, "visar_passes_total") > 0
 
 
 @pytest.mark.parametrize(

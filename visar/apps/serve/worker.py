@@ -3,11 +3,15 @@ of each open running batch (`Pipeline.open_batch`, paced), so a request's images
 between passes and each image is answered as soon as its request is done.
 
 LitServe's `ContinuousBatchingLoop` calls `add_request` as requests arrive (its scheduling task) and
-`step` in a loop while `has_active_requests`; each `step` lets every batch with images in flight run
-one pass (`OpenBatch.step`) and returns what came of it: a request's acceptance (or its one-sentence
-400), each finished image, the end of a finished request. The decode itself runs in one thread per
-batch, which waits between passes for the next step. A batch is one method and guidance scale (one
-scale a pass): requests that differ in them decode in separate batches, stepped in turn.
+`step` in a loop while `has_active_requests`; each `step` lets the running batch run one pass
+(`OpenBatch.step`) and returns what came of it: a request's acceptance (or its one-sentence 400),
+each finished image, the end of a finished request.
+
+One thread owns the device: it loads the model, then runs one batch after another, each waiting
+between passes for the next step. A batch is one method and guidance scale (one scale a pass), and
+a model holds one batch's KV cache: requests for other settings wait until the running batch has
+no image left, which it reaches because, while they wait, its own later requests wait too (oldest
+settings first).
 """
 
 from __future__ import annotations
@@ -28,8 +32,6 @@ from litserve.utils import LitAPIStatus
 from ...errors import VisarError
 from . import metrics
 
-MAX_BATCHES = 4
-
 
 class PassLoop(ContinuousBatchingLoop):
     """LitServe's continuous-batching loop with two changes of pace: it rests while no request is active
@@ -44,33 +46,28 @@ class PassLoop(ContinuousBatchingLoop):
         await super().run(lit_api, *args, **kwargs)
 
     async def step(self, prev_outputs, lit_api, lit_spec):
-        while lit_api.has_active_requests():  # requests still join between passes: add_request runs meanwhile
-            if outputs := await asyncio.to_thread(lit_api.step, prev_outputs):
+        return await asyncio.to_thread(self.passes_until_output, lit_api, prev_outputs)
+
+    @staticmethod
+    def passes_until_output(lit_api, prev_outputs) -> list[Output]:
+        """`lit_api.step` (a pass) until one has something to send; requests still join between passes,
+        as add_request runs in the loop's thread meanwhile."""
+        while lit_api.has_active_requests():
+            if outputs := lit_api.step(prev_outputs):
                 return outputs
-        return []  # settings (method, guidance) decoded at once; an idle batch makes room for another
+        return []
 
 
 @dataclass
 class Admitted:
-    """One request's images in a batch: their indices there, and what is done of them."""
+    """One request: its settings, its images' `add` arguments and, once in a batch, their indices there."""
 
     uid: str
-    key: tuple
-    indices: list[int]
+    key: tuple  # (method label, guidance scale)
+    add: dict
     started: float
+    indices: list[int] = field(default_factory=list)
     done: int = 0
-
-
-@dataclass
-class Batch:
-    """An open, paced running batch and the decode thread that runs it."""
-
-    batch: object
-    thread: threading.Thread
-    owners: dict[int, Admitted] = field(default_factory=dict)  # batch index -> its request
-
-    def busy(self) -> bool:
-        return bool(self.owners)
 
 
 def png_base64(image) -> str:
@@ -80,7 +77,7 @@ def png_base64(image) -> str:
 
 
 class ImagesAPI(ls.LitAPI):
-    """The model's open running batches behind LitServe's continuous batching (`visar serve`)."""
+    """The model's running batch behind LitServe's continuous batching (`visar serve`)."""
 
     def __init__(self, load, model_arg: str, *, method: str, slots: int, options: dict, max_images: int, spec):
         super().__init__(stream=True, loop=PassLoop(), spec=spec, max_batch_size=slots)
@@ -88,36 +85,80 @@ class ImagesAPI(ls.LitAPI):
         self.options, self.max_images = options, max_images
 
     def setup(self, device):
-        from ...accel.policy.auto import parse_candidates
-
         # LitServe warns on each step that finished no image, which is most passes
         logging.getLogger("litserve.loops.continuous_batching_loop").setLevel(logging.ERROR)
-        self.pipe = self.load(device)
-        self.lock = threading.Lock()  # the decode threads hand images over while step and add_request run
-        self.batches: dict[tuple, Batch] = {}
+        self.changed = threading.Condition()  # guards what follows; the device thread waits on it
+        self.batch, self.key = None, None  # the running batch and its settings
+        self.owners: dict[int, Admitted] = {}  # the running batch's images in flight -> their request
+        self.waiting: list[Admitted] = []  # requests for a batch of their settings, oldest first
         self.admitted: dict[str, Admitted] = {}
         self.outbox: list[Output] = []
-        # (method, options, the name a response gives it)
-        self.default = (self.method, dict(self.options), self.method)
-        if self.method == "auto":  # the candidate auto settles on for batches of `slots`, chosen once here
-            kind = "class_labels" if self.pipe.is_class_conditional else "prompts"
+        ready, failed = threading.Event(), []
+        thread = threading.Thread(
+            target=self.run_device, args=(device, ready, failed), name="visar-device", daemon=True
+        )
+        thread.start()
+        ready.wait()
+        if failed:
+            raise failed[0]
+
+    def run_device(self, device, ready: threading.Event, failed: list):
+        """Load the model, settle the default method, then run batches, all in this one thread: once a
+        second thread runs torch's parallel CPU work, libgomp manages more threads than there are cores
+        and throttles its spin-wait, which made a decode in a thread other than the loading one 1.6x
+        slower at two CPU threads (visar-tiny-c2i)."""
+        try:
+            self.settle(self.load(device))
+        except Exception as err:  # the worker's setup fails with it
+            failed.append(err)
+            ready.set()
+            return
+        ready.set()
+        while True:
+            with self.changed:  # the oldest waiting request's settings; the default's when none waits
+                key = self.waiting[0].key if self.waiting else self.default_key
+            method, options = (self.default[0], self.default[1]) if key == self.default_key else (key[0], {})
+            opened = self.pipe.open_batch(method, slots=self.slots, paced=True, guidance_scale=key[1], **options)
+            with self.changed:
+                self.batch, self.key = opened, key
+                self.start_waiting()
+            try:
+                opened.run(on_image=self.hand_over)
+            except Exception as err:  # every request of the batch learns of it; the server goes on
+                logging.getLogger("visar.serve").exception("a running batch (%s) failed", key[0])
+                with self.changed:
+                    for admitted in {id(a): a for a in self.owners.values()}.values():
+                        self.fail(admitted, HTTPException(500, f"the decode failed: {err}"))
+            with self.changed:
+                self.batch, self.owners = None, {}
+
+    def settle(self, pipe):
+        """The pipeline, and the default method: --method, or the candidate auto settles on for batches of
+        --slots (AR's law as mc-sjd at one token a pass, where it settles on ar, which does not refill)."""
+        from ...accel.policy.auto import parse_candidates
+
+        self.pipe = pipe
+        self.default = (self.method, dict(self.options), self.method)  # (method, options, its name in answers)
+        if self.method == "auto":
+            kind = "class_labels" if pipe.is_class_conditional else "prompts"
             first = [0] if kind == "class_labels" else ["a photo"]
-            spec, why = self.pipe.settle_auto(**{kind: first * self.slots}, batch_size=self.slots, **self.options)
+            spec, why = pipe.settle_auto(**{kind: first * self.slots}, batch_size=self.slots, **self.options)
             candidate = parse_candidates(spec)[0]
-            if candidate.method == "ar":  # AR's law at a token a pass, in a batch that refills its slots
+            if candidate.method == "ar":
                 candidate = parse_candidates("mc-sjd:1")[0]
             self.default = (candidate.method, dict(candidate.options), candidate.spec)
             print(f"visar serve: auto settled on {spec}, served as {candidate.spec} ({why})", flush=True)
-        self.pipe.open_batch(self.default[0], slots=self.slots, **self.default[1]).close()  # a bad one: now
-        metrics.SLOTS.set(0)
+        self.size()
+        pipe.open_batch(self.default[0], slots=self.slots, **self.default[1]).close()  # a bad option: now
+        self.default_key = (self.default[2], pipe.sampling_params().guidance_scale)
 
     # --- LitServe's continuous-batching contract ---
 
     def has_capacity(self) -> bool:
-        return True  # an open batch queues what it cannot seat; the HTTP side bounds the requests in flight
+        return True  # a batch queues what it cannot seat; the HTTP side bounds the requests in flight
 
     def has_active_requests(self) -> bool:
-        with self.lock:
+        with self.changed:
             return bool(self.admitted or self.outbox)
 
     def add_request(self, uid: str, request) -> None:
@@ -126,49 +167,78 @@ class ImagesAPI(ls.LitAPI):
             self.send(uid, "", LitAPIStatus.FINISH_STREAMING)
             return
         try:
-            self.admit(uid, request)
+            admitted = self.checked(uid, request)
         except VisarError as err:
             self.send(uid, HTTPException(400, str(err)), LitAPIStatus.ERROR)
+            return
+        with self.changed:
+            self.admitted[uid] = admitted
+            self.waiting.append(admitted)
+            if self.batch is not None and admitted.key == self.key:
+                self.start_waiting()
+            self.switch_if_idle()
+            self.changed.notify_all()
 
     def step(self, prev_outputs) -> list[Output]:
-        with self.lock:
-            running = [b for b in self.batches.values() if b.busy()]
-        passes = sum(b.batch.step(timeout=1.0) for b in running)
-        metrics.PASSES.inc(passes)
-        with self.lock:
+        with self.changed:
+            batch = self.batch if self.owners else None
+            if batch is None:  # nothing decoding: a switch of settings under way, or only waiting requests
+                self.changed.wait(0.01)
+        if batch is not None:
+            metrics.PASSES.inc(batch.step(timeout=1.0))
+        with self.changed:
             outputs, self.outbox = self.outbox, []
-            metrics.SLOTS.set(sum(min(len(b.owners), self.slots) for b in self.batches.values()))
-            metrics.WAITING.set(sum(max(len(b.owners) - self.slots, 0) for b in self.batches.values()))
+            metrics.SLOTS.set(min(len(self.owners), self.slots))
+            queued = sum(len(a.indices) - a.done for a in self.waiting) + max(len(self.owners) - self.slots, 0)
+            metrics.WAITING.set(queued)
         return outputs
 
     def encode_response(self, output):
         return output  # LitServe writes a dict as one JSON line
 
-    # --- the batches ---
+    # --- the requests ---
 
     def send(self, uid: str, output, status):
-        with self.lock:
+        with self.changed:
             self.outbox.append(Output(uid, output, status))
 
-    def admit(self, uid: str, request: dict):
-        method, options, label = (request["method"], {}, request["method"]) if request.get("method") else self.default
-        self.check_method(method)
-        add = self.add_kwargs(request)
-        key = (label, request.get("guidance_scale"))
-        with self.lock:
-            batch = self.batches.get(key) or self.open(key, method, options)
-            indices = batch.batch.add(**add)
-            admitted = Admitted(uid, key, indices, time.monotonic())
-            self.admitted[uid] = admitted
-            batch.owners.update(dict.fromkeys(indices, admitted))
-            self.outbox.append(Output(uid, {"accepted": len(indices)}, LitAPIStatus.OK))
+    def fail(self, admitted: Admitted, error: HTTPException):
+        """In the lock: answer a request with an error, and forget it."""
+        self.admitted.pop(admitted.uid, None)
+        for index in admitted.indices:
+            self.owners.pop(index, None)
+        self.outbox.append(Output(admitted.uid, error, LitAPIStatus.ERROR))
 
-    def check_method(self, method: str):
+    def checked(self, uid: str, request: dict) -> Admitted:
+        """A request's settings and `add` arguments, or one VisarError sentence (a 400)."""
+        method, label = (request["method"], request["method"]) if request.get("method") else self.default[::2]
         if method not in self.served_methods():
             raise VisarError(
                 f"method must be one of {', '.join(self.served_methods())} (lossless methods a running batch "
                 f"decodes), or left out for the server's {self.default[2]}; got {method!r}"
             )
+        guidance = self.pipe.sampling_params(guidance_scale=request.get("guidance_scale")).guidance_scale
+        add = self.add_kwargs(request)
+        return Admitted(uid, (label, guidance), add, time.monotonic(), indices=[None] * add["num_images_per_prompt"])
+
+    def start_waiting(self):
+        """In the lock: the waiting requests of the running batch's settings join it, up to the first
+        request of other settings (those after it wait, so that the batch runs dry and the others get theirs)."""
+        while self.waiting and self.waiting[0].key == self.key:
+            admitted = self.waiting.pop(0)
+            try:
+                admitted.indices = self.batch.add(**admitted.add)
+            except VisarError as err:
+                self.fail(admitted, HTTPException(400, str(err)))
+                continue
+            self.owners.update(dict.fromkeys(admitted.indices, admitted))
+            self.outbox.append(Output(admitted.uid, {"accepted": len(admitted.indices)}, LitAPIStatus.OK))
+
+    def switch_if_idle(self):
+        """In the lock: close the running batch once it has no image left and other settings wait (the
+        device thread then opens theirs)."""
+        if self.batch is not None and not self.owners and self.waiting:
+            self.batch.close()
 
     def served_methods(self) -> list[str]:
         from ...accel import METHODS
@@ -217,69 +287,35 @@ class ImagesAPI(ls.LitAPI):
             self.pixels = f"{width}x{height}"
         return self.pixels
 
-    def open(self, key: tuple, method: str, options: dict) -> Batch:
-        """A new paced batch for these settings (after closing idle ones past MAX_BATCHES); in the lock."""
-        for idle in [k for k, b in self.batches.items() if not b.busy()][: max(len(self.batches) + 1 - MAX_BATCHES, 0)]:
-            self.batches.pop(idle).batch.close()
-        if len(self.batches) >= MAX_BATCHES:
-            raise VisarError(
-                f"this server decodes {MAX_BATCHES} settings (method, guidance_scale) at once, all busy: retry later, "
-                "or use the server's default method and guidance"
-            )
-        guidance = {} if key[1] is None else {"guidance_scale": key[1]}
-        opened = self.pipe.open_batch(method, slots=self.slots, paced=True, **options, **guidance)
-        thread = threading.Thread(target=self.decode, args=(key, opened), name=f"visar-batch-{key[0]}", daemon=True)
-        self.batches[key] = Batch(opened, thread)
-        thread.start()
-        return self.batches[key]
-
-    def decode(self, key: tuple, opened):
-        try:
-            opened.run(on_image=lambda index, image, info: self.hand_over(key, index, image, info))
-        except Exception as err:  # every request of the batch learns of it; the server goes on
-            logging.getLogger("visar.serve").exception("a running batch (%s) failed", key[0])
-            with self.lock:
-                batch = self.batches.pop(key, None)
-                for admitted in {id(a): a for a in (batch.owners.values() if batch else [])}.values():
-                    self.admitted.pop(admitted.uid, None)
-                    self.outbox.append(Output(admitted.uid, HTTPException(500, f"the decode failed: {err}"), "ERROR"))
-
-    def hand_over(self, key: tuple, index: int, image, info: dict):
-        encoded = png_base64(image)  # in the decode thread, as the image is done
-        with self.lock:
-            batch = self.batches.get(key)
-            admitted = batch.owners.pop(index, None) if batch else None
+    def hand_over(self, index: int, image, info: dict):
+        encoded = png_base64(image)  # in the device thread, as the image is done
+        with self.changed:
+            admitted = self.owners.pop(index, None)
             if admitted is None:  # cancelled as it finished
                 return
             admitted.done += 1
-            seconds = time.monotonic() - admitted.started
             passes = int(info["forward_passes"])
-            self.outbox.append(
-                Output(
-                    admitted.uid,
-                    {
-                        "index": admitted.indices.index(index),
-                        "b64_json": encoded,
-                        "visar": {"method": key[0], "forward_passes": passes, "seconds": round(seconds, 4)},
-                    },
-                    LitAPIStatus.OK,
-                )
-            )
+            seconds = round(time.monotonic() - admitted.started, 4)
+            image = {"index": admitted.indices.index(index), "b64_json": encoded}
+            image["visar"] = {"method": admitted.key[0], "forward_passes": passes, "seconds": seconds}
+            self.outbox.append(Output(admitted.uid, image, LitAPIStatus.OK))
             metrics.IMAGES.inc()
             metrics.TOKENS_PER_PASS.observe(self.pipe.model.num_image_tokens / max(passes, 1))
             if admitted.done == len(admitted.indices):
                 self.admitted.pop(admitted.uid, None)
                 self.outbox.append(Output(admitted.uid, "", LitAPIStatus.FINISH_STREAMING))
+                self.switch_if_idle()
 
     def cancel(self, uid: str):
-        with self.lock:
+        with self.changed:
             admitted = self.admitted.pop(uid, None)
             if admitted is None:
                 return
-            batch = self.batches.get(admitted.key)
-            if batch is not None:
-                waiting = [i for i in admitted.indices if batch.owners.get(i) is admitted]
-                for index in waiting:
-                    del batch.owners[index]
-                batch.batch.cancel(waiting)
+            if admitted in self.waiting:
+                self.waiting.remove(admitted)
+            else:
+                left = [index for index in admitted.indices if self.owners.pop(index, None) is admitted]
+                if left:
+                    self.batch.cancel(left)
             self.outbox.append(Output(uid, "", LitAPIStatus.FINISH_STREAMING))
+            self.switch_if_idle()

@@ -261,3 +261,20 @@ def test_sigterm_answers_the_requests_in_flight_then_exits_0():
     assert process.wait(timeout=60) == 0
     assert refused and sorted(status for status, _, _ in answers) == [200, 200, 200]
     assert all(len(answer["data"]) == 3 for _, _, answer in answers)
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--method", "ar"], "--method must be auto or a method that refills"),
+        (["--slots", "0"], "--slots must be >= 1"),
+        (["--port", "80"], "--port must be in 1024..65535"),
+        (["--host", "localhost"], "--host must be"),
+    ],
+)
+def test_bad_flags_are_one_line_before_anything_starts(flags, words, capsys):
+    from visar.apps.cli import main
+
+    assert main(["serve", *flags]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1

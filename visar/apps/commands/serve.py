@@ -42,10 +42,8 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    # before prometheus_client is imported, here or in the worker LitServe spawns (serve/metrics.py)
-    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="visar-serve-metrics-"))
-    require("litserve", "serve")
-    require("prometheus_client", "serve")
+    from ...accel import METHODS
+
     for flag, value in (("--slots", args.slots), ("--max-queue", args.max_queue), ("--max-n", args.max_n)):
         if value < 1:
             raise VisarError(f"{flag} must be >= 1, got {value}")
@@ -55,6 +53,17 @@ def run(args) -> int:
         raise VisarError(f"--host must be 127.0.0.1, 0.0.0.0 or :: (LitServe's), got {args.host}")
     if args.timeout <= 0 or args.drain_timeout < 0:
         raise VisarError("--timeout must be > 0 and --drain-timeout >= 0")
+    method = METHODS.get(args.method)
+    if args.method != "auto" and (method is None or not method.refills):
+        refilling = ", ".join(sorted(name for name, m in METHODS.items() if m.refills and name != "auto"))
+        raise VisarError(
+            f"--method must be auto or a method that refills a running batch's slots ({refilling}), got "
+            f"{args.method!r} (AR's law at one token a pass: --method mc-sjd --opt budget=1)"
+        )
+    # before prometheus_client is imported, here or in the worker LitServe spawns (serve/metrics.py)
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="visar-serve-metrics-"))
+    require("litserve", "serve")
+    require("prometheus_client", "serve")
     from ..serve import serve
 
     return serve(args)

@@ -57,8 +57,10 @@ def serve(args) -> int:
     """Run the server of `visar serve`'s flags until Ctrl+C or SIGTERM (PROMETHEUS_MULTIPROC_DIR set)."""
     server, spec = build_server(args)
 
+    main = os.getpid()
+
     def drain(signum, frame):  # SIGTERM: no new requests; those in flight are answered, then exit 0
-        if spec.draining:
+        if os.getpid() != main or spec.draining:  # LitServe's forked manager inherits this handler
             return
         spec.draining = True
 

@@ -122,6 +122,7 @@ class ImagesAPI(ls.LitAPI):
             with self.changed:
                 self.batch, self.key = opened, key
                 self.start_waiting()
+                self.switch_if_idle()  # its requests were cancelled meanwhile, and others wait
             try:
                 opened.run(on_image=self.hand_over)
             except Exception as err:  # every request of the batch learns of it; the server goes on
@@ -170,6 +171,10 @@ class ImagesAPI(ls.LitAPI):
             admitted = self.checked(uid, request)
         except VisarError as err:
             self.send(uid, HTTPException(400, str(err)), LitAPIStatus.ERROR)
+            return
+        except Exception as err:  # a bug must not stop LitServe's scheduling task, which calls this
+            logging.getLogger("visar.serve").exception("a request could not be read")
+            self.send(uid, HTTPException(500, f"the server could not read this request: {err}"), LitAPIStatus.ERROR)
             return
         with self.changed:
             self.admitted[uid] = admitted
@@ -298,6 +303,8 @@ class ImagesAPI(ls.LitAPI):
             seconds = round(time.monotonic() - admitted.started, 4)
             image = {"index": admitted.indices.index(index), "b64_json": encoded}
             image["visar"] = {"method": admitted.key[0], "forward_passes": passes, "seconds": seconds}
+            if admitted.key == self.default_key and self.default[1]:  # --opt, or auto's size
+                image["visar"]["options"] = self.default[1]
             self.outbox.append(Output(admitted.uid, image, LitAPIStatus.OK))
             metrics.IMAGES.inc()
             metrics.TOKENS_PER_PASS.observe(self.pipe.model.num_image_tokens / max(passes, 1))

@@ -61,7 +61,9 @@ def run(args) -> int:
             f"{args.method!r} (AR's law at one token a pass: --method mc-sjd --opt budget=1)"
         )
     # before prometheus_client is imported, here or in the worker LitServe spawns (serve/metrics.py)
-    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="visar-serve-metrics-"))
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:  # a folder of this server's, removed at its end
+        made = tempfile.mkdtemp(prefix="visar-serve-metrics-")
+        os.environ.update(PROMETHEUS_MULTIPROC_DIR=made, VISAR_SERVE_METRICS_DIR=made)
     require("litserve", "serve")
     require("prometheus_client", "serve")
     from ..serve import serve

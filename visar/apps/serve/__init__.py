@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -85,5 +86,7 @@ def serve(args) -> int:
     )  # fmt: skip
     # LitServe has stopped its workers (after a drain, every request answered; or at Ctrl+C), but the
     # thread it runs uvicorn in would keep the process alive
+    if made_metrics_dir := os.environ.get("VISAR_SERVE_METRICS_DIR"):  # the folder `visar serve` made
+        shutil.rmtree(made_metrics_dir, ignore_errors=True)
     sys.stdout.flush()
     os._exit(0 if spec.draining else 130)

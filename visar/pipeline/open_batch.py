@@ -1,6 +1,6 @@
 """`Pipeline.open_batch`: a running batch that takes images while it decodes.
 
-A device shared by several callers (a service, the demo, a script that streams prompts in) decodes
+A device shared by several callers (a service such as `visar serve`, a script that streams prompts in) decodes
 their images in one running batch: `add` queues a caller's images from any thread, each taking a
 free slot between passes, `run` decodes in the thread that calls it and hands each image to
 `on_image` as soon as it is done, and `close` lets `run` return once every image is. An image's

@@ -1,6 +1,6 @@
 """The inference worker of `visar serve`: a LitServe `LitAPI` whose continuous-batching step is one pass
-of each open running batch (`Pipeline.open_batch`, paced), so a request's images take free slots
-between passes and each image is answered as soon as its request is done.
+of the running batch (`Pipeline.open_batch`, paced), so a request's images take free slots between
+passes and each image is answered as soon as its request is done.
 
 LitServe's `ContinuousBatchingLoop` calls `add_request` as requests arrive (its scheduling task) and
 `step` in a loop while `has_active_requests`; each `step` lets the running batch run one pass
@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 import litserve as ls
+import torch
 from fastapi import HTTPException
 from litserve.loops.continuous_batching_loop import ContinuousBatchingLoop, Output
 from litserve.utils import LitAPIStatus
@@ -66,8 +67,19 @@ class Admitted:
     key: tuple  # (method label, guidance scale)
     add: dict
     started: float
-    indices: list[int] = field(default_factory=list)
+    indices: list[int] = field(default_factory=list)  # once in a batch
     done: int = 0
+
+
+def served_methods(model) -> list[str]:
+    """The methods a request may name: lossless on this model, refilling a running batch, no draft model."""
+    from ...accel import METHODS
+
+    return sorted(
+        name
+        for name, m in METHODS.items()
+        if m.refills and m.model_kind == "raster" and name != "auto" and m.is_lossless({}, model) and not m.needs_draft
+    )
 
 
 def png_base64(image) -> str:
@@ -149,9 +161,14 @@ class ImagesAPI(ls.LitAPI):
                 candidate = parse_candidates("mc-sjd:1")[0]
             self.default = (candidate.method, dict(candidate.options), candidate.spec)
             print(f"visar serve: auto settled on {spec}, served as {candidate.spec} ({why})", flush=True)
-        self.size()
         pipe.open_batch(self.default[0], slots=self.slots, **self.default[1]).close()  # a bad option: now
         self.default_key = (self.default[2], pipe.sampling_params().guidance_scale)
+        self.served = served_methods(pipe.model)
+        # the model's images as OpenAI's `size` writes them (WIDTHxHEIGHT), read off one decoded image
+        height, width = pipe.decode(torch.zeros(1, *pipe.model.grid_size, dtype=torch.long, device=pipe.device)).shape[
+            -2:
+        ]
+        self.size = f"{width}x{height}"
 
     # --- LitServe's continuous-batching contract ---
 
@@ -194,7 +211,7 @@ class ImagesAPI(ls.LitAPI):
         with self.changed:
             outputs, self.outbox = self.outbox, []
             metrics.SLOTS.set(min(len(self.owners), self.slots))
-            queued = sum(len(a.indices) - a.done for a in self.waiting) + max(len(self.owners) - self.slots, 0)
+            queued = sum(a.add["num_images_per_prompt"] for a in self.waiting) + max(len(self.owners) - self.slots, 0)
             metrics.WAITING.set(queued)
         return outputs
 
@@ -217,14 +234,14 @@ class ImagesAPI(ls.LitAPI):
     def checked(self, uid: str, request: dict) -> Admitted:
         """A request's settings and `add` arguments, or one VisarError sentence (a 400)."""
         method, label = (request["method"], request["method"]) if request.get("method") else self.default[::2]
-        if method not in self.served_methods():
+        if method not in self.served:
             raise VisarError(
-                f"method must be one of {', '.join(self.served_methods())} (lossless methods a running batch "
+                f"method must be one of {', '.join(self.served)} (lossless methods a running batch "
                 f"decodes), or left out for the server's {self.default[2]}; got {method!r}"
             )
         guidance = self.pipe.sampling_params(guidance_scale=request.get("guidance_scale")).guidance_scale
         add = self.add_kwargs(request)
-        return Admitted(uid, (label, guidance), add, time.monotonic(), indices=[None] * add["num_images_per_prompt"])
+        return Admitted(uid, (label, guidance), add, time.monotonic())
 
     def start_waiting(self):
         """In the lock: the waiting requests of the running batch's settings join it, up to the first
@@ -245,19 +262,6 @@ class ImagesAPI(ls.LitAPI):
         if self.batch is not None and not self.owners and self.waiting:
             self.batch.close()
 
-    def served_methods(self) -> list[str]:
-        from ...accel import METHODS
-
-        return sorted(
-            name
-            for name, m in METHODS.items()
-            if m.refills
-            and m.model_kind == "raster"
-            and name != "auto"
-            and m.is_lossless({}, self.pipe.model)
-            and not m.needs_draft
-        )
-
     def add_kwargs(self, request: dict) -> dict:
         pipe, n = self.pipe, request.get("n", 1)
         if request.get("model") not in (None, pipe.name, self.model_arg):
@@ -276,21 +280,11 @@ class ImagesAPI(ls.LitAPI):
                 raise VisarError(f"{pipe.name} draws a text prompt: give prompt, not a class_label")
             condition = {"prompts": [prompt]}
         size = request.get("size")
-        if size is not None and size != self.size():
-            raise VisarError(f"size must be {self.size()} for {pipe.name} (or left out), got {size!r}")
+        if size is not None and size != self.size:
+            raise VisarError(f"size must be {self.size} for {pipe.name} (or left out), got {size!r}")
         return dict(
             **condition, negative_prompt=request.get("negative_prompt"), num_images_per_prompt=n, seed=request["seed"]
         )
-
-    def size(self) -> str:
-        """The model's images as OpenAI's `size` writes them (WIDTHxHEIGHT), read off one decoded image."""
-        if not hasattr(self, "pixels"):
-            import torch
-
-            tokens = torch.zeros(1, *self.pipe.model.grid_size, dtype=torch.long, device=self.pipe.device)
-            height, width = self.pipe.decode(tokens).shape[-2:]
-            self.pixels = f"{width}x{height}"
-        return self.pixels
 
     def hand_over(self, index: int, image, info: dict):
         encoded = png_base64(image)  # in the device thread, as the image is done

@@ -200,7 +200,7 @@ class JoinsBetweenPasses(ImageSource):
     def count(self) -> int:
         self.asked += 1
         if self.asked in self.joins:
-            have = len(self.generators)
+            have = super().count()
             cond, generators = self.conditions(range(have, have + self.joins.pop(self.asked)))
             self.add(cond, None, generators)
             if not self.joins:

@@ -48,14 +48,15 @@ def engine_cases(model) -> list:
 
 
 def conditions(images: range):
-    cond = torch.tensor([LABELS[i] for i in images])
+    cond = torch.tensor([LABELS[i % len(LABELS)] for i in images])
     return cond, [torch.Generator().manual_seed(SEED + i) for i in images]
 
 
 def decode_source(model, name, options, source, slots):
     handed = []
+    cond, _, generators = source.snapshot()
     request = Request(
-        model, source.cond, PARAMS, list(source.generators), slots=slots, source=source,
+        model, cond, PARAMS, generators, slots=slots, source=source,
         tokenizer=unit_codebook(model.vocab_size, 8, seed=0),
         on_image=lambda image, tokens, info: handed.append((image, tokens, *info.values())),
     )  # fmt: skip
@@ -70,7 +71,7 @@ def assert_each_as_alone(model, name, options, stats, handed):
         request = Request(model, cond, PARAMS, generators, tokenizer=unit_codebook(model.vocab_size, 8, seed=0))
         alone, alone_stats = get_method(name).fn(request, **options)
         assert torch.equal(image_tokens, alone[0]), (name, image)
-        assert passes == stats["forward_passes_per_image"][image] == alone_stats["forward_passes_per_image"][0]
+        assert passes == alone_stats["forward_passes_per_image"][0]
         assert torch.equal(commit_pass, alone_stats["commit_pass"][0]), (name, image)
 
 
@@ -85,6 +86,44 @@ def test_a_source_with_fewer_images_than_slots_decodes_spares_and_hands_over_onl
         assert_each_as_alone(model, name, options, stats, handed)
 
 
+class Remembers(JoinsBetweenPasses):
+    """A source that notes, each time the loop asks its count, how many adds it still holds."""
+
+    def count(self) -> int:
+        self.held = [*getattr(self, "held", []), len(self.added)]
+        return super().count()
+
+
+def test_an_open_source_forgets_the_images_its_batch_is_past(model):
+    """A service's batch may run for days: its source holds the adds still waiting or being read, not
+    every image it was given. One image, then one more every 16 passes at 2 slots (faster than they are
+    decoded, about 12 passes each): at most the one image not yet in a slot is held at any pass (and
+    the one added then), none at the end, and a cancellation is dropped once its image has left."""
+    source = Remembers(conditions, 1, dict.fromkeys(range(2, 2 + 16 * 24, 16), 1))
+    source.cancel([0])  # in its slot: it leaves unfinished
+    tokens, stats, handed = decode_source(model, "mc-sjd", dict(window=8), source, slots=2)
+    assert source.count() == 25 and sorted(image for image, *_ in handed) == list(range(1, 25))
+    assert max(source.held) <= 2  # the images waiting, not the 25 given
+    assert source.added == [] and source.cancelled == set()
+    assert stats["images"] == 24 and stats["forward_passes_per_image"] == []  # handed over, not kept
+    with pytest.raises(IndexError, match="forgotten"):
+        source.rows(torch.tensor([3]))
+
+
+def test_an_add_of_another_layout_is_refused_before_it_joins():
+    """Conditions of another shape or dtype, or a mask where the source has none, never reach a pass."""
+    source = ImageSource(torch.zeros(1, 4, 8), None, [torch.Generator()], closed=False)
+    for cond, mask, why in [
+        (torch.zeros(1, 5, 8), None, "cannot join"),
+        (torch.zeros(1, 4, 8, dtype=torch.float64), None, "cannot join"),
+        (torch.zeros(1, 4, 8), torch.ones(1, 4, dtype=torch.bool), "exactly when"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            source.add(cond, mask, [torch.Generator()])
+    assert source.count() == 1 and list(source.add(torch.ones(2, 4, 8), None, [torch.Generator()] * 2)) == [1, 2]
+    assert torch.equal(source.rows(torch.tensor([2, 0]))[0], torch.stack([torch.ones(4, 8), torch.zeros(4, 8)]))
+
+
 def test_an_idle_batch_waits_for_an_image_and_ends_at_the_close(model):
     """The decode runs in a thread; its first image is handed over before the second is added, the
     decode waits (no pass) until then, and ends once the source is closed."""
@@ -93,7 +132,7 @@ def test_an_idle_batch_waits_for_an_image_and_ends_at_the_close(model):
     first_done = threading.Event()
     handed = []
     request = Request(
-        model, source.cond, PARAMS, list(generators), slots=2, source=source,
+        model, cond, PARAMS, list(generators), slots=2, source=source,
         on_image=lambda image, tokens, info: (handed.append(image), first_done.set()),
     )  # fmt: skip
     result = {}
@@ -107,7 +146,8 @@ def test_an_idle_batch_waits_for_an_image_and_ends_at_the_close(model):
     thread.join(60)
     assert not thread.is_alive()
     tokens, stats = result["out"]
-    assert sorted(handed) == [0, 1, 2] and len(stats["forward_passes_per_image"]) == 3
+    # handed over, not kept: an open batch's stats count its images
+    assert sorted(handed) == [0, 1, 2] and stats["images"] == 3 and stats["forward_passes_per_image"] == []
     with pytest.raises(ValueError, match="closed"):
         source.add(cond, None, generators)
 
@@ -157,7 +197,7 @@ def test_an_open_batch_gives_each_image_its_generate_alone_with_its_own_negative
     worker.join(120)
     assert ids == [[0], [1, 2], [3, 4]] and sorted(k for k in handed if k != "stats") == [0, 1, 2, 3, 4]
     stats = handed["stats"]
-    assert stats["method"] == "mc-sjd" and stats["lossless"] and len(stats["forward_passes_per_image"]) == 5
+    assert stats["method"] == "mc-sjd" and stats["lossless"] and stats["images"] == 5
     for add, images in zip(adds, ids, strict=True):
         alone = text_pipe.generate(**add, method="mc-sjd", window=8, output_type="tokens").tokens
         for k, index in enumerate(images):
@@ -176,7 +216,7 @@ def test_an_open_batch_refuses_what_it_cannot_decode(text_pipe):
         text_pipe.open_batch("sjd", slots=0)
     batch = text_pipe.open_batch("sjd", slots=2)
     batch.close()
-    assert batch.run() == {"forward_passes": 0, "forward_passes_per_image": []}  # closed before any image
+    assert batch.run() == {"forward_passes": 0, "forward_passes_per_image": [], "images": 0}  # closed before any image
     with pytest.raises(VisarError, match="closed"):
         batch.add(prompts=["a red circle"])
 

@@ -126,12 +126,13 @@ class OpenBatch:
     @torch.no_grad()
     def run(self, on_image: Callable | None = None) -> dict:
         """Decode until the batch is closed and every image is done, in this thread; on_image(index, image
-        in the output type, {"forward_passes", "commit_pass" [h, w]}) as each is. -> the batch's stats
-        (images handed over are not kept: a service's batch may run for ever)."""
+        in the output type, {"forward_passes", "commit_pass" [h, w]}) as each is. -> the batch's stats:
+        `images` handed over, tokens_per_forward over them (nothing of an image is kept once it is handed
+        over, nor its condition once it took a slot: a service's batch may run for ever)."""
         with self.changed:
             self.changed.wait_for(lambda: self.source is not None or self.closed)
             if self.source is None:
-                return {"forward_passes": 0, "forward_passes_per_image": []}
+                return {"forward_passes": 0, "forward_passes_per_image": [], "images": 0}
         source, pipe = self.source, self.pipe
 
         def hand_over(index, tokens, info):  # tokens and commit_pass in the output's shapes (`image_callback`)

@@ -23,8 +23,8 @@ class QueuedConditions:
     """Every queued image's conditions as the model is fed them ([cond ; null condition] under CFG, each
     half in queue order): what a slot takes when it takes an image. The null conditions of the queue
     a call starts with are made at once, as one batch (the caller's `null` rows, one per queued image,
-    where it made them: a negative prompt's); an open source's later images join as a slot first
-    takes one of them (`take`), their null conditions made then."""
+    where it made them: a negative prompt's); an open source's later images are read from it as a
+    slot takes one of them (`take`), their null conditions made then."""
 
     def __init__(
         self, model: RasterModel, guided: bool, cond: Tensor, cond_mask: Tensor | None, source=None, null=None
@@ -59,28 +59,12 @@ class QueuedConditions:
         return torch.cat([index, index + size]) if self.guided else index
 
     def take(self, images: Tensor) -> tuple[Tensor, Tensor | None]:
-        """The model rows ([R(x2), ...]) and masks of queued images [R], an open source's new ones joined."""
-        if self.source is not None and (most := int(images.max()) + 1) > self.count:
-            self.join(most)
+        """The model rows ([R(x2), ...]) and masks of queued images [R]; an open source's are read from it
+        (they may have joined since the start; their null conditions made now), so nothing here grows."""
+        if self.source is not None and int(images.max()) >= self.count:
+            return self.model_rows(*self.source.rows(images), self.source.null_rows(images))
         queued = self.halves(images, self.count)
         return self.cond[queued], None if self.mask is None else self.mask[queued]
-
-    def join(self, count: int):
-        """An open source's images up to `count` join the queue (their null conditions made now)."""
-        old, new = self.count, count - self.count
-        images = torch.arange(old, count)
-        cond, cond_mask = self.model_rows(*self.source.rows(images), self.source.null_rows(images))
-
-        def joined(queued: Tensor, added: Tensor) -> Tensor:  # [old ; new] in each half
-            added = added.to(queued.device)
-            if not self.guided:
-                return torch.cat([queued, added])
-            return torch.cat([queued[:old], added[:new], queued[old:], added[new:]])
-
-        self.cond = joined(self.cond, cond)
-        if self.mask is not None:
-            self.mask = joined(self.mask, cond_mask)
-        self.count = count
 
 
 class GuidedScorer:

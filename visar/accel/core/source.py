@@ -5,9 +5,33 @@ its images and step the batch a pass at a time (`paced`)."""
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+
+@dataclass
+class Added:
+    """The images of one `add` (or the source's first ones): indices first .. first + count - 1."""
+
+    first: int
+    cond: Tensor  # [R, ...]
+    cond_mask: Tensor | None  # [R, T]
+    null: Tensor | None  # [R, ...]: the caller's null conditions, where it made them
+    null_mask: Tensor | None
+    generators: list
+
+    @property
+    def end(self) -> int:
+        return self.first + len(self.generators)
+
+
+FIELDS = ("cond", "cond_mask", "null", "null_mask")
+
+
+def layout(x: Tensor | None) -> tuple | None:
+    return None if x is None else (tuple(x.shape[1:]), x.dtype)
 
 
 class ImageSource:
@@ -17,6 +41,10 @@ class ImageSource:
     is a source closed from the start; an open one grows by `add` (from any thread) while the batch
     decodes, and `close` says that no more will come. An image's tokens are those of its decode alone
     whenever it joins.
+
+    An open source keeps each `add`'s images only until the batch is past them (`forget`: every one has
+    taken a slot or was cancelled waiting), so a service's batch that runs for days holds the images
+    waiting and in its slots, not every image it was given.
 
     While an open source holds fewer images than the batch has slots, each slot without an image
     decodes a spare (the last image's condition under a generator of its own, never handed over)
@@ -42,39 +70,52 @@ class ImageSource:
                 f"a source starts with one image or more, one generator each: got {cond.shape[0]} "
                 f"conditions and {len(generators)} generators"
             )
-        self.cond, self.cond_mask, self.generators = cond, cond_mask, list(generators)
-        self.null, self.null_mask = (None, None) if null is None else null  # null_mask may be None too
+        first = Added(0, cond, cond_mask, *((None, None) if null is None else null), list(generators))
+        self.added = [first]  # the adds not yet forgotten, in order
+        # what every add is checked against: each field's (shape past the batch, dtype), or None
+        self.layout = {name: layout(getattr(first, name)) for name in FIELDS}
+        self.device, self.images = cond.device, len(generators)
         self.closed, self.fixed = closed, closed  # fixed: a call's list, closed from the start
-        self.cancelled: set[int] = set()
+        self.cancelled: set[int] = set()  # images cancelled that may still be waiting or in a slot
         self.changed = threading.Condition()
         # pacing: passes let run (0 or 1), and the times the decode came back for more or went idle
         self.paced, self.permits, self.returns = paced, 0, 0
 
     def count(self) -> int:
         """The images added so far (the loop asks once before each pass)."""
-        return len(self.generators)
+        return self.images
 
     def add(self, cond: Tensor, cond_mask: Tensor | None, generators: list, null=None) -> range:
         """Queue more images (cond [R, ...] laid out as the source's; null: (null [R, ...], null_mask
         [R, T]) exactly when the source was given them) -> their indices."""
-        if cond.shape[0] != len(generators) or (cond_mask is None) != (self.cond_mask is None):
-            raise ValueError("add one generator per condition, with a mask exactly when the source has one")
-        if (null is None) != (self.null is None):
-            raise ValueError("add null conditions exactly when the source was given them")
+        if cond.shape[0] == 0 or cond.shape[0] != len(generators):
+            raise ValueError("add one image or more, one generator per condition")
+        fields = dict(zip(FIELDS, (cond, cond_mask, *((None, None) if null is None else null)), strict=True))
+        for name, x in fields.items():
+            if (x is None) != (self.layout[name] is None):
+                raise ValueError(f"add {name} exactly when the source was given them")
+            if x is not None and layout(x) != self.layout[name]:
+                raise ValueError(f"{name} laid out as {layout(x)} cannot join a batch of {self.layout[name]}")
+        moved = {name: None if x is None else x.to(self.device) for name, x in fields.items()}
         with self.changed:
             if self.closed:
                 raise ValueError("this source is closed: it takes no more images")
-            first = len(self.generators)
-            self.cond = torch.cat([self.cond, cond.to(self.cond.device)])
-            if cond_mask is not None:
-                self.cond_mask = torch.cat([self.cond_mask, cond_mask.to(self.cond_mask.device)])
-            if null is not None:
-                self.null = torch.cat([self.null, null[0].to(self.null.device)])
-                if self.null_mask is not None:
-                    self.null_mask = torch.cat([self.null_mask, null[1].to(self.null_mask.device)])
-            self.generators.extend(generators)  # last: an image counts once its rows are in place
+            first = self.images
+            self.added.append(Added(first, **moved, generators=list(generators)))
+            self.images += len(generators)  # last: an image counts once its rows are in place
             self.changed.notify_all()
         return range(first, first + len(generators))
+
+    def forget(self, before: int, held) -> None:
+        """The batch is past images [0, before) (each took a slot, its rows and generator read then, or was
+        cancelled waiting) and holds `held` of them in its slots: an open source drops the adds whose
+        images are all past, and the cancellations it no longer needs. A fixed list keeps everything."""
+        if self.fixed:
+            return
+        with self.changed:
+            self.added = [added for added in self.added if added.end > before]
+            if self.cancelled:
+                self.cancelled = {image for image in self.cancelled if image >= before or image in held}
 
     def close(self):
         with self.changed:
@@ -120,20 +161,44 @@ class ImageSource:
             return self.changed.wait_for(lambda: self.returns > returns, timeout)
 
     def snapshot(self) -> tuple[Tensor, Tensor | None, list]:
-        """The conditions, masks and generators of the images so far, taken together."""
+        """The conditions [Q, ...], masks and generators of the images so far (none forgotten yet: a
+        batch's start), taken together."""
         with self.changed:
-            return self.cond, self.cond_mask, list(self.generators)
+            if not self.added or self.added[0].first != 0:
+                raise ValueError("a snapshot is of a source's images before its batch has forgotten any")
+            masks = [added.cond_mask for added in self.added]
+            return (
+                torch.cat([added.cond for added in self.added]),
+                None if masks[0] is None else torch.cat(masks),
+                [g for added in self.added for g in added.generators],
+            )
+
+    def image_generators(self, images: list[int]) -> list:
+        """The generators of images `images` (not yet forgotten)."""
+        with self.changed:
+            owners = [(self.owner(image), image) for image in images]
+            return [added.generators[image - added.first] for added, image in owners]
 
     def rows(self, images: Tensor) -> tuple[Tensor, Tensor | None]:
-        """The conditions [R, ...] and masks of images [R]."""
-        with self.changed:
-            index = images.to(self.cond.device)
-            return self.cond[index], None if self.cond_mask is None else self.cond_mask[index]
+        """The conditions [R, ...] and masks of images [R] (not yet forgotten)."""
+        return self.gather(images, "cond", "cond_mask")
 
     def null_rows(self, images: Tensor) -> tuple[Tensor, Tensor] | None:
         """The null conditions and masks of images [R] the caller made, or None (the model's)."""
-        if self.null is None:
+        if self.layout["null"] is None:
             return None
+        return self.gather(images, "null", "null_mask")
+
+    def owner(self, image: int) -> Added:
+        for added in self.added:
+            if added.first <= image < added.end:
+                return added
+        raise IndexError(f"image {image} of this source is past and forgotten, or was never added")
+
+    def gather(self, images: Tensor, rows: str, masks: str) -> tuple[Tensor, Tensor | None]:
         with self.changed:
-            index = images.to(self.null.device)
-            return self.null[index], None if self.null_mask is None else self.null_mask[index]
+            owners = [(self.owner(image), image) for image in images.tolist()]
+            picked = torch.stack([getattr(added, rows)[image - added.first] for added, image in owners])
+            if self.layout[masks] is None:
+                return picked, None
+            return picked, torch.stack([getattr(added, masks)[image - added.first] for added, image in owners])

@@ -101,13 +101,16 @@ class RunningBatch:
 
     def __init__(self, source: ImageSource, state: SlotState, on_image: Callable | None = None):
         self.source, self.state, self.on_image = source, state, on_image
-        # an open source's images go to on_image alone (a service's batch may run for ever), else kept
+        # an open source's images go to on_image alone (a service's batch may run for ever): nothing of
+        # them is kept past the hand-over, and the source forgets them once they have taken their slots
         self.keep = on_image is None or source.fixed
         self.next = sum(image is not None for image in state.holds)  # the next image to admit
-        self.tokens: list[Tensor | None] = []
-        self.passes: list[int] = []
-        self.commit_pass: list[Tensor | None] = []
-        self.finished = 0
+        self.source.forget(self.next, state.holds)  # the first slots' images were read as the engine started
+        self.tokens: list[Tensor] = []  # kept: each image's, in the source's order
+        self.passes: list[int | None] = []
+        self.commit_pass: list[Tensor] = []
+        self.finished = 0  # images handed over or cancelled in their slots
+        self.images_passes = [0, 0.0]  # not kept: the images handed over and the sum of their tokens a pass
         self.passes_run = 0  # the batch's passes (a refill pass makes two model calls, counted once)
 
     def collect(self, rows: list[int]):
@@ -117,12 +120,18 @@ class RunningBatch:
         for row, image, image_tokens, image_passes, image_commits in zip(
             rows, images, tokens, passes.tolist(), commit_pass, strict=True
         ):
-            grow = image + 1 - len(self.passes)
-            for kept in (self.tokens, self.passes, self.commit_pass):
-                kept.extend([None] * grow)
-            self.passes[image] = image_passes
             if self.keep:
-                self.tokens[image], self.commit_pass[image] = image_tokens, image_commits
+                grow = image + 1 - len(self.passes)
+                for kept in (self.tokens, self.passes, self.commit_pass):
+                    kept.extend([None] * grow)
+                self.tokens[image], self.passes[image], self.commit_pass[image] = (
+                    image_tokens,
+                    image_passes,
+                    image_commits,
+                )
+            else:
+                self.images_passes[0] += 1
+                self.images_passes[1] += self.state.num_tokens / max(image_passes, 1)
             holds[row] = None
             self.finished += 1
             if self.on_image is not None:
@@ -144,13 +153,15 @@ class RunningBatch:
                     holds[row] = None
                     self.finished += 1
         free = [row for row, image in enumerate(holds) if image is None]
-        images = []
+        images, next_before = [], self.next
         while len(images) < len(free) and self.next < available:
             if self.next not in cancelled:
                 images.append(self.next)
             self.next += 1
         if images:
             self.state.admit(free[: len(images)], images)
+        if self.next > next_before or cancelled:
+            self.source.forget(self.next, holds)
 
     def idle(self) -> bool:
         """No slot holds an image and none waits (an open source's spares are not worth a pass)."""
@@ -165,19 +176,22 @@ class RunningBatch:
         engine's statistics with the per-image ones of the whole queue (None: an image cancelled)."""
         if rows := [row for row, image in enumerate(self.state.holds) if image is not None]:
             self.collect(rows)
-        num_tokens = self.state.num_tokens
-        passes = [p for p in self.passes if p is not None]  # a cancelled image's are None
+        num_tokens, slots = self.state.num_tokens, len(self.state.holds)
         if self.keep:
+            passes = [p for p in self.passes if p is not None]  # a cancelled image's are None
             tokens, commit_pass = torch.stack(self.tokens), torch.stack(self.commit_pass).cpu()
+            images, tokens_a_pass = len(passes), sum(num_tokens / max(p, 1) for p in passes)
         else:  # handed over, not kept
             tokens, commit_pass = self.state.tokens[:0, :num_tokens], stats["commit_pass"][:0]
+            images, tokens_a_pass = self.images_passes
         return tokens, {
             **stats,
-            "forward_passes_per_image": self.passes,
-            "tokens_per_forward": sum(num_tokens / max(p, 1) for p in passes) / max(len(passes), 1),
+            "forward_passes_per_image": self.passes,  # kept images' (an open batch keeps none)
+            "tokens_per_forward": tokens_a_pass / max(images, 1),
             "commit_pass": commit_pass,
-            "slots": len(self.state.holds),
-            "refills": len(passes) - min(len(self.state.holds), len(passes)),
+            "slots": slots,
+            "images": images,
+            "refills": images - min(slots, images),
             "batch_passes": self.passes_run,
         }
 

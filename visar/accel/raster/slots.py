@@ -76,8 +76,12 @@ class SlotState:
             drawn = to_device(draw_uniforms(generators, first_draws + block), self.device)
             self.first_uniforms, drawn = drawn[:, :first_draws], drawn[:, first_draws:]
         self.uniforms = UniformStream(generators, self.device, block=block, drawn=drawn)
-        # an admitted image's generator: an open source's list grows as images join
-        self.generators = request.generators if request.source is None else request.source.generators
+        # admitted images' generators: an open source's, which grows as images join and forgets past ones
+        self.image_generators = (
+            (lambda images: [request.generators[image] for image in images])
+            if request.source is None
+            else request.source.image_generators
+        )
         self.passes = 0
         self.fresh: tuple[int, ...] = tuple(range(batch))
         self.start_pass = [0] * batch
@@ -125,7 +129,7 @@ class SlotState:
         # with the slots still before their first pass (an image added before a decode's first pass)
         self.fresh = tuple(sorted({*self.fresh, *rows}))
         index, image_index = (torch.tensor(x, device=self.device) for x in (rows, images))
-        generators = [self.generators[image] for image in images]
+        generators = self.image_generators(images)
         # nothing committed (what lies past `committed` is never read: the old image's tokens stay)
         self.committed[index] = 0
         if self.fed is not None:

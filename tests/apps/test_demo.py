@@ -73,8 +73,46 @@ def test_compare_runs_ar_and_the_method_on_one_seed(cache):
     assert commit_pass.shape == (16, 16) and int(commit_pass.max()) == passes
     assert torch.bincount(commit_pass.reshape(-1)).sum() == 256
     assert "| forward passes | 256 |" in summary and "| lossless | yes | yes |" in summary
-    assert "| one-time set-up (not in the speed-up) |" in summary and summary.endswith("class 3")
+    assert "| one-time set-up (not in the speed-up) |" in summary and summary.split("\n\n")[1] == "class 3"
+    # sjd refills: its image was decoded in the device's running batch, which the page says
+    assert stats["method"]["shared_with"] == 0 and stats["method"]["acceptance_rate"] is None
+    assert "sjd decoded its image in the device's running batch, alone when it joined" in summary
     assert heatmap.width == 256
+
+
+@pytest.mark.one_thread  # each image against its generate alone, bit for bit
+def test_sessions_that_click_together_share_the_method_s_running_batch(cache):
+    """Three clicks made while the device is busy (a call holds it): their sjd sides join one running
+    batch (1, then 2 other images in it as each joined), each image is still generate's alone for its
+    seed, and each reference runs after, on its own."""
+    import threading
+
+    pipe = cache.get(MODEL)
+    release = threading.Event()
+    held = cache.shared.call(release.wait, 60)
+    results = {}
+
+    def click(seed):
+        results[seed] = compare(cache, MODEL, "3", "", "", "sjd", seed, 1.0, 1.0, 0, 1.0, option_texts("sjd"))
+
+    clicks = [threading.Thread(target=click, args=(seed,)) for seed in range(3)]
+    for thread in clicks:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while cache.shared.in_flight()[1] < 3 and time.monotonic() < deadline:  # all three method sides wait
+        time.sleep(0.01)
+    release.set()
+    held.result(30)
+    for thread in clicks:
+        thread.join(120)
+    assert sorted(results[seed][-1]["method"]["shared_with"] for seed in range(3)) == [0, 1, 2]
+    for seed in range(3):
+        ar, fast, summary, *_, stats = results[seed]
+        alone = pipe.generate(class_labels=[3], method="sjd", seed=seed).images[0]
+        reference = pipe.generate(class_labels=[3], method="ar", seed=seed).images[0]
+        assert np.array_equal(np.asarray(fast.resize((64, 64), Image.NEAREST)), np.asarray(alone)), seed
+        assert np.array_equal(np.asarray(ar.resize((64, 64), Image.NEAREST)), np.asarray(reference)), seed
+    assert not np.array_equal(np.asarray(results[0][1]), np.asarray(results[1][1]))  # the seeds differ
 
 
 def summary_of(ar, fast, stats) -> str:
@@ -184,12 +222,12 @@ def test_the_negative_prompt_field_reaches_both_sides(cache):
     expected = pipe.generate(negative_prompt="green triangle", **kwargs).images[0]
     assert np.array_equal(np.asarray(ar.resize(expected.size, Image.NEAREST)), np.asarray(expected))
     assert stats["negative_prompt"] == "green triangle" and stats["method"]["lossless"] is True
-    assert summary_of(ar, fast, stats).endswith("prompt: a red circle; negative prompt: green triangle")
+    assert summary_of(ar, fast, stats).split("\n\n")[1] == "prompt: a red circle; negative prompt: green triangle"
     ar_plain, *_, plain_stats = compare(cache, *args, "  ", "sjd", *tail)
     own = pipe.generate(**kwargs).images[0]  # an empty field: the null caption
     assert np.array_equal(np.asarray(ar_plain.resize(own.size, Image.NEAREST)), np.asarray(own))
     assert "negative_prompt" not in plain_stats and not np.array_equal(np.asarray(own), np.asarray(expected))
-    assert summary_markdown(plain_stats).endswith("prompt: a red circle; negative prompt: the model's own")
+    assert summary_markdown(plain_stats).split("\n\n")[1] == "prompt: a red circle; negative prompt: the model's own"
     with pytest.raises(VisarError, match="class-conditional: a negative prompt replaces"):
         compare(cache, MODEL, "3", "", "blurry", "sjd", *tail)
 

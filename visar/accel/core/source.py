@@ -1,6 +1,14 @@
 """The images a running batch decodes (`ImageSource`): a call's fixed list, or an open queue that grows
 while the batch decodes (a service's), from any thread, until it is closed; a service may also cancel
-its images and step the batch a pass at a time (`paced`)."""
+its images and step the batch a pass at a time (`paced`).
+
+An open source keeps each `add`'s images only until the batch is past them (`forget`: every one has
+taken a slot or was cancelled waiting), so a service's batch that runs for days holds the images
+waiting and in its slots, not every image it was given.
+
+While an open source holds fewer images than the batch has slots, each slot without an image decodes
+a spare (the last image's condition under a generator of its own, never handed over) until an image
+takes it: a slot is one row of every pass whether it holds an image or not."""
 
 from __future__ import annotations
 
@@ -41,14 +49,6 @@ class ImageSource:
     is a source closed from the start; an open one grows by `add` (from any thread) while the batch
     decodes, and `close` says that no more will come. An image's tokens are those of its decode alone
     whenever it joins.
-
-    An open source keeps each `add`'s images only until the batch is past them (`forget`: every one has
-    taken a slot or was cancelled waiting), so a service's batch that runs for days holds the images
-    waiting and in its slots, not every image it was given.
-
-    While an open source holds fewer images than the batch has slots, each slot without an image
-    decodes a spare (the last image's condition under a generator of its own, never handed over)
-    until an image takes it: a slot is one row of every pass whether it holds an image or not.
 
     A source open from the start (a service's) may `cancel` images: a waiting one never takes a
     slot, one in a slot leaves it before the next pass, unfinished and not handed over; the other
@@ -91,11 +91,7 @@ class ImageSource:
         if cond.shape[0] == 0 or cond.shape[0] != len(generators):
             raise ValueError("add one image or more, one generator per condition")
         fields = dict(zip(FIELDS, (cond, cond_mask, *((None, None) if null is None else null)), strict=True))
-        for name, x in fields.items():
-            if (x is None) != (self.layout[name] is None):
-                raise ValueError(f"add {name} exactly when the source was given them")
-            if x is not None and layout(x) != self.layout[name]:
-                raise ValueError(f"{name} laid out as {layout(x)} cannot join a batch of {self.layout[name]}")
+        check_layout(self.layout, fields)
         moved = {name: None if x is None else x.to(self.device) for name, x in fields.items()}
         with self.changed:
             if self.closed:
@@ -176,7 +172,7 @@ class ImageSource:
     def image_generators(self, images: list[int]) -> list:
         """The generators of images `images` (not yet forgotten)."""
         with self.changed:
-            owners = [(self.owner(image), image) for image in images]
+            owners = [(owner(self.added, image), image) for image in images]
             return [added.generators[image - added.first] for added, image in owners]
 
     def rows(self, images: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -189,16 +185,27 @@ class ImageSource:
             return None
         return self.gather(images, "null", "null_mask")
 
-    def owner(self, image: int) -> Added:
-        for added in self.added:
-            if added.first <= image < added.end:
-                return added
-        raise IndexError(f"image {image} of this source is past and forgotten, or was never added")
-
     def gather(self, images: Tensor, rows: str, masks: str) -> tuple[Tensor, Tensor | None]:
         with self.changed:
-            owners = [(self.owner(image), image) for image in images.tolist()]
+            owners = [(owner(self.added, image), image) for image in images.tolist()]
             picked = torch.stack([getattr(added, rows)[image - added.first] for added, image in owners])
             if self.layout[masks] is None:
                 return picked, None
             return picked, torch.stack([getattr(added, masks)[image - added.first] for added, image in owners])
+
+
+def owner(added: list[Added], image: int) -> Added:
+    """The add (not yet forgotten) that holds `image`."""
+    for images in added:
+        if images.first <= image < images.end:
+            return images
+    raise IndexError(f"image {image} of this source is past and forgotten, or was never added")
+
+
+def check_layout(expected: dict, fields: dict):
+    """An add's fields (cond, cond_mask, null, null_mask) laid out as the source's first ones, or ValueError."""
+    for name, x in fields.items():
+        if (x is None) != (expected[name] is None):
+            raise ValueError(f"add {name} exactly when the source was given them")
+        if x is not None and layout(x) != expected[name]:
+            raise ValueError(f"{name} laid out as {layout(x)} cannot join a batch of {expected[name]}")

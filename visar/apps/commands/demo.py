@@ -30,7 +30,11 @@ def add_parser(subparsers):
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
     parser.add_argument("--dtype", default="fp32", help="generator dtype: fp32, bf16 or fp16 (default fp32)")
     parser.add_argument(
-        "--concurrency", type=int, default=1, help="generation requests served at once (default 1; the rest queue)"
+        "--concurrency",
+        type=int,
+        default=4,
+        help="clicks served at once (default 4; the rest queue): their method sides share one running batch "
+        "of this many slots where the method refills, and the reference runs take turns",
     )
     parser.add_argument("--max-queue", type=int, default=32, help="requests waiting at most (default 32)")
     parser.add_argument(

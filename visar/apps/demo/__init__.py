@@ -18,9 +18,13 @@ method guarantees (lossless, or lossy and what it trades). A click checks the in
 one is one message, nothing cleared), then clears the previous result and generates; choosing a
 model clears the last model's result, and a text model opens with an example prompt.
 
-Sessions share nothing but the loaded models (one per name and device, never changed after
-loading). A model keeps its KV cache between the forward passes of one generation, so the
-generations on a device take turns (a lock); Gradio's queue bounds the requests in flight.
+Sessions share the loaded models (one per name and device, never changed after loading) and one
+device thread (`pipeline.SharedDevice`), since a model keeps its KV cache between the forward passes
+of one decode: a click's method side joins the running batch of the clicks in flight with its
+settings where the method refills its slots (sjd, mc-sjd, the trees, the zipar fronts: each image
+still its decode alone; its sampling time then runs from joining to done, with the passes it shared),
+and the reference, auto and the methods that do not refill run between batches, one at a time.
+--concurrency clicks are served at once (the batch's slots); Gradio's queue bounds those waiting.
 User errors (`VisarError`: unknown class, empty prompt, an option out of range, a folder that is
 not a model, a method that does not decode the model) come back as a message in the page; the
 server goes on serving. The API (gradio_client) has three endpoints, /select_model, /select_method

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import Future
 
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from ...accel import reference_method
+from ...accel import get_method, reference_method
 from ...accel.core.stats import per_image
+from ...models.base import model_kind
+from ...pipeline.shared_device import BatchImages
 from .auto_account import auto_note
 from .models import ModelCache
 from .options import PageInputs, prepared
@@ -138,16 +141,68 @@ def run_side(pipe, method: str, seed: int, condition: dict, sampling: dict, opti
     }
 
 
+def shares_a_batch(pipe, method: str) -> bool:
+    """The method side joins the running batch of the sessions that click with its settings: a raster
+    method that refills its slots (auto walks its candidates on a fixed list, one call each)."""
+    return model_kind(pipe.model) == "raster" and get_method(method).refills and method != "auto"
+
+
+def run_shared(cache: ModelCache, pipe, method: str, seed: int, condition: dict, sampling: dict, options: dict):
+    """`run_side`'s image and figures, the image decoded in the device's running batch for these settings
+    (its tokens those of its decode alone, whoever shares its passes). Its sampling time runs from its
+    joining the batch to its hand-over (the VQ decode included: a running batch decodes each image as it
+    is done), so it counts the passes it shared; `shared_with`: the images in the batch as it joined."""
+    done, joined = Future(), {}
+
+    def accepted(count):
+        joined["at"], joined["with"] = time.perf_counter(), cache.shared.in_flight()[0] - count
+
+    def image(position, picture, info):
+        done.set_result((picture, info, time.perf_counter()))
+
+    start = time.perf_counter()
+    add = {**condition, "seed": seed}
+    job = BatchImages(pipe, method, {**options, **sampling}, add, on_image=image, on_accepted=accepted)
+    job.on_error = done.set_exception
+    cache.shared.submit(job)
+    picture, info, end = done.result()
+    passes = int(info["forward_passes"])
+    return {
+        "image": picture,
+        "commit_pass": info["commit_pass"],  # [h, w]
+        "summary": {
+            "method": method,
+            "forward_passes": passes,
+            "step_compression": pipe.model.num_image_tokens / passes,
+            "wall_s": end - start,
+            "sampling_s": end - joined["at"],
+            "setup_s": 0.0,  # nothing runs once: the batch is opened as it comes
+            "waited_s": joined["at"] - start,  # for the device (a load, another batch, a reference)
+            "lossless": bool(get_method(method).is_lossless(options, pipe.model)),
+            "acceptance_rate": None,  # a running batch counts drafts for the batch, not for each image
+            "ran": method,
+            "tuning": {},
+            "options": dict(options),
+            "shared_with": joined["with"],
+        },
+    }
+
+
 def compare(cache: ModelCache, *values):
-    """AR and `method` on one seed -> (AR image, method image, summary markdown, heatmap, per-pass table, stats)."""
+    """AR and `method` on one seed -> (AR image, method image, summary markdown, heatmap, per-pass table, stats).
+    Both run in the device's thread (`ModelCache.shared`): the method side first, in the running batch of
+    its settings where it refills (sessions that click together share its passes), then the reference,
+    on its own, as the method does where it does not refill."""
     inputs = PageInputs(*values)
     pipe, condition, sampling, options = prepared(cache, inputs)
-    method, seed = inputs.method, inputs.seed
+    method, seed = inputs.method, int(inputs.seed)
     # the reference of the model's kind: plain AR for raster models, MaskGIT's loop for masked ones
     reference = reference_method(pipe.model)
-    with cache.lock:
-        ar = run_side(pipe, reference, int(seed), condition, sampling, {})
-        fast = run_side(pipe, method, int(seed), condition, sampling, options)
+    if shares_a_batch(pipe, method):
+        fast = run_shared(cache, pipe, method, seed, condition, sampling, options)
+    else:
+        fast = cache.shared.call(run_side, pipe, method, seed, condition, sampling, options).result()
+    ar = cache.shared.call(run_side, pipe, reference, seed, condition, sampling, {}).result()
     # the reference against itself (chosen, or what auto ran) is the same work twice: two timings of
     # it differ by noise, which a speed-up would report as a gain or a loss. Sampling is timed against
     # sampling: a first call's one-time set-up (auto's AR-step probe) is shown apart, not in the ratio.
@@ -204,9 +259,23 @@ def summary_markdown(stats: dict) -> str:
     elif stats["condition"].startswith("prompt:"):
         said.append("negative prompt: the model's own")
     text = "\n".join(lines) + "\n\n" + "; ".join(said)
+    if "shared_with" in fast:
+        text += "\n\n" + shared_note(fast)
     if fast.get("tuning"):  # what auto ran on this click, how far its tuning is, what won
         text += "\n\n" + auto_note(fast)
     return text
+
+
+def shared_note(side: dict) -> str:
+    """What a method side decoded in the device's running batch says of its figures."""
+    others = side["shared_with"]
+    company = f"with {others} other image{'s' if others != 1 else ''} of other sessions" if others else "alone"
+    return (
+        f"{side['method']} decoded its image in the device's running batch, {company} when it joined (its tokens "
+        "are those of its decode alone): its sampling time runs from joining to the image done, the VQ decode "
+        f"included, after {seconds_text(side['waited_s'])} waiting for the device; its draft acceptance is "
+        "counted for the batch, not for each image."
+    )
 
 
 def method_name(side: dict) -> str:

@@ -7,6 +7,7 @@ import threading
 
 from ...errors import VisarError
 from ...models.base import model_kind
+from ...pipeline.shared_device import SharedDevice
 from ...registry import DEFAULT_MODEL, embedded_models, resolve_name
 
 # A text model opens with the first of these its prompt encoder reads word for word (the shapes
@@ -15,17 +16,16 @@ EXAMPLE_PROMPTS = ("a red fox in the snow", "a photo of a red circle above a blu
 
 
 class ModelCache:
-    """Pipelines loaded once per (name, device), shared read-only by every session.
+    """Pipelines loaded once per (name, device), shared read-only by every session, and the one thread
+    that runs everything on the device (`shared`: a model, and a draft model shared by names, keeps its
+    KV cache in itself during a decode): loads and reference runs one at a time, and the method sides of
+    sessions that click together with the same settings in one running batch of `slots`."""
 
-    `lock` serialises generation on the device: a model (and a draft model shared by names) keeps
-    its KV cache in itself during a generation, so two at once on one model would clobber it.
-    """
-
-    def __init__(self, device=None, dtype=None, allow_folders: bool = True):
+    def __init__(self, device=None, dtype=None, allow_folders: bool = True, slots: int = 4):
         self.device, self.dtype, self.allow_folders = device, dtype, allow_folders
         self.pipes: dict[tuple[str, str], object] = {}
         self.loading = threading.Lock()
-        self.lock = threading.Lock()
+        self.shared = SharedDevice(slots, fit=True, name="visar-demo-device")
 
     def get(self, name: str):
         from ...loading import load
@@ -39,7 +39,8 @@ class ModelCache:
         key = (name, str(self.device))
         with self.loading:
             if key not in self.pipes:
-                self.pipes[key] = load(name, device=self.device, dtype=self.dtype)
+                # in the device thread, which runs every decode (torch is slower on a CPU in another)
+                self.pipes[key] = self.shared.call(load, name, device=self.device, dtype=self.dtype).result()
             return self.pipes[key]
 
 

@@ -45,13 +45,14 @@ def build_demo(
     method: str = DEFAULT_METHOD,
     device=None,
     dtype=None,
-    concurrency: int = 1,
+    concurrency: int = 4,
     max_queue: int = 32,
     allow_folders: bool = True,
 ):
-    """The Gradio Blocks of the demo (not launched). Loads `model` to fill the page's defaults."""
+    """The Gradio Blocks of the demo (not launched). Loads `model` to fill the page's defaults.
+    concurrency: the clicks served at once, whose method sides share a running batch of that many slots."""
     gr = require("gradio", "demo")
-    cache = ModelCache(device=device, dtype=dtype, allow_folders=allow_folders)
+    cache = ModelCache(device=device, dtype=dtype, allow_folders=allow_folders, slots=concurrency)
     first = cache.get(model)
     methods = methods_for(first.model)
     method = preselected_method(first, methods, method)

@@ -7,22 +7,23 @@ LitServe's `ContinuousBatchingLoop` calls `add_request` as requests arrive (its 
 (`OpenBatch.step`) and returns what came of it: a request's acceptance (or its one-sentence 400),
 each finished image, the end of a finished request.
 
-One thread owns the device: it loads the model, then runs one batch after another, each waiting
-between passes for the next step. A batch is one method and guidance scale (one scale a pass), and
-a model holds one batch's KV cache: requests for other settings wait until the running batch has
-no image left, which it reaches because, while they wait, its own later requests wait too (oldest
-settings first).
+One thread owns the device (`pipeline.SharedDevice`): it loads the model, then runs one batch after
+another, each waiting between passes for the next step. A batch is one method and guidance scale (one
+scale a pass), and a model holds one batch's KV cache: requests for other settings wait until the
+running batch has no image left, which it reaches because, while they wait, its own later requests
+wait too (oldest settings first).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import io
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import litserve as ls
 import torch
@@ -31,6 +32,7 @@ from litserve.loops.continuous_batching_loop import ContinuousBatchingLoop, Outp
 from litserve.utils import LitAPIStatus
 
 from ...errors import VisarError
+from ...pipeline.shared_device import BatchImages, SharedDevice
 from . import metrics
 
 
@@ -61,14 +63,13 @@ class PassLoop(ContinuousBatchingLoop):
 
 @dataclass
 class Admitted:
-    """One request: its settings, its images' `add` arguments and, once in a batch, their indices there."""
+    """One request: its settings (method label, guidance scale), its images' job, and when it came."""
 
     uid: str
-    key: tuple  # (method label, guidance scale)
-    add: dict
+    label: str
+    guidance: float
+    job: BatchImages
     started: float
-    indices: list[int] = field(default_factory=list)  # once in a batch
-    done: int = 0
 
 
 def served_methods(model) -> list[str]:
@@ -99,51 +100,13 @@ class ImagesAPI(ls.LitAPI):
     def setup(self, device):
         # LitServe warns on each step that finished no image, which is most passes
         logging.getLogger("litserve.loops.continuous_batching_loop").setLevel(logging.ERROR)
-        self.changed = threading.Condition()  # guards what follows; the device thread waits on it
-        self.batch, self.key = None, None  # the running batch and its settings
-        self.owners: dict[int, Admitted] = {}  # the running batch's images in flight -> their request
-        self.waiting: list[Admitted] = []  # requests for a batch of their settings, oldest first
-        self.admitted: dict[str, Admitted] = {}
+        self.changed = threading.Condition()  # guards what follows
+        self.admitted: dict[str, Admitted] = {}  # the requests not yet answered in full
         self.outbox: list[Output] = []
-        ready, failed = threading.Event(), []
-        thread = threading.Thread(
-            target=self.run_device, args=(device, ready, failed), name="visar-device", daemon=True
-        )
-        thread.start()
-        ready.wait()
-        if failed:
-            raise failed[0]
-
-    def run_device(self, device, ready: threading.Event, failed: list):
-        """Load the model, settle the default method, then run batches, all in this one thread: once a
-        second thread runs torch's parallel CPU work, libgomp manages more threads than there are cores
-        and throttles its spin-wait, which made a decode in a thread other than the loading one 1.6x
-        slower at two CPU threads (visar-tiny-c2i)."""
-        try:
-            self.settle(self.load(device))
-        except Exception as err:  # the worker's setup fails with it
-            failed.append(err)
-            ready.set()
-            return
-        ready.set()
-        while True:
-            with self.changed:  # the oldest waiting request's settings; the default's when none waits
-                key = self.waiting[0].key if self.waiting else self.default_key
-            method, options = (self.default[0], self.default[1]) if key == self.default_key else (key[0], {})
-            opened = self.pipe.open_batch(method, slots=self.slots, paced=True, guidance_scale=key[1], **options)
-            with self.changed:
-                self.batch, self.key = opened, key
-                self.start_waiting()
-                self.switch_if_idle()  # its requests were cancelled meanwhile, and others wait
-            try:
-                opened.run(on_image=self.hand_over)
-            except Exception as err:  # every request of the batch learns of it; the server goes on
-                logging.getLogger("visar.serve").exception("a running batch (%s) failed", key[0])
-                with self.changed:
-                    for admitted in {id(a): a for a in self.owners.values()}.values():
-                        self.fail(admitted, HTTPException(500, f"the decode failed: {err}"))
-            with self.changed:
-                self.batch, self.owners = None, {}
+        # one thread loads the model and runs every batch (`SharedDevice`: a model holds one batch's KV
+        # cache; on a CPU, torch in a second thread made a decode 1.6x slower at two threads)
+        self.shared = SharedDevice(self.slots, paced=True)
+        self.shared.call(lambda: self.settle(self.load(device))).result()  # a failure fails the worker's setup
 
     def settle(self, pipe):
         """The pipeline, and the default method: --method, or the candidate auto settles on for batches of
@@ -162,7 +125,6 @@ class ImagesAPI(ls.LitAPI):
             self.default = (candidate.method, dict(candidate.options), candidate.spec)
             print(f"visar serve: auto settled on {spec}, served as {candidate.spec} ({why})", flush=True)
         pipe.open_batch(self.default[0], slots=self.slots, **self.default[1]).close()  # a bad option: now
-        self.default_key = (self.default[2], pipe.sampling_params().guidance_scale)
         self.served = served_methods(pipe.model)
         # the model's images as OpenAI's `size` writes them (WIDTHxHEIGHT), read off one decoded image
         height, width = pipe.decode(torch.zeros(1, *pipe.model.grid_size, dtype=torch.long, device=pipe.device)).shape[
@@ -195,24 +157,15 @@ class ImagesAPI(ls.LitAPI):
             return
         with self.changed:
             self.admitted[uid] = admitted
-            self.waiting.append(admitted)
-            if self.batch is not None and admitted.key == self.key:
-                self.start_waiting()
-            self.switch_if_idle()
-            self.changed.notify_all()
+        self.shared.submit(admitted.job)  # not in this lock: the device calls back into it
 
     def step(self, prev_outputs) -> list[Output]:
-        with self.changed:
-            batch = self.batch if self.owners else None
-            if batch is None:  # nothing decoding: a switch of settings under way, or only waiting requests
-                self.changed.wait(0.01)
-        if batch is not None:
-            metrics.PASSES.inc(batch.step(timeout=1.0))
+        metrics.PASSES.inc(self.shared.step(timeout=1.0))
+        in_slots, waiting = self.shared.in_flight()
+        metrics.SLOTS.set(min(in_slots, self.slots))
+        metrics.WAITING.set(waiting + max(in_slots - self.slots, 0))
         with self.changed:
             outputs, self.outbox = self.outbox, []
-            metrics.SLOTS.set(min(len(self.owners), self.slots))
-            queued = sum(a.add["num_images_per_prompt"] for a in self.waiting) + max(len(self.owners) - self.slots, 0)
-            metrics.WAITING.set(queued)
         return outputs
 
     def encode_response(self, output):
@@ -224,15 +177,8 @@ class ImagesAPI(ls.LitAPI):
         with self.changed:
             self.outbox.append(Output(uid, output, status))
 
-    def fail(self, admitted: Admitted, error: HTTPException):
-        """In the lock: answer a request with an error, and forget it."""
-        self.admitted.pop(admitted.uid, None)
-        for index in admitted.indices:
-            self.owners.pop(index, None)
-        self.outbox.append(Output(admitted.uid, error, LitAPIStatus.ERROR))
-
     def checked(self, uid: str, request: dict) -> Admitted:
-        """A request's settings and `add` arguments, or one VisarError sentence (a 400)."""
+        """A request's settings and images' job, or one VisarError sentence (a 400)."""
         method, label = (request["method"], request["method"]) if request.get("method") else self.default[::2]
         if method not in self.served:
             raise VisarError(
@@ -240,27 +186,30 @@ class ImagesAPI(ls.LitAPI):
                 f"decodes), or left out for the server's {self.default[2]}; got {method!r}"
             )
         guidance = self.pipe.sampling_params(guidance_scale=request.get("guidance_scale")).guidance_scale
-        add = self.add_kwargs(request)
-        return Admitted(uid, (label, guidance), add, time.monotonic())
+        options = self.default[1] if label == self.default[2] else {}
+        job = BatchImages(self.pipe, method, {**options, "guidance_scale": guidance}, self.add_kwargs(request))
+        admitted = Admitted(uid, label, guidance, job, time.monotonic())
+        job.on_accepted = lambda n: self.send(uid, {"accepted": n}, LitAPIStatus.OK)
+        job.on_image = functools.partial(self.hand_over, admitted)
+        job.on_done = lambda: self.finish(uid)
+        job.on_error = functools.partial(self.fail, uid)
+        return admitted
 
-    def start_waiting(self):
-        """In the lock: the waiting requests of the running batch's settings join it, up to the first
-        request of other settings (those after it wait, so that the batch runs dry and the others get theirs)."""
-        while self.waiting and self.waiting[0].key == self.key:
-            admitted = self.waiting.pop(0)
-            try:
-                admitted.indices = self.batch.add(**admitted.add)
-            except VisarError as err:
-                self.fail(admitted, HTTPException(400, str(err)))
-                continue
-            self.owners.update(dict.fromkeys(admitted.indices, admitted))
-            self.outbox.append(Output(admitted.uid, {"accepted": len(admitted.indices)}, LitAPIStatus.OK))
+    def fail(self, uid: str, err: Exception):
+        """A request's images could not join (400) or their batch failed (500): answered with the error."""
+        error = (
+            HTTPException(400, str(err))
+            if isinstance(err, VisarError)
+            else HTTPException(500, f"the decode failed: {err}")
+        )
+        with self.changed:
+            if self.admitted.pop(uid, None) is not None:
+                self.outbox.append(Output(uid, error, LitAPIStatus.ERROR))
 
-    def switch_if_idle(self):
-        """In the lock: close the running batch once it has no image left and other settings wait (the
-        device thread then opens theirs)."""
-        if self.batch is not None and not self.owners and self.waiting:
-            self.batch.close()
+    def finish(self, uid: str):
+        with self.changed:
+            if self.admitted.pop(uid, None) is not None:
+                self.outbox.append(Output(uid, "", LitAPIStatus.FINISH_STREAMING))
 
     def add_kwargs(self, request: dict) -> dict:
         pipe, n = self.pipe, request.get("n", 1)
@@ -286,37 +235,28 @@ class ImagesAPI(ls.LitAPI):
             **condition, negative_prompt=request.get("negative_prompt"), num_images_per_prompt=n, seed=request["seed"]
         )
 
-    def hand_over(self, index: int, image, info: dict):
+    def hand_over(self, admitted: Admitted, position: int, image, info: dict):
         encoded = png_base64(image)  # in the device thread, as the image is done
+        passes = int(info["forward_passes"])
+        image = {"index": position, "b64_json": encoded}
+        image["visar"] = {
+            "method": admitted.label,
+            "forward_passes": passes,
+            "seconds": round(time.monotonic() - admitted.started, 4),
+        }
+        if admitted.label == self.default[2] and self.default[1]:  # --opt, or auto's size
+            image["visar"]["options"] = self.default[1]
         with self.changed:
-            admitted = self.owners.pop(index, None)
-            if admitted is None:  # cancelled as it finished
+            if admitted.uid not in self.admitted:  # cancelled as it finished
                 return
-            admitted.done += 1
-            passes = int(info["forward_passes"])
-            seconds = round(time.monotonic() - admitted.started, 4)
-            image = {"index": admitted.indices.index(index), "b64_json": encoded}
-            image["visar"] = {"method": admitted.key[0], "forward_passes": passes, "seconds": seconds}
-            if admitted.key == self.default_key and self.default[1]:  # --opt, or auto's size
-                image["visar"]["options"] = self.default[1]
             self.outbox.append(Output(admitted.uid, image, LitAPIStatus.OK))
-            metrics.IMAGES.inc()
-            metrics.TOKENS_PER_PASS.observe(self.pipe.model.num_image_tokens / max(passes, 1))
-            if admitted.done == len(admitted.indices):
-                self.admitted.pop(admitted.uid, None)
-                self.outbox.append(Output(admitted.uid, "", LitAPIStatus.FINISH_STREAMING))
-                self.switch_if_idle()
+        metrics.IMAGES.inc()
+        metrics.TOKENS_PER_PASS.observe(self.pipe.model.num_image_tokens / max(passes, 1))
 
     def cancel(self, uid: str):
         with self.changed:
             admitted = self.admitted.pop(uid, None)
-            if admitted is None:
-                return
-            if admitted in self.waiting:
-                self.waiting.remove(admitted)
-            else:
-                left = [index for index in admitted.indices if self.owners.pop(index, None) is admitted]
-                if left:
-                    self.batch.cancel(left)
-            self.outbox.append(Output(uid, "", LitAPIStatus.FINISH_STREAMING))
-            self.switch_if_idle()
+            if admitted is not None:
+                self.outbox.append(Output(uid, "", LitAPIStatus.FINISH_STREAMING))
+        if admitted is not None:
+            self.shared.cancel(admitted.job)

@@ -16,60 +16,25 @@ import pickle
 import time
 import uuid
 from collections import deque
-from typing import Literal
 
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from litserve.specs.base import LitSpec
 from litserve.utils import LitAPIStatus, ResponseBufferItem
-from pydantic import BaseModel, ConfigDict, Field
 
 from . import metrics
-
-PATH = "/v1/images/generations"
-
-
-class ImagesRequest(BaseModel):
-    """OpenAI's Images fields that apply, and visar's."""
-
-    model_config = ConfigDict(extra="forbid")
-    prompt: str | None = None
-    class_label: int | None = Field(None, ge=0)
-    n: int = Field(1, ge=1)
-    size: str | None = None
-    response_format: Literal["b64_json"] = "b64_json"
-    model: str | None = None
-    negative_prompt: str | None = None
-    guidance_scale: float | None = Field(None, ge=0)
-    seed: int = Field(0, ge=0)
-    method: str | None = None
-    stream: bool = False
-    timeout: float | None = Field(None, gt=0)  # the caller's deadline in seconds, at most the server's
+from .api import PATH, ImagesRequest, error, validation_message
 
 
 class Disconnected(Exception):
     pass
 
 
-def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    """OpenAI's error body, one sentence."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status, headers=headers)
-
-
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """FastAPI's list of errors -> 422 with the first as one sentence."""
-    first = exc.errors()[0]
-    where = ".".join(str(part) for part in first.get("loc", ())[1:])
-    if first.get("type") == "json_invalid":
-        message = f"the body is not valid JSON ({first.get('ctx', {}).get('error', first['msg'])})"
-    elif first.get("type") == "extra_forbidden":
-        message = f"unknown field {where!r}"
-    else:
-        message = f"{where}: {first['msg']}" if where else first["msg"]
     metrics.REQUESTS.labels("422").inc()
-    return error(422, message)
+    return error(422, validation_message(exc))
 
 
 class ImagesSpec(LitSpec):

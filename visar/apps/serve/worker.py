@@ -17,16 +17,13 @@ wait too (oldest settings first).
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
-import io
 import logging
 import threading
 import time
 from dataclasses import dataclass
 
 import litserve as ls
-import torch
 from fastapi import HTTPException
 from litserve.loops.continuous_batching_loop import ContinuousBatchingLoop, Output
 from litserve.utils import LitAPIStatus
@@ -34,6 +31,7 @@ from litserve.utils import LitAPIStatus
 from ...errors import VisarError
 from ...pipeline.shared_device import BatchImages, SharedDevice
 from . import metrics
+from .api import ServedModel
 
 
 class PassLoop(ContinuousBatchingLoop):
@@ -63,30 +61,12 @@ class PassLoop(ContinuousBatchingLoop):
 
 @dataclass
 class Admitted:
-    """One request: its settings (method label, guidance scale), its images' job, and when it came."""
+    """One request: its method's name in answers, its images' job, and when it came."""
 
     uid: str
     label: str
-    guidance: float
     job: BatchImages
     started: float
-
-
-def served_methods(model) -> list[str]:
-    """The methods a request may name: lossless on this model, refilling a running batch, no draft model."""
-    from ...accel import METHODS
-
-    return sorted(
-        name
-        for name, m in METHODS.items()
-        if m.refills and m.model_kind == "raster" and name != "auto" and m.is_lossless({}, model) and not m.needs_draft
-    )
-
-
-def png_base64(image) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 class ImagesAPI(ls.LitAPI):
@@ -106,31 +86,9 @@ class ImagesAPI(ls.LitAPI):
         # one thread loads the model and runs every batch (`SharedDevice`: a model holds one batch's KV
         # cache; on a CPU, torch in a second thread made a decode 1.6x slower at two threads)
         self.shared = SharedDevice(self.slots, paced=True)
-        self.shared.call(lambda: self.settle(self.load(device))).result()  # a failure fails the worker's setup
-
-    def settle(self, pipe):
-        """The pipeline, and the default method: --method, or the candidate auto settles on for batches of
-        --slots (AR's law as mc-sjd at one token a pass, where it settles on ar, which does not refill)."""
-        from ...accel.policy.auto import parse_candidates
-
-        self.pipe = pipe
-        self.default = (self.method, dict(self.options), self.method)  # (method, options, its name in answers)
-        if self.method == "auto":
-            kind = "class_labels" if pipe.is_class_conditional else "prompts"
-            first = [0] if kind == "class_labels" else ["a photo"]
-            spec, why = pipe.settle_auto(**{kind: first * self.slots}, batch_size=self.slots, **self.options)
-            candidate = parse_candidates(spec)[0]
-            if candidate.method == "ar":
-                candidate = parse_candidates("mc-sjd:1")[0]
-            self.default = (candidate.method, dict(candidate.options), candidate.spec)
-            print(f"visar serve: auto settled on {spec}, served as {candidate.spec} ({why})", flush=True)
-        pipe.open_batch(self.default[0], slots=self.slots, **self.default[1]).close()  # a bad option: now
-        self.served = served_methods(pipe.model)
-        # the model's images as OpenAI's `size` writes them (WIDTHxHEIGHT), read off one decoded image
-        height, width = pipe.decode(torch.zeros(1, *pipe.model.grid_size, dtype=torch.long, device=pipe.device)).shape[
-            -2:
-        ]
-        self.size = f"{width}x{height}"
+        settings = (self.model_arg, self.method, self.options, self.slots, self.max_images)
+        # loaded (auto settled) in the device thread; a failure fails the worker's setup
+        self.model = self.shared.call(lambda: ServedModel(self.load(device), *settings)).result()
 
     # --- LitServe's continuous-batching contract ---
 
@@ -178,17 +136,9 @@ class ImagesAPI(ls.LitAPI):
             self.outbox.append(Output(uid, output, status))
 
     def checked(self, uid: str, request: dict) -> Admitted:
-        """A request's settings and images' job, or one VisarError sentence (a 400)."""
-        method, label = (request["method"], request["method"]) if request.get("method") else self.default[::2]
-        if method not in self.served:
-            raise VisarError(
-                f"method must be one of {', '.join(self.served)} (lossless methods a running batch "
-                f"decodes), or left out for the server's {self.default[2]}; got {method!r}"
-            )
-        guidance = self.pipe.sampling_params(guidance_scale=request.get("guidance_scale")).guidance_scale
-        options = self.default[1] if label == self.default[2] else {}
-        job = BatchImages(self.pipe, method, {**options, "guidance_scale": guidance}, self.add_kwargs(request))
-        admitted = Admitted(uid, label, guidance, job, time.monotonic())
+        """A request's method and images' job, or one VisarError sentence (a 400)."""
+        label, job = self.model.job(request)
+        admitted = Admitted(uid, label, job, time.monotonic())
         job.on_accepted = lambda n: self.send(uid, {"accepted": n}, LitAPIStatus.OK)
         job.on_image = functools.partial(self.hand_over, admitted)
         job.on_done = lambda: self.finish(uid)
@@ -211,47 +161,15 @@ class ImagesAPI(ls.LitAPI):
             if self.admitted.pop(uid, None) is not None:
                 self.outbox.append(Output(uid, "", LitAPIStatus.FINISH_STREAMING))
 
-    def add_kwargs(self, request: dict) -> dict:
-        pipe, n = self.pipe, request.get("n", 1)
-        if request.get("model") not in (None, pipe.name, self.model_arg):
-            raise VisarError(f"this server serves {pipe.name}, not {request['model']!r}")
-        if n > self.max_images:
-            raise VisarError(f"n must be at most {self.max_images} images a request on this server, got {n}")
-        prompt, label = request.get("prompt"), request.get("class_label")
-        if pipe.is_class_conditional:
-            if prompt is not None or label is None:
-                raise VisarError(
-                    f"{pipe.name} draws a class: give class_label (0..{pipe.num_classes - 1}), not a prompt"
-                )
-            condition = {"class_labels": [label]}
-        else:
-            if label is not None or not prompt:
-                raise VisarError(f"{pipe.name} draws a text prompt: give prompt, not a class_label")
-            condition = {"prompts": [prompt]}
-        size = request.get("size")
-        if size is not None and size != self.size:
-            raise VisarError(f"size must be {self.size} for {pipe.name} (or left out), got {size!r}")
-        return dict(
-            **condition, negative_prompt=request.get("negative_prompt"), num_images_per_prompt=n, seed=request["seed"]
-        )
-
     def hand_over(self, admitted: Admitted, position: int, image, info: dict):
-        encoded = png_base64(image)  # in the device thread, as the image is done
-        passes = int(info["forward_passes"])
-        image = {"index": position, "b64_json": encoded}
-        image["visar"] = {
-            "method": admitted.label,
-            "forward_passes": passes,
-            "seconds": round(time.monotonic() - admitted.started, 4),
-        }
-        if admitted.label == self.default[2] and self.default[1]:  # --opt, or auto's size
-            image["visar"]["options"] = self.default[1]
+        answer = self.model.image(admitted.label, position, image, info, admitted.started)  # PNG: in the device thread
         with self.changed:
             if admitted.uid not in self.admitted:  # cancelled as it finished
                 return
-            self.outbox.append(Output(admitted.uid, image, LitAPIStatus.OK))
+            self.outbox.append(Output(admitted.uid, answer, LitAPIStatus.OK))
         metrics.IMAGES.inc()
-        metrics.TOKENS_PER_PASS.observe(self.pipe.model.num_image_tokens / max(passes, 1))
+        passes = answer["visar"]["forward_passes"]
+        metrics.TOKENS_PER_PASS.observe(self.model.pipe.model.num_image_tokens / max(passes, 1))
 
     def cancel(self, uid: str):
         with self.changed:

@@ -36,6 +36,9 @@ SAMPLES = 20_000
 CFG_TOPK = SamplingParams(guidance_scale=2.0, top_k=4)
 TOPP_TEMP = SamplingParams(top_p=0.8, temperature=1.3)
 CFG_TOPK_TOPP = SamplingParams(guidance_scale=1.5, top_k=5, top_p=0.9, temperature=0.9)
+# The entropy temperature's target (filters first, then each position's T from their entropy): 179 sequences
+# of the 1,296 have mass, and its law is 0.22 in TV from the same settings without it (tolerance ~0.04).
+CFG_TOPK_TOPP_ENTROPY = SamplingParams(guidance_scale=1.5, top_k=5, top_p=0.95, entropy_temperature=0.6)
 
 
 # -- tiny models --------------------------------------------------------------------------------------------

@@ -25,6 +25,15 @@ def test_generate_writes_images_and_stats(tmp_path):
     assert [r["class_label"] for r in stats["images"]] == [3, 5, 3]
     assert [r["seed"] for r in stats["images"]] == [4, 5, 6]
     assert stats["sampling"]["top_k"] == 20
+    assert "entropy_temperature" not in stats["sampling"]  # recorded only when on: older runs' settings still match
+
+
+def test_generate_records_the_entropy_temperature(tmp_path):
+    out = tmp_path / "gen"
+    args = "generate --model visar-tiny-random --method sjd --class 3 --n 1 --entropy-temperature 1.4 --out"
+    assert main([*args.split(), str(out)]) == 0
+    sampling = json.loads((out / "stats.json").read_text())["sampling"]
+    assert sampling["entropy_temperature"] == 1.4 and sampling["temperature"] == 1.0
 
 
 USER_ERRORS = [
@@ -33,6 +42,8 @@ USER_ERRORS = [
     (["generate", "--method", "nope"], "unknown method"),
     (["generate", "--top-p", "2"], "top_p"),
     (["generate", "--temperature", "0"], "temperature"),
+    (["generate", "--entropy-temperature", "0"], "entropy_temperature"),
+    (["generate", "--entropy-temperature", "1.4", "--temperature", "0.7"], "two temperatures"),
     (["generate", "--top-k", "-3"], "top_k"),
     (["generate", "--cfg", "-1"], "guidance_scale"),
     (["generate", "--opt", "window=3"], "unknown option"),
@@ -96,6 +107,7 @@ def test_help_documents_every_generate_option():
         "--temperature",
         "--top-k",
         "--top-p",
+        "--entropy-temperature",
         "--opt",
         "--class",
         "--prompt",

@@ -224,6 +224,12 @@ def test_code_samples_the_refiner_at_its_own_temperature(pair):
     assert same(cooled[:2], base[:2]) and not same(cooled[2:], base[2:])  # only the refiner's scales move
     with pytest.raises(VisarError, match="temperature must be a number from"):
         generate(drafter, method="code", refiner=refiner, refiner_temperature=0)
+    # under the call's entropy temperature the refiner's own temperature takes its place there
+    hot = generate(drafter, method="code", refiner=refiner, draft_scales=2, entropy_temperature=1.4)
+    hot_cooled = generate(
+        drafter, method="code", refiner=refiner, draft_scales=2, entropy_temperature=1.4, refiner_temperature=0.05
+    )
+    assert not same(hot[:2], base[:2]) and same(hot_cooled[:2], hot[:2]) and not same(hot_cooled[2:], hot[2:])
 
 
 @pytest.mark.parametrize("drafted", [1, 2, 3])

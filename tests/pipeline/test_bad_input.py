@@ -92,6 +92,7 @@ GOOD_SAMPLING = {
     "temperature": st.sampled_from([0.5, 1.0, 2]),
     "top_k": st.sampled_from([None, 1, 5, 0]),
     "top_p": st.sampled_from([0.5, 1.0]),
+    "entropy_temperature": st.sampled_from([None, 0.6, 1.4]),  # beside a temperature other than 1: refused
 }
 
 

@@ -1,5 +1,7 @@
 """Public API on the embedded random model: determinism, batch invariance, outputs, bad input."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -8,8 +10,10 @@ from PIL import Image
 
 import visar
 from visar.accel import METHODS
+from visar.accel.core.sampling import SamplingParams
 from visar.errors import VisarError
 from visar.models.outputs import OUTPUT_MAPS
+from visar.pipeline.conditions import sampling_params
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +82,26 @@ def test_cfg_and_explicit_generators(pipe):
     assert torch.equal(a, b)
 
 
+def test_entropy_temperature_takes_the_temperature_s_place(pipe):
+    """entropy_temperature=T0 replaces the temperature (its default too), a temperature given alone turns a
+    default entropy temperature off, and generate, open_batch and the CLI's settings carry it."""
+    defaults = {"guidance_scale": 2.0, "temperature": 0.7, "top_k": None, "top_p": 1.0}
+    given = sampling_params(defaults, None, None, None, None, 1.4)
+    assert given == SamplingParams(guidance_scale=2.0, temperature=1.0, entropy_temperature=1.4)
+    by_default = {**defaults, "entropy_temperature": 1.0}
+    assert sampling_params(by_default, None, None, None, None) == replace(given, entropy_temperature=1.0)
+    assert sampling_params(by_default, None, 0.8, None, None) == SamplingParams(guidance_scale=2.0, temperature=0.8)
+    assert sampling_params(defaults, None, 1.0, None, None, 1.4) == given  # both given: temperature 1
+    kwargs = dict(class_labels=[1, 2], seed=5, method="mc-sjd", output_type="tokens")
+    hot = pipe.generate(**kwargs, entropy_temperature=1.4)
+    assert torch.equal(hot.tokens, pipe.generate(**kwargs, entropy_temperature=1.4).tokens)
+    assert not torch.equal(hot.tokens, pipe.generate(**kwargs).tokens) and hot.stats["lossless"]
+    batch = pipe.open_batch("mc-sjd", slots=2, entropy_temperature=1.4, top_k=50)
+    guidance = pipe.defaults["guidance_scale"]
+    assert batch.params == SamplingParams(guidance_scale=guidance, top_k=50, entropy_temperature=1.4)
+    batch.close()
+
+
 def test_logits_rows_are_teacher_forced_predictions(pipe):
     tokens = pipe.generate(class_labels=[3], top_k=1, output_type="tokens").tokens
     logits = pipe.logits(tokens, class_labels=[3])
@@ -108,6 +132,8 @@ def test_load_default_alias_and_dtype():
         (dict(class_labels=[0], top_k=-2), "top_k"),
         (dict(class_labels=[0], top_p=0.0), "top_p"),
         (dict(class_labels=[0], temperature=0.0), "temperature"),
+        (dict(class_labels=[0], entropy_temperature=0.0), "entropy_temperature must be a number"),
+        (dict(class_labels=[0], entropy_temperature=1.4, temperature=0.7), "two temperatures"),
         (dict(class_labels=[0], guidance_scale=-1.0), "guidance_scale"),
         (dict(class_labels=[0], window=4), "unknown option"),
         (dict(prompts=["a photo of a cat"]), "class-conditional"),

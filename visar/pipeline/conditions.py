@@ -139,12 +139,31 @@ def image_conditions(pipe, class_labels, prompts, caption_embeds, caption_mask, 
     return ImageConditions(cond, cond_mask, negative, items, copies)
 
 
-def sampling_params(defaults: dict, guidance_scale, temperature, top_k, top_p) -> SamplingParams:
-    """The sampling settings given, the pipeline's `defaults` for those left None."""
-    given = {"guidance_scale": guidance_scale, "temperature": temperature, "top_k": top_k, "top_p": top_p}
-    merged = {k: (defaults[k] if v is None else v) for k, v in given.items()}
+# The sampling settings a call takes by name (Pipeline.generate, open_batch, settle_auto).
+SAMPLING_SETTINGS = ("guidance_scale", "temperature", "top_k", "top_p", "entropy_temperature")
+
+
+def sampling_params(
+    defaults: dict, guidance_scale, temperature, top_k, top_p, entropy_temperature=None
+) -> SamplingParams:
+    """The sampling settings given, the pipeline's `defaults` for those left None. The entropy temperature
+    takes the temperature's place: where it is on (given or a default) and no temperature is given, the
+    temperature is 1 whatever its default (0.7 gives way to entropy_temperature=1.4); a temperature given
+    alone turns a default entropy temperature off; given both, the temperature must be 1."""
+    given = {
+        "guidance_scale": guidance_scale,
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "entropy_temperature": entropy_temperature,
+    }
+    merged = {k: (defaults.get(k) if v is None else v) for k, v in given.items()}
     if merged["top_k"] == 0:  # 0 is the CLI's "off"
         merged["top_k"] = None
+    if merged["entropy_temperature"] is not None and temperature is None:
+        merged["temperature"] = 1.0
+    if temperature is not None and entropy_temperature is None:
+        merged["entropy_temperature"] = None
     return SamplingParams(**merged)
 
 

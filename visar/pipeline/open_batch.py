@@ -33,7 +33,7 @@ from ..accel.core.scoring import reads_prompts
 from ..accel.core.source import ImageSource
 from ..errors import VisarError
 from ..models.base import model_kind
-from .conditions import image_conditions, image_generators, null_rows
+from .conditions import SAMPLING_SETTINGS, image_conditions, image_generators, null_rows
 from .images import check_output_type
 from .runs import check_kv_keep, checked_method, image_callback, second_model
 
@@ -46,7 +46,7 @@ class OpenBatch:
     ):
         if model_kind(pipe.model) != "raster":
             raise VisarError(f"an open batch decodes a raster model's running batch; {pipe.name} is not one")
-        sampling = {k: settings.pop(k) for k in ("guidance_scale", "temperature", "top_k", "top_p") if k in settings}
+        sampling = {k: settings.pop(k) for k in SAMPLING_SETTINGS if k in settings}
         self.name, self.method = checked_method(pipe.model, pipe.name, method, settings)
         if not self.method.refills or self.name == "auto":
             raise VisarError(

@@ -14,11 +14,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from ..accel.core.sampling import SamplingParams
 from ..errors import VisarError
 from ..models.base import MaskedModel, NextScaleModel, RasterModel, model_kind
 from ..tokenizers.base import TokenGridTokenizer
@@ -38,6 +36,7 @@ from .open_batch import OpenBatch
 from .runs import (
     Run,
     check_batch_size,
+    check_deterministic,
     check_kv_keep,
     checked_method,
     decode_images,
@@ -113,8 +112,8 @@ class Pipeline:
     def negative_condition(self, negative_prompt, num_items: int) -> tuple[Tensor, Tensor]:
         return negative_condition(self.model, self.name, self.text_encoder, negative_prompt, num_items)
 
-    def sampling_params(self, guidance_scale=None, temperature=None, top_k=None, top_p=None) -> SamplingParams:
-        return sampling_params(self.defaults, guidance_scale, temperature, top_k, top_p)
+    def sampling_params(self, guidance_scale=None, temperature=None, top_k=None, top_p=None, entropy_temperature=None):
+        return sampling_params(self.defaults, guidance_scale, temperature, top_k, top_p, entropy_temperature)
 
     @torch.no_grad()
     def generate(
@@ -131,6 +130,7 @@ class Pipeline:
         temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
+        entropy_temperature: float | None = None,
         output_type: str = "pil",
         caption_embeds=None,
         caption_mask=None,
@@ -148,10 +148,9 @@ class Pipeline:
         Every argument, the seeds, the stats, the guarantees: docs/GENERATE.md; bad input: one VisarError."""
         check_output_type(output_type)
         method, decoding_method = checked_method(self.model, self.name, method, method_options)
-        params = self.sampling_params(guidance_scale, temperature, top_k, top_p)
+        params = self.sampling_params(guidance_scale, temperature, top_k, top_p, entropy_temperature)
         kv_keep = self.check_kv_keep(kv_keep)
-        if not isinstance(deterministic, (bool, np.bool_)):
-            raise VisarError(f"deterministic must be True or False, got {deterministic!r}")
+        check_deterministic(deterministic)
         images = image_conditions(
             self, class_labels, prompts, caption_embeds, caption_mask, negative_prompt, num_images_per_prompt
         )

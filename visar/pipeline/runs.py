@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from ..accel import Request, get_method, reference_method
@@ -23,7 +24,7 @@ from ..accel.policy.auto import settled
 from ..errors import VisarError
 from ..models.base import model_kind
 from ..models.outputs import output_maps
-from .conditions import ImageConditions, image_conditions, image_generators, null_rows
+from .conditions import SAMPLING_SETTINGS, ImageConditions, image_conditions, image_generators, null_rows
 
 
 def out_of_memory(err: Exception, batch: int, method: str, device: torch.device) -> VisarError:
@@ -148,7 +149,7 @@ def settle_auto(pipe, class_labels=None, prompts=None, *, batch_size=None, deter
     deterministic=, **generate_kwargs), made before any of its images (`settled_run`) -> (candidate spec,
     e.g. "mc-sjd:8", and why); None where auto is not what the model runs (a kind other than raster).
     The conditions are the run's first ones (throwaway images of them are timed where nothing is kept)."""
-    sampling = {k: generate_kwargs.pop(k, None) for k in ("guidance_scale", "temperature", "top_k", "top_p")}
+    sampling = {k: generate_kwargs.pop(k, None) for k in SAMPLING_SETTINGS}
     negative_prompt, kv_keep = generate_kwargs.pop("negative_prompt", None), generate_kwargs.pop("kv_keep", 1.0)
     name, method = checked_method(pipe.model, pipe.name, "auto", generate_kwargs)
     if name != "auto":
@@ -193,6 +194,11 @@ def deterministic_algorithms(device: torch.device, enabled: bool):
         yield
     finally:
         torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
+def check_deterministic(deterministic):
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise VisarError(f"deterministic must be True or False, got {deterministic!r}")
 
 
 def check_batch_size(batch_size, num_images: int) -> int | None:

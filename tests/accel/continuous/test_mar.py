@@ -50,6 +50,9 @@ def test_bad_inputs_give_one_clear_error(tmp_path):
         pipe.generate(class_labels=[0], method="cspd", draft=other_grid, output_type="tokens")
     with pytest.raises(VisarError, match="decodes raster models"):
         pipe.generate(class_labels=[0], method="sjd", output_type="tokens")
+    for method, options in (("mar", {}), ("mar-cache", {}), ("cspd", {"draft": target})):  # no logits to temper
+        with pytest.raises(VisarError, match="entropy_temperature do not apply"):
+            pipe.generate(class_labels=[0], method=method, entropy_temperature=1.4, output_type="tokens", **options)
     family = FAMILIES["mar"]
     torch.manual_seed(0)
     vae_a = family.build_tokenizer(family.tiny_tokenizer_args)

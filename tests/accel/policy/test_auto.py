@@ -4,6 +4,7 @@ and bad files, an interrupted tuning, and the exact law while tuning in a refill
 negative control whose choice reads each image's own draws."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -37,6 +38,14 @@ TIED = {"ar": 0.9, "mc-sjd:8": 1.02, "mc-sjd": 1.0, "mc-sjd:32": 1.5, "tree-mc-s
 @pytest.fixture(scope="module")
 def model():
     return tiny_llamagen()
+
+
+def test_the_entropy_temperature_is_part_of_the_key_and_leaves_the_other_keys_as_they_were(model):
+    request = Request(model, torch.tensor([1]), CFG_TOPK, make_generators(1, 0))
+    key = auto.tuning_key(request, ["ar", "mc-sjd"])
+    assert key[-6:] == (2.0, 1.0, 4, 1.0, "ar", "mc-sjd")  # the sampling part as kept before the setting existed
+    hot = replace(request, params=replace(CFG_TOPK, entropy_temperature=1.4))
+    assert auto.tuning_key(hot, ["ar", "mc-sjd"]) == (*key[:-2], "entropy_temperature", 1.4, "ar", "mc-sjd")
 
 
 def spec_of(name: str, options: dict) -> str:

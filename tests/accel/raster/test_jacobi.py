@@ -5,11 +5,13 @@ tokens: 1296 sequences) by scoring every sequence with the model through `logits
 then draws 20,000 images from each lossless method in one batch and compares (chi-square and
 total variation). Every method meets every window length (2, 4, 8: 8 is clipped to the 4
 tokens), and each meets CFG, top-k and top-p in some combination; a 3x3-token model with
-vocabulary 2 runs the couplings with a window of 8 that is not clipped.
+vocabulary 2 runs the couplings with a window of 8 that is not clipped. Plain AR, sjd and both
+mc-sjd couplings also sample the entropy temperature's target exactly, and draws that ignore it fail.
 """
 
 import copy
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from conftest import TEST_DEVICE, law_samples
 from laws import (
     CFG_TOPK,
     CFG_TOPK_TOPP,
+    CFG_TOPK_TOPP_ENTROPY,
     SAMPLES,
     TOPP_TEMP,
     VOCAB,
@@ -62,6 +65,11 @@ CASES = [
     pytest.param(name, options, window, SETTINGS[(i + j) % 3], id=f"{name}-{options.get('coupling', '')}-w{window}")
     for i, (name, options) in enumerate(LOSSLESS)
     for j, window in enumerate([2, 4, 8])
+]
+# and the entropy temperature's target (issue 70), which the verifiers read from the same logits_to_probs
+CASES += [
+    pytest.param(name, options, 4, CFG_TOPK_TOPP_ENTROPY, id=f"{name}-{options.get('coupling', '')}-w4-entropy")
+    for name, options in LOSSLESS[:3]
 ]
 SPANS = {("sjd", 8): dict(warmup=1), ("mc-sjd", 2): dict(tail=1), ("spec", 4): dict(warmup=1, tail=1)}
 
@@ -130,6 +138,32 @@ def test_pluggable_initialiser_keeps_the_law(model):
     pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(model, label, params))
     print(f"mc-sjd repeat-left init: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
     assert pvalue > 1e-3 and tv < tolerance
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "params",
+    [CFG_TOPK, TOPP_TEMP, CFG_TOPK_TOPP, CFG_TOPK_TOPP_ENTROPY],
+    ids=["cfg-topk", "topp-temp", "cfg-topk-topp", "cfg-topk-topp-entropy"],
+)
+def test_plain_ar_samples_the_enumerated_law(model, params):
+    """The reference itself: each token drawn from logits_to_probs of its prefix is the teacher-forced law."""
+    tokens, _ = draw("ar", model, 1, params, law_samples(SAMPLES), 8000)
+    pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(model, 1, params))
+    print(f"ar {params}: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
+    assert pvalue > 1e-3 and tv < tolerance
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ar", "mc-sjd"])
+def test_ignoring_the_entropy_temperature_is_detected(model, name):
+    """Negative control: draws at the same settings without the entropy temperature (a method that dropped
+    it) fail the joint-law test against its target."""
+    plain = replace(CFG_TOPK_TOPP_ENTROPY, entropy_temperature=None)
+    tokens, _ = draw(name, model, 1, plain, law_samples(SAMPLES), 8100, **({"window": 4} if name != "ar" else {}))
+    pvalue, tv, tolerance = compare_laws(sequence_index(tokens, VOCAB), exact_law(model, 1, CFG_TOPK_TOPP_ENTROPY))
+    print(f"{name} without the entropy temperature: p={pvalue:.3g} tv={tv:.4f} tol={tolerance:.4f}")
+    assert pvalue < 1e-3 and tv > tolerance
 
 
 @pytest.mark.slow

@@ -2,8 +2,9 @@
 
 The exactness tests enumerate the joint law of the tiny LlamaGen of tests/laws.py
 (vocabulary 6, 2x2 tokens) and draw 20,000 images per case, at CFG with top-k, top-p with
-temperature, and all of them; the negative control verifies every candidate of a tree against p
-itself (no residual after a rejected sibling) and must fail the same test.
+temperature, all of them, and (tree-mc-sjd) the entropy temperature's target; the negative control
+verifies every candidate of a tree against p itself (no residual after a rejected sibling) and must
+fail the same test.
 """
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from laws import (
     CFG_TOPK,
     CFG_TOPK_TOPP,
+    CFG_TOPK_TOPP_ENTROPY,
     SAMPLES,
     TOPP_TEMP,
     VOCAB,
@@ -41,6 +43,7 @@ CASES = [
     ("tree-mc-sjd", dict(window=7, branch=6, depth=2), CFG_TOPK_TOPP),  # every token a candidate
     ("sjd-pac", {}, CFG_TOPK_TOPP),
     ("sjd-pac", dict(window=10, branch=2, depth=3), TOPP_TEMP),
+    ("tree-mc-sjd", dict(window=6, branch=3, depth=2), CFG_TOPK_TOPP_ENTROPY),  # the entropy temperature's target
 ]
 
 

@@ -195,8 +195,10 @@ def sample_step(model, constants, tokens, z, z_null, reveal, guidance, temperatu
 
 
 def check_params(params):
-    if params.top_k is not None or params.top_p != 1.0:
-        raise VisarError("MAR samples continuous tokens: top_k / top_p do not apply (leave them unset)")
+    if params.top_k is not None or params.top_p != 1.0 or params.entropy_temperature is not None:
+        raise VisarError(
+            "MAR samples continuous tokens: top_k / top_p / entropy_temperature do not apply (leave them unset)"
+        )
 
 
 def sample_tokens(

@@ -4,7 +4,9 @@ Plain sampling and every verifier call `logits_to_probs`, so that a method that 
 lossless is measured against exactly the distribution plain AR samples from.
 
 Order of operations follows LlamaGen's `generate`: CFG mix on raw logits
-(uncond + (cond - uncond) * scale), then temperature, then top-k, then top-p, then softmax.
+(uncond + (cond - uncond) * scale), then temperature, then top-k, then top-p, then softmax. With an
+entropy temperature (`entropy_temperature`) the order is its official code's: CFG, top-k, top-p, then
+each position's own temperature, then softmax.
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ def is_number(value) -> bool:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """guidance_scale 1.0 means no CFG (the unconditional pass is skipped); top_k None = off."""
+    """guidance_scale 1.0 means no CFG (the unconditional pass is skipped); top_k None = off;
+    entropy_temperature None = off, else T0 of each position's temperature T0 (2.5 exp(-H/3) + 0.6)
+    (`entropy_temperature`), which takes the place of `temperature` (then left at 1)."""
 
     guidance_scale: float = 1.0
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float = 1.0
+    entropy_temperature: float | None = None
 
     def __post_init__(self):
         if not (is_number(self.guidance_scale) and 0 <= self.guidance_scale <= MAX_GUIDANCE):
@@ -48,6 +53,21 @@ class SamplingParams:
             raise VisarError(f"top_k must be an integer >= 1 (or None for no top-k), got {self.top_k!r}")
         if not (is_number(self.top_p) and 0 < self.top_p <= 1):
             raise VisarError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        self.check_entropy_temperature()
+
+    def check_entropy_temperature(self):
+        t0 = self.entropy_temperature
+        if t0 is None:
+            return
+        if not (is_number(t0) and MIN_TEMPERATURE <= t0 <= MAX_TEMPERATURE):
+            bounds = f"{MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}"
+            raise VisarError(f"entropy_temperature must be a number from {bounds} (or None for none), got {t0!r}")
+        if self.temperature != 1.0:
+            raise VisarError(
+                f"temperature {self.temperature!r} and entropy_temperature {t0!r} are two temperatures for one "
+                "draw: the entropy temperature sets each position's own (T0 (2.5 exp(-H/3) + 0.6)), so give one "
+                "of them (temperature 1 with it)"
+            )
 
     @property
     def uses_cfg(self) -> bool:
@@ -68,19 +88,45 @@ def split_cfg(logits: Tensor, params: SamplingParams, scale: Tensor | None = Non
 
 
 def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
-    """Guided logits [..., V] -> target probabilities [..., V] (float32): temperature, top-k, top-p."""
-    logits = logits.float() / params.temperature
-    if params.top_k is not None and params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+    """Guided logits [..., V] -> target probabilities [..., V] (float32): temperature, top-k, top-p; with an
+    entropy temperature: top-k, top-p, then each position's temperature (`entropy_temperature`)."""
+    if params.entropy_temperature is not None:
+        # Filter first, as the official code does: the nucleus is top-p's at temperature 1 (a temperature
+        # first would move mass across the top_p line and keep another set of tokens), and H is the
+        # entropy of what is left. Each position's T is a function of its own guided logits only, so the
+        # target stays one fixed law per prefix, which every lossless method verifies against.
+        logits = top_k_top_p(logits.float(), params.top_k, params.top_p)
+        return (logits / entropy_temperature(logits, params.entropy_temperature)).softmax(-1)
+    return top_k_top_p(logits.float() / params.temperature, params.top_k, params.top_p).softmax(-1)
+
+
+def top_k_top_p(logits: Tensor, top_k: int | None, top_p: float) -> Tensor:
+    """Logits [..., V] (float32) with -inf outside the top-k tokens and outside the top-p nucleus."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, -math.inf)
-    if params.top_p < 1.0:
+    if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
         # Drop a token when the mass before it already exceeds top_p (the top token always stays).
-        drop_sorted = (cum - sorted_logits.softmax(-1)) > params.top_p
+        drop_sorted = (cum - sorted_logits.softmax(-1)) > top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, -math.inf)
-    return logits.softmax(-1)
+    return logits
+
+
+def entropy_temperature(filtered_logits: Tensor, t0: float) -> Tensor:
+    """Entropy-informed temperature (Ma et al., NeurIPS 2025; krennic999/ARsample,
+    LlamaGen/autoregressive/models/generate.py `sample` and `entropy_filtering`): filtered logits
+    [..., V] (-inf where filtered out) -> each position's temperature [..., 1],
+
+        T = T0 (2.5 exp(-H / 3) + 0.6),   H = -sum_v p_v log(p_v + 1e-12),   p = softmax(filtered logits)
+
+    (nats): a confident position (H near 0) is sampled hotter, up to 3.1 T0, an uncertain one cooler,
+    down to 0.6 T0. The 1e-12 is upstream's: a filtered token (p = 0) adds 0 rather than 0 * -inf."""
+    probs = filtered_logits.softmax(-1)
+    entropy = -(probs * torch.log(probs + 1e-12)).sum(-1, keepdim=True)
+    return t0 * (2.5 * torch.exp(-entropy / 3) + 0.6)
 
 
 def sample_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:

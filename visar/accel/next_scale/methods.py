@@ -259,7 +259,8 @@ def code(
     cached token pruning at the `prune_scales`, in whichever model decodes them; scale N, read from
     the refiner's prefill, is never pruned. stats: forward_passes counts both models' passes (one
     per scale), draft_forward_passes the refiner's. refiner_temperature: the refiner's sampling
-    temperature (None: the call's), as CoDe samples its two models with their own settings."""
+    temperature (None: the call's), as CoDe samples its two models with their own settings (in place of
+    the call's entropy temperature, if any)."""
     model, cond, params, tokenizer = request.model, request.cond, request.params, request.tokenizer
     generators, progress = request.generators, request.progress
     num_drafted = check_refiner(model, refiner, draft_scales)
@@ -273,7 +274,9 @@ def code(
         ScaleScorer(
             refiner,
             cond.to(refiner.device),
-            params if refiner_temperature is None else replace(params, temperature=refiner_temperature),
+            params
+            if refiner_temperature is None
+            else replace(params, temperature=refiner_temperature, entropy_temperature=None),
         ),
     )
     state = ScaleState(tokenizer.empty_latent(cond.shape[0], model.device))

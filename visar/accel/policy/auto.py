@@ -4,7 +4,7 @@
 by default ar, mc-sjd at 8, 16 and 32 slots, and tree-mc-sjd's tree (option `candidates`). Each
 samples the model's exact law on its own and keeps its size for the whole decode. The first calls
 for a key (the model's weights, device, dtype, batch size, running batch or not, guidance scale,
-temperature, top-k, top-p and the ladder) decode their own first images with the candidates in
+temperature, top-k, top-p, the entropy temperature and the ladder) decode their own first images with the candidates in
 turn, timed as they run in seconds per image (a round is a batch of the call's size; a candidate
 takes rounds until it has LEAST_IMAGES): they are the call's outputs, so tuning throws no work
 away. The first round runs the middle of the ladder; each next one an untimed neighbour of the
@@ -162,6 +162,8 @@ def tuning_key(request: Request, ladder: list[str]) -> tuple:
     model, params = request.model, request.params
     running = "running" if request.slots is not None else "batch"
     sampling = (params.guidance_scale, params.temperature, params.top_k, params.top_p)
+    if params.entropy_temperature is not None:  # only then: the keys kept before it existed still match
+        sampling += ("entropy_temperature", params.entropy_temperature)
     return ("auto", __version__, str(model.device), str(model.dtype), request.batch_size, running, *sampling, *ladder)
 
 

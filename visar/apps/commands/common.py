@@ -130,6 +130,14 @@ def add_sampling_args(parser: argparse.ArgumentParser, default_method: str | Non
     group.add_argument("--top-k", type=int, help="keep the k most likely tokens (0 = off)")
     group.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
     group.add_argument(
+        "--entropy-temperature",
+        type=float,
+        metavar="T0",
+        help="raster, masked and next-scale models: each position's temperature T0 (2.5 exp(-H/3) + 0.6), H the "
+        "entropy (nats) of its guided, top-k / top-p filtered distribution, applied after the filters (Ma et al. "
+        "2025; 1.4 and 1.0 in its scripts), 1e-4 to 1e4; in place of --temperature (default: off)",
+    )
+    group.add_argument(
         "--kv-keep",
         type=float,
         metavar="FRACTION",
@@ -175,18 +183,27 @@ def check_negative_prompt(pipe, args):
 def run_settings(pipe, args) -> dict:
     """What of the command line decides a run's pixels besides model, method and seed (recorded for resuming):
     checkpoint files, method options and the resolved sampling settings (unset: the model's defaults)."""
-    params = pipe.sampling_params(args.guidance_scale, args.temperature, args.top_k, args.top_p)
+    params = pipe.sampling_params(
+        args.guidance_scale, args.temperature, args.top_k, args.top_p, args.entropy_temperature
+    )
     if getattr(args, "kv_keep", None) is not None:  # refused before a folder is made or a bar drawn
         pipe.check_kv_keep(args.kv_keep)
     return {
         "checkpoint": args.checkpoint,
         "vq_checkpoint": args.vq_checkpoint,
         "options": dict(parse_option(o) for o in args.opt),
-        "sampling": {k: getattr(params, k) for k in ("guidance_scale", "temperature", "top_k", "top_p")},
+        "sampling": {
+            **{k: getattr(params, k) for k in ("guidance_scale", "temperature", "top_k", "top_p")},
+            **entropy_kwargs(params.entropy_temperature),  # only when on: runs without it keep their settings
+        },
         **negative_prompt_kwargs(args),  # only when given: runs without one keep their settings
         **kv_keep_kwargs(args),  # likewise
         **deterministic_kwargs(args),  # likewise: a resume repeats it, so its files are the bits of one run
     }
+
+
+def entropy_kwargs(entropy_temperature) -> dict:
+    return {} if entropy_temperature is None else {"entropy_temperature": entropy_temperature}
 
 
 def negative_prompt_kwargs(args) -> dict:
@@ -209,6 +226,7 @@ def generate_kwargs(args) -> dict:
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
+        entropy_temperature=args.entropy_temperature,
         **negative_prompt_kwargs(args),
         **kv_keep_kwargs(args),
         **deterministic_kwargs(args),

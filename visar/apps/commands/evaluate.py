@@ -90,6 +90,7 @@ def run_shapes(args) -> int:
             temperature=args.temperature,
             top_k=args.top_k,
             top_p=args.top_p,
+            entropy_temperature=args.entropy_temperature,
             **kv_keep_kwargs(args),
             **deterministic_kwargs(args),
             **options,

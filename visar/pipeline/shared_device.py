@@ -97,7 +97,8 @@ def images_at_the_head(waiting: list, key) -> int:
 
 
 class SharedDevice:
-    """One device thread for many callers (module docstring): `call` and `submit` from any thread.
+    """One device thread for many callers (module docstring): `call` and `submit` from any thread. Torch's
+    CPU thread count is each thread's own from its start: set it before, or with call(torch.set_num_threads, n).
     slots: the running batches' slots; paced: each batch runs a pass only when `step` lets it; fit:
     each batch fitted to the images that wait for it (module docstring)."""
 

@@ -88,17 +88,48 @@ def rejection_residual(target_probs: Tensor, draft_probs: Tensor) -> Tensor:
     return excess / excess.sum(-1, keepdim=True)
 
 
+def optimal_residual(target_probs: Tensor, draft_probs: Tensor, acceptance: Tensor) -> Tensor:
+    r"""The residual of least total variation for a relaxed acceptance (derived in the method brief; COOL-SD's
+    "optimal resampling", Li et al. 2026, whose code is unreleased):
+
+        r* = norm((p - q a)+)
+
+    with a(y) the probability that a draft y is accepted. Whatever the residual r, a step outputs
+    q a + (1 - sum q a) r >= q a, so its TV to p is at least sum (q a - p)+; r* attains that bound
+    (only the accepted excess is left), at the acceptance the test already has. With the exact
+    test, a = min(1, p/q) and r* is norm((p - q)+). Where (p - q a)+ has no mass (every draft
+    accepted) r* is never drawn from and is set to p.
+
+    target_probs (p, unrelaxed), draft_probs (q), acceptance (a) [..., V] -> [..., V].
+    """
+    excess = (target_probs - draft_probs * acceptance).clamp(min=0)
+    mass = excess.sum(-1, keepdim=True)
+    return torch.where(mass > 0, excess / mass.clamp(min=torch.finfo(excess.dtype).tiny), target_probs)
+
+
 @dataclass(frozen=True)
 class AcceptanceRule:
     """A verification rule: `accept(p, q, x, u) -> mask` and the `residual(p, q)` a rejection draws from.
 
     `relax(p, q, x) -> p~`, when set, replaces the target of the drafted slots before `accept`
-    and `residual` see it (LANTERN); the bonus slot still draws from p.
+    and `residual` see it (LANTERN); the bonus slot still draws from p. `acceptance(p, q) -> a`
+    [..., V], when set, is the probability `accept` passes each token y were it drafted (from the
+    unrelaxed p), and a rejection draws from `optimal_residual` instead of `residual`.
     """
 
     accept: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
     residual: Callable[[Tensor, Tensor], Tensor]
     relax: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
+    acceptance: Callable[[Tensor, Tensor], Tensor] | None = None
+
+    def rejected_law(self, p: Tensor, verified_p: Tensor, q: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The law a rejection draws from, and the law the slot's token then follows (None: verified_p,
+        the relaxed target, as the speculative residual gives it)."""
+        if self.acceptance is None:
+            return self.residual(verified_p, q), None
+        acceptance = self.acceptance(p, q)
+        residual, accepted = optimal_residual(p, q, acceptance), q * acceptance  # accepted: q a [..., V]
+        return residual, accepted + (1 - accepted.sum(-1, keepdim=True)) * residual
 
     @property
     def lossless(self) -> bool:
@@ -144,7 +175,9 @@ def verify_slots(
     # A relaxed rule (LANTERN) verifies against p~; slots without a draft keep p.
     verified_p = drafted_p if rule.relax is None else rule.relax(drafted_p, draft_probs, draft_tokens)
     accept = rule.accept(verified_p, draft_probs, draft_tokens, accept_uniforms)
-    residual = rule.residual(verified_p, draft_probs)
+    residual, output_law = rule.rejected_law(drafted_p, verified_p, draft_probs)
+    if output_law is not None:  # the law of a slot's token under the optimal residual
+        verified_p = output_law
     if has_draft is not None:
         accept, residual = has_draft & accept, torch.where(has_draft[..., None], residual, drafted_p)
     undrafted_p = target_probs[:, num_drafted:]
@@ -156,7 +189,8 @@ def verify_slots(
     drafted.copy_(torch.where(accept, draft_tokens, drafted))  # an accepted slot outputs its draft
     tokens, p_draws = (drawn[:, :num_slots], drawn[:, num_slots:]) if draws_from_p else (drawn, None)
     laws = target_probs
-    if rule.relax is not None:  # the verified slots follow p~, not p: a coupled carry must record that
+    if rule.relax is not None or output_law is not None:  # the verified slots follow p~ (or r*'s law), not p:
+        # a coupled carry must record that
         drafted_laws = verified_p if has_draft is None else torch.where(has_draft[..., None], verified_p, drafted_p)
         laws = torch.cat([drafted_laws, undrafted_p], 1)
     return SlotVerdict(tokens, accept, laws, p_draws)
@@ -292,6 +326,39 @@ def grouped_accept(
     q_group = (draft_probs.gather(-1, group) * keep).sum(-1)
     accept = uniforms.to(p_group.device) * q_group < p_group
     return accept & (target_probs.gather(-1, index).squeeze(-1) > 0)
+
+
+def grouped_acceptance(
+    target_probs: Tensor,
+    draft_probs: Tensor,
+    *,
+    codebook: Tensor,
+    group_size: int,
+    prob_gap: float,
+    max_distance: float,
+) -> Tensor:
+    """`grouped_accept`'s probability of accepting each token y were it drafted -> [..., V]:
+    min(1, p(G(y)) / q(G(y))) where p(y) > 0, else 0, every y's group found at once from one sort
+    of p (the ranks next to y's, filtered as there). Costs [..., V, n, C] memory (C: code width)."""
+    vocab = target_probs.shape[-1]
+    size = min(group_size, 2 * vocab - 1)
+    ids = torch.arange(vocab - 1, -1, -1, device=target_probs.device)
+    key = (target_probs + 0.0).view(torch.int32).long() * vocab + ids  # ranked_group's order, without ties
+    order = key.argsort(-1, descending=True)  # [..., V]: the token at each rank
+    rank = order.argsort(-1)  # [..., V]: each token's rank
+    at = rank.unsqueeze(-1) - size // 2 + torch.arange(size, device=rank.device)  # [..., V, n] ranks of y's group
+    in_range = (at >= 0) & (at < vocab)
+    group = order.gather(-1, at.clamp(0, vocab - 1).flatten(-2)).view(at.shape)  # [..., V, n] token ids
+    p_group = target_probs.gather(-1, group.flatten(-2)).view(group.shape)
+    q_group = draft_probs.gather(-1, group.flatten(-2)).view(group.shape)
+    book = codebook.to(target_probs.device, torch.float32)
+    gap = (p_group - target_probs.unsqueeze(-1)).abs()
+    distance = (book[group] - book.unsqueeze(-2)).pow(2).sum(-1)  # [..., V, n]: ||e(g) - e(y)||^2
+    keep = in_range & (gap <= prob_gap) & (distance <= max_distance)
+    keep[..., size // 2] = True  # y itself
+    p_mass, q_mass = (p_group * keep).sum(-1), (q_group * keep).sum(-1)
+    ratio = (p_mass / q_mass.clamp(min=torch.finfo(q_mass.dtype).tiny)).clamp(max=1.0)
+    return torch.where(target_probs > 0, ratio, 0.0)
 
 
 def ranked_group(probs: Tensor, index: Tensor, size: int) -> tuple[Tensor, Tensor]:

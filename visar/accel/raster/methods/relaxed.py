@@ -28,6 +28,7 @@ from ....errors import VisarError
 from ...core.acceptance import (
     AcceptanceRule,
     grouped_accept,
+    grouped_acceptance,
     lantern_relax_bounded,
     lantern_relax_per_draft,
     lossless,
@@ -44,19 +45,34 @@ from ..proposers import CARRIES, Carry, JacobiProposer, carry_updater, independe
 from .jacobi import check_draft
 
 LANTERN_FORMS: dict[str, Callable] = {"bounded": lantern_relax_bounded, "paper": lantern_relax_per_draft}
+# A rejection's residual: "optimal" draws from norm((p - q a)+), the least TV at the test's acceptance a
+# (acceptance.optimal_residual); "speculative" from norm((p~ - q)+), as upstream.
+RESIDUALS = ("optimal", "speculative")
+
+
+def check_residual(residual) -> str:
+    if residual not in RESIDUALS:
+        raise VisarError(f"unknown residual {residual!r}; use one of {', '.join(RESIDUALS)}")
+    return residual
+
 
 # -- option checks --------------------------------------------------------------------------------------
 
 
-def gsd_rule(model, tokenizer, group_size, prob_gap, max_distance, method: str = "gsd") -> AcceptanceRule:
+def gsd_rule(
+    model, tokenizer, group_size, prob_gap, max_distance, method: str = "gsd", residual: str = "speculative"
+) -> AcceptanceRule:
     """GSD's verification: the grouped test (acceptance.grouped_accept) on the model's codebook, with
-    rejections drawn from norm((p - q)+); one VisarError for an option out of range."""
+    rejections drawn from `residual`'s law; one VisarError for an option out of range."""
     check_number("group_size", group_size, 1, integer=True)
     check_number("prob_gap", prob_gap, 0)
     check_number("max_distance", max_distance, 0)
     book = codebook_of(tokenizer, model.vocab_size, method).to(model.device)
-    accept = partial(grouped_accept, codebook=book, group_size=group_size, prob_gap=prob_gap, max_distance=max_distance)
-    return AcceptanceRule(lossless(False)(accept), speculative_residual)
+    group = dict(codebook=book, group_size=group_size, prob_gap=prob_gap, max_distance=max_distance)
+    accept = lossless(False)(partial(grouped_accept, **group))
+    if check_residual(residual) == "speculative" or group_size == 1:  # groups of one: the exact test's own
+        return AcceptanceRule(accept, speculative_residual)
+    return AcceptanceRule(accept, speculative_residual, acceptance=partial(grouped_acceptance, **group))
 
 
 def lantern_neighbours(request: Request, k, form, method: str) -> Tensor:
@@ -103,6 +119,7 @@ def gsd(
     group_size: int = 14,
     prob_gap: float = 0.15,
     max_distance: float = 0.05,
+    residual: str = "speculative",
     window: int = 16,
     warmup: int = 0,
     tail: int = 0,
@@ -114,14 +131,17 @@ def gsd(
     group_size: the draft and its neighbours by target probability considered (14 as upstream;
     1 = SJD); prob_gap: a neighbour y stays when |p(y) - p(x)| <= prob_gap; max_distance: and
     when the squared distance of the code vectors ||e(y) - e(x)||^2 <= max_distance (unit-norm
-    codes: 0..4). Rejections draw from norm((p - q)+). Other options as `sjd`. request.tokenizer:
+    codes: 0..4). residual: what a rejection draws from, "speculative" (norm((p - q)+), upstream's)
+    or "optimal" (norm((p - q a)+), a the grouped test's acceptance of each token: the least TV to
+    p at that acceptance, for [B, L, V, n, C] more work a pass). Other options as `sjd`. request.tokenizer:
     the model's VQ tokenizer (or its codebook [V, C]); Pipeline.generate passes it.
     """
     check_spans(window, warmup, tail)
-    rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance)
+    rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance, residual=residual)
     proposer = JacobiProposer(resolve_initialiser(init), Carry(independent_carry))
     tokens, stats = speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail, rule=rule)
-    return tokens, {**stats, "group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
+    groups = {"group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
+    return tokens, {**stats, **groups, "residual": residual}
 
 
 def lantern_is_exact(options: dict, model) -> bool:
@@ -159,12 +179,15 @@ def lantern(
     every position's output law is within TV delta of p, whatever the drafts; form="paper": the
     paper's per-draft target, whose bound holds only for deterministic drafts (here it can be
     exceeded). k: neighbours per code (clipped to V - 1; the bounded form costs [B, L, V, k]
-    memory per pass). draft: None for Jacobi drafts (as `sjd`, window 16 by default), or a draft
-    model as in `spec` (window 5 by default). coupling (Jacobi drafts only): how drafts carry
-    over between passes, "none" (SJD's fresh draws from p, the default) or MC-SJD's "maximal" /
-    "gumbel"; a maximally coupled carry keeps each slot's verified token, whose law is p~, and
-    records p~ as its q, so the bound holds with it too. request.tokenizer: the model's VQ
-    tokenizer (or its codebook [V, C]); Pipeline.generate passes it. Other options as `sjd`.
+    memory per pass). Rejections draw from norm((p~ - q)+): with either form its TV to p is already
+    the least any residual gives at the test's acceptance (tests/accel/raster/test_relaxed.py), so
+    the optimal residual gsd takes would change nothing. draft: None for Jacobi drafts (as
+    `sjd`, window 16 by default), or a draft model as in `spec` (window 5 by default). coupling
+    (Jacobi drafts only): how drafts carry over between passes, "none" (SJD's fresh draws from p,
+    the default) or MC-SJD's "maximal" / "gumbel"; a maximally coupled carry keeps each slot's
+    verified token, whose law is p~, and records p~ as its q, so the bound holds with it too.
+    request.tokenizer: the model's VQ tokenizer (or its codebook [V, C]); Pipeline.generate passes
+    it. Other options as `sjd`.
     """
     window = (16 if draft is None else 5) if window is None else window
     check_spans(window, warmup, tail)

@@ -224,22 +224,24 @@ def zipar_gsd(
     group_size: int = 14,
     prob_gap: float = 0.15,
     max_distance: float = 0.05,
+    residual: str = "speculative",
     window: int = 16,
     init: str | Callable = "random",
     cross_row: bool = True,
     budget: int | None = None,
 ) -> tuple[Tensor, dict]:
     """ZipAR whose row fronts each run a GSD window: SJD drafts, verified with GSD's grouped test
-    (raster/methods/relaxed.py; lossy even for s >= W). group_size, prob_gap, max_distance as `gsd`;
+    (raster/methods/relaxed.py; lossy even for s >= W). group_size, prob_gap, max_distance, residual as `gsd`;
     request.tokenizer: the model's VQ tokenizer (or its codebook [V, C]), passed by
     Pipeline.generate; other options as zipar-sjd.
     """
     token_grid(request.model, "zipar-gsd")
     check_lag(s)
-    rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance, "zipar-gsd")
+    rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance, "zipar-gsd", residual)
     options = JacobiFrontOptions(s, window, init, cross_row, budget)
     tokens, stats = jacobi_fronts(request, "zipar-gsd", options, Carry(independent_carry), rule=rule)
-    return tokens, {**stats, "group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
+    groups = {"group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
+    return tokens, {**stats, **groups, "residual": residual}
 
 
 @register_method(

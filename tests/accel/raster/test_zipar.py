@@ -692,6 +692,7 @@ def test_methods_are_registered_with_their_options():
         "group_size",
         "prob_gap",
         "max_distance",
+        "residual",
         "window",
         "init",
         "cross_row",

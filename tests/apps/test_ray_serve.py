@@ -10,9 +10,9 @@ import base64
 import io
 import json
 import os
-import threading
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -111,15 +111,8 @@ def test_a_ray_serve_replica_serves_concurrent_requests_from_its_running_batch(d
         assert json.loads(response.read()) == {"status": "ok", "model": MODEL}
     bodies = [dict(class_label=3, seed=0), dict(class_label=7, seed=5, n=3), dict(class_label=4, seed=6, method="sjd")]
     bodies.append(dict(class_label=12, seed=9, n=2))
-    answers = [None] * len(bodies)
-    threads = [
-        threading.Thread(target=lambda k=k, body=body: answers.__setitem__(k, post(deployment, body)))
-        for k, body in enumerate(bodies)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(180)
+    with ThreadPoolExecutor(len(bodies)) as clients:  # all at once
+        answers = list(clients.map(lambda body: post(deployment, body), bodies))
     for body, (status, answer) in zip(bodies, answers, strict=True):
         assert status == 200, answer
         assert_generates(pipe, body, answer)

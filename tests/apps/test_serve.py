@@ -107,11 +107,13 @@ def pipe():
 
 @pytest.mark.one_thread  # the images it compares were decoded at one thread by the server too
 def test_concurrent_requests_each_get_generates_images_with_their_seed_and_settings(server, pipe):
-    """Seven requests at once (one of three images), two of them with a method or guidance scale of their
-    own, which wait for a batch of their settings: every image's tokens are `generate`'s for its
-    class, seed, method and guidance, bit for bit, and it says its method and passes."""
+    """Eight requests at once (one of three images), three of them with a method, guidance scale or entropy
+    temperature of their own, which wait for a batch of their settings: every image's tokens are
+    `generate`'s for its class, seed, method and sampling settings, bit for bit, and it says its method
+    and passes."""
     bodies = [dict(class_label=c, seed=s, n=n) for c, s, n in ((3, 0, 1), (7, 5, 3), (3, 1, 1), (12, 9, 1), (0, 2, 2))]
     bodies[2:2] = [dict(class_label=4, seed=6, n=2, method="sjd"), dict(class_label=5, seed=8, guidance_scale=1.5)]
+    bodies.append(dict(class_label=6, seed=4, entropy_temperature=1.4))
     answers = [None] * len(bodies)
     threads = [
         threading.Thread(target=lambda k=k, body=body: answers.__setitem__(k, post(server, body)))
@@ -128,13 +130,14 @@ def test_concurrent_requests_each_get_generates_images_with_their_seed_and_setti
         alone = pipe.generate(
             class_labels=[body["class_label"]], num_images_per_prompt=body.get("n", 1), seed=body["seed"],
             method=method, guidance_scale=body.get("guidance_scale"), output_type="tokens",
+            entropy_temperature=body.get("entropy_temperature"),
         )  # fmt: skip
         for image, tokens in zip(answer["data"], alone.tokens, strict=True):
             # the server decodes each image's pixels alone (a VQ decoder's batch of 2 rounds otherwise)
             expected = pipe.to_output(pipe.decode(tokens[None]), "pil")[0]
             assert np.array_equal(pixels(image["b64_json"]), np.asarray(expected)), body
             assert image["visar"]["method"] == method and image["visar"]["forward_passes"] > 0
-    assert metric(server, "visar_images_total") >= 11 and metric(server, "visar_passes_total") > 0
+    assert metric(server, "visar_images_total") >= 12 and metric(server, "visar_passes_total") > 0
 
 
 @pytest.mark.parametrize(
@@ -148,6 +151,8 @@ def test_concurrent_requests_each_get_generates_images_with_their_seed_and_setti
         ({"class_label": 3, "method": "gsd"}, 400, "method must be one of"),
         ({"class_label": 3, "size": "1024x1024"}, 400, "size must be 64x64"),
         ({"class_label": 3, "model": "dall-e-3"}, 400, "serves visar-tiny-c2i"),
+        ({"class_label": 3, "entropy_temperature": 0}, 422, "entropy_temperature"),
+        ({"class_label": 3, "entropy_temperature": 1e9}, 400, "entropy_temperature must be"),
     ],
 )
 def test_bad_input_gets_one_sentence_and_the_server_keeps_serving(server, body, status, words):

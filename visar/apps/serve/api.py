@@ -34,6 +34,7 @@ class ImagesRequest(BaseModel):
     model: str | None = None
     negative_prompt: str | None = None
     guidance_scale: float | None = Field(None, ge=0)
+    entropy_temperature: float | None = Field(None, gt=0)  # T0 of each position's own temperature
     seed: int = Field(0, ge=0)
     method: str | None = None
     stream: bool = False
@@ -110,9 +111,12 @@ class ServedModel:
                 f"method must be one of {', '.join(self.served)} (lossless methods a running batch "
                 f"decodes), or left out for the server's {self.default[2]}; got {method!r}"
             )
-        guidance = self.pipe.sampling_params(guidance_scale=request.get("guidance_scale")).guidance_scale
+        given = {key: request.get(key) for key in ("guidance_scale", "entropy_temperature")}
+        sampling = {"guidance_scale": self.pipe.sampling_params(**given).guidance_scale}  # a bad value: a 400
+        if given["entropy_temperature"] is not None:  # with temperature 1 (sampling_params)
+            sampling["entropy_temperature"] = given["entropy_temperature"]
         options = self.default[1] if label == self.default[2] else {}
-        return label, BatchImages(self.pipe, method, {**options, "guidance_scale": guidance}, self.add_kwargs(request))
+        return label, BatchImages(self.pipe, method, {**options, **sampling}, self.add_kwargs(request))
 
     def add_kwargs(self, request: dict) -> dict:
         pipe, n = self.pipe, request.get("n", 1)

@@ -342,9 +342,7 @@ def grouped_acceptance(
     of p (the ranks next to y's, filtered as there). Costs [..., V, n, C] memory (C: code width)."""
     vocab = target_probs.shape[-1]
     size = min(group_size, 2 * vocab - 1)
-    ids = torch.arange(vocab - 1, -1, -1, device=target_probs.device)
-    key = (target_probs + 0.0).view(torch.int32).long() * vocab + ids  # ranked_group's order, without ties
-    order = key.argsort(-1, descending=True)  # [..., V]: the token at each rank
+    order = rank_keys(target_probs).argsort(-1, descending=True)  # [..., V]: the token at each rank
     rank = order.argsort(-1)  # [..., V]: each token's rank
     at = rank.unsqueeze(-1) - size // 2 + torch.arange(size, device=rank.device)  # [..., V, n] ranks of y's group
     in_range = (at >= 0) & (at < vocab)
@@ -361,6 +359,17 @@ def grouped_acceptance(
     return torch.where(target_probs > 0, ratio, 0.0)
 
 
+def rank_keys(probs: Tensor) -> Tensor:
+    """probs [..., V] (float32) -> [..., V] int64 keys with no ties that order tokens as a stable sort by
+    decreasing probability does (ties by increasing id): the float32 bits of a non-negative number
+    order as the number does, so bits * V + (V - 1 - id)."""
+    if probs.dtype != torch.float32:  # the key reads float32 bits (target laws are float32: logits_to_probs)
+        raise TypeError(f"ranked groups take float32 probabilities, got {probs.dtype}")
+    vocab = probs.shape[-1]
+    ids = torch.arange(vocab - 1, -1, -1, device=probs.device)
+    return (probs + 0.0).view(torch.int32).long() * vocab + ids  # + 0.0: a -0.0 becomes +0.0
+
+
 def ranked_group(probs: Tensor, index: Tensor, size: int) -> tuple[Tensor, Tensor]:
     """The tokens at ranks r - floor(n/2) .. r - floor(n/2) + n - 1 of probs [..., V] sorted in
     decreasing order, stable (ties by increasing id), where r is the rank of index [..., 1]; n = size
@@ -370,11 +379,7 @@ def ranked_group(probs: Tensor, index: Tensor, size: int) -> tuple[Tensor, Tenso
     the number does, so bits * V + (V - 1 - id) is a key with no ties that orders tokens as the
     stable sort does, and the ranks next to r are the nearest keys above and below the draft's (a
     [..., V] sort a draft slot cost GSD about a tenth of its pass on a CPU)."""
-    if probs.dtype != torch.float32:  # the key reads float32 bits (target laws are float32: logits_to_probs)
-        raise TypeError(f"ranked_group takes float32 probabilities, got {probs.dtype}")
-    vocab = probs.shape[-1]
-    ids = torch.arange(vocab - 1, -1, -1, device=probs.device)
-    key = (probs + 0.0).view(torch.int32).long() * vocab + ids  # + 0.0: a -0.0 becomes +0.0
+    key = rank_keys(probs)
     own = key.gather(-1, index)
     before, after = size // 2, size - 1 - size // 2
     top, bottom = torch.iinfo(torch.int64).max, torch.iinfo(torch.int64).min

@@ -4,7 +4,7 @@ one case per engine and method family, each held to the same checks.
 Engines: chains (`ChainPasses`: sjd, mc-sjd, mc-sjd with Gumbel coupling, mc-sjd at a number budget,
 spec with a draft model, gsd, lantern), draft trees (`DraftTreePasses`: sjd-pac, tree-mc-sjd), the
 static tree (`StaticTreePasses`: lantern++) and row fronts (`FrontPasses`: zipar, zipar-mc-sjd,
-zipar-tree, and wavefront on a model with local dependence). For each:
+zipar-tree, pjd (a start lag), and wavefront on a model with local dependence). For each:
 
 - every image of a running batch (7 images, 2 slots, CFG on) has the tokens, the passes and the
   commit_pass of its decode alone (its own seed), whatever slot it took and whoever shared the batch,
@@ -100,6 +100,7 @@ CASES = {
     "zipar-mc-sjd-gumbel": Case("zipar-mc-sjd", dict(s=2, window=4, coupling="gumbel", budget=3), "admitted"),
     "zipar-tree": Case("zipar-tree", dict(s=2, window=4, branch=4), "admitted"),
     "zipar-tree-random": Case("zipar-tree", dict(s=1, window=3, branch=3, init="random"), "admitted"),
+    "pjd": Case("pjd", dict(start_lag=3, s=1, window=4), "admitted"),  # a start lag apart from the running lag
     "wavefront": Case("wavefront", {}, "admitted", local=True, passes_vary=False),
 }
 
@@ -238,7 +239,7 @@ def test_a_pass_traces_as_one_graph(models, case_id, monkeypatch):
 # -- budget=N: every pass N rows; its bad values ----------------------------------------------------------
 
 BUDGET_METHODS = sorted(name for name, method in METHODS.items() if "budget" in method.options)
-FRONT_METHODS = ("zipar-sjd", "zipar-mc-sjd", "zipar-gsd", "zipar-tree")
+FRONT_METHODS = ("zipar-sjd", "zipar-mc-sjd", "zipar-gsd", "zipar-tree", "pjd")
 
 
 def test_the_methods_with_a_budget_are_the_drafting_raster_ones():
@@ -257,6 +258,7 @@ def test_the_methods_with_a_budget_are_the_drafting_raster_ones():
         ("zipar-mc-sjd", 3, {"s": 2}),
         ("zipar-gsd", 2, {"s": 2}),
         ("zipar-tree", 3, {"s": 2, "branch": 3}),
+        ("pjd", 3, {}),
     ],
 )
 def test_a_number_budget_is_the_window(name, size, options):

@@ -88,7 +88,12 @@ def test_equals_plain_ar_text_conditional():
         assert torch.equal(tokens, reference)
         if params is GREEDY:  # Jacobi fronts, and GSD with groups of one (its test is then the exact one)
             book = torch.randn(model.vocab_size, 4)
-            for name, options in [("zipar-sjd", {}), ("zipar-mc-sjd", {}), ("zipar-gsd", dict(group_size=1))]:
+            for name, options in [
+                ("zipar-sjd", {}),
+                ("zipar-mc-sjd", {}),
+                ("zipar-gsd", dict(group_size=1)),
+                ("pjd", {}),
+            ]:
                 request = Request(model, captions, params, make_generators(2, 3), cond_mask=mask, tokenizer=book)
                 tokens, _ = get_method(name).fn(request, s=4, **options)
                 assert torch.equal(tokens, reference), name
@@ -242,9 +247,34 @@ def test_plan_of_jacobi_fronts():
     assert fed_tokens.tolist() == [[105, 108, 7, 8, 113]]  # the stand-in is row 2's newest token, 13
 
 
-def test_jacobi_fronts_keep_the_lag_and_their_drafts_private(monkeypatch):
+def test_plan_of_a_start_lag():
+    """PJD's pair on one 4x12 image, start lag 8 and running lag 2: a row waits for 8 tokens above
+    before its first, then predicts up to 2 columns behind the row above."""
+    count = torch.tensor([[7, 0, 0, 0]])
+    plan = zipar.plan.plan_pass(count, count.clone(), (4, 12), s=2, window=8, start_lag=8)
+    assert plan.window_len.tolist() == [[5, 0, 0, 0]]  # row 1 waits: 7 < 8 tokens above
+    assert zipar.plan.plan_pass(count, count.clone(), (4, 12), s=2, window=8).window_len.tolist() == [[5, 6, 0, 0]]
+    count = torch.tensor([[8, 0, 0, 0]])
+    plan = zipar.plan.plan_pass(count, count.clone(), (4, 12), s=2, window=8, start_lag=8)
+    assert plan.window_len.tolist() == [[4, 7, 0, 0]]  # row 1 starts with columns 0 .. 6 (c + 2 <= 8)
+    count = torch.tensor([[12, 9, 3, 0]])  # row 1 started: lag 2 behind row 0's end, row 2 at 9 - 2 - 3 = 4
+    plan = zipar.plan.plan_pass(count, count.clone(), (4, 12), s=2, window=8, start_lag=8)
+    assert plan.window_len.tolist() == [[0, 3, 5, 0]]
+    # a start lag of the running lag or less is the running lag's own schedule
+    assert torch.equal(
+        zipar.plan.plan_pass(count, count.clone(), (4, 12), s=3, window=8, start_lag=2).window_len,
+        zipar.plan.plan_pass(count, count.clone(), (4, 12), s=3, window=8).window_len,
+    )
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [("zipar-mc-sjd", dict(s=3, window=4, cross_row=False)), ("pjd", dict(start_lag=5, s=2, window=4))],
+)
+def test_jacobi_fronts_keep_the_lag_and_their_drafts_private(monkeypatch, name, options):
     model = tiny_llamagen(vocab=32, block_size=64, seed=3, std=0.3)
-    width, num_cond, s = 8, model.num_condition_tokens, 3
+    width, num_cond, s = 8, model.num_condition_tokens, options["s"]
+    start_lag = options.get("start_lag", s)
     counts = []
     plan_pass = zipar.plan.plan_pass
     monkeypatch.setattr(
@@ -252,10 +282,8 @@ def test_jacobi_fronts_keep_the_lag_and_their_drafts_private(monkeypatch):
     )
     cond = torch.tensor([0, 1, 2])
     with Recorder(model) as rec:
-        tokens, stats = zipar.zipar_mc_sjd(
-            Request(model, cond, SamplingParams(), make_generators(3, 0)), s=s, window=4, cross_row=False
-        )
-    assert stats["acceptance_rate"] > 0 and max(stats["forward_passes_per_image"]) < width + 7 * s
+        tokens, stats = get_method(name).fn(Request(model, cond, SamplingParams(), make_generators(3, 0)), **options)
+    assert stats["acceptance_rate"] > 0 and max(stats["forward_passes_per_image"]) < width + 7 * start_lag
     checked = 0
     for count, (fed, input_pos, mask) in zip(counts[1:], rec.calls, strict=False):
         for b in range(3):
@@ -272,6 +300,7 @@ def test_jacobi_fronts_keep_the_lag_and_their_drafts_private(monkeypatch):
                     assert fed[b, m] == tokens[b, k]
                 if 0 < row < 8 and k + 1 >= row * width + int(count[b, row]):  # predicts (row, col): the lag
                     assert int(count[b, row - 1]) >= min(col + s, width)
+                    assert col > 0 or int(count[b, row - 1]) >= min(start_lag, width)  # a row's first token
                     checked += 1
     assert checked > 50
 
@@ -531,6 +560,7 @@ def model4():
         ("mc-sjd", dict(init="above-left", window=2), SamplingParams(guidance_scale=1.5, top_k=5, top_p=0.9)),
         ("zipar-sjd", dict(init="above-left", window=2, s=2), SamplingParams(guidance_scale=2.0, top_k=4)),
         ("zipar-mc-sjd", dict(init="above", window=2, s=2, coupling="gumbel"), SamplingParams(top_p=0.8)),
+        ("pjd", dict(s=2, window=2), SamplingParams(guidance_scale=1.5, top_k=5)),  # start lag 8: past the row
     ],
 )
 def test_joint_law_is_exact(model4, name, options, params):
@@ -684,9 +714,11 @@ def test_wavefront_equals_raster_on_a_local_model(local_model, params):
 
 def test_methods_are_registered_with_their_options():
     assert METHODS["zipar"].options == ["s"] and not METHODS["zipar"].lossless
-    assert METHODS["zipar-sjd"].options == ["s", "window", "init", "cross_row", "budget"]
+    assert METHODS["zipar-sjd"].options == ["s", "window", "init", "cross_row", "budget", "start_lag"]
     assert not METHODS["zipar-sjd"].lossless
-    assert METHODS["zipar-mc-sjd"].options == ["s", "window", "coupling", "init", "cross_row", "budget"]
+    assert METHODS["zipar-mc-sjd"].options == ["s", "window", "coupling", "init", "cross_row", "budget", "start_lag"]
+    assert METHODS["pjd"].options == ["start_lag", "s", "window", "coupling", "init", "cross_row", "budget"]
+    assert not METHODS["pjd"].lossless
     assert METHODS["zipar-gsd"].options == [
         "s",
         "group_size",
@@ -697,6 +729,7 @@ def test_methods_are_registered_with_their_options():
         "init",
         "cross_row",
         "budget",
+        "start_lag",
     ]
     assert not METHODS["zipar-gsd"].lossless
     assert METHODS["zipar-tree"].options == [
@@ -708,6 +741,7 @@ def test_methods_are_registered_with_their_options():
         "neighbours",
         "cross_row",
         "budget",
+        "start_lag",
     ]
     assert not METHODS["zipar-tree"].lossless
     assert METHODS["wavefront"].options == [] and METHODS["wavefront"].lossless
@@ -733,7 +767,7 @@ class NoGrid(torch.nn.Module):
     grid_size = None
 
 
-@pytest.mark.parametrize("name", ["zipar", "zipar-sjd", "zipar-mc-sjd", "zipar-tree", "zipar-gsd", "wavefront"])
+@pytest.mark.parametrize("name", ["zipar", "zipar-sjd", "zipar-mc-sjd", "zipar-tree", "zipar-gsd", "pjd", "wavefront"])
 def test_a_model_without_a_grid_is_refused(name):
     with pytest.raises(VisarError, match="2-D token grid"):
         get_method(name).fn(Request(NoGrid(), torch.tensor([0]), SamplingParams(), make_generators(1, 0)))
@@ -751,6 +785,9 @@ def test_a_model_without_a_grid_is_refused(name):
         ("zipar-sjd", dict(init="zeros"), "unknown draft initialiser"),
         ("zipar-mc-sjd", dict(coupling="independent"), "unknown coupling"),
         ("zipar-mc-sjd", dict(cross_row="yes"), "cross_row must be true or false"),
+        ("zipar-mc-sjd", dict(start_lag=0), "start_lag \\(tokens of the row above"),
+        ("pjd", dict(start_lag=2.5), "integer >= 1 or None"),
+        ("pjd", dict(s=0), "s \\(the ZipAR window"),
         ("zipar-tree", dict(branch=0), "branch must be an integer >= 1"),
         ("zipar-tree", dict(depth=3), "trees of depth 2"),
         ("zipar-tree", dict(neighbours="below"), "unknown neighbour 'below'"),

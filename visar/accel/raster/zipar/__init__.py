@@ -18,6 +18,6 @@ the passes of every front of every image), `carried` (the drafts Jacobi fronts c
 (each pass's counts, from which the statistics follow at the end), `methods` (the registered methods).
 """
 
-from .methods import wavefront, zipar, zipar_gsd, zipar_mc_sjd, zipar_sjd, zipar_tree
+from .methods import pjd, wavefront, zipar, zipar_gsd, zipar_mc_sjd, zipar_sjd, zipar_tree
 
-__all__ = ["wavefront", "zipar", "zipar_gsd", "zipar_mc_sjd", "zipar_sjd", "zipar_tree"]
+__all__ = ["pjd", "wavefront", "zipar", "zipar_gsd", "zipar_mc_sjd", "zipar_sjd", "zipar_tree"]

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ....errors import VisarError
 from ....models.base import RasterModel
 from ....models.lag_mask import check_lag
 from ...core.acceptance import SPECULATIVE, AcceptanceRule
@@ -196,6 +197,7 @@ class FrontSettings:
     # in the same pass (kept only if those drafts are accepted)
     cross_row: bool
     trees: FrontTrees | None  # zipar-tree's K candidates for each front's first draft (tree_fronts.py), or None
+    start_lag: int | None = None  # tokens of the row above before a row's first (None: s; PJD's pair)
 
 
 class FrontPasses:
@@ -207,7 +209,7 @@ class FrontPasses:
         self.state, self.s, self.grid = state, settings.s, state.grid_size
         self.window, self.speculative = min(settings.window, self.grid[1]), settings.window > 1
         self.initialiser, self.carry, self.rule = settings.initialiser, settings.carry, settings.rule
-        self.cross_row, self.trees = settings.cross_row, settings.trees
+        self.cross_row, self.trees, self.start_lag = settings.cross_row, settings.trees, settings.start_lag
         self.total, self.batch = model.num_image_tokens, request.batch_size
         self.fronts = Fronts.start(model, self.batch, self.window)
         self.per_pass = front_block(self.grid[0], self.window)
@@ -240,7 +242,16 @@ class FrontPasses:
             also_read += (self.trees.refeed_most(),)
         window = 1 if first else self.window
         plan = plan_pass(
-            fronts.count, fronts.fed, self.grid, self.s, window, cross_row, fronts.index, also_read, self.compiled
+            fronts.count,
+            fronts.fed,
+            self.grid,
+            self.s,
+            window,
+            cross_row,
+            fronts.index,
+            also_read,
+            self.compiled,
+            start_lag=self.start_lag,
         )
         if plan.row.shape[1] == 0:
             return None
@@ -311,6 +322,8 @@ class FrontPasses:
     def stats(self) -> dict:
         stats = self.log.stats(self.scorer.forward_passes)
         stats.update(s=self.s, max_fronts=self.log.max_fronts())
+        if self.start_lag is not None:
+            stats.update(start_lag=self.start_lag)
         if self.speculative:
             stats.update(window=self.window, cross_row=self.cross_row)
         return stats
@@ -327,12 +340,18 @@ def decode_fronts(
     method: str = "zipar",
     cross_row: bool = False,
     trees: FrontTrees | None = None,
+    start_lag: int | None = None,
 ) -> tuple[Tensor, dict]:
     """Decode all row fronts of every image together, pass after pass (`FrontPasses` on the pass
-    loop); window 1 = plain zipar. -> (tokens [B, N], stats)."""
+    loop); window 1 = plain zipar; start_lag: see `plan.plan_pass`. -> (tokens [B, N], stats)."""
     model = request.model
     grid = token_grid(model, method)
     check_lag(s)
+    if start_lag is not None and (isinstance(start_lag, bool) or not isinstance(start_lag, int) or start_lag < 1):
+        raise VisarError(
+            f"start_lag (tokens of the row above before a row's first; None: s) must be an integer >= 1 or "
+            f"None, got {start_lag!r}"
+        )
     check_spans(window, 0, 0)
     clipped = min(window, grid[1])
     if window == 1:  # ar.py's draws: token i's uniform i of each image (N: the padding's)
@@ -343,5 +362,6 @@ def decode_fronts(
     # the state's window is N: one pass spans up to the whole grid
     num_tokens = model.num_image_tokens
     state = SlotState(request, window=num_tokens, spare=1, keyed=window > 1, first_draws=first_draws, block=block)
-    engine = FrontPasses(request, state, FrontSettings(method, s, window, initialiser, carry, rule, cross_row, trees))
+    settings = FrontSettings(method, s, window, initialiser, carry, rule, cross_row, trees, start_lag)
+    engine = FrontPasses(request, state, settings)
     return decode_passes(engine, state, request, method)

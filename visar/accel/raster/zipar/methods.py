@@ -61,6 +61,7 @@ class JacobiFrontOptions:
     init: str | Callable  # the draft initialiser's name, or one
     cross_row: bool  # a front may also draft from the row above's drafts of the same pass
     budget: int | None  # the window's other name (`auto`'s candidates set it), None keeps `window`
+    start_lag: int | None = None  # tokens of the row above before a row's first (None: s)
 
 
 def jacobi_fronts(
@@ -87,6 +88,7 @@ def jacobi_fronts(
         method=method,
         cross_row=check_flag("cross_row", options.cross_row),
         trees=trees,
+        start_lag=options.start_lag,
     )
     return tokens, {**stats, "budget": budget or "fixed"}
 
@@ -106,6 +108,7 @@ def zipar_sjd(
     init: str | Callable = "random",
     cross_row: bool = True,
     budget: int | None = None,
+    start_lag: int | None = None,
 ) -> tuple[Tensor, dict]:
     """ZipAR whose row fronts each run a speculative Jacobi window (SJD: fresh drafts from p).
 
@@ -116,11 +119,13 @@ def zipar_sjd(
     also draft past its lag from the row above's drafts of the same pass (kept only when those are
     accepted; without it lower fronts settle at exactly s behind the row above, one token a pass,
     and the combination needs as many passes as zipar); budget: slots per front and pass, the
-    window's other name (`auto`'s candidates set it), None keeps `window`.
+    window's other name (`auto`'s candidates set it), None keeps `window`; start_lag: tokens of the
+    row above that a row's first token waits for (None: s; with start_lag > s, s is the running lag
+    once a row has started, as in PJD, `pjd`).
     Lossy for s < W as zipar is; lossless for s >= W.
     """
     token_grid(request.model, "zipar-sjd")
-    options = JacobiFrontOptions(s, window, init, cross_row, budget)
+    options = JacobiFrontOptions(s, window, init, cross_row, budget, start_lag)
     return jacobi_fronts(request, "zipar-sjd", options, Carry(independent_carry))
 
 
@@ -140,17 +145,65 @@ def zipar_mc_sjd(
     init: str | Callable = "random",
     cross_row: bool = True,
     budget: int | None = None,
+    start_lag: int | None = None,
 ) -> tuple[Tensor, dict]:
     """ZipAR whose row fronts each run a coupled speculative Jacobi window (MC-SJD).
 
     coupling: "maximal" or "gumbel" (noise keyed to image and absolute position); other options
     as zipar-sjd.
     """
-    token_grid(request.model, "zipar-mc-sjd")
-    carry = carry_updater(coupling, "zipar-mc-sjd")
-    options = JacobiFrontOptions(s, window, init, cross_row, budget)
-    tokens, stats = jacobi_fronts(request, "zipar-mc-sjd", options, carry)
+    options = JacobiFrontOptions(s, window, init, cross_row, budget, start_lag)
+    return coupled_fronts(request, "zipar-mc-sjd", options, coupling)
+
+
+def coupled_fronts(request: Request, method: str, options: JacobiFrontOptions, coupling: str) -> tuple[Tensor, dict]:
+    """zipar-mc-sjd's decode, which pjd presets."""
+    token_grid(request.model, method)
+    tokens, stats = jacobi_fronts(request, method, options, carry_updater(coupling, method))
     return tokens, {**stats, "coupling": coupling}
+
+
+@register_method(
+    "pjd",
+    lossless=False,
+    description="PJD's row schedule (Liao et al., CVPR 2026) on zipar-mc-sjd's exact fronts: a row starts W/6 "
+    "tokens behind the row above (8 on Lumina-mGPT's 48), then runs 2 behind, windows of W/6, no drafts from above",
+    **EXACT_WHEN_ROWS_COVERED,
+    refills=True,
+)
+def pjd(
+    request: Request,
+    *,
+    start_lag: int | None = None,
+    s: int = 2,
+    window: int | None = None,
+    coupling: str = "maximal",
+    init: str | Callable = "random",
+    cross_row: bool = False,
+    budget: int | None = None,
+) -> tuple[Tensor, dict]:
+    """Parallel Jacobi decoding's row schedule (Liao et al., CVPR 2026; boyaliao/PJD) on
+    zipar-mc-sjd's fronts: row r + 1 starts once row r has `start_lag` tokens and then runs `s`
+    tokens behind it (a token (r, c) waits for c + s tokens of row r - 1), each front a coupled
+    Jacobi window of `window` slots that sees the committed tokens above, never their drafts (PJD's
+    row-causal mask: `cross_row=False`).
+
+    start_lag and window: None scales PJD's 8, set for Lumina-mGPT's 48-token rows, with the row:
+    ceil(W / 6) (8 at W = 48, 4 at 24, 3 on visar-tiny-c2i's 16; chosen on held-out images over
+    the constants themselves, docs/RASTER.md "PJD").
+
+    What is PJD's and what is not: its schedule and mask. Its acceptance is not: every front here
+    samples its own masked conditional exactly (resampling at a rejection, recording each draft's
+    law), where the official lower rows keep only accepted drafts and its carry keeps a draft with
+    its old law (tools/pjd_official.py runs those rules; docs/RASTER.md has the comparison). So the
+    law differs from AR's only by what zipar approximates (a token does not see the rows above past
+    column c + s - 1), and with s >= W it is exact. Other options as zipar-mc-sjd.
+    """
+    row_sixth = -(-token_grid(request.model, "pjd")[1] // 6)
+    start_lag = row_sixth if start_lag is None else start_lag
+    window = row_sixth if window is None else window
+    options = JacobiFrontOptions(s, window, init, cross_row, budget, start_lag)
+    return coupled_fronts(request, "pjd", options, coupling)
 
 
 @register_method(
@@ -171,6 +224,7 @@ def zipar_tree(
     neighbours: str = "left,above,above-right,above-left",
     cross_row: bool = True,
     budget: int | None = None,
+    start_lag: int | None = None,
 ) -> tuple[Tensor, dict]:
     """ZipAR whose row fronts each run zipar-mc-sjd's window with tree-mc-sjd's tree at its head.
 
@@ -197,7 +251,7 @@ def zipar_tree(
     trees = None
     if depth == 2 and branch > 1 and window > 1:  # depth 1, or one candidate or slot: nothing to branch
         trees = FrontTrees(branch, names, request.batch_size, height, model.device, model.vocab_size)
-    options = JacobiFrontOptions(s, window, init, cross_row, budget)
+    options = JacobiFrontOptions(s, window, init, cross_row, budget, start_lag)
     tokens, stats = jacobi_fronts(request, "zipar-tree", options, Carry(maximal_coupling_carry), trees=trees)
     taken = [0] * len(tokens) if trees is None else trees.side_taken_per_image()
     return tokens, {**stats, "branch": branch, "depth": depth, "side_taken_per_image": taken}
@@ -229,6 +283,7 @@ def zipar_gsd(
     init: str | Callable = "random",
     cross_row: bool = True,
     budget: int | None = None,
+    start_lag: int | None = None,
 ) -> tuple[Tensor, dict]:
     """ZipAR whose row fronts each run a GSD window: SJD drafts, verified with GSD's grouped test
     (raster/methods/relaxed.py; lossy even for s >= W). group_size, prob_gap, max_distance, residual as `gsd`;
@@ -238,7 +293,7 @@ def zipar_gsd(
     token_grid(request.model, "zipar-gsd")
     check_lag(s)
     rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance, "zipar-gsd", residual)
-    options = JacobiFrontOptions(s, window, init, cross_row, budget)
+    options = JacobiFrontOptions(s, window, init, cross_row, budget, start_lag)
     tokens, stats = jacobi_fronts(request, "zipar-gsd", options, Carry(independent_carry), rule=rule)
     groups = {"group_size": group_size, "prob_gap": prob_gap, "max_distance": max_distance}
     return tokens, {**stats, **groups, "residual": residual}

@@ -136,7 +136,7 @@ def windows_past_reach(
 
 
 def front_windows(
-    count: Tensor, width: int, s: int, window: int | Tensor, cross_row: bool
+    count: Tensor, width: int, s: int, window: int | Tensor, cross_row: bool, start_lag: int | None = None
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Each row's predicting window at this count -> (window_len, above, above_drafts), [B, H] each:
     the slots from its count to its reach (at most `window`, an int or one per image [B]; 0 for a
@@ -144,6 +144,10 @@ def front_windows(
     None without cross-row drafts. See `plan_pass`."""
     above = F.pad(count[:, :-1], (1, 0), value=width)  # [B, H]
     reach = above - (s - 1) * (above < width)  # W once the row above is complete
+    if start_lag is not None and start_lag > s:
+        # A row waits for start_lag tokens above before its first. Counts only grow, so a row whose
+        # row above has fewer has not started: a reach of 0 keeps its window empty.
+        reach = torch.where(above < min(start_lag, width), 0, reach)
     window_len = capped(reach - count, window if isinstance(window, int) else window[:, None])  # 0 when complete
     if not cross_row:
         return window_len, above, None
@@ -162,6 +166,7 @@ def plan_pass(
     index: GridIndex | None = None,
     also_read: tuple[Tensor, ...] = (),
     round_up: bool = False,
+    start_lag: int | None = None,
 ) -> PassPlan:
     """count [B, H]: generated tokens of each row; fed [B, H]: how many of them have their KV cached;
     index: the grid's `GridIndex` (made here when None); also_read: 0-d integer tensors the engine
@@ -172,6 +177,8 @@ def plan_pass(
 
     A row predicts columns count .. reach - 1 (at most `window` of them), where reach is the first
     column not yet allowed: W once the row above is complete, else (row above's count) - s + 1.
+    start_lag (None: s; PJD's start lag, s its running lag): a row's first token also waits for
+    start_lag tokens of the row above (a lag of s >= start_lag changes nothing).
     With `cross_row` a started row's reach also counts the drafts the row above feeds in this pass
     (top-down, so a front may lean on a chain of fronts above it): a slot past the plain reach
     predicts from those drafts and is kept only if they are accepted (see `valid_commits`).
@@ -181,7 +188,7 @@ def plan_pass(
     height, width = count.shape[1], grid[1]
     num_tokens = height * width
     index = grid_index(grid, count.device) if index is None else index
-    window_len, above, above_drafts = front_windows(count, width, s, window, cross_row)
+    window_len, above, above_drafts = front_windows(count, width, s, window, cross_row, start_lag)
     feed_only, fed_by_next = fed_alone(count, fed, window_len, width)
     inputs = window_len + feed_only  # [B, H] inputs of each row's front
     ends = inputs.cumsum(1)

@@ -75,21 +75,24 @@ def unit_codebook(vocab: int, dim: int, seed: int) -> torch.Tensor:
     return torch.nn.functional.normalize(torch.randn(vocab, dim, generator=gen), dim=-1)
 
 
-def tiny_pipeline(family_name: str, seed: int = 0, device="cpu", dtype: str = "fp32") -> visar.Pipeline:
+def tiny_pipeline(
+    family_name: str, seed: int = 0, device="cpu", dtype: str = "fp32", model_args=None, text_encoder_args=None
+) -> visar.Pipeline:
     """The family's tiny random model and tokenizer, as a pipeline (what `visar.load` would build): weights
     drawn on the CPU in fp32, then the generator moved to `device` in `dtype` (as `visar.load` does) and
-    the tokenizer to `device`."""
+    the tokenizer to `device`. model_args / text_encoder_args: in place of the family's tiny ones."""
     family = FAMILIES[family_name]
     if family.architectures or family.pipeline_classes:  # a family over a transformers / diffusers model
         pytest.importorskip("transformers")
     if family.pipeline_classes:
         pytest.importorskip("diffusers")
-    model = family.build_model(family.tiny_model_args)
+    model = family.build_model(model_args or family.tiny_model_args)
     seeded_init(model, seed, std=0.3)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         tokenizer = family.build_tokenizer(family.tiny_tokenizer_args)
-    text_encoder = family.build_text_encoder(family.tiny_text_encoder_args) if family.build_text_encoder else None
+    text_encoder_args = text_encoder_args or family.tiny_text_encoder_args
+    text_encoder = family.build_text_encoder(text_encoder_args) if family.build_text_encoder else None
     model.to(device=device, dtype=resolve_dtype(dtype))
     tokenizer.to(device)
     if text_encoder is not None:

@@ -159,8 +159,8 @@ def bench(
     plan[0] = (reference, {**reference_options(pipe), **plan[0][1]})
     if runs is not None:
         plan = plan[:1] + list(runs)
-    for name, options in plan:  # kv_keep is Pipeline.generate's, not a method's: any raster row may take it
-        get_method(name).check_options({k: v for k, v in options.items() if k != "kv_keep"})
+    for name, options in plan:  # kv_keep and kv_evict are Pipeline.generate's: any raster row may take them
+        get_method(name).check_options({k: v for k, v in options.items() if k not in ("kv_keep", "kv_evict")})
     if n < 1 or batch_size < 1 or quality_n < 0:
         raise VisarError("--n and --batch-size must be >= 1 and --quality-n >= 0")
     conds = conditions(pipe, max(n, quality_n))
@@ -301,7 +301,10 @@ def row_name(row: dict) -> str:
     under several budgets stay apart."""
     options = row.get("options") or {}
     name = row["method"] if options.get("budget") is None else f"{row['method']}, budget {options['budget']}"
-    return name if options.get("kv_keep", 1) == 1 else f"{name}, kv_keep {options['kv_keep']}"
+    if options.get("kv_keep", 1) == 1:
+        return name
+    rule = f", {options['kv_evict']} rule" if "kv_evict" in options else ""
+    return f"{name}, kv_keep {options['kv_keep']}{rule}"
 
 
 def markdown_table(report: dict) -> str:

@@ -33,6 +33,7 @@ from typing import ClassVar, Literal, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from ..errors import VisarError
 from .diffusion import DiffusionSchedule
 
 
@@ -122,7 +123,12 @@ class RasterModel(Protocol):
         ...
 
     def setup_cache(
-        self, batch_size: int, max_seq_len: int, cond_mask: Tensor | None = None, kv_keep: float = 1.0
+        self,
+        batch_size: int,
+        max_seq_len: int,
+        cond_mask: Tensor | None = None,
+        kv_keep: float = 1.0,
+        kv_evict: str = "h2o",
     ) -> None:
         """Allocate an empty cache of max_seq_len slots for batch_size rows; cond_mask [B, T] bool
         marks the valid condition positions of each row (None: all valid).
@@ -130,11 +136,12 @@ class RasterModel(Protocol):
         kv_keep in (0, 1]: the fraction of slots whose keys and values are kept. 1 (the default, the
         only value a model need take): the whole cache, exact. Below 1 the model keeps C =
         ceil(kv_keep * max_seq_len) slots per row (memory falls with it) and evicts what it chooses
-        (LlamaGen: `models/kv_cache.CompressedCache`), while methods keep addressing the logical slots
-        0 .. max_seq_len - 1 (positions, cache_pos, masks [B, L, S], truncate_cache's lengths); an
-        evicted slot is hidden from every query as a forgotten one is. A budget too small for the
-        condition, the last grid row and a call's inputs raises one VisarError; a model that does not
-        compress refuses kv_keep < 1 the same way."""
+        (LlamaGen and the Hugging Face adapters: `models/kv_cache.CompressedCache`), while methods keep
+        addressing the logical slots 0 .. max_seq_len - 1 (positions, cache_pos, masks [B, L, S],
+        truncate_cache's lengths); an evicted slot is hidden from every query as a forgotten one is.
+        kv_evict (one of EVICTION_RULES, read only below 1) names the rule that chooses what to evict.
+        A budget too small for the condition, the last two grid rows and a call's inputs raises one
+        VisarError; a model that does not compress refuses kv_keep < 1 the same way."""
         ...
 
     def truncate_cache(self, lengths: Tensor) -> None:
@@ -291,6 +298,22 @@ class MaskedModel(Protocol):
 def model_kind(model) -> str | None:
     """The interface a model declares (`model_kind`), or None for an object that declares none."""
     return getattr(model, "model_kind", None)
+
+
+# How a raster model's compressed KV cache (setup_cache's kv_evict) chooses what to evict
+# (`kv_cache.CompressedCache`): "h2o", on each write that needs room, by the attention each slot drew
+# so far, decayed; "line" (LineAR's rule), at grid-row boundaries, by the attention of the last row's queries.
+EVICTION_RULES = ("h2o", "line")
+
+
+def check_kv_evict(kv_evict) -> str:
+    """kv_evict as one of EVICTION_RULES, or one VisarError."""
+    if not isinstance(kv_evict, str) or kv_evict not in EVICTION_RULES:
+        raise VisarError(
+            "kv_evict must be 'h2o' (evict on each write, by decayed accumulated attention) or 'line' (LineAR: "
+            f"evict at grid-row boundaries, by the attention of the last row's queries), not {kv_evict!r}"
+        )
+    return kv_evict
 
 
 @runtime_checkable

@@ -11,32 +11,56 @@ needs `update(key_states, value_states, layer_idx, ...)`): preallocated keys and
 4-D additive mask [B, 1, L, S], which transformers' mask builder passes through unchanged
 (`masking_utils._preprocess_mask_arguments`: "If the mask is already 4D, simply return as-is").
 
+With kv_keep < 1 the slots are those of a compressed cache (`visar.models.kv_cache.CompressedCache`, as
+for LlamaGen): [B, H_kv, C, D], the table mapping visar's logical slots onto them. Its eviction reads
+each layer's attention probabilities, which transformers' SDPA path never forms: the decoder's calls
+then run under `OBSERVED_ATTENTION`, transformers' own eager attention registered in its
+`AttentionInterface`, which hands the probabilities to the cache (`SlotCache.observe`) through the
+keyword arguments transformers passes down to every attention function. kv_keep = 1 runs as before.
+
 A family's adapter (`hf_janus.py`) says how a condition and image tokens are embedded and how a
 hidden state becomes image-token logits; the cache, masks, positions and padding are here.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor, nn
 
-from ..errors import VisarError
 from .base import ConditionLayout
-from .kv_cache import CacheKeys, causal_visibility, check_rows, condition_validity
+from .kv_cache import (
+    CacheKeys,
+    CompressedCache,
+    causal_visibility,
+    check_kv_keep,
+    check_rows,
+    compressed_cache,
+    compressed_visibility,
+    condition_validity,
+    physical_slots,
+)
 from .negative_prompt import NegativePrompt, holding
+
+OBSERVED_ATTENTION = "visar_observed"  # the attention implementation a compressed cache's calls run under
 
 
 class SlotCache:
     """Keys and values [B, H_kv, S, D] per layer, written at `write_slots` [B, L] of the cache rows
-    `write_rows` ([R], None: all; both set before each call)."""
+    `write_rows` ([R], None: all; both set before each call). With a compressed cache's `table`, the
+    slots are physical ones, the first `table.num_physical` of them the table's."""
 
-    def __init__(self, num_layers: int, batch_size: int, slots: int, kv_heads: int, head_dim: int, dtype, device):
+    def __init__(
+        self, num_layers: int, batch_size: int, slots: int, kv_heads: int, head_dim: int, dtype, device, table=None
+    ):
         shape = (batch_size, kv_heads, slots, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.write_slots: Tensor | None = None  # [B, L]
         self.write_rows: Tensor | None = None  # [R]
         self.batch_index = torch.arange(batch_size, device=device)[:, None]
+        self.table: CompressedCache | None = table
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
         """transformers' Cache.update: write this call's keys/values [B, H_kv, L, D], return the whole
@@ -49,6 +73,36 @@ class SlotCache:
         if rows is None:
             return self.keys[layer_idx], self.values[layer_idx]
         return self.keys[layer_idx][rows], self.values[layer_idx][rows]
+
+    def observe(self, attention: Tensor):
+        """One layer's attention probabilities [B, H, L, S] of this call -> the table's eviction scores
+        (the table's slots only: a family's extra slots, such as row ends, are never evicted)."""
+        self.table.observe(attention[..., : self.table.num_physical], self.write_rows)
+
+
+def register_observed_attention():
+    """Register `OBSERVED_ATTENTION` with transformers: its eager attention (the same function in every
+    Llama-like model file), whose probabilities go to the call's `slot_cache`."""
+    from transformers import AttentionInterface
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    def observed_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *, slot_cache, **kwargs):
+        out, probs = eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+        slot_cache.observe(probs)
+        return out, probs
+
+    AttentionInterface.register(OBSERVED_ATTENTION, observed_attention)
+
+
+@contextmanager
+def attention_implementation(config, name: str):
+    """Within the block, the attention layers that read `config` run transformers' implementation `name`."""
+    before = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
 
 
 def additive_mask(visible: Tensor, dtype: torch.dtype) -> Tensor:
@@ -143,28 +197,41 @@ class HFRasterAdapter(nn.Module):
         return holding(self, cond, mask)
 
     def setup_cache(
-        self, batch_size: int, max_seq_len: int | None = None, cond_mask: Tensor | None = None, kv_keep: float = 1.0
+        self,
+        batch_size: int,
+        max_seq_len: int | None = None,
+        cond_mask: Tensor | None = None,
+        kv_keep: float = 1.0,
+        kv_evict: str = "h2o",
     ):
-        if kv_keep != 1:
-            name = type(self).__name__
-            raise VisarError(f"kv_keep < 1 (a compressed KV cache) is implemented for LlamaGen, not {name}")
+        """As `visar.models.llamagen.LlamaGen.setup_cache`: kv_keep < 1 keeps ceil(kv_keep * max_seq_len)
+        of visar's slots per row (`CompressedCache`, evicting by kv_evict's rule); 1: the whole cache."""
         max_seq_len = max_seq_len or self.max_seq_len
         config = self.decoder.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        table = None
+        if check_kv_keep(kv_keep) < 1:
+            width = self.grid_size[1]
+            table = compressed_cache(
+                batch_size, max_seq_len, cond_mask, self.num_condition_tokens, width, self.device, kv_keep, kv_evict
+            )
+            register_observed_attention()
         self.cache = SlotCache(
             config.num_hidden_layers,
             batch_size,
-            self.decoder_slots(max_seq_len),
+            self.decoder_slots(physical_slots(kv_keep, max_seq_len)),
             config.num_key_value_heads,
             head_dim,
             self.dtype,
             self.device,
+            table,
         )
-        self.cache_keys = CacheKeys(batch_size, max_seq_len, cond_mask, self.device)
+        self.cache_keys = table if table is not None else CacheKeys(batch_size, max_seq_len, cond_mask, self.device)
 
-    def decoder_slots(self, max_seq_len: int) -> int:
-        """The decoder's cache slots for visar's max_seq_len (more when a family feeds extra tokens)."""
-        return max_seq_len
+    def decoder_slots(self, token_slots: int) -> int:
+        """The decoder's cache slots when visar's slots take `token_slots` of them (more when a family
+        feeds extra tokens)."""
+        return token_slots
 
     def clear_cache(self):
         self.cache = self.cache_keys = None
@@ -210,10 +277,10 @@ class HFRasterAdapter(nn.Module):
         """
         self.check_call_rows(rows)
         hidden = self.embed_inputs(tokens, cond)
-        input_pos, slots, visible = self.visible_keys(
+        input_pos, _, cache_slots, visible = self.visible_keys(
             hidden, cond is not None, input_pos, mask, cond_mask, cache_pos, rows
         )
-        return self.image_logits(self.run_decoder(hidden, input_pos, slots, visible, rows)).float()
+        return self.image_logits(self.run_decoder(hidden, input_pos, cache_slots, visible, rows)).float()
 
     def embed_inputs(self, tokens: Tensor | None, cond: Tensor | None) -> Tensor:
         """[condition (if cond) ; image tokens (if tokens)] embedded -> [B, L, D]."""
@@ -233,10 +300,11 @@ class HFRasterAdapter(nn.Module):
         cond_mask: Tensor | None,
         cache_pos: Tensor | None,
         rows: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None, Tensor]:
-        """visar's layout of one call (for cache rows `rows`, None: all) -> (positions [B, L], cache
-        slots written [B, L] or None without a cache, visibility [B, L, S] over the cache, or
-        [B, L, L] over the inputs)."""
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
+        """visar's layout of one call (for cache rows `rows`, None: all) -> (positions [B, L], visar's
+        slots written [B, L] and the cache slots they are written to [B, L] (the physical ones of a
+        compressed cache; both None without a cache), visibility over the cache [B, L, S] (compressed:
+        over its physical slots [B, L, C]), or over the inputs [B, L, L])."""
         batch, length, _ = hidden.shape
         if input_pos is None:
             start = 0 if with_condition else self.num_condition_tokens
@@ -247,6 +315,13 @@ class HFRasterAdapter(nn.Module):
         if self.cache is not None:
             slots = input_pos if cache_pos is None else cache_pos
             slots = slots.expand(batch, -1) if slots.dim() == 1 else slots
+        if isinstance(self.cache_keys, CompressedCache):  # logical slots -> physical ones, evicting where needed
+            count = length - (self.num_condition_tokens if with_condition else 0)
+            cache_slots, visible = compressed_visibility(
+                self.cache_keys, slots, input_pos, count, mask, rows, self.default_mask
+            )
+            return input_pos, slots, cache_slots, visible
+        if self.cache is not None:
             key_valid = self.cache_keys.write(slots, rows)  # written, not forgotten, not padding
             key_pos = torch.arange(key_valid.shape[1], device=hidden.device)[None].expand(batch, -1)
         else:
@@ -256,7 +331,7 @@ class HFRasterAdapter(nn.Module):
             mask = self.default_mask(input_pos, key_pos, key_valid)
         elif key_valid is not None:
             mask = mask & key_valid[:, None, :]  # padded prompt slots stay hidden
-        return input_pos, slots, mask
+        return input_pos, slots, slots, mask
 
     def run_decoder(
         self, hidden: Tensor, positions: Tensor, slots: Tensor | None, visible: Tensor, rows: Tensor | None = None
@@ -266,11 +341,15 @@ class HFRasterAdapter(nn.Module):
         -> last hidden states [B, L, D]."""
         if self.cache is not None:
             self.cache.write_slots, self.cache.write_rows = slots, rows
-        out = self.decoder(
+        inputs = dict(
             inputs_embeds=hidden,
             attention_mask=additive_mask(visible, hidden.dtype),
             position_ids=positions,
             cache=self.cache,
             use_cache=self.cache is not None,
         )
-        return out.last_hidden_state
+        if self.cache is None or self.cache.table is None:
+            return self.decoder(**inputs).last_hidden_state
+        # a compressed cache: eager attention, whose probabilities the eviction reads
+        with attention_implementation(self.decoder.config, OBSERVED_ATTENTION):
+            return self.decoder(**inputs, slot_cache=self.cache).last_hidden_state

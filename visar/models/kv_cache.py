@@ -1,5 +1,8 @@
 """What a raster model's KV cache lets a query see: the valid condition positions, the slots written
-and not forgotten since (`CacheKeys`), and the default causal mask over them (`causal_visibility`).
+and not forgotten since (`CacheKeys`), and the default causal mask over them (`causal_visibility`);
+with kv_keep < 1, the slot table of a compressed cache (`CompressedCache`, made by `compressed_cache`)
+and a call's visibility over its physical slots (`compressed_visibility`), which LlamaGen and the
+Hugging Face adapters share.
 
 Helpers of the models that implement `RasterModel` (LlamaGen, the Hugging Face decoders) and of
 training, which hides padded captions the same way; a decoding method never reads them: it passes
@@ -15,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..errors import VisarError
+from .base import check_kv_evict
 
 
 def condition_validity(cond_mask: Tensor | None, batch_size: int, length: int, device) -> Tensor:
@@ -95,6 +99,58 @@ def check_kv_keep(kv_keep) -> float:
     return float(kv_keep)
 
 
+RECENT_ROWS = 2  # grid rows before a pass's earliest position a compressed cache evicts last
+SCORE_DECAY = 0.8  # kv_evict "h2o": the attention scores decay this much per position advanced
+
+
+def compressed_cache(
+    batch_size: int,
+    num_slots: int,
+    cond_mask: Tensor | None,
+    num_condition: int,
+    grid_width: int,
+    device,
+    kv_keep: float,
+    kv_evict: str,
+) -> CompressedCache:
+    """The slot table of a raster model's compressed cache: ceil(kv_keep * num_slots) physical slots per
+    row, the condition (num_condition slots) pinned, the RECENT_ROWS grid rows (of grid_width image
+    tokens) before a pass evicted last, and the rest evicted by `kv_evict`'s rule."""
+    line = check_kv_evict(kv_evict) == "line"
+    return CompressedCache(
+        batch_size,
+        num_slots,
+        physical_slots(check_kv_keep(kv_keep), num_slots),
+        cond_mask,
+        num_condition,
+        RECENT_ROWS * grid_width,
+        device,
+        decay=1.0 if line else SCORE_DECAY,
+        line_width=grid_width if line else None,
+    )
+
+
+def compressed_visibility(
+    table: CompressedCache,
+    slots: Tensor,
+    input_pos: Tensor,
+    count: int,
+    mask: Tensor | None,
+    rows: Tensor | None,
+    default_mask,
+) -> tuple[Tensor, Tensor]:
+    """One call's logical slots [B, L] (positions input_pos [B, L], `count` inputs past the condition;
+    for cache rows `rows` [R], None: all) written into a compressed cache's `table` -> (the physical
+    slots to write [B, L], what each query may see over the physical slots [B, L, C]): the method's
+    mask [B, L, S] read at the logical slot each physical one holds, else `default_mask(input_pos,
+    key positions [B, C], held keys [B, C])` (a raster model's `default_mask`)."""
+    with table.rows_only(rows):
+        slots, key_pos, key_ok = table.write(slots, input_pos, count)  # [B, L], [B, C], [B, C]
+        if mask is not None:
+            return slots, table.physical_mask(mask) & key_ok[:, None, :]
+    return slots, default_mask(input_pos, key_pos, key_ok)
+
+
 # Eviction classes of a physical slot, taken in this order when a write needs room.
 _FREE, _OLD, _RECENT, _PINNED = 0, 1, 2, 3
 
@@ -121,6 +177,13 @@ class CompressedCache(torch.nn.Module):
     left): the `recent` slots before the call's earliest position (the last grid rows, LineAR's
     local context) and any held slot past it. `truncate` frees the physical slots of forgotten logical ones.
     Every step is a device tensor op (sort, gather, scatter): no host read-back per call.
+
+    line_width (LineAR's rule, lines of that many image slots; None: the rule above): `observe` adds to
+    a window instead, and when a row's calls reach a new line (their earliest position crosses a line
+    boundary) the window, the mass the last completed line's queries gave each slot, becomes the score
+    and the least-scored old image slots are evicted until a whole line's slots are free. A write
+    then takes those free slots, evicting (by the same scores) only when a pass needs more than the
+    boundary freed (a drafting pass reaching into the next line, or a budget with too few old slots).
     """
 
     def __init__(
@@ -133,10 +196,12 @@ class CompressedCache(torch.nn.Module):
         recent: int,
         device,
         decay: float = 1.0,
+        line_width: int | None = None,
     ):
         super().__init__()
         self.num_slots, self.num_physical = num_slots, num_physical
         self.num_condition, self.recent, self.decay = num_condition, recent, decay
+        self.line_width = line_width
         if num_physical < num_condition + recent + 1:
             raise VisarError(too_small(num_physical, num_condition, recent, 1))
         valid = condition_validity(cond_mask, batch_size, num_slots + 1, device)  # [B, S + 1]
@@ -146,7 +211,10 @@ class CompressedCache(torch.nn.Module):
         logical = torch.full((batch_size, num_physical), -1, dtype=torch.long, device=device)
         self.register_buffer("logical", logical, persistent=False)
         self.register_buffer("score", torch.zeros(batch_size, num_physical, device=device), persistent=False)
-        # [B]: the furthest earliest position of a call so far, from which the scores decay
+        # the line rule: the attention the current line's queries gave each physical slot so far
+        self.register_buffer("window", torch.zeros(batch_size, num_physical, device=device), persistent=False)
+        # [B]: the furthest earliest position of a call so far, from which the scores decay (the line
+        # rule: whose line is the current one)
         self.register_buffer("front", torch.zeros(batch_size, dtype=torch.long, device=device), persistent=False)
 
     def write(self, slots: Tensor, input_pos: Tensor, count: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -156,10 +224,12 @@ class CompressedCache(torch.nn.Module):
         # host numbers, no sync; a cache that holds every slot never evicts, so any pass fits
         if self.num_physical < self.num_slots and self.num_condition + self.recent + count > self.num_physical:
             raise VisarError(too_small(self.num_physical, self.num_condition, self.recent, count))
+        front = torch.maximum(self.front, input_pos.min(1).values)
         if self.decay < 1:  # per position advanced, so a pass of many tokens decays as far as AR's steps
-            front = torch.maximum(self.front, input_pos.min(1).values)
             self.score *= self.decay ** (front - self.front)[:, None].float()
-            self.front.copy_(front)
+        if self.line_width is not None:
+            self.close_lines(front)
+        self.front.copy_(front)
         held = self.physical.gather(1, slots)  # [B, L]
         missing = held < 0
         # each logical slot to place once (a call may write one slot twice: padding to a trash slot)
@@ -175,9 +245,27 @@ class CompressedCache(torch.nn.Module):
         self.physical.scatter_(1, evicted, -1)
         self.physical.scatter_(1, slots, taken)
         self.score.scatter_(1, taken, torch.where(missing, 0.0, self.score.gather(1, taken)))
+        if self.line_width is not None:
+            self.window.scatter_(1, taken, torch.where(missing, 0.0, self.window.gather(1, taken)))
         self.logical.scatter_(1, taken, slots)
         key_ok = (self.logical >= 0) & self.valid.gather(1, self.logical.clamp(min=0))
         return taken, self.logical, key_ok
+
+    def close_lines(self, front: Tensor):
+        """The line rule, for the rows whose earliest position moves to a later line (front [B], the
+        new one): the last line's window becomes the score, and the least-scored old image slots are
+        evicted until a line's worth of physical slots is free."""
+        lines = (torch.stack([self.front, front]) - self.num_condition).clamp(min=0) // self.line_width
+        crossed = lines[1] > lines[0]  # [B]
+        self.score.copy_(torch.where(crossed[:, None], self.window, self.score))
+        self.window.masked_fill_(crossed[:, None], 0.0)
+        logical = self.logical
+        old = (logical >= self.num_condition) & (logical < front[:, None] - self.recent)
+        room = (self.line_width - (logical < 0).sum(1)).clamp(min=0) * crossed  # [B]: slots to free
+        rank = torch.where(old, self.score, math.inf).argsort(dim=1, stable=True).argsort(dim=1)
+        evict = old & (rank < room[:, None])
+        self.physical.scatter_(1, torch.where(evict, logical, self.num_slots), -1)
+        self.logical.masked_fill_(evict, -1)
 
     def eviction_order(self, slots: Tensor, input_pos: Tensor) -> Tensor:
         """[B, C] physical slots in the order a write takes them: free, then old image slots by
@@ -217,6 +305,7 @@ class CompressedCache(torch.nn.Module):
         self.physical[rows] = -1
         self.logical[rows] = -1
         self.score[rows] = 0.0
+        self.window[rows] = 0.0
         self.front[rows] = 0
         self.valid[rows] = condition_validity(cond_mask, len(rows), self.valid.shape[1], self.valid.device)
 
@@ -227,11 +316,13 @@ class CompressedCache(torch.nn.Module):
 
     def observe(self, attention: Tensor, rows: Tensor | None = None):
         """Add one layer's attention probabilities [B, H, L, C] (rows [R]: of those cache rows) to
-        each slot's score."""
+        each slot's score (the line rule: to the current line's window)."""
+        total = self.score if self.line_width is None else self.window
+        mass = attention.sum((1, 2), dtype=total.dtype)  # [B, C], float32 whatever the model's dtype
         if rows is None:
-            self.score += attention.sum((1, 2))
+            total += mass
         else:
-            self.score.index_add_(0, rows, attention.sum((1, 2)))
+            total.index_add_(0, rows, mass)
 
     def truncate(self, lengths: Tensor):
         """Forget every logical slot at or beyond lengths[b] in row b, freeing its physical slot."""
@@ -240,7 +331,7 @@ class CompressedCache(torch.nn.Module):
         self.logical.masked_fill_(self.logical >= lengths[:, None], -1)
 
 
-ROW_TABLES = ("valid", "physical", "logical", "score", "front")  # CompressedCache's per-row tables
+ROW_TABLES = ("valid", "physical", "logical", "score", "window", "front")  # CompressedCache's per-row tables
 
 
 def too_small(num_physical: int, num_condition: int, recent: int, count: int) -> str:

@@ -35,8 +35,9 @@ from .kv_cache import (
     causal_visibility,
     check_kv_keep,
     check_rows,
+    compressed_cache,
+    compressed_visibility,
     condition_validity,
-    physical_slots,
 )
 from .negative_prompt import NegativePrompt, holding
 
@@ -395,37 +396,33 @@ class LlamaGen(nn.Module):
         max_seq_len: int | None = None,
         cond_mask: Tensor | None = None,
         kv_keep: float = 1.0,
+        kv_evict: str = "h2o",
     ):
         """Preallocate the KV cache. cond_mask [B, T] bool: valid caption positions (t2i padding).
         kv_keep < 1: keys and values of ceil(kv_keep * max_seq_len) slots per row, the condition
-        and the last grid row kept whole, older image slots evicted by attention
-        (`CompressedCache`); 1: the whole cache, exact."""
+        and the last two grid rows kept whole, older image slots evicted by attention under the
+        rule kv_evict ("h2o" or "line": `CompressedCache`); 1: the whole cache, exact."""
         max_seq_len = max_seq_len or self.max_seq_len
         param = self.output.weight
         table = None
         if check_kv_keep(kv_keep) < 1:
-            num_physical = physical_slots(kv_keep, max_seq_len)
-            recent = self.config.grid_size * self.RECENT_ROWS
-            table = CompressedCache(
+            table = compressed_cache(
                 batch_size,
                 max_seq_len,
-                num_physical,
                 cond_mask,
                 self.num_condition_tokens,
-                recent,
+                self.config.grid_size,
                 param.device,
-                decay=self.SCORE_DECAY,
+                kv_keep,
+                kv_evict,
             )
-            max_seq_len = num_physical
+            max_seq_len = table.num_physical
         for layer in self.layers:
             attn = layer.attention
             attn.kv_cache = KVCache(
                 batch_size, max_seq_len, attn.n_kv_head, attn.head_dim, param.dtype, param.device, table
             )
         self.cache_keys = table if table is not None else CacheKeys(batch_size, max_seq_len, cond_mask, param.device)
-
-    RECENT_ROWS = 2  # grid rows before a pass's earliest position a compressed cache evicts last
-    SCORE_DECAY = 0.8  # a compressed cache's attention scores decay this much per position advanced
 
     def clear_cache(self):
         for layer in self.layers:
@@ -507,15 +504,12 @@ class LlamaGen(nn.Module):
         if input_pos.dim() == 1:
             input_pos = input_pos[None].expand(bsz, -1)
         slots = input_pos if cache_pos is None else cache_pos.expand(bsz, -1) if cache_pos.dim() == 1 else cache_pos
-        key_pos = None
         if cached and isinstance(self.cache_keys, CompressedCache):
-            # logical slots -> physical ones (evicting by attention where a write needs room); the
-            # method's mask read at the logical slot each physical one holds
+            # logical slots -> physical ones (evicting by attention where a write needs room)
             count = seqlen - (self.config.cls_token_num if cond is not None else 0)
-            with self.cache_keys.rows_only(rows):
-                slots, key_pos, key_ok = self.cache_keys.write(slots, input_pos, count)  # [B, L], [B, C], [B, C]
-                if mask is not None:
-                    mask = self.cache_keys.physical_mask(mask) & key_ok[:, None, :]
+            slots, mask = compressed_visibility(
+                self.cache_keys, slots, input_pos, count, mask, rows, self.default_mask
+            )  # [B, L], [B, L, C]
         elif cached:
             # A query sees only slots written and not forgotten since (this call's own included),
             # never the padded caption positions.
@@ -524,8 +518,7 @@ class LlamaGen(nn.Module):
                 mask = mask & key_ok[:, None, :]
         if mask is None and not plain_causal:
             if cached:
-                if key_pos is None:
-                    key_pos = torch.arange(key_ok.shape[1], device=h.device)[None].expand(bsz, -1)
+                key_pos = torch.arange(key_ok.shape[1], device=h.device)[None].expand(bsz, -1)
                 mask = self.default_mask(input_pos, key_pos, key_ok)
             else:
                 key_valid = None if cond_mask is None else condition_validity(cond_mask, bsz, seqlen, h.device)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .hf_raster import HFRasterAdapter
+from .kv_cache import CompressedCache, check_kv_keep, physical_slots
 
 
 class RowEndLayout:
@@ -31,19 +32,21 @@ class RowEndLayout:
     visar slot s < T + N holds the token at position s; slots from T + N on are scratch (draft trees).
     The decoder's cache is [visar's S slots ; a row-end slot per row whose last token has a slot ;
     one per scratch slot ; one trash slot], so the row end written after the last token of row r is
-    at S + r, and after a scratch slot s at S + rows + (s - T - N).
+    at S + r, and after a scratch slot s at S + rows + (s - T - N). token_slots: the decoder slots
+    visar's S take when fewer (a compressed cache's C physical ones; the row-end slots follow them, kept whole).
     """
 
-    def __init__(self, num_cond: int, grid: tuple[int, int], num_slots: int, device):
+    def __init__(self, num_cond: int, grid: tuple[int, int], num_slots: int, device, token_slots: int | None = None):
         self.num_cond, (self.height, self.width) = num_cond, grid
         self.num_tokens = self.height * self.width
         self.num_slots = num_slots
+        self.token_slots = num_slots if token_slots is None else token_slots
         # the visar slot each row-end slot follows: the last token of each row that fits, then each scratch slot
         row_ends = num_cond + torch.arange(self.height, device=device) * self.width + self.width - 1
         self.rows = int((row_ends < num_slots).sum())
         scratch = torch.arange(num_cond + self.num_tokens, max(num_slots, num_cond + self.num_tokens), device=device)
         self.row_end_owner = torch.cat([row_ends[: self.rows], scratch])
-        self.trash = num_slots + len(self.row_end_owner)
+        self.trash = self.token_slots + len(self.row_end_owner)
         self.decoder_slots = self.trash + 1
 
     def sequence_position(self, pos: Tensor) -> Tensor:
@@ -57,8 +60,8 @@ class RowEndLayout:
 
     def row_end_slot(self, slot: Tensor) -> Tensor:
         """The decoder slot of the row end that follows the token written at visar slot `slot`."""
-        image = self.num_slots + (slot - self.num_cond) // self.width
-        scratch = self.num_slots + self.rows + (slot - self.num_cond - self.num_tokens)
+        image = self.token_slots + (slot - self.num_cond) // self.width
+        scratch = self.token_slots + self.rows + (slot - self.num_cond - self.num_tokens)
         return torch.where(slot < self.num_cond + self.num_tokens, image, scratch)
 
 
@@ -131,15 +134,22 @@ class RowEndAdapter(HFRasterAdapter):
 
     # -- the cache: visar's slots, then row ends -----------------------------------------------
     def setup_cache(
-        self, batch_size: int, max_seq_len: int | None = None, cond_mask: Tensor | None = None, kv_keep: float = 1.0
+        self,
+        batch_size: int,
+        max_seq_len: int | None = None,
+        cond_mask: Tensor | None = None,
+        kv_keep: float = 1.0,
+        kv_evict: str = "h2o",
     ):
+        """As `HFRasterAdapter.setup_cache`; a compressed cache keeps the row ends whole (one slot per row)."""
         max_seq_len = max_seq_len or self.max_seq_len
-        self.layout = RowEndLayout(self.num_condition_tokens, self.grid_size, max_seq_len, self.device)
-        super().setup_cache(batch_size, max_seq_len, cond_mask, kv_keep)
+        token_slots = physical_slots(check_kv_keep(kv_keep), max_seq_len)
+        self.layout = RowEndLayout(self.num_condition_tokens, self.grid_size, max_seq_len, self.device, token_slots)
+        super().setup_cache(batch_size, max_seq_len, cond_mask, kv_keep, kv_evict)
         self.row_end_at = torch.zeros(batch_size, max_seq_len, dtype=torch.bool, device=self.device)
         self.prompt_start = self.padding_before_prompt(cond_mask, batch_size)
 
-    def decoder_slots(self, max_seq_len: int) -> int:
+    def decoder_slots(self, token_slots: int) -> int:
         return self.layout.decoder_slots
 
     def clear_cache(self):
@@ -174,7 +184,9 @@ class RowEndAdapter(HFRasterAdapter):
         if self.cache is None:
             return self.forward_without_cache(tokens, cond, input_pos, mask, cond_mask)
         hidden = self.embed_inputs(tokens, cond)
-        input_pos, slots, visible = self.visible_keys(hidden, cond is not None, input_pos, mask, None, cache_pos, rows)
+        input_pos, slots, cache_slots, visible = self.visible_keys(
+            hidden, cond is not None, input_pos, mask, None, cache_pos, rows
+        )
         layout = self.layout
         batch, length, _ = hidden.shape
         ends = layout.ends_row(input_pos)  # [B, L]
@@ -194,7 +206,9 @@ class RowEndAdapter(HFRasterAdapter):
 
         # visibility over the decoder's slots: visar's, then row ends (seen with the token they follow)
         owner = layout.row_end_owner
-        sees_end = visible[..., owner] & row_end_at[:, None, owner] & (owner[None, None, :] != slots[..., None])
+        # a row end written, and not one whose token this call writes again
+        end_written = row_end_at[:, None, owner] & (owner[None, None, :] != slots[..., None])
+        sees_end = self.sees_owner(visible, rows) & end_written
         trash = torch.zeros(batch, length, 1, dtype=torch.bool, device=hidden.device)
         token_rows = torch.cat([visible, sees_end, trash], dim=2)  # [B, L, S_dec]
         end_rows = token_rows.gather(1, end_index[..., None].expand(-1, -1, token_rows.shape[2])).clone()
@@ -208,7 +222,7 @@ class RowEndAdapter(HFRasterAdapter):
         out = self.run_decoder(
             torch.cat([hidden, eol], dim=1),
             torch.cat([positions, end_positions], dim=1).clamp(min=0),
-            torch.cat([slots, end_slots], dim=1),
+            torch.cat([cache_slots, end_slots], dim=1),
             torch.cat([token_rows, end_rows], dim=1),
             rows,
         )
@@ -217,6 +231,18 @@ class RowEndAdapter(HFRasterAdapter):
         appended = length + torch.arange(count, device=hidden.device)
         pick.scatter_(1, end_index, torch.where(end_real, appended, end_index))
         return self.image_logits(out.gather(1, pick[..., None].expand(-1, -1, out.shape[2]))).float()
+
+    def sees_owner(self, visible: Tensor, rows: Tensor | None) -> Tensor:
+        """Whether each query sees the token each row-end slot follows (`RowEndLayout.row_end_owner`) ->
+        [B, L, O], from its visibility over the cache [B, L, S]; compressed ([B, L, C]): over the
+        owner's physical slot, so a row end is hidden once its token is evicted."""
+        owner = self.layout.row_end_owner
+        if not isinstance(self.cache_keys, CompressedCache):
+            return visible[..., owner]
+        table = self.cache_keys.physical if rows is None else self.cache_keys.physical[rows]
+        held = table[:, owner]  # [B, O]: the physical slot of each owner, -1 when not held
+        seen = visible.gather(2, held.clamp(min=0)[:, None, :].expand(-1, visible.shape[1], -1))
+        return seen & (held >= 0)[:, None, :]
 
     def forward_without_cache(self, tokens, cond, input_pos, mask, cond_mask) -> Tensor:
         """Teacher forcing: a cache for this call only, each input written at its own position."""

@@ -32,7 +32,7 @@ from ..accel import Request
 from ..accel.core.scoring import reads_prompts
 from ..accel.core.source import ImageSource
 from ..errors import VisarError
-from ..models.base import model_kind
+from ..models.base import check_kv_evict, model_kind
 from .conditions import SAMPLING_SETTINGS, image_conditions, image_generators, null_rows
 from .images import check_output_type
 from .runs import check_kv_keep, checked_method, image_callback, second_model
@@ -42,8 +42,9 @@ class OpenBatch:
     """A running batch of `slots` that images join while it decodes (`Pipeline.open_batch`)."""
 
     def __init__(
-        self, pipe, method: str, slots: int, *, output_type="pil", kv_keep=1.0, progress=False, paced=False, **settings
-    ):
+        self, pipe, method: str, slots: int, *, output_type="pil", kv_keep=1.0, kv_evict="h2o", progress=False,
+        paced=False, **settings,
+    ):  # fmt: skip
         if model_kind(pipe.model) != "raster":
             raise VisarError(f"an open batch decodes a raster model's running batch; {pipe.name} is not one")
         sampling = {k: settings.pop(k) for k in SAMPLING_SETTINGS if k in settings}
@@ -59,6 +60,7 @@ class OpenBatch:
         self.pipe, self.slots, self.options, self.output_type = pipe, slots, settings, output_type
         self.params = pipe.sampling_params(**sampling)
         self.kv_keep, self.progress = check_kv_keep(pipe.model, pipe.name, kv_keep), progress
+        self.kv_evict = check_kv_evict(kv_evict)
         self.second = second_model(self.method, self.options, pipe.resolve_draft)
         self.source: ImageSource | None = None  # made by the first add: a source starts with an image
         self.changed = threading.Condition()
@@ -146,7 +148,8 @@ class OpenBatch:
         request = Request(
             pipe.model, cond, self.params, generators, cond_mask, self.progress, tokenizer=pipe.tokenizer,
             compile_passes=pipe.compile_options if pipe.is_compiled else None, slots=self.slots,
-            on_image=image_callback(pipe.model, hand_over, {}), kv_keep=self.kv_keep, source=source,
+            on_image=image_callback(pipe.model, hand_over, {}), kv_keep=self.kv_keep, kv_evict=self.kv_evict,
+            source=source,
         )  # fmt: skip
         _, stats = self.method.fn(request, **self.options)
         return {**stats, "method": self.name, "lossless": self.method.is_lossless(self.options, pipe.model)}

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ..errors import VisarError
-from ..models.base import MaskedModel, NextScaleModel, RasterModel, model_kind
+from ..models.base import MaskedModel, NextScaleModel, RasterModel, check_kv_evict, model_kind
 from ..tokenizers.base import TokenGridTokenizer
 from .compiling import EagerFallback, compile_forward
 from .conditions import (
@@ -138,6 +138,7 @@ class Pipeline:
         batch_size: int | None = None,
         on_image: Callable[[int, Any, dict], None] | None = None,
         kv_keep: float = 1.0,
+        kv_evict: str = "h2o",
         deterministic: bool = False,
         **method_options,
     ) -> GenerationOutput:
@@ -149,7 +150,7 @@ class Pipeline:
         check_output_type(output_type)
         method, decoding_method = checked_method(self.model, self.name, method, method_options)
         params = self.sampling_params(guidance_scale, temperature, top_k, top_p, entropy_temperature)
-        kv_keep = self.check_kv_keep(kv_keep)
+        kv_keep, kv_evict = self.check_kv_keep(kv_keep), check_kv_evict(kv_evict)
         check_deterministic(deterministic)
         images = image_conditions(
             self, class_labels, prompts, caption_embeds, caption_mask, negative_prompt, num_images_per_prompt
@@ -157,21 +158,18 @@ class Pipeline:
         slots = check_batch_size(batch_size, images.count)
         generators = image_generators(generator, seed, images)
         second_model(decoding_method, method_options, self.resolve_draft)  # a draft by name, resolved in place
-        passes = self.compile_options if self.is_compiled else None  # eager again after a compile failure
-        request = method_request(
-            self.model, self.tokenizer, images, params, generators, progress, kv_keep=kv_keep, compile_passes=passes
-        )
+        request = method_request(self, images, params, generators, progress, kv_keep=kv_keep, kv_evict=kv_evict)
         run = Run(decoding_method, request, method_options)
         tokens, stats = decode_images(self.model, run, slots, deterministic, on_image)
         lossless = decoding_method.is_lossless(method_options, self.model) and kv_keep == 1
         stats = {**stats, "method": method, "lossless": lossless, "batch_size": images.count}
         stats |= {"deterministic": True} if deterministic else {}
-        stats |= {"kv_keep": kv_keep} if kv_keep < 1 else {}
+        stats |= {"kv_keep": kv_keep, "kv_evict": kv_evict} if kv_keep < 1 else {}
         return generation_output(self, tokens, stats, output_type)
 
     def open_batch(self, method: str, slots: int, **settings) -> OpenBatch:
         """A running batch of `slots` that images join while it decodes (visar.pipeline.open_batch); settings:
-        output_type, kv_keep, progress, the sampling settings and the method's options."""
+        output_type, kv_keep, kv_evict, progress, the sampling settings and the method's options."""
         return OpenBatch(self, method, slots, **settings)
 
     def settle_auto(self, class_labels=None, prompts=None, **generate_kwargs) -> tuple[str, str] | None:

@@ -22,7 +22,7 @@ from ..accel.core.sampling import SamplingParams
 from ..accel.core.stats import batch_of_one, per_image
 from ..accel.policy.auto import settled
 from ..errors import VisarError
-from ..models.base import model_kind
+from ..models.base import check_kv_evict, model_kind
 from ..models.outputs import output_maps
 from .conditions import SAMPLING_SETTINGS, ImageConditions, image_conditions, image_generators, null_rows
 
@@ -88,21 +88,23 @@ def second_model(decoding_method, options: dict, resolve_draft: Callable):
 
 
 def method_request(
-    model, tokenizer, images: ImageConditions, params: SamplingParams, generators, progress, *, kv_keep, compile_passes
+    pipe, images: ImageConditions, params: SamplingParams, generators, progress, *, kv_keep, kv_evict
 ) -> Request:
     """The decoding method's request: every image of the call, with its sampling settings, generator and
-    (under a negative prompt) the null conditions guidance pairs it with."""
+    (under a negative prompt) the null conditions guidance pairs it with, for `pipe`'s model (its
+    passes compiled where the pipeline is, eager again after a compile failure)."""
     return Request(
-        model,
+        pipe.model,
         images.cond,
         params,
         generators,
         images.cond_mask,
         progress,
-        tokenizer=tokenizer,
-        compile_passes=compile_passes,
+        tokenizer=pipe.tokenizer,
+        compile_passes=pipe.compile_options if pipe.is_compiled else None,
         kv_keep=kv_keep,
-        null=null_rows(model, images, params.uses_cfg),
+        kv_evict=kv_evict,
+        null=null_rows(pipe.model, images, params.uses_cfg),
     )
 
 
@@ -151,15 +153,15 @@ def settle_auto(pipe, class_labels=None, prompts=None, *, batch_size=None, deter
     The conditions are the run's first ones (throwaway images of them are timed where nothing is kept)."""
     sampling = {k: generate_kwargs.pop(k, None) for k in SAMPLING_SETTINGS}
     negative_prompt, kv_keep = generate_kwargs.pop("negative_prompt", None), generate_kwargs.pop("kv_keep", 1.0)
+    kv_evict = check_kv_evict(generate_kwargs.pop("kv_evict", "h2o"))
     name, method = checked_method(pipe.model, pipe.name, "auto", generate_kwargs)
     if name != "auto":
         return None
     images = image_conditions(pipe, class_labels, prompts, None, None, negative_prompt, 1)
     slots = None if batch_size is None else min(batch_size, images.count)
     request = method_request(
-        pipe.model, pipe.tokenizer, images, pipe.sampling_params(**sampling), image_generators(None, 0, images), False,
-        kv_keep=check_kv_keep(pipe.model, pipe.name, kv_keep),
-        compile_passes=pipe.compile_options if pipe.is_compiled else None,
+        pipe, images, pipe.sampling_params(**sampling), image_generators(None, 0, images), False,
+        kv_keep=check_kv_keep(pipe.model, pipe.name, kv_keep), kv_evict=kv_evict,
     )  # fmt: skip
     _, note = settled_run(pipe.model, Run(method, request, generate_kwargs), slots, deterministic)
     return note["auto"], note["auto_reason"]

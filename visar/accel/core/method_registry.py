@@ -62,8 +62,9 @@ class Request:
     source: object | None = None
 
     # raster models: the fraction of KV-cache slots the target keeps (`RasterModel.setup_cache`);
-    # 1: the whole cache, exact
+    # 1: the whole cache, exact; and below 1, the rule that chooses what it evicts ("h2o" or "line")
     kv_keep: float = 1.0
+    kv_evict: str = "h2o"
 
     # The null conditions guidance pairs each image with where the caller made them (a negative
     # prompt's): (null [Q, ...], null_mask [Q, T] or None), a row per image as `cond`; None: the model's

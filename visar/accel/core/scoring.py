@@ -79,10 +79,11 @@ class GuidedScorer:
 
     def __init__(
         self, model: RasterModel, cond: Tensor, cond_mask: Tensor | None, params: SamplingParams, slots=None,
-        kv_keep=1.0, source=None, null=None,
+        kv_keep=1.0, source=None, null=None, kv_evict="h2o",
     ):  # fmt: skip
         self.model, self.params = model, params
         self.kv_keep = kv_keep  # the fraction of cache slots `open_cache` keeps (1: the whole cache, exact)
+        self.kv_evict = kv_evict  # below 1, the rule that chooses what the cache evicts
         self.guided = params.uses_cfg
         queue = cond.shape[0]
         if slots is not None and not 1 <= slots <= (queue if source is None else slots):
@@ -110,6 +111,7 @@ class GuidedScorer:
             request.kv_keep if target else 1.0,
             request.source,
             request.null if target or reads_prompts(model) else None,
+            request.kv_evict,
         )
 
     def halves(self, index: Tensor, size: int) -> Tensor:
@@ -130,8 +132,9 @@ class GuidedScorer:
 
     def open_cache(self, length: int):
         """An empty KV cache of `length` slots for this batch (both halves under CFG); with kv_keep < 1,
-        a compressed one that keeps ceil(kv_keep * length) of them per row (`RasterModel.setup_cache`)."""
-        compressed = {} if self.kv_keep == 1 else {"kv_keep": self.kv_keep}
+        a compressed one that keeps ceil(kv_keep * length) of them per row, evicting by the rule kv_evict
+        (`RasterModel.setup_cache`)."""
+        compressed = {} if self.kv_keep == 1 else {"kv_keep": self.kv_keep, "kv_evict": self.kv_evict}
         self.model.setup_cache(self.cond.shape[0], length, self.cond_mask, **compressed)
 
     def close_cache(self):

@@ -142,7 +142,14 @@ def add_sampling_args(parser: argparse.ArgumentParser, default_method: str | Non
         type=float,
         metavar="FRACTION",
         help="raster models, any method: keep this fraction of the KV-cache slots, in (0, 1] (lossy below 1: "
-        "the condition and the last grid row are kept, older slots evicted by attention; default 1, exact)",
+        "the condition and the last two grid rows are kept, older slots evicted by attention; default 1, exact)",
+    )
+    group.add_argument(
+        "--kv-evict",
+        metavar="RULE",
+        help="with --kv-keep below 1, how the cache chooses what to evict: h2o (the default: on each write that "
+        "needs room, the slots with the least attention so far, decayed) or line (LineAR: at each grid-row "
+        "boundary, a row's worth of the slots the last row's queries attended least)",
     )
     group.add_argument(
         "--deterministic",
@@ -188,6 +195,10 @@ def run_settings(pipe, args) -> dict:
     )
     if getattr(args, "kv_keep", None) is not None:  # refused before a folder is made or a bar drawn
         pipe.check_kv_keep(args.kv_keep)
+    if getattr(args, "kv_evict", None) is not None:
+        from ...models.base import check_kv_evict
+
+        check_kv_evict(args.kv_evict)
     return {
         "checkpoint": args.checkpoint,
         "vq_checkpoint": args.vq_checkpoint,
@@ -212,8 +223,8 @@ def negative_prompt_kwargs(args) -> dict:
 
 
 def kv_keep_kwargs(args) -> dict:
-    kv_keep = getattr(args, "kv_keep", None)
-    return {} if kv_keep is None else {"kv_keep": kv_keep}
+    """--kv-keep and --kv-evict, where given."""
+    return {name: getattr(args, name) for name in ("kv_keep", "kv_evict") if getattr(args, name, None) is not None}
 
 
 def deterministic_kwargs(args) -> dict:

@@ -170,7 +170,7 @@ class ChainRecord:
             committed, _, num_accepted = self.records[first_pass:end, :, row].unbind(1)  # [P]
             active = committed < num_tokens
             reached = committed + torch.where(active, num_accepted + 1, 0)
-            first = torch.searchsorted(reached, torch.arange(num_tokens, device=reached.device), right=True)
+            first = first_reaching(reached[None], num_tokens)[0]
             passes.append(active.sum())
             commit_pass.append(first + 1)
         return torch.stack(passes), torch.stack(commit_pass)
@@ -186,11 +186,17 @@ class ChainRecord:
         tested = (slots < num_drafts[..., None]) & (slots <= num_accepted[..., None])  # [P, B, S]
         log.drafts(committed[..., None] + slots, slots.expand_as(tested), tested, slots < num_accepted[..., None])
         # token i of image b came in the first pass whose commit reached past i (pass p: forward pass p + 1)
-        reached = (committed + torch.where(active, num_accepted + 1, 0)).T.contiguous()  # [B, P]
-        index = torch.arange(num_tokens, device=committed.device).expand(len(reached), -1).contiguous()
-        first = torch.searchsorted(reached, index, right=True)  # P where no pass reached it (a stopped probe)
+        reached = (committed + torch.where(active, num_accepted + 1, 0)).T  # [B, P]
+        first = first_reaching(reached, num_tokens)  # P where no pass reached it (a stopped probe)
         log.commit_pass[:, :num_tokens] = torch.where(first < passes, first + 1, 0)
         return log.stats(forward_passes, draft_forward_passes)
+
+
+def first_reaching(reached: Tensor, length: int) -> Tensor:
+    """reached [R, P]: each row's count after each pass -> [R, length] the pass (from 0) whose commit
+    took the row past each index: token i came in it (P where no pass reached it)."""
+    index = torch.arange(length, device=reached.device).expand(len(reached), -1).contiguous()
+    return torch.searchsorted(reached.contiguous(), index, right=True)
 
 
 SUMMED_STATS = ("forward_passes", "latency_s", "draft_tokens", "accepted_tokens", "draft_forward_passes")

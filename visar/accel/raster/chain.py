@@ -125,7 +125,7 @@ class ChainPasses:
 
     def plan(self) -> Window | None:
         """Each image's window this pass (its uniforms included), or None when the decode is over."""
-        window_len, num_slots, least, full, catch_up = self.pass_shape(self.window)
+        window_len, num_slots, least, full, catch_up = self.pass_shape()
         if num_slots == 0:
             return None
         uniforms = self.state.uniforms.take(NUM_PURPOSES * self.window)  # [B, 4 * window] (`Window.row`)
@@ -136,7 +136,7 @@ class ChainPasses:
         slot_index = self.state.committed[:, None] + slots  # [B, scored]: the image index of each
         return Window(window_len, uniforms, num_slots - 1, fresh, full, least, slot_index, catch_up)
 
-    def pass_shape(self, window: int) -> tuple[Tensor, int, int, bool, int]:
+    def pass_shape(self) -> tuple[Tensor, int, int, bool, int]:
         """The one host sync of the loop the engine needs -> (window_len [B], the pass's slots, the
         fewest tokens any image has committed, whether every image's window has all the slots, and
         what the proposer asked to know: a draft model's positions to catch up on, else 0).
@@ -144,7 +144,7 @@ class ChainPasses:
         window)), and a pass of full windows takes its window_len made once; with spans or compiled
         passes (a power of two of slots, as scoring pads anyway: a few shapes to compile, each of
         the general graph) only the slots are read."""
-        committed, need = self.state.committed, self.proposer.catch_up_need(self.state)
+        committed, need, window = self.state.committed, self.proposer.catch_up_need(self.state), self.window
         if self.spans != (0, 0) or self.compiled:
             window_len = window_lengths(committed, window, *self.spans, self.total)
             if need is None:

@@ -235,7 +235,7 @@ class DraftTreeScorer(CacheSlots):
         input_pos, cache_pos, mask = self.nodes(committed)
         if first:  # the condition is the chain; its last position is the root
             chain_pos = torch.arange(self.num_cond, device=self.device)[None].expand(committed.shape[0], -1)
-            chain_mask = (self.slots[None, None] <= chain_pos[..., None]) & (self.slots < self.scratch)[None, None]
+            chain_mask = (self.slot_row <= chain_pos[..., None]) & self.true_slots
             fed_tokens, chain_slots = node_tokens[:, 1:], chain_pos
         else:
             # a fixed width (a path off the main branch leaves the tree by depth D - 1): no read-back, one shape
@@ -316,12 +316,3 @@ def tree_randomness(
     window_u = torch.zeros(active.shape[0], NUM_PURPOSES * main_len, device=device)  # `Window.row`'s layout
     window_u[:, DRAFT * main_len : (DRAFT + 1) * main_len - 1] = draft_u
     return Window(active * main_len, window_u, main_len - 1), extra_u, test_u
-
-
-def commit_path(state: SlotState, columns: Tensor, verdict: DraftTreeVerdict) -> Tensor:
-    """Write the reached path and the token after it past each image's commit (columns [M]: 1 .. M,
-    made once a decode); -> the image index of every path column [B, M] (column d holds index
-    committed - 1 + d)."""
-    index = state.committed[:, None] - 1 + columns
-    state.tokens.scatter_(1, index.clamp(min=0), verdict.path[:, 1:])
-    return index

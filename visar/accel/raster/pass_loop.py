@@ -257,7 +257,7 @@ def decode_passes(engine: PassEngine, state: SlotState, request, desc: str) -> t
                     step = run_pass
                     warn_compile_failed(err)
                 if request.progress:  # a read-back, so only when a bar shows
-                    bar.update((queue.finished if queue is not None else int(state.least_done())) - bar.n)
+                    bar.update((queue.finished if queue is not None else int(state.committed.min())) - bar.n)
             stats = engine.stats()
     finally:
         bar.close()

@@ -106,10 +106,6 @@ class SlotState:
         """[B] bool: the slot's image has all its tokens."""
         return self.committed >= self.num_tokens
 
-    def least_done(self) -> Tensor:
-        """The fewest tokens any image has committed (a 0-d tensor; read only for a progress bar)."""
-        return self.committed.min()
-
     def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
         """The finished images in slots `rows` -> (tokens [R, N], their passes [R], commit_pass [R, N]
         counted from each image's own first pass), before the slots are reused."""

@@ -159,20 +159,14 @@ class TreeAttention(CacheSlots):
         """One pass over inputs at explicit positions, slots and visibility -> guided logits [B, L, V]."""
         return self.scorer.logits(tokens, input_pos, mask=mask, cache_pos=cache_pos)
 
-    def open(self):
-        self.scorer.open_cache(self.size)
-
-    def close(self):
-        self.scorer.close_cache()
-
     def nodes(self, node_ids: Tensor, node_tokens: Tensor, committed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Tree nodes node_ids [n] (>= 1) of every image: tokens node_tokens [B, n], at scratch slots."""
         root_pos = self.num_cond + committed - 1  # [B]
         depth = self.tree.depth.to(self.device)[node_ids]
         input_pos = (root_pos[:, None] + depth[None]).clamp(max=self.max_pos)  # [B, n]
         cache_pos = (self.scratch + node_ids - 1)[None].expand_as(input_pos)
-        prefix = (self.slots[None, :] <= root_pos[:, None]) & (self.slots[None, :] < self.scratch)  # [B, S]
-        mask = prefix[:, None, :] | self.node_scratch[node_ids][None]
+        prefix = (self.slot_row <= root_pos[:, None, None]) & self.true_slots  # [B, 1, S]
+        mask = prefix | self.node_scratch[node_ids][None]
         return node_tokens, input_pos, cache_pos, mask
 
 
@@ -197,15 +191,14 @@ class TreeDrafter:
                     ranks.append((*index, torch.tensor([parents[j] for j in at], device=device)))
             self.levels.append((torch.tensor(parents, device=device), ranks))
 
-    def propose(
-        self, tokens: Tensor, fed: Tensor, committed: Tensor, uniforms: Tensor, width: int
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def propose(self, state: SlotState, uniforms: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
         """-> node_tokens [B, T + 1], node_q [B, T + 1, V] (the law each node was drawn from),
         node_ok [B, T + 1] (False where the draft ran out of tokens to draw). uniforms [B, T + 1];
-        fed [B]: the committed tokens each image has fed (the target's count: the draft feeds the same
-        tokens, one pass after the other); width: the most committed tokens any image has not fed yet
-        (read by the plan)."""
-        batch, tree = committed.shape[0], self.tree
+        `state.fed` [B]: the committed tokens each image has fed (the target's count: the draft feeds the
+        same tokens, one pass after the other); width: the most committed tokens any image has not fed
+        yet (read by the plan)."""
+        tokens, fed, committed, tree = state.tokens, state.fed, state.committed, self.tree
+        batch = committed.shape[0]
         device = self.attention.device
         # the tokens committed since the last call; the newest is the root, its output q(root's children)
         root_logits = self.attention.run(*self.attention.chain(tokens, fed, committed, width))[:, -1]
@@ -229,21 +222,6 @@ class TreeDrafter:
                 node_ok[:, kids] = (mass[:, at, 0] > 0) & node_ok[:, kid_parents]
                 remaining[:, at] = remaining[:, at].scatter(-1, drawn[..., None], 0.0)
         return node_tokens, node_q, node_ok
-
-    def open(self):
-        self.attention.open()
-
-    def close(self):
-        self.attention.close()
-
-    def admit(self, rows: Tensor, images: Tensor):
-        """Slots `rows` take queue images `images` (their conditions; `start` feeds them)."""
-        self.scorer.admit(rows, images)
-
-    def start(self, rows: Tensor | None):
-        """The condition of slots `rows` (None: every slot) into the draft's cache, nothing fed yet
-        (token 0 is the target's AR step)."""
-        self.scorer.prefill(rows)
 
 
 @dataclass
@@ -305,18 +283,18 @@ class StaticTreePasses:
         # pass of its own, numbered as the pass before the one it starts in (1 for a decode's images)
         self.log = DecodeLog(self.batch, model.grid_size, self.max_depth, self.device)
         self.log.count_at_once = request.compile_passes is not None
-        state.record, state.parts = self.log, [self.target.scorer, self.drafter, self.log]
+        state.record, state.parts = self.log, [self.target.scorer, self.drafter.scorer, self.log]
 
     def __enter__(self):
-        self.target.open()
-        self.drafter.open()
+        self.target.scorer.open_cache(self.target.size)
+        self.drafter.scorer.open_cache(self.drafter.attention.size)
         return self
 
     def __exit__(self, *exc):
         try:
-            self.target.close()
+            self.target.scorer.close_cache()
         finally:
-            self.drafter.close()
+            self.drafter.scorer.close_cache()
 
     def start_images(self, fresh: tuple[int, ...]):
         """The first step of the images in slots `fresh`: the prefill (target and draft) and token 0
@@ -329,7 +307,7 @@ class StaticTreePasses:
         self.log.commit_pass[index, 0] = state.passes + 1
         # token 0's uniform: each image's first draw (`first_draws=1`)
         state.tokens[index, 0] = sample_from_probs(self.target.scorer.prefill(rows), state.first_uniforms[index, 0])
-        self.drafter.start(rows)
+        self.drafter.scorer.prefill(rows)  # the draft's cache holds the condition, nothing fed yet
         state.committed[index] = 1
 
     def plan(self) -> StaticTreePlan | None:
@@ -347,9 +325,7 @@ class StaticTreePasses:
 
     def step(self, plan: StaticTreePlan):
         state = self.state
-        node_tokens, node_q, node_ok = self.drafter.propose(
-            state.tokens, state.fed, state.committed, plan.uniforms[:, : self.size], plan.width
-        )
+        node_tokens, node_q, node_ok = self.drafter.propose(state, plan.uniforms[:, : self.size], plan.width)
         # nodes past the image's end are never verified: the deepest usable depth leaves room for one more token
         node_ok = node_ok & (self.depths[None] <= (self.total - 1 - state.committed)[:, None])
         chain = self.target.chain(state.tokens, state.fed, state.committed, plan.width)

@@ -33,7 +33,6 @@ from .draft_trees import (
     DraftTree,
     DraftTreeScorer,
     DraftTreeVerdict,
-    commit_path,
     draft_tree,
     tree_randomness,
     tree_uniforms,
@@ -45,10 +44,8 @@ from .slots import SlotState
 
 
 class DraftTreePlan(NamedTuple):
-    """One tree pass: its layout and scoring, the images still decoding, and their uniforms."""
+    """One tree pass (of the engine's one `layout`): the images still decoding, and their uniforms."""
 
-    layout: DraftTree
-    tree_scorer: DraftTreeScorer
     active: Tensor  # [B] images not done
     window: Window  # the main path's drafts for the proposer
     extra_u: Tensor  # [B, (D - 1) V] the extra candidates' uniforms (one per token: `candidate_noise`)
@@ -76,7 +73,7 @@ class DraftTreePasses:
         state.record, state.parts = self.log, [self.scorer, self.proposer, self.log]
         self.tree_scorer = DraftTreeScorer(self.scorer, layout)
         self.layout = layout.to(self.device)
-        # the reached path's columns 1 .. M past the newest committed token, made once (`commit_path`)
+        # the reached path's columns 1 .. M past the newest committed token, made once (`commit`)
         self.path_columns = torch.arange(1, layout.main_length + 1, device=self.device)
 
     def __enter__(self):
@@ -91,29 +88,29 @@ class DraftTreePasses:
         active = self.state.committed < self.total
         if not bool(active.any()):  # the one read-back of the loop
             return None
-        layout = self.layout
-        window, extra_u, test_u = tree_randomness(self.state.uniforms, layout, active, self.vocab)
-        fresh = self.state.next_pass()
-        return DraftTreePlan(layout, self.tree_scorer, active, window, extra_u, test_u, fresh)
+        window, extra_u, test_u = tree_randomness(self.state.uniforms, self.layout, active, self.vocab)
+        return DraftTreePlan(active, window, extra_u, test_u, self.state.next_pass())
 
     def step(self, plan: DraftTreePlan):
-        drafts = draft_tree(self.proposer, self.state, plan.window, plan.layout, self.neighbours, plan.extra_u)
+        layout = self.layout
+        drafts = draft_tree(self.proposer, self.state, plan.window, layout, self.neighbours, plan.extra_u)
         probs = self.score(plan, drafts)
-        node_depth = plan.layout.tree.depth
-        valid = plan.active[:, None] & (node_depth[None] <= (self.total - self.state.committed)[:, None])
-        self.commit(plan, probs, verify_draft_tree(plan.layout, probs, *drafts, valid, plan.test_u))
+        valid = plan.active[:, None] & (layout.tree.depth[None] <= (self.total - self.state.committed)[:, None])
+        self.commit(plan, probs, verify_draft_tree(layout, probs, *drafts, valid, plan.test_u))
 
     def score(self, plan: DraftTreePlan, drafts) -> Tensor:
-        state, tree_scorer = self.state, plan.tree_scorer
+        state, tree_scorer = self.state, self.tree_scorer
         if not plan.fresh or len(plan.fresh) == self.batch:  # one call: every slot's first pass, or none's
             return tree_scorer.probs(state, drafts[0], len(plan.fresh) == self.batch)  # [B, T, V]
         score = lambda rows, first: tree_scorer.probs(state, drafts[0][rows], first, rows)  # noqa: E731
         return score_first_passes_apart(self.batch, plan.fresh, self.device, score)
 
     def commit(self, plan: DraftTreePlan, probs: Tensor, verdict: DraftTreeVerdict):
-        state, layout, active, log = self.state, plan.layout, plan.active, self.log
+        state, layout, active, log = self.state, self.layout, plan.active, self.log
         commit_count = torch.where(active, verdict.accepted + 1, 0)  # the reached path and one token more
-        index = commit_path(state, self.path_columns, verdict)
+        # the reached path and the token after it, past each image's commit: column d at index committed - 1 + d
+        index = state.committed[:, None] - 1 + self.path_columns  # [B, M]
+        state.tokens.scatter_(1, index.clamp(min=0), verdict.path[:, 1:])
         node_index = state.committed[:, None] + layout.depth_less_one
         node_slot = layout.draft_slot.expand(len(active), -1)
         log.drafts(node_index, node_slot, verdict.tried & active[:, None], verdict.accept)
@@ -124,7 +121,7 @@ class DraftTreePasses:
         self.proposer.after_commit(state, plan.window, main_probs, verdict.main_outputs, commit_count, main_probs)
         state.fed = torch.where(active, state.committed + verdict.main_reached, state.fed)
         state.committed = (state.committed + commit_count).clamp(max=self.total)
-        self.scorer.truncate_cache(plan.tree_scorer.num_cond + state.fed)
+        self.scorer.truncate_cache(self.tree_scorer.num_cond + state.fed)
 
     def stats(self) -> dict:
         layout = self.layout
@@ -133,27 +130,18 @@ class DraftTreePasses:
 
 
 def tree_jacobi_decode(
-    request: Request,
-    layout: DraftTree,
-    initialiser: Callable,
-    neighbours: tuple[str, ...] = (),
+    request: Request, layout: DraftTree, initialiser: Callable, neighbours: tuple[str, ...], budget, method: str
 ) -> tuple[Tensor, dict]:
     """Propose a tree, score it in one pass, verify every node, commit, carry over, pass after pass
-    (`DraftTreePasses` on the pass loop). -> (tokens [B, N], stats)."""
+    (`DraftTreePasses` on the pass loop): the tree `layout`, or under a number budget the tree of that
+    many nodes. -> (tokens [B, N], stats)."""
+    if check_budget(budget, method) is not None:
+        layout = check_tree(request.model, check_tree_budget(budget, layout, method), layout.branch, layout.depth)
     main_len, block = layout.main_length, stream_block(tree_uniforms(layout, request.model.vocab_size))
     # each pass's uniforms, the same numbers as a draw per pass, drawn up to 16 passes at a time
     state = SlotState(request, window=main_len, spare=main_len + 1, keyed=True, block=block, tracks_fed=True)
     engine = DraftTreePasses(request, state, layout, initialiser, neighbours)
-    return decode_passes(engine, state, request, "tree")
-
-
-def decode_tree(
-    request: Request, layout: DraftTree, initialiser: Callable, neighbours: tuple[str, ...], budget, method: str
-) -> tuple[Tensor, dict]:
-    """`tree_jacobi_decode` of `layout`, or under a number budget the tree of that many nodes."""
-    if check_budget(budget, method) is not None:
-        layout = check_tree(request.model, check_tree_budget(budget, layout, method), layout.branch, layout.depth)
-    tokens, stats = tree_jacobi_decode(request, layout, initialiser, neighbours)
+    tokens, stats = decode_passes(engine, state, request, "tree")
     return tokens, {**stats, "budget": budget or "fixed"}
 
 

@@ -10,7 +10,7 @@ from ....errors import VisarError
 from ....models.base import RasterModel
 from ...core.checks import check_budget
 from ...core.method_registry import Request, register_method
-from ..chain import check_spans, speculative_decode
+from ..chain import speculative_decode
 from ..draft_model import DraftModelProposer
 from ..drafts import resolve_initialiser
 from ..proposers import Carry, JacobiProposer, carry_updater, independent_carry
@@ -40,7 +40,6 @@ def sjd(
     budget: rows per pass, the window's other name (`auto`'s candidates set it), None keeps `window`.
     """
     window = check_budget(budget, "sjd") or window
-    check_spans(window, warmup, tail)
     proposer = JacobiProposer(resolve_initialiser(init), Carry(independent_carry))
     tokens, stats = speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail)
     return tokens, {**stats, "budget": budget or "fixed"}
@@ -69,7 +68,6 @@ def mc_sjd(
     default: the fewest passes, docs/DEFAULTS.md), budget as `sjd`'s.
     """
     window = check_budget(budget, "mc-sjd") or window
-    check_spans(window, warmup, tail)
     proposer = JacobiProposer(resolve_initialiser(init), carry_updater(coupling, "mc-sjd"))
     tokens, stats = speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail)
     return tokens, {**stats, "budget": budget or "fixed", "coupling": coupling}
@@ -132,7 +130,6 @@ def spec(
     pass (the draft proposes window - 1 tokens autoregressively, sampled with the same CFG /
     temperature / top-k / top-p).
     """
-    check_spans(window, warmup, tail)
     draft = check_draft(request.model, draft)
     proposer = DraftModelProposer(draft, request)
     return speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail)

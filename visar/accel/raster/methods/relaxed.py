@@ -38,7 +38,7 @@ from ...core.acceptance import (
 from ...core.checks import check_number
 from ...core.codebook import codebook_of, nearest_codes
 from ...core.method_registry import Request, register_method
-from ..chain import check_spans, speculative_decode
+from ..chain import speculative_decode
 from ..draft_model import DraftModelProposer
 from ..drafts import resolve_initialiser
 from ..proposers import CARRIES, Carry, JacobiProposer, carry_updater, independent_carry
@@ -136,7 +136,6 @@ def gsd(
     p at that acceptance, for [B, L, V, n, C] more work a pass). Other options as `sjd`. request.tokenizer:
     the model's VQ tokenizer (or its codebook [V, C]); Pipeline.generate passes it.
     """
-    check_spans(window, warmup, tail)
     rule = gsd_rule(request.model, request.tokenizer, group_size, prob_gap, max_distance, residual=residual)
     proposer = JacobiProposer(resolve_initialiser(init), Carry(independent_carry))
     tokens, stats = speculative_decode(request, proposer, window=window, warmup=warmup, tail=tail, rule=rule)
@@ -190,7 +189,6 @@ def lantern(
     it. Other options as `sjd`.
     """
     window = (16 if draft is None else 5) if window is None else window
-    check_spans(window, warmup, tail)
     check_number("delta", delta, 0, maximum=1)  # mass moved per position
     table = lantern_neighbours(request, k, form, "lantern")
     relax = lossless(False)(partial(LANTERN_FORMS[form], neighbours=table, delta=float(delta)))

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from ...core.method_registry import Request, register_method
 from ..drafts import resolve_initialiser
-from ..tree_passes import check_tree, decode_tree, parse_neighbours
+from ..tree_passes import check_tree, parse_neighbours, tree_jacobi_decode
 
 
 @register_method(
@@ -36,7 +36,7 @@ def sjd_pac(
     per pass, the window's other name (`auto`'s candidates set it), None keeps `window`.
     """
     layout = check_tree(request.model, window, branch, depth)
-    return decode_tree(request, layout, resolve_initialiser(init), (), budget, "sjd-pac")
+    return tree_jacobi_decode(request, layout, resolve_initialiser(init), (), budget, "sjd-pac")
 
 
 @register_method(
@@ -67,4 +67,4 @@ def tree_mc_sjd(
     """
     layout = check_tree(request.model, window, branch, depth)
     names = parse_neighbours(neighbours)
-    return decode_tree(request, layout, resolve_initialiser(init), names, budget, "tree-mc-sjd")
+    return tree_jacobi_decode(request, layout, resolve_initialiser(init), names, budget, "tree-mc-sjd")

@@ -44,12 +44,14 @@ class CarriedDrafts:
         return self.probs.gather(1, self.entry.gather(1, index)[..., None].expand(-1, -1, vocab))
 
     def propose(
-        self, plan: PassPlan, state: SlotState, target: Tensor, generated: Tensor, initialiser, uniforms: Tensor
+        self, plan: PassPlan, state: SlotState, generated: Tensor, initialiser, uniforms: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """Drafts for every slot that has one: carried if a pass left one, else the initialiser's.
+        """Drafts for every slot that has one (for the index its input predicts): carried if a pass left
+        one, else the initialiser's.
 
         -> draft_tokens [B, M], draft_probs [B, M, V] (entries of slots without a draft are ignored).
         """
+        target = plan.input_index + 1
         carried = plan.has_draft & self.valid.gather(1, target)
         draft_tokens = self.tokens.gather(1, target)
         draft_probs = self.laws(target)

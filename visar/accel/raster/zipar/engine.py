@@ -46,7 +46,7 @@ from .record import FrontRecord
 from .tree_fronts import FrontTrees, TreeDraft, draft_trees, score_with_sides, verify_trees
 
 
-def pass_uniforms(block: Tensor, plan: PassPlan, height: int, window: int) -> Tensor:
+def pass_uniforms(block: Tensor, plan: PassPlan, window: int) -> Tensor:
     """Jacobi fronts: each image's block [4, H, window] for this pass (block [B, 4 * H * window], taken
     from its uniform stream), read at (purpose, row, slot) of every input -> [B, 4, M]."""
     block = block.view(plan.row.shape[0], NUM_PURPOSES, -1)
@@ -102,7 +102,7 @@ def take_blocks(state: SlotState, per_pass: int, trees: FrontTrees | None, first
     if first:
         return state.first_uniforms[:, :per_pass], None if trees is None else state.first_uniforms[:, per_pass:]
     block = state.uniforms.take(per_pass)  # then the trees', as drawn
-    return block, None if trees is None else state.uniforms.take(trees.draws_per_pass(state.grid_size[0]))
+    return block, None if trees is None else state.uniforms.take(trees.draws_per_pass())
 
 
 class PassDraft(NamedTuple):
@@ -122,13 +122,10 @@ def pass_drafts(state: SlotState, fronts: Fronts, front_plan: FrontPlan, initial
         return PassDraft(None, None, None, state.first_uniforms.gather(1, plan.input_index + 1), None)
     height = fronts.count.shape[1]
     block, tree_block = front_plan.blocks
-    uniforms = pass_uniforms(block, plan, height, window)
+    uniforms = pass_uniforms(block, plan, window)
     draft_tokens = draft_probs = tree = None
     if plan.drafts:  # a pass of one slot per front has no drafts
-        target = plan.input_index + 1
-        draft_tokens, draft_probs = fronts.carried.propose(
-            plan, state, target, generated, initialiser, uniforms[:, DRAFT]
-        )
+        draft_tokens, draft_probs = fronts.carried.propose(plan, state, generated, initialiser, uniforms[:, DRAFT])
     if trees is not None and not front_plan.first:  # the first pass is the prefill alone
         canvas = partial(fronts.carried.canvas, state, generated)
         tree_u = tree_block.view(tree_block.shape[0], height, -1)
@@ -152,14 +149,13 @@ class FrontVerdict(NamedTuple):
 
 
 def commit_fronts(
-    state: SlotState, fronts: Fronts, plan: PassPlan, verdict: FrontVerdict, log: FrontRecord, cross_row: bool, trees
+    state: SlotState, fronts: Fronts, plan: PassPlan, verdict: FrontVerdict, log: FrontRecord, trees
 ) -> tuple[Tensor, Tensor]:
     """Write each front's commit (its leading accepted drafts and one token more) into the tokens
-    and the record -> commits [B, H] and each input's front's commits [B, M]. cross_row: whether the
-    plan has cross-row drafts (it carries what their checks need of s); trees: the fronts' trees or None."""
+    and the record -> commits [B, H] and each input's front's commits [B, M]. trees: the fronts' trees or None."""
     count, num_tokens = fronts.count, state.num_tokens
     width = num_tokens // count.shape[1]
-    valid, commits, good = valid_commits(plan, verdict.accept, count, cross_row)
+    valid, commits, good = valid_commits(plan, verdict.accept, count)
     extended = commits  # a taken side candidate commits its side node's draw too
     if trees is not None:
         extended = trees.extend(plan, valid, commits, count, width, verdict.side)
@@ -174,7 +170,6 @@ class FrontPlan(NamedTuple):
     """One pass of row fronts: its window per front, the plan, and what its inputs are fed and see."""
 
     first: bool  # the condition's prefill, which predicts token 0
-    cross_row: bool  # the plan has cross-row drafts (never in the first pass)
     plan: PassPlan
     context: PassContext  # the tokens generated before this pass, the lag, the grid's index
     # Jacobi fronts: this pass's blocks of each image's uniform stream, the fronts' [B, 4 * H * window]
@@ -185,19 +180,20 @@ class FrontPlan(NamedTuple):
 
 @dataclass(frozen=True)
 class FrontSettings:
-    """What a decode of row fronts is, fixed for the decode (`decode_fronts`' options)."""
+    """What a decode of row fronts is, fixed for the decode (`decode_fronts`' options; the defaults
+    are plain zipar's)."""
 
     method: str  # the method's name, for the progress bar and errors
     s: int  # the lag: row r + 1 starts once row r has s tokens
-    window: int  # slots per front and pass (1: plain fronts)
-    initialiser: Callable  # new drafts (drafts.INITIALISERS)
-    carry: Carry  # how drafts are carried to the next pass
-    rule: AcceptanceRule
+    window: int = 1  # slots per front and pass (1: plain fronts)
+    initialiser: Callable = random_init  # new drafts (drafts.INITIALISERS)
+    carry: Carry = FRESH_DRAWS  # how drafts are carried to the next pass
+    rule: AcceptanceRule = SPECULATIVE
     # Jacobi fronts: a front may also predict past its plain reach from the drafts the row above feeds
     # in the same pass (kept only if those drafts are accepted)
-    cross_row: bool
-    trees: FrontTrees | None  # zipar-tree's K candidates for each front's first draft (tree_fronts.py), or None
-    start_lag: int | None = None  # tokens of the row above before a row's first (None: s; PJD's pair)
+    cross_row: bool = False
+    trees: FrontTrees | None = None  # zipar-tree's K candidates for each front's first draft (tree_fronts.py)
+    start_lag: int | None = None  # tokens of the row above before a row's first (None: s; PJD's pair; `plan_pass`)
 
 
 class FrontPasses:
@@ -217,7 +213,7 @@ class FrontPasses:
         self.log = FrontRecord(self.batch, self.grid, self.window, model.device)
         state.record = self.log
         state.parts = [part for part in (self.scorer, self.fronts, self.carry, self.trees) if part is not None]
-        scratch = 0 if self.trees is None else self.trees.scratch(self.grid[0])
+        scratch = 0 if self.trees is None else self.trees.scratch()
         self.cache_length = model.num_condition_tokens + self.total + scratch
         # compiled passes (`request.compile_passes`) are padded to a few shapes (`plan_pass`'s round_up)
         self.compiled = request.compile_passes is not None
@@ -264,7 +260,7 @@ class FrontPasses:
         generated = generated_mask(fronts.count, self.grid[1], fronts.index)
         context = PassContext(state.tokens, generated, self.s, fronts.index)
         blocks = None if fronts.carried is None else take_blocks(state, self.per_pass, self.trees, first)
-        return FrontPlan(first, cross_row, plan, context, blocks)
+        return FrontPlan(first, plan, context, blocks)
 
     def step(self, plan: FrontPlan):
         draft = pass_drafts(self.state, self.fronts, plan, self.initialiser, self.window, self.trees)
@@ -282,26 +278,23 @@ class FrontPasses:
 
     def verify(self, plan: FrontPlan, draft: PassDraft, scores: FrontScores) -> FrontVerdict:
         """Every predicting slot's test and output, then each front's tree candidates (`verify_trees`)."""
-        rule, probs = self.rule, scores.probs
-        slot_tokens, accept = front_outputs(
-            rule, plan.plan, probs, draft.tokens, draft.probs, draft.uniforms, draft.draws
-        )
+        slot_tokens, accept = front_outputs(self.rule, plan.plan, scores.probs, draft)
         if draft.tree is None or draft.tree.candidates is None:  # no front has a tree this pass
             return FrontVerdict(slot_tokens, accept, None)
-        tree, side_probs = draft.tree, scores.side_probs
-        slot_tokens, side = verify_trees(self.trees, plan.plan, tree, probs, side_probs, slot_tokens, accept)
+        probs, side_probs = scores
+        slot_tokens, side = verify_trees(self.trees, plan.plan, draft.tree, probs, side_probs, slot_tokens, accept)
         return FrontVerdict(slot_tokens, accept, side)
 
     def commit(self, plan: FrontPlan, draft: PassDraft, scores: FrontScores, verdict: FrontVerdict):
         state, fronts, width = self.state, self.fronts, self.grid[1]
         count = fronts.count
-        commits, lane_commits = commit_fronts(state, fronts, plan.plan, verdict, self.log, plan.cross_row, self.trees)
+        commits, lane_commits = commit_fronts(state, fronts, plan.plan, verdict, self.log, self.trees)
         # The slots after a front's commit become drafts for the same indices.
         if self.speculative:
             after_pass = generated_mask(count + commits, width, fronts.index)
             outputs = (scores.probs, verdict.slot_tokens, lane_commits, draft.uniforms[:, CARRY])
             fronts.carried.carry_over(self.carry.draw, plan.plan, state, *outputs, after_pass)
-        fronts.fed = fed_after_pass(plan.plan, fronts.fed, count, commits, width)
+        fronts.fed = fed_after_pass(plan.plan, fronts.fed, count, commits)
         fronts.count = count + commits
         state.committed = fronts.count.sum(1)
 
@@ -329,24 +322,12 @@ class FrontPasses:
         return stats
 
 
-def decode_fronts(
-    request: Request,
-    *,
-    s: int,
-    window: int = 1,
-    initialiser: Callable = random_init,
-    carry: Carry = FRESH_DRAWS,
-    rule: AcceptanceRule = SPECULATIVE,
-    method: str = "zipar",
-    cross_row: bool = False,
-    trees: FrontTrees | None = None,
-    start_lag: int | None = None,
-) -> tuple[Tensor, dict]:
+def decode_fronts(request: Request, settings: FrontSettings) -> tuple[Tensor, dict]:
     """Decode all row fronts of every image together, pass after pass (`FrontPasses` on the pass
-    loop); window 1 = plain zipar; start_lag: see `plan.plan_pass`. -> (tokens [B, N], stats)."""
-    model = request.model
-    grid = token_grid(model, method)
-    check_lag(s)
+    loop), as `settings` says. -> (tokens [B, N], stats)."""
+    model, window, start_lag, trees = request.model, settings.window, settings.start_lag, settings.trees
+    grid = token_grid(model, settings.method)
+    check_lag(settings.s)
     if start_lag is not None and (isinstance(start_lag, bool) or not isinstance(start_lag, int) or start_lag < 1):
         raise VisarError(
             f"start_lag (tokens of the row above before a row's first; None: s) must be an integer >= 1 or "
@@ -357,11 +338,9 @@ def decode_fronts(
     if window == 1:  # ar.py's draws: token i's uniform i of each image (N: the padding's)
         first_draws, block = model.num_image_tokens + 1, 1
     else:  # a pass's blocks (the first pass's drawn first), drawn up to 16 of the largest passes at a time
-        first_draws = front_block(grid[0], clipped) + (0 if trees is None else trees.draws_per_pass(grid[0]))
+        first_draws = front_block(grid[0], clipped) + (0 if trees is None else trees.draws_per_pass())
         block = stream_block(first_draws)
     # the state's window is N: one pass spans up to the whole grid
     num_tokens = model.num_image_tokens
     state = SlotState(request, window=num_tokens, spare=1, keyed=window > 1, first_draws=first_draws, block=block)
-    settings = FrontSettings(method, s, window, initialiser, carry, rule, cross_row, trees, start_lag)
-    engine = FrontPasses(request, state, settings)
-    return decode_passes(engine, state, request, method)
+    return decode_passes(FrontPasses(request, state, settings), state, request, settings.method)

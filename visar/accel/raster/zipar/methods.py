@@ -19,7 +19,7 @@ from ..drafts import resolve_initialiser
 from ..methods.relaxed import gsd_rule
 from ..proposers import Carry, carry_updater, independent_carry, maximal_coupling_carry
 from ..tree_passes import clip_branch, parse_neighbours
-from .engine import decode_fronts
+from .engine import FrontSettings, decode_fronts
 from .plan import token_grid
 from .tree_fronts import FrontTrees
 
@@ -49,7 +49,7 @@ def zipar(request: Request, *, s: int = 8) -> tuple[Tensor, dict]:
 
     s: the window, an integer >= 1 (the released code's default is 8).
     """
-    return decode_fronts(request, s=s)
+    return decode_fronts(request, FrontSettings("zipar", s))
 
 
 @dataclass(frozen=True)
@@ -78,18 +78,9 @@ def jacobi_fronts(
     window = budget or options.window
     if window == 1:  # one slot per front is plain zipar: it drafts nothing for zipar-tree's trees to branch from
         trees = None
-    tokens, stats = decode_fronts(
-        request,
-        s=options.s,
-        window=window,
-        initialiser=resolve_initialiser(options.init),
-        carry=carry,
-        rule=rule,
-        method=method,
-        cross_row=check_flag("cross_row", options.cross_row),
-        trees=trees,
-        start_lag=options.start_lag,
-    )
+    initialiser, cross_row = resolve_initialiser(options.init), check_flag("cross_row", options.cross_row)
+    settings = FrontSettings(method, options.s, window, initialiser, carry, rule, cross_row, trees, options.start_lag)
+    tokens, stats = decode_fronts(request, settings)
     return tokens, {**stats, "budget": budget or "fixed"}
 
 
@@ -124,7 +115,6 @@ def zipar_sjd(
     once a row has started, as in PJD, `pjd`).
     Lossy for s < W as zipar is; lossless for s >= W.
     """
-    token_grid(request.model, "zipar-sjd")
     options = JacobiFrontOptions(s, window, init, cross_row, budget, start_lag)
     return jacobi_fronts(request, "zipar-sjd", options, Carry(independent_carry))
 
@@ -158,7 +148,6 @@ def zipar_mc_sjd(
 
 def coupled_fronts(request: Request, method: str, options: JacobiFrontOptions, coupling: str) -> tuple[Tensor, dict]:
     """zipar-mc-sjd's decode, which pjd presets."""
-    token_grid(request.model, method)
     tokens, stats = jacobi_fronts(request, method, options, carry_updater(coupling, method))
     return tokens, {**stats, "coupling": coupling}
 
@@ -239,7 +228,6 @@ def zipar_tree(
     """
     model = request.model
     height = token_grid(model, "zipar-tree")[0]
-    check_lag(s)
     check_spans(window, 0, 0)
     branch = clip_branch(branch, model)
     if depth not in (1, 2) or isinstance(depth, bool):
@@ -323,5 +311,5 @@ def wavefront(request: Request) -> tuple[Tensor, dict]:
             f"model.dependency_reach = R (columns to the right in the rows above, an integer >= 0); "
             f"{type(model).__name__} declares {reach!r}: use zipar for a model with global attention"
         )
-    tokens, stats = decode_fronts(request, s=reach + 1, method="wavefront")
+    tokens, stats = decode_fronts(request, FrontSettings("wavefront", reach + 1))
     return tokens, {**stats, "dependency_reach": reach}

@@ -300,9 +300,7 @@ def pass_inputs(plan: PassPlan, tokens: Tensor, drafts: Tensor | None) -> Tensor
     return fed
 
 
-def valid_commits(
-    plan: PassPlan, accept: Tensor | None, count: Tensor, cross_row: bool = True
-) -> tuple[Tensor, Tensor, Tensor]:
+def valid_commits(plan: PassPlan, accept: Tensor | None, count: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Which slots' outputs hold, and how many tokens each front commits.
 
     A front commits its leading accepted drafts and one token more (the output of its first slot
@@ -312,11 +310,11 @@ def valid_commits(
     does not hold ends the commit before it, without the extra token: its draws used drafts that
     turned out wrong. Without cross-row speculation every predicting slot holds.
 
-    cross_row: whether the plan was made with cross-row drafts; without them no slot leans on the
-    row above's drafts (a plain front stops at its reach), which the host knows without asking the
-    device. With them the rows are checked link by link even when no slot happens to lean (the same
-    result as the shortcut then, without reading the device back to find out), in a fixed number of
-    steps (`compose_down`).
+    A plan made without cross-row drafts (`plan.leans` None) has no slot leaning on the row above's
+    drafts (a plain front stops at its reach), which the host knows without asking the device. With
+    them the rows are checked link by link even when no slot happens to lean (the same result as the
+    shortcut then, without reading the device back to find out), in a fixed number of steps
+    (`compose_down`).
 
     accept: [B, M], None when no slot had a draft (`front_outputs`).
     -> valid [B, M], commits [B, H], good [B, H] (leading accepted slots that hold, per row).
@@ -324,7 +322,7 @@ def valid_commits(
     if accept is None:  # no slot had a draft: every front predicts one slot, which commits its output
         return plan.predicts, plan.window_len, torch.zeros_like(count)  # window_len: 0 or 1
     never = plan.slot.shape[1] + 1
-    if plan.leans is None or not cross_row:  # no slot leans on the row above's drafts
+    if plan.leans is None:  # a plan without cross-row drafts: no slot leans on the row above's
         stop = plan.predicts & ~accept
         first = torch.full_like(count, never).scatter_reduce(
             1, plan.row, torch.where(stop, plan.slot, never), reduce="amin"
@@ -361,20 +359,21 @@ def leading_held_table(plan: PassPlan, accept: Tensor, need: Tensor, never: int)
     return table * (plan.window_len > 0)[..., None]
 
 
-def front_outputs(
-    rule: AcceptanceRule, plan: PassPlan, target_probs: Tensor, draft_tokens, draft_probs, uniforms, draws
-) -> tuple[Tensor, Tensor]:
+def front_outputs(rule: AcceptanceRule, plan: PassPlan, target_probs: Tensor, draft) -> tuple[Tensor, Tensor]:
     """Every predicting slot's output: its draft if the test accepts it, else a draw from the
-    residual (from p where no draft follows). -> (slot_tokens [B, M], accept [B, M], None without drafts)."""
-    if draft_tokens is None:  # plain fronts, or no slot with a draft: a draw with each input's uniform
-        return sample_from_probs(target_probs, draws), None
+    residual (from p where no draft follows). draft: the pass's `engine.PassDraft` (drafts [B, M], their
+    laws, the Jacobi block [B, 4, M], each slot's draw [B, M]). -> (slot_tokens [B, M], accept [B, M],
+    None without drafts)."""
+    if draft.tokens is None:  # plain fronts, or no slot with a draft: a draw with each input's uniform
+        return sample_from_probs(target_probs, draft.draws), None
+    uniforms = draft.uniforms
     verdict = verify_slots(
-        rule, target_probs, draft_tokens, draft_probs, plan.has_draft, uniforms[:, ACCEPT], uniforms[:, RESIDUAL]
+        rule, target_probs, draft.tokens, draft.probs, plan.has_draft, uniforms[:, ACCEPT], uniforms[:, RESIDUAL]
     )
     return verdict.tokens, verdict.accept
 
 
-def fed_after_pass(plan: PassPlan, fed: Tensor, count: Tensor, commits: Tensor, width: int) -> Tensor:
+def fed_after_pass(plan: PassPlan, fed: Tensor, count: Tensor, commits: Tensor) -> Tensor:
     """[B, H] tokens of each row with their KV cached after this pass: a front's input and its
     accepted drafts (all it commits but the newest), a fed-only newest token, a row's true last token
     fed by the next row's start (those two rows commit nothing, and have all their tokens cached)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...core.stats import DecodeLog
+from ...core.stats import DecodeLog, first_reaching
 
 PASSES_PER_BLOCK = 64  # the buffer's first size in passes; it doubles when a decode needs more
 
@@ -93,10 +93,3 @@ class FrontRecord:
         passes = torch.tensor([*self.forward_pass, 0], dtype=torch.long, device=count.device)
         log.commit_pass[:, : log.num_tokens] = passes[first].view(len(log.commit_pass), -1)
         return log.stats(forward_passes)
-
-
-def first_reaching(reached: Tensor, width: int) -> Tensor:
-    """reached [R, P]: each row's count after each pass -> [R, W] the pass (from 0) whose commit took
-    the row past each column: token (r, c) came in it (P where no pass reached it)."""
-    columns = torch.arange(width, device=reached.device).expand(len(reached), -1).contiguous()
-    return torch.searchsorted(reached.contiguous(), columns, right=True)

@@ -37,7 +37,7 @@ class FrontTrees:
     """
 
     def __init__(self, branch: int, neighbours: tuple[str, ...], batch: int, height: int, device, vocab: int):
-        self.branch, self.neighbours, self.vocab = branch, neighbours, vocab
+        self.branch, self.neighbours, self.vocab, self.height = branch, neighbours, vocab, height
         self.side_taken = torch.zeros(batch, dtype=torch.long, device=device)
         self.refeed = torch.full((batch, height), -1, dtype=torch.long, device=device)
         self.refeed_width = 0  # the most tokens any image feeds again this pass (`refeed_most`, read by the plan)
@@ -60,10 +60,10 @@ class FrontTrees:
             return self.side_taken.tolist()
         return [self.released[image] for image in range(len(self.released))]
 
-    def scratch(self, height: int) -> int:
+    def scratch(self) -> int:
         """Cache slots past the image: K - 1 side nodes per front (every row a front at most), then
         one trash slot for the padding of re-fed tokens."""
-        return height * (self.branch - 1) + 1
+        return self.height * (self.branch - 1) + 1
 
     def extend(
         self, plan: PassPlan, valid: Tensor, commits: Tensor, count: Tensor, width: int, side: Tensor | None
@@ -83,10 +83,10 @@ class FrontTrees:
         self.refeed = torch.where(extended, rows * width + count, -1)
         return commits + extended.long()
 
-    def draws_per_pass(self, height: int) -> int:
+    def draws_per_pass(self) -> int:
         """The uniforms an image draws a pass for its trees: each row's extra candidates' keys (V), tests
         (K - 1) and draws (2: after the last rejection, at the side node)."""
-        return height * (self.vocab + self.branch + 1)
+        return self.height * (self.vocab + self.branch + 1)
 
 
 @dataclass
@@ -171,7 +171,7 @@ def score_with_sides(
     newest token sees when it is fed (the tokens generated before it).
     """
     tokens, generated, sides = context.tokens, context.generated, tree.sides
-    scratch = trees.scratch(context.index.height)
+    scratch = trees.scratch()
     num_cond, num_tokens, device = scorer.model.num_condition_tokens, generated.shape[1], generated.device
     batch, num_inputs, num_sides = plan.slot.shape[0], plan.slot.shape[1], sides.row.shape[1]
     feed = pass_inputs(plan, tokens, drafts)

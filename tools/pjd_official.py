@@ -22,9 +22,10 @@ same models, conditions and seeds and only the rules differ:
 
 Left out: the batch rule (the official code commits the fewest accepted tokens of any image in a
 batch; this decodes one image at a time, as its scripts do), the logits processor applied again to the
-residual's log (the residual's support lies inside the filtered p's), Lumina-mGPT's end-of-line, image-end
-and size tokens, and the KV bookkeeping (insert at local indices, delete rejected entries), which visar's
-cache does by slot. Randomness comes from each image's generator: one uniform per slot where the official
+residual's log (the residual's support lies inside the filtered p's), and the KV bookkeeping (insert at
+local indices, delete rejected entries), which visar's cache does by slot. The loop feeds image tokens
+only: on Lumina-mGPT (`official_decode` takes any raster model, tests/tools/test_pjd_official.py runs it
+on the tiny one) visar's adapter adds the end-of-line tokens and the header, as for every method. Randomness comes from each image's generator: one uniform per slot where the official
 code indexes a [L, V] table by the draft (the same law).
 
     python3 tools/pjd_official.py --model visar-tiny-c2i --n 200 [--seed 0] [--start-lag 8] [--window 8]
@@ -175,13 +176,20 @@ class OfficialRows:
 
 @torch.no_grad()
 def official_decode(
-    model, cond: Tensor, params: SamplingParams, generator: torch.Generator, start_lag: int = 8, window: int = 8
+    model,
+    cond: Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+    start_lag: int = 8,
+    window: int = 8,
+    cond_mask: Tensor | None = None,
 ) -> tuple[Tensor, int]:
-    """One image under PJD's official rules -> (tokens [N], forward passes, the prefill included)."""
+    """One image under PJD's official rules -> (tokens [N], forward passes, the prefill included); a text
+    model's cond_mask [T]: its prompt's valid positions (None: all)."""
     grid, num_cond = model.grid_size, model.num_condition_tokens
     num_tokens = grid[0] * grid[1]
     state = OfficialRows(grid, model.vocab_size, start_lag, window)
-    scorer = GuidedScorer(model, cond[None], None, params)
+    scorer = GuidedScorer(model, cond[None], None if cond_mask is None else cond_mask[None], params)
     with scorer.cache(num_cond + num_tokens):
         state.start(draw(scorer.prefill()[0], generator))
         while state.running:

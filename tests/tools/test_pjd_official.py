@@ -8,8 +8,9 @@ import importlib.util
 import pytest
 import torch
 from conftest import REPO
-from laws import compare_laws, exact_law, sequence_index, tiny_llamagen
+from laws import compare_laws, exact_law, sequence_index, tiny_llamagen, tiny_pipeline
 
+from visar.accel import Request, get_method
 from visar.accel.core.sampling import SamplingParams, make_generators
 
 spec = importlib.util.spec_from_file_location("pjd_official", REPO / "tools" / "pjd_official.py")
@@ -45,6 +46,25 @@ def test_rows_start_at_the_lag_and_run_two_behind(monkeypatch):
                 lagged += after[row] > 0
     assert seen[-1][1] == [width] * 8 and started == set(range(1, 8)) and lagged > 5
     assert passes < 64  # rows overlapped
+
+
+@pytest.mark.parametrize("guidance", [1.0, 3.0])
+def test_on_lumina_mgpt_greedy_rows_in_turn_give_ar_s_tokens(guidance):
+    """The port on the tiny Lumina-mGPT model (its row ends, a left-padded prompt, CFG with its own null
+    prompt): at a start lag of W, greedy, every row commits AR's argmax, so the tokens are AR's, in fewer
+    passes (drafts accepted); with rows overlapping it decodes the whole grid in fewer passes still."""
+    pipe = tiny_pipeline("hf-lumina-mgpt")
+    model, width = pipe.model, pipe.model.grid_size[1]
+    cond, mask = pipe.condition(prompts=["a red circle"])
+    assert not bool(mask.all())  # padding the port must hide
+    params = SamplingParams(top_k=1, guidance_scale=guidance)
+    ar, stats = get_method("ar").fn(Request(model, cond, params, make_generators(1, 0), mask))
+    rows_in_turn = dict(start_lag=width, window=3, cond_mask=mask[0])
+    tokens, passes = pjd_official.official_decode(model, cond[0], params, make_generators(1, 0)[0], **rows_in_turn)
+    assert torch.equal(tokens, ar[0]) and passes < stats["forward_passes"]
+    overlap = dict(start_lag=2, window=2, cond_mask=mask[0])
+    tokens, overlapped = pjd_official.official_decode(model, cond[0], params, make_generators(1, 0)[0], **overlap)
+    assert tokens.shape == ar[0].shape and int(tokens.max()) < model.vocab_size and overlapped < passes
 
 
 @pytest.mark.slow  # 4,000 images, one at a time, twice

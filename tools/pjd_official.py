@@ -25,8 +25,9 @@ batch; this decodes one image at a time, as its scripts do), the logits processo
 residual's log (the residual's support lies inside the filtered p's), and the KV bookkeeping (insert at
 local indices, delete rejected entries), which visar's cache does by slot. The loop feeds image tokens
 only: on Lumina-mGPT (`official_decode` takes any raster model, tests/tools/test_pjd_official.py runs it
-on the tiny one) visar's adapter adds the end-of-line tokens and the header, as for every method. Randomness comes from each image's generator: one uniform per slot where the official
-code indexes a [L, V] table by the draft (the same law).
+on the tiny one) visar's adapter adds the end-of-line tokens and the header, as for every method.
+Randomness comes from each image's generator: one uniform per slot where the official code indexes a
+[L, V] table by the draft (the same law).
 
     python3 tools/pjd_official.py --model visar-tiny-c2i --n 200 [--seed 0] [--start-lag 8] [--window 8]
     python3 tools/pjd_official.py --law [--samples 20000]

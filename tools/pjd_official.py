@@ -54,6 +54,7 @@ import visar
 from visar.accel import Request, get_method
 from visar.accel.core.sampling import SamplingParams, make_generators
 from visar.accel.core.scoring import GuidedScorer
+from visar.accel.raster.zipar.methods import scaled_lag
 from visar.models.llamagen import LlamaGen, LlamaGenConfig
 
 KEEP_ABOVE = 0.5  # the keep rule: after a rejection, a later draft stays if min(1, p / q) is above this
@@ -211,8 +212,8 @@ def side_by_side(args) -> list[dict]:
     pipe = visar.load(args.model)
     labels = [i % pipe.num_classes for i in range(args.n)]
     params = pipe.sampling_params()
-    row_sixth = -(-pipe.model.grid_size[1] // 6)  # pjd's default for either option left out
-    options = dict(start_lag=args.start_lag or row_sixth, window=args.window or row_sixth)
+    scaled = scaled_lag(pipe.model.grid_size[1])  # pjd's default for either option left out
+    options = dict(start_lag=args.start_lag or scaled, window=args.window or scaled)
     rows = []
     for name in ("ar", "pjd", "official"):
         tokens, passes, start = [], [], time.perf_counter()

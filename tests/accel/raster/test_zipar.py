@@ -786,7 +786,7 @@ def test_a_model_without_a_grid_is_refused(name):
         ("zipar-mc-sjd", dict(coupling="independent"), "unknown coupling"),
         ("zipar-mc-sjd", dict(cross_row="yes"), "cross_row must be true or false"),
         ("zipar-mc-sjd", dict(start_lag=0), "start_lag \\(tokens of the row above"),
-        ("pjd", dict(start_lag=2.5), "integer >= 1 or None"),
+        ("pjd", dict(start_lag=2.5), "start_lag \\(.*None: s\\) must be an integer >= 1, got 2.5"),
         ("pjd", dict(s=0), "s \\(the ZipAR window"),
         ("zipar-tree", dict(branch=0), "branch must be an integer >= 1"),
         ("zipar-tree", dict(depth=3), "trees of depth 2"),

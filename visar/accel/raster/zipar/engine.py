@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ....errors import VisarError
 from ....models.base import RasterModel
 from ....models.lag_mask import check_lag
 from ...core.acceptance import SPECULATIVE, AcceptanceRule
+from ...core.checks import check_number
 from ...core.method_registry import Request
 from ...core.sampling import sample_from_probs, stream_block
 from ...core.scoring import GuidedScorer
@@ -328,11 +328,9 @@ def decode_fronts(request: Request, settings: FrontSettings) -> tuple[Tensor, di
     model, window, start_lag, trees = request.model, settings.window, settings.start_lag, settings.trees
     grid = token_grid(model, settings.method)
     check_lag(settings.s)
-    if start_lag is not None and (isinstance(start_lag, bool) or not isinstance(start_lag, int) or start_lag < 1):
-        raise VisarError(
-            f"start_lag (tokens of the row above before a row's first; None: s) must be an integer >= 1 or "
-            f"None, got {start_lag!r}"
-        )
+    check_number(
+        "start_lag (tokens of the row above before a row's first; None: s)", start_lag, 1, integer=True, allow_none=True
+    )
     check_spans(window, 0, 0)
     clipped = min(window, grid[1])
     if window == 1:  # ar.py's draws: token i's uniform i of each image (N: the padding's)

@@ -152,6 +152,12 @@ def coupled_fronts(request: Request, method: str, options: JacobiFrontOptions, c
     return tokens, {**stats, "coupling": coupling}
 
 
+def scaled_lag(width: int) -> int:
+    """pjd's start lag and window where left out: PJD's 8 for Lumina-mGPT's 48-token rows, scaled with the
+    row, ceil(W / 6)."""
+    return -(-width // 6)
+
+
 @register_method(
     "pjd",
     lossless=False,
@@ -188,9 +194,9 @@ def pjd(
     law differs from AR's only by what zipar approximates (a token does not see the rows above past
     column c + s - 1), and with s >= W it is exact. Other options as zipar-mc-sjd.
     """
-    row_sixth = -(-token_grid(request.model, "pjd")[1] // 6)
-    start_lag = row_sixth if start_lag is None else start_lag
-    window = row_sixth if window is None else window
+    scaled = scaled_lag(token_grid(request.model, "pjd")[1])
+    start_lag = scaled if start_lag is None else start_lag
+    window = scaled if window is None else window
     options = JacobiFrontOptions(s, window, init, cross_row, budget, start_lag)
     return coupled_fronts(request, "pjd", options, coupling)
 

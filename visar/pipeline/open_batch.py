@@ -148,7 +148,7 @@ class OpenBatch:
         request = Request(
             pipe.model, cond, self.params, generators, cond_mask, self.progress, tokenizer=pipe.tokenizer,
             compile_passes=pipe.compile_options if pipe.is_compiled else None, slots=self.slots,
-            on_image=image_callback(pipe.model, hand_over, {}), kv_keep=self.kv_keep, kv_evict=self.kv_evict,
+            on_image=image_callback(pipe.model, hand_over), kv_keep=self.kv_keep, kv_evict=self.kv_evict,
             source=source,
         )  # fmt: skip
         _, stats = self.method.fn(request, **self.options)

@@ -117,7 +117,7 @@ def decode_images(model, run: Run, slots: int | None, deterministic: bool, on_im
     choice = {}  # {"auto", "auto_reason"} where auto settled its candidate first
     if deterministic and run.name == "auto":  # its choice made first: each image's bits then hold
         run, choice = settled_run(model, run, slots, deterministic)
-    request = replace(run.request, slots=slots, on_image=image_callback(model, on_image, choice))
+    request = replace(run.request, slots=slots, on_image=image_callback(model, on_image), note=choice)
     try:
         with deterministic_algorithms(model.device, deterministic):
             if deterministic:  # one image a batch: every model call has the shapes of its decode alone
@@ -167,16 +167,16 @@ def settle_auto(pipe, class_labels=None, prompts=None, *, batch_size=None, deter
     return note["auto"], note["auto_reason"]
 
 
-def image_callback(model, on_image, note: dict):
+def image_callback(model, on_image):
     """The accel layer's hand-over (index, an image's tokens, info with its commit_pass) ->
-    on_image(index, the image's output tokens, info with its commit_pass in the output's shape and
-    `note`: what auto settled on); None without on_image."""
+    on_image(index, the image's output tokens, info with its commit_pass in the output's shape);
+    None without on_image."""
     if on_image is None:
         return None
 
     def hand_over(index, tokens, info):
         tokens, commit_pass = output_maps(model, batch_of_one(tokens), batch_of_one(info["commit_pass"]))
-        on_image(index, per_image(tokens)[0], {**info, "commit_pass": per_image(commit_pass)[0], **note})
+        on_image(index, per_image(tokens)[0], {**info, "commit_pass": per_image(commit_pass)[0]})
 
     return hand_over
 

@@ -54,8 +54,8 @@ class Request:
     # method registered `refills=True` is handed one (`Pipeline.generate` and `run_images` cut the
     # queue into consecutive batches for the others: `consecutive_batches`).
     slots: int | None = None
-    # called (image index, tokens [N], {"forward_passes", "commit_pass" [N], what the method adds}) as each
-    # image of a running batch finishes
+    # called (image index, tokens [N], {"forward_passes", "commit_pass" [N], the note}) as each image is
+    # done (a running batch's as it finishes, another call's as its batch does), through `hand_over`
     on_image: Callable | None = None
     # An open running batch (`core.source.ImageSource`, with `slots`): images join while it decodes, and
     # cond, cond_mask and generators are the source's first images. None: the request's images alone.
@@ -70,6 +70,17 @@ class Request:
     # prompt's): (null [Q, ...], null_mask [Q, T] or None), a row per image as `cond`; None: the model's
     # own (`null_condition`). A draft model that reads the same prompts takes them too.
     null: tuple[Tensor, Tensor | None] | None = None
+
+    # Where cond[0] sits in the caller's queue, and what each image's info gains as it is handed over
+    # (auto: the candidate that decoded it): a part of the queue decoded as a call of its own (`images`)
+    # hands its images over as the queue's, through `hand_over`.
+    first_image: int = 0
+    note: dict = field(default_factory=dict)
+
+    def hand_over(self, index: int, tokens, info: dict):
+        """Image `index` of this request is done -> on_image(its index in the caller's queue, tokens,
+        info and the request's note): the one way an image reaches the caller."""
+        self.on_image(self.first_image + index, tokens, {**info, **self.note})
 
     @property
     def batch_size(self) -> int:
@@ -86,7 +97,7 @@ class Request:
 
     def images(self, start: int, stop: int) -> Request:
         """The request for the queue's images [start, stop) alone (a running batch keeps its slots, at
-        most as many as images; on_image is told each image's index in this queue). Not of an open
+        most as many as images; its hand-over tells on_image each image's index in this queue). Not of an open
         source's, whose images are not all known: only a method that refills decodes one."""
         if self.source is not None:
             raise VisarError(
@@ -94,14 +105,13 @@ class Request:
                 "sjd, mc-sjd, the trees, the zipar fronts, ...); auto and methods that decode consecutive "
                 "batches take a fixed list of images"
             )
-        hand_over = self.on_image
         return replace(
             self,
             cond=self.cond[start:stop],
             cond_mask=None if self.cond_mask is None else self.cond_mask[start:stop],
             generators=self.generators[start:stop],
             slots=None if self.slots is None else min(self.slots, stop - start),
-            on_image=None if hand_over is None else lambda index, *info: hand_over(start + index, *info),
+            first_image=self.first_image + start,
             null=None if self.null is None else tuple(x if x is None else x[start:stop] for x in self.null),
         )
 
@@ -122,7 +132,7 @@ def decode_queue(request: Request, method: Method, options: dict) -> tuple:
         return consecutive_batches(request, request.slots, lambda batch: method.fn(batch, **options))
     tokens, stats = method.fn(replace(request, on_image=None), **options)
     if request.on_image is not None:
-        hand_over_images(request.on_image, 0, tokens, stats)
+        hand_over_images(request, 0, tokens, stats)
     return tokens, stats
 
 
@@ -138,22 +148,22 @@ def consecutive_batches(request: Request, size: int | None, decode: Callable) ->
         stop = min(start + size, images)
         parts.append(decode(replace(request.images(start, stop), slots=None, on_image=None)))
         if request.on_image is not None:
-            hand_over_images(request.on_image, start, *parts[-1])
+            hand_over_images(request, start, *parts[-1])
     if len(parts) == 1:
         return parts[0]
     return concat_batches([tokens for tokens, _ in parts]), merge_batch_stats([stats for _, stats in parts])
 
 
-def hand_over_images(on_image: Callable, start: int, tokens, stats: dict):
-    """A finished batch's tokens and stats -> on_image(start + i, image i's tokens, its
-    {"forward_passes", "commit_pass"} and, under auto, what auto ran), as a running batch hands over
-    each image."""
+def hand_over_images(request: Request, start: int, tokens, stats: dict):
+    """A finished batch of the request's images [start, ...): its tokens and stats -> each image's
+    `Request.hand_over` (its tokens, {"forward_passes", "commit_pass"} and, under auto, what auto ran),
+    as a running batch hands over each image."""
     images = zip(per_image(tokens), per_image(stats["commit_pass"]), strict=True)
     for i, (image_tokens, commit_pass) in enumerate(images):
         info = {"forward_passes": stats["forward_passes_per_image"][i], "commit_pass": commit_pass}
         if "auto" in stats:
             info["auto"] = stats["auto"]
-        on_image(start + i, image_tokens, info)
+        request.hand_over(start + i, image_tokens, info)
 
 
 @dataclass(frozen=True)

@@ -253,7 +253,9 @@ def auto(request: Request, *, candidates: str = DEFAULT_CANDIDATES) -> tuple[Ten
         timed = spec is not None and stop <= queue
         if not timed:  # tuned; or too few images left for a round of this size: the fastest so far
             spec, stop = tuning.fastest() or spec, queue
-        part, timed = timed_round(tuning, noting(request, auto=spec), ladder[spec], start, stop, device, timed)
+        part, timed = timed_round(
+            tuning, replace(request, note={**request.note, "auto": spec}), ladder[spec], start, stop, device, timed
+        )
         parts.append(part)
         tuned_images += stop - start if timed else 0
         ran[spec] = ran.get(spec, 0) + stop - start
@@ -342,11 +344,3 @@ def reason(tuning: Tuning, ladder: list[str], tuned_images: int) -> str:
     else:
         return f"the fastest of its candidates on this machine (images/s: {speeds}; {tuning.source})"
     return said if tuning.source == Tuning.source else f"{said} ({tuning.source})"
-
-
-def noting(request: Request, **note) -> Request:
-    """The request whose running batch hands each finished image over with `note` (what auto ran)."""
-    if request.on_image is None:
-        return request
-    hand_over = request.on_image
-    return replace(request, on_image=lambda index, tokens, info: hand_over(index, tokens, {**info, **note}))

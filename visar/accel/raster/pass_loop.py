@@ -92,18 +92,18 @@ def pass_runner(compile_options: dict | None) -> Callable:
 class RunningBatch:
     """The images of an `ImageSource` decoded `slots` at a time (the slots of a `SlotState`). Between
     passes, the slots whose image is done give it up (`SlotState.release`: its tokens and per-image
-    statistics, handed to `on_image(index, tokens [N], {"forward_passes", "commit_pass" [N]})` at
+    statistics, handed to `hand_over(index, tokens [N], {"forward_passes", "commit_pass" [N]})` at
     once, so a caller can save it) and take the next images of the source (`SlotState.admit`); a slot
     left when the source has none waiting idles (an engine gives a finished image no slots). An
     image's passes and commit_pass are counted from its own first pass, so they, like its tokens, are
     those of its decode alone. A closed source's last images are handed over at the end; an open
     source's as soon as they are done (one read-back a pass)."""
 
-    def __init__(self, source: ImageSource, state: SlotState, on_image: Callable | None = None):
-        self.source, self.state, self.on_image = source, state, on_image
-        # an open source's images go to on_image alone (a service's batch may run for ever): nothing of
-        # them is kept past the hand-over, and the source forgets them once they have taken their slots
-        self.keep = on_image is None or source.fixed
+    def __init__(self, source: ImageSource, state: SlotState, hand_over: Callable | None = None):
+        self.source, self.state, self.hand_over = source, state, hand_over
+        # an open source's images go to the hand-over alone (a service's batch may run for ever): nothing
+        # of them is kept past it, and the source forgets them once they have taken their slots
+        self.keep = hand_over is None or source.fixed
         self.next = sum(image is not None for image in state.holds)  # the next image to admit
         self.source.forget(self.next, state.holds)  # the first slots' images were read as the engine started
         self.tokens: list[Tensor] = []  # kept: each image's, in the source's order
@@ -134,8 +134,8 @@ class RunningBatch:
                 self.images_passes[1] += self.state.num_tokens / max(image_passes, 1)
             holds[row] = None
             self.finished += 1
-            if self.on_image is not None:
-                self.on_image(image, image_tokens, {"forward_passes": image_passes, "commit_pass": image_commits})
+            if self.hand_over is not None:
+                self.hand_over(image, image_tokens, {"forward_passes": image_passes, "commit_pass": image_commits})
 
     def refill(self):
         """Slots whose image is done: release it, admit the next images into free slots (one read-back a
@@ -213,7 +213,7 @@ def running_batch(request, state: SlotState) -> RunningBatch | None:
     if request.slots is None:
         return None
     source = request.source or ImageSource(request.cond, request.cond_mask, request.generators, null=request.null)
-    return RunningBatch(source, state, request.on_image)
+    return RunningBatch(source, state, None if request.on_image is None else request.hand_over)
 
 
 @torch.no_grad()

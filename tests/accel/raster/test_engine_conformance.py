@@ -177,13 +177,15 @@ def test_each_image_of_a_running_batch_is_its_decode_alone(models, alone, case_i
     for image, image_tokens, info in handed:
         assert torch.equal(image_tokens, tokens[image]) and info["forward_passes"] == passes[image], image
         assert torch.equal(info["commit_pass"].cpu(), stats["commit_pass"][image]), image
+    infos = {image: info for image, _, info in handed}
     for image in range(len(LABELS)):
         own_tokens, own = alone(case_id, image)
         assert torch.equal(tokens[image], own_tokens), image
         assert passes[image] == own["forward_passes_per_image"][0], image
         assert torch.equal(stats["commit_pass"][image], own["commit_pass"][0]), image
-        if "side_taken_per_image" in own:
+        if "side_taken_per_image" in own:  # a statistic the engine counts by slot, handed over by image
             assert stats["side_taken_per_image"][image] == own["side_taken_per_image"][0], image
+            assert infos[image]["side_taken"] == stats["side_taken_per_image"][image], image
     # the batch shared its passes: fewer than its images took one after another, no slot left idle
     assert stats["forward_passes"] < sum(passes)
     assert stats["batch_passes"] == batch_passes_of_a_greedy_queue(case, passes, slots=2)

@@ -106,7 +106,7 @@ class ChainPasses:
         self.slot_range = torch.arange(self.window, device=self.device)
         self.position_offsets = self.num_cond - 1 + self.slot_range  # slot j's position past the commit
         self.scorer = GuidedScorer.for_request(request)
-        state.record, state.parts = self.record, [self.scorer, proposer]
+        state.record, state.parts = self.record, [self.scorer]  # and the proposer's (`Proposer.start`)
         self.full_lengths: dict[int, Tensor] = {}  # slots -> window_len [B] of a pass of full windows
         # Compiled passes draft padded windows: slots past an image's window are padding (never
         # tested, after every real slot, forgotten with the cache), so the tokens are the same.

@@ -33,6 +33,7 @@ class DraftModelProposer:
         self.scorer.open_cache(self.max_pos + 1)
         self.draft_len: Tensor | None = None  # [B] valid cache length; None before the prefill
         self.pending: Tensor | None = None  # [B, V] the prefill's law of image token 0
+        state.parts.append(self)  # a new image is prefilled (`admit`)
 
     def catch_up_need(self, state: SlotState) -> Tensor:
         """The most positions any image's draft has not seen (before the prefill: every committed token)."""
@@ -88,6 +89,7 @@ class DraftModelProposer:
         self.scorer.truncate_cache(self.draft_len)
 
     def admit(self, rows: Tensor, images: Tensor):
+        """Slots `rows` start queue images `images`: their conditions, prefilled once the draft has been."""
         self.scorer.admit(rows, images)
         if self.draft_len is not None:  # else the first proposal prefills every slot
             self.pending[rows] = self.scorer.prefill(rows)

@@ -92,7 +92,8 @@ def pass_runner(compile_options: dict | None) -> Callable:
 class RunningBatch:
     """The images of an `ImageSource` decoded `slots` at a time (the slots of a `SlotState`). Between
     passes, the slots whose image is done give it up (`SlotState.release`: its tokens and per-image
-    statistics, handed to `hand_over(index, tokens [N], {"forward_passes", "commit_pass" [N]})` at
+    statistics, handed to `hand_over(index, tokens [N], {"forward_passes", "commit_pass" [N], the engine's
+    `SlotState.count_per_image` counts})` at
     once, so a caller can save it) and take the next images of the source (`SlotState.admit`); a slot
     left when the source has none waiting idles (an engine gives a finished image no slots). An
     image's passes and commit_pass are counted from its own first pass, so they, like its tokens, are
@@ -109,6 +110,7 @@ class RunningBatch:
         self.tokens: list[Tensor] = []  # kept: each image's, in the source's order
         self.passes: list[int | None] = []
         self.commit_pass: list[Tensor] = []
+        self.counts: dict[str, list[int | None]] = {name: [] for name in state.counts}  # kept, by image
         self.finished = 0  # images handed over or cancelled in their slots
         self.images_passes = [0, 0.0]  # not kept: the images handed over and the sum of their tokens a pass
         self.passes_run = 0  # the batch's passes (a refill pass makes two model calls, counted once)
@@ -116,26 +118,30 @@ class RunningBatch:
     def collect(self, rows: list[int]):
         holds = self.state.holds
         images = [holds[row] for row in rows]
-        tokens, passes, commit_pass = self.state.release(rows)
-        for row, image, image_tokens, image_passes, image_commits in zip(
-            rows, images, tokens, passes.tolist(), commit_pass, strict=True
+        tokens, passes, commit_pass, counts = self.state.release(rows)
+        for i, (row, image, image_tokens, image_passes, image_commits) in enumerate(
+            zip(rows, images, tokens, passes.tolist(), commit_pass, strict=True)
         ):
+            image_counts = {name: count[i] for name, count in counts.items()}
             if self.keep:
                 grow = image + 1 - len(self.passes)
-                for kept in (self.tokens, self.passes, self.commit_pass):
+                for kept in (self.tokens, self.passes, self.commit_pass, *self.counts.values()):
                     kept.extend([None] * grow)
                 self.tokens[image], self.passes[image], self.commit_pass[image] = (
                     image_tokens,
                     image_passes,
                     image_commits,
                 )
+                for name, count in image_counts.items():
+                    self.counts[name][image] = count
             else:
                 self.images_passes[0] += 1
                 self.images_passes[1] += self.state.num_tokens / max(image_passes, 1)
             holds[row] = None
             self.finished += 1
             if self.hand_over is not None:
-                self.hand_over(image, image_tokens, {"forward_passes": image_passes, "commit_pass": image_commits})
+                info = {"forward_passes": image_passes, "commit_pass": image_commits, **image_counts}
+                self.hand_over(image, image_tokens, info)
 
     def refill(self):
         """Slots whose image is done: release it, admit the next images into free slots (one read-back a
@@ -187,6 +193,7 @@ class RunningBatch:
         return tokens, {
             **stats,
             "forward_passes_per_image": self.passes,  # kept images' (an open batch keeps none)
+            **{f"{name}_per_image": counts for name, counts in self.counts.items()},
             "tokens_per_forward": tokens_a_pass / max(images, 1),
             "commit_pass": commit_pass,
             "slots": slots,

@@ -74,7 +74,10 @@ class Proposer(Protocol):
     # that draw with its own and hands it to `after_commit` (p_draws)
     draws_from_p: bool
 
-    def start(self, state: SlotState) -> None: ...
+    def start(self, state: SlotState) -> None:
+        """A decode starts: make what the proposer keeps, telling `state` what a new image resets there
+        (`SlotState.per_slot`, `SlotState.parts`)."""
+        ...
 
     def catch_up_need(self, state: SlotState) -> Tensor | None:
         """What the next `propose` must know on the host (a 0-d integer tensor the plan reads back with
@@ -99,10 +102,6 @@ class Proposer(Protocol):
         and the law each slot token follows [B, L, V] (p, or a relaxed rule's p~ at a verified draft),
         before `state.committed` moves on; p_draws [B, L]: the draw from p `draws_from_p` asks for,
         where the engine made it."""
-        ...
-
-    def admit(self, rows: Tensor, images: Tensor) -> None:
-        """Slots `rows` start queue images `images` (a running batch): nothing of their old images kept."""
         ...
 
     def close(self) -> None: ...
@@ -239,6 +238,8 @@ class JacobiProposer:
         self.carry_tokens = torch.zeros(batch, self.window, dtype=torch.long, device=device)
         self.carry_probs = torch.zeros(batch, self.window, vocab, device=device)
         self.carried = torch.zeros(batch, self.window, dtype=torch.bool, device=device)  # [B, C] slot holds a draft
+        state.per_slot(False, self, "carried")  # a new image: nothing carried, and its carry holds nothing old
+        state.parts.append(self.carry)
 
     def canvas(self, state: SlotState) -> Tensor:
         """[B, N + window] committed tokens and carried drafts at their indices, -1 elsewhere."""
@@ -311,10 +312,6 @@ class JacobiProposer:
         if window.slot_index is None:
             return state.committed[:, None] + self.slot_prefix[length]
         return window.slot_index[:, :length]
-
-    def admit(self, rows: Tensor, images: Tensor):
-        self.carried[rows] = False
-        self.carry.forget(rows)
 
     def close(self):
         pass

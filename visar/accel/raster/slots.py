@@ -2,9 +2,11 @@
 
 A decode works on B slots, one image each (a running batch's images take turns in them). Starting
 an image in a slot (`admit`) and handing a finished one over (`release`) are written here once: an
-engine says what it keeps per slot by its parts (`SlotPart`: a scorer takes the images' conditions,
-a log forgets the old image, a carry-over drops its drafts) and how an image draws its randomness,
-and the state starts every image as its decode alone does.
+engine says what it keeps per slot (`per_slot`: the tensors a new image starts at a value, as a
+front's counts or its carried drafts; `count_per_image`: a statistic handed over with each image),
+its parts that do more when an image starts (`SlotPart`: a scorer takes the images' conditions, a
+draft model prefills them, a log forgets the old image) and how an image draws its randomness, and
+the state starts every image as its decode alone does.
 """
 
 from __future__ import annotations
@@ -89,6 +91,19 @@ class SlotState:
         self.holds: list[int | None] = [*range(started), *[None] * (batch - started)]
         self.record: Record | None = None  # the engine's, with its parts (`SlotPart`)
         self.parts: list[SlotPart] = []
+        self.starts: list[tuple[object, object, tuple[str, ...]]] = []  # (start, holder, names): `per_slot`
+        self.counts: dict[str, tuple[object, str]] = {}  # statistic -> (holder, name): `count_per_image`
+
+    def per_slot(self, start, holder, *names: str):
+        """Tensors an engine keeps per slot, `holder.<name>` [B, ...], that a new image starts at `start`
+        (read at each admit: a holder may replace one between passes; None: not made yet)."""
+        self.starts.append((start, holder, names))
+
+    def count_per_image(self, name: str, holder, attribute: str):
+        """A statistic `holder.<attribute>` [B] an engine counts per slot: each image starts it at 0 and
+        hands its count over as `name` (`release`)."""
+        self.per_slot(0, holder, attribute)
+        self.counts[name] = (holder, attribute)
 
     def vocab_ids(self) -> Tensor:
         """[V] the token ids, made at the first call of a decode and kept."""
@@ -106,15 +121,13 @@ class SlotState:
         """[B] bool: the slot's image has all its tokens."""
         return self.committed >= self.num_tokens
 
-    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+    def release(self, rows: list[int]) -> tuple[Tensor, Tensor, Tensor, dict[str, list[int]]]:
         """The finished images in slots `rows` -> (tokens [R, N], their passes [R], commit_pass [R, N]
-        counted from each image's own first pass), before the slots are reused."""
+        counted from each image's own first pass, each `count_per_image` statistic's counts [R]),
+        before the slots are reused."""
         passes, commit_pass = self.record.image_commits(rows, [self.start_pass[row] for row in rows], self.passes)
-        images = [self.holds[row] for row in rows]
-        for part in self.parts:
-            if hasattr(part, "release"):  # a part that keeps a statistic by image (zipar-tree's side_taken)
-                part.release(rows, images)
-        return self.tokens[rows, : self.num_tokens], passes, commit_pass
+        counts = {name: getattr(holder, attribute)[rows].tolist() for name, (holder, attribute) in self.counts.items()}
+        return self.tokens[rows, : self.num_tokens], passes, commit_pass, counts
 
     def admit(self, rows: list[int], images: list[int]):
         """Slots `rows` start queue images `images`: every state of the slot made as a decode of that
@@ -135,5 +148,9 @@ class SlotState:
         if self.first_draws:
             self.first_uniforms[index] = to_device(draw_uniforms(generators, self.first_draws), self.device)
         self.uniforms.replace(rows, generators)
+        for start, holder, names in self.starts:
+            for name in names:
+                if (held := getattr(holder, name)) is not None:
+                    held[index] = start
         for part in self.parts:
             part.admit(index, image_index)

@@ -70,7 +70,7 @@ class DraftTreePasses:
         self.log = DecodeLog(batch, model.grid_size, layout.main_length, self.device)
         self.log.count_at_once = request.compile_passes is not None
         # the log's pass numbers are the state's
-        state.record, state.parts = self.log, [self.scorer, self.proposer, self.log]
+        state.record, state.parts = self.log, [self.scorer, self.log]  # and the proposer's (`Proposer.start`)
         self.tree_scorer = DraftTreeScorer(self.scorer, layout)
         self.layout = layout.to(self.device)
         # the reached path's columns 1 .. M past the newest committed token, made once (`commit`)

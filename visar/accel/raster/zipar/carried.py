@@ -31,11 +31,6 @@ class CarriedDrafts:
         # the last carry-over's (stored [B, M], laws [B, M, V]), packed before the next pass (`pack`)
         self.unpacked: tuple[Tensor, Tensor] | None = None
 
-    def admit(self, rows: Tensor, images: Tensor):
-        # their packed laws go unread once no draft is carried
-        for held in (self.tokens, self.valid, self.entry):
-            held[rows] = 0
-
     def laws(self, index: Tensor) -> Tensor:
         """index [B, M] -> the carried q at each [B, M, V] (arbitrary where no draft is carried)."""
         batch, vocab = self.probs.shape[0], self.probs.shape[-1]

@@ -82,12 +82,6 @@ class Fronts:
         count = torch.zeros(batch, height, dtype=torch.long, device=device)
         return cls(count, torch.zeros_like(count), grid_index(tuple(model.grid_size), device), carried)
 
-    def admit(self, rows: Tensor, images: Tensor):
-        self.count[rows] = 0
-        self.fed[rows] = 0
-        if self.carried is not None:
-            self.carried.admit(rows, images)
-
 
 def front_block(height: int, window: int) -> int:
     """The uniforms a pass of Jacobi fronts takes for its fronts, per image: [4, H, window] (the first
@@ -212,7 +206,13 @@ class FrontPasses:
         self.scorer = GuidedScorer.for_request(request)
         self.log = FrontRecord(self.batch, self.grid, self.window, model.device)
         state.record = self.log
-        state.parts = [part for part in (self.scorer, self.fronts, self.carry, self.trees) if part is not None]
+        state.parts = [self.scorer, self.carry]
+        state.per_slot(0, self.fronts, "count", "fed")  # a new image: no token, no draft, no side taken
+        if self.fronts.carried is not None:  # their packed laws go unread once no draft is carried
+            state.per_slot(0, self.fronts.carried, "tokens", "valid", "entry")
+        if self.trees is not None:
+            state.per_slot(-1, self.trees, "refeed")
+            state.count_per_image("side_taken", self.trees, "side_taken")
         scratch = 0 if self.trees is None else self.trees.scratch()
         self.cache_length = model.num_condition_tokens + self.total + scratch
         # compiled passes (`request.compile_passes`) are padded to a few shapes (`plan_pass`'s round_up)

@@ -247,7 +247,8 @@ def zipar_tree(
         trees = FrontTrees(branch, names, request.batch_size, height, model.device, model.vocab_size)
     options = JacobiFrontOptions(s, window, init, cross_row, budget, start_lag)
     tokens, stats = jacobi_fronts(request, "zipar-tree", options, Carry(maximal_coupling_carry), trees=trees)
-    taken = [0] * len(tokens) if trees is None else trees.side_taken_per_image()
+    # a running batch's stats hold each image's (`SlotState.count_per_image`), a batch's are its slots'
+    taken = [0] * len(tokens) if trees is None else stats.get("side_taken_per_image", trees.side_taken.tolist())
     return tokens, {**stats, "branch": branch, "depth": depth, "side_taken_per_image": taken}
 
 

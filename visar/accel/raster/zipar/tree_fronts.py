@@ -41,24 +41,10 @@ class FrontTrees:
         self.side_taken = torch.zeros(batch, dtype=torch.long, device=device)
         self.refeed = torch.full((batch, height), -1, dtype=torch.long, device=device)
         self.refeed_width = 0  # the most tokens any image feeds again this pass (`refeed_most`, read by the plan)
-        self.released: dict[int, int] = {}  # a running batch's finished images: image -> side_taken
 
     def refeed_most(self) -> Tensor:
         """The most tokens any image waits to feed again (0-d)."""
         return (self.refeed >= 0).sum(1).max()
-
-    def admit(self, rows: Tensor, images: Tensor):
-        self.side_taken[rows] = 0
-        self.refeed[rows] = -1
-
-    def release(self, rows: list[int], images: list[int]):
-        self.released.update(zip(images, self.side_taken[rows].tolist(), strict=True))
-
-    def side_taken_per_image(self) -> list[int]:
-        """Each image's side_taken: by slot, or by queue image after a running batch (every image released)."""
-        if not self.released:
-            return self.side_taken.tolist()
-        return [self.released[image] for image in range(len(self.released))]
 
     def scratch(self) -> int:
         """Cache slots past the image: K - 1 side nodes per front (every row a front at most), then

@@ -29,7 +29,7 @@ against a negative control that refills wrongly (slow).
 """
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -52,6 +52,7 @@ from laws import (
 )
 
 from visar.accel import METHODS, Request, get_method
+from visar.accel.core.method_registry import decode_queue
 from visar.accel.core.sampling import SamplingParams, draw_uniforms, make_generators
 from visar.accel.core.scoring import GuidedScorer
 from visar.accel.raster import chain, slots, static_tree, tree_passes
@@ -193,6 +194,23 @@ def test_each_image_of_a_running_batch_is_its_decode_alone(models, alone, case_i
         assert len(set(passes)) > 1
     if case.name == "zipar-tree":
         assert sum(stats["side_taken_per_image"]) > 0
+
+
+def test_a_call_without_slots_hands_each_image_over_with_its_statistics(models):
+    """Without a running batch the images are handed over at the call's end (`decode_queue`), each with
+    its per-image statistics (zipar-tree's side_taken too) at its index in the caller's queue."""
+    case, handed = CASES["zipar-tree"], {}
+    model, (cond, generators) = models["model"], conditions(range(len(LABELS)))
+    request = Request(model, cond, PARAMS, generators, tokenizer=models["book"], first_image=10)
+    request = replace(request, on_image=lambda image, tokens, info: handed.setdefault(image, (tokens, info)))
+    tokens, stats = decode_queue(request, get_method(case.name), case.options)
+    assert sorted(handed) == [10 + image for image in range(len(LABELS))]
+    for image in range(len(LABELS)):
+        image_tokens, info = handed[10 + image]
+        assert torch.equal(image_tokens, tokens[image]), image
+        assert info["forward_passes"] == stats["forward_passes_per_image"][image], image
+        assert info["side_taken"] == stats["side_taken_per_image"][image], image
+    assert sum(stats["side_taken_per_image"]) > 0
 
 
 @pytest.mark.one_thread  # images against their decodes alone, bit for bit

@@ -156,11 +156,12 @@ def consecutive_batches(request: Request, size: int | None, decode: Callable) ->
 
 def hand_over_images(request: Request, start: int, tokens, stats: dict):
     """A finished batch of the request's images [start, ...): its tokens and stats -> each image's
-    `Request.hand_over` (its tokens, {"forward_passes", "commit_pass"} and, under auto, what auto ran),
-    as a running batch hands over each image."""
+    `Request.hand_over` (its tokens, {"forward_passes", "commit_pass"}, each other NAME_per_image
+    statistic as NAME and, under auto, what auto ran), as a running batch hands over each image."""
+    counted = [key for key in stats if key.endswith("_per_image")]  # forward_passes_per_image among them
     images = zip(per_image(tokens), per_image(stats["commit_pass"]), strict=True)
     for i, (image_tokens, commit_pass) in enumerate(images):
-        info = {"forward_passes": stats["forward_passes_per_image"][i], "commit_pass": commit_pass}
+        info = {key.removesuffix("_per_image"): stats[key][i] for key in counted} | {"commit_pass": commit_pass}
         if "auto" in stats:
             info["auto"] = stats["auto"]
         request.hand_over(start + i, image_tokens, info)

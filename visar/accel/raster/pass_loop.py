@@ -92,13 +92,13 @@ def pass_runner(compile_options: dict | None) -> Callable:
 class RunningBatch:
     """The images of an `ImageSource` decoded `slots` at a time (the slots of a `SlotState`). Between
     passes, the slots whose image is done give it up (`SlotState.release`: its tokens and per-image
-    statistics, handed to `hand_over(index, tokens [N], {"forward_passes", "commit_pass" [N], the engine's
-    `SlotState.count_per_image` counts})` at
-    once, so a caller can save it) and take the next images of the source (`SlotState.admit`); a slot
-    left when the source has none waiting idles (an engine gives a finished image no slots). An
-    image's passes and commit_pass are counted from its own first pass, so they, like its tokens, are
-    those of its decode alone. A closed source's last images are handed over at the end; an open
-    source's as soon as they are done (one read-back a pass)."""
+    statistics, handed to `hand_over(index, tokens [N], {"forward_passes", "commit_pass" [N], the
+    engine's `SlotState.count_per_image` counts})` at once, so a caller can save it) and take the next
+    images of the source (`SlotState.admit`); a slot left when the source has none waiting idles (an
+    engine gives a finished image no slots). An image's passes and commit_pass are counted from its
+    own first pass, so they, like its tokens, are those of its decode alone. A closed source's last
+    images are handed over at the end; an open source's as soon as they are done (one read-back a
+    pass)."""
 
     def __init__(self, source: ImageSource, state: SlotState, hand_over: Callable | None = None):
         self.source, self.state, self.hand_over = source, state, hand_over

@@ -57,7 +57,7 @@ from visar.accel.core.sampling import SamplingParams, draw_uniforms, make_genera
 from visar.accel.core.scoring import GuidedScorer
 from visar.accel.raster import chain, slots, static_tree, tree_passes
 from visar.accel.raster.methods import ar
-from visar.accel.raster.pass_loop import run_pass
+from visar.accel.raster.pass_loop import batch_result, run_pass
 from visar.accel.raster.zipar import engine
 from visar.errors import VisarError
 
@@ -245,7 +245,7 @@ def test_a_pass_traces_as_one_graph(models, case_id, monkeypatch):
             for _ in range(3):
                 run_pass(engine, engine.plan())
             traced.append(dynamo.explain(run_pass)(engine, engine.plan()))
-        return state.tokens, {}  # a result for the method to return
+        return batch_result(state, {})  # a result for the method to return
 
     for module in (chain, tree_passes, static_tree, engine):
         monkeypatch.setattr(module, "decode_passes", trace_a_pass)
@@ -327,7 +327,7 @@ def test_an_admitted_image_has_its_first_pass_in_the_next_pass(models, monkeypat
 
     def keep_the_engine(front_passes, state, *loop_options):
         engines.append((front_passes, state))
-        return state.tokens, {}  # a result for the method to return; the passes run below
+        return batch_result(state, {})  # a result for the method to return; the passes run below
 
     monkeypatch.setattr(engine, "decode_passes", keep_the_engine)
     labels = torch.tensor(LABELS[:6])

@@ -268,9 +268,14 @@ def decode_passes(engine: PassEngine, state: SlotState, request, desc: str) -> t
             stats = engine.stats()
     finally:
         bar.close()
-    if queue is not None:
-        return queue.finish(stats)
-    return state.tokens[:, : state.num_tokens], stats
+    return queue.finish(stats) if queue is not None else batch_result(state, stats)
+
+
+def batch_result(state: SlotState, stats: dict) -> tuple[Tensor, dict]:
+    """A decode without a running batch, every image in a slot of its own -> (tokens [B, N], the
+    engine's stats with each `SlotState.count_per_image` statistic's per-image list, its slots')."""
+    counts = {f"{name}_per_image": counts for name, counts in state.image_counts().items()}
+    return state.tokens[:, : state.num_tokens], stats | counts
 
 
 def compile_failure(err: Exception) -> str:

@@ -126,8 +126,11 @@ class SlotState:
         counted from each image's own first pass, each `count_per_image` statistic's counts [R]),
         before the slots are reused."""
         passes, commit_pass = self.record.image_commits(rows, [self.start_pass[row] for row in rows], self.passes)
-        counts = {name: getattr(holder, attribute)[rows].tolist() for name, (holder, attribute) in self.counts.items()}
-        return self.tokens[rows, : self.num_tokens], passes, commit_pass, counts
+        return self.tokens[rows, : self.num_tokens], passes, commit_pass, self.image_counts(rows)
+
+    def image_counts(self, rows: list[int] | slice = slice(None)) -> dict[str, list[int]]:
+        """Each `count_per_image` statistic's counts of the images in slots `rows` (default: every slot)."""
+        return {name: getattr(holder, attribute)[rows].tolist() for name, (holder, attribute) in self.counts.items()}
 
     def admit(self, rows: list[int], images: list[int]):
         """Slots `rows` start queue images `images`: every state of the slot made as a decode of that

@@ -247,8 +247,9 @@ def zipar_tree(
         trees = FrontTrees(branch, names, request.batch_size, height, model.device, model.vocab_size)
     options = JacobiFrontOptions(s, window, init, cross_row, budget, start_lag)
     tokens, stats = jacobi_fronts(request, "zipar-tree", options, Carry(maximal_coupling_carry), trees=trees)
-    # a running batch's stats hold each image's (`SlotState.count_per_image`), a batch's are its slots'
-    taken = [0] * len(tokens) if trees is None else stats.get("side_taken_per_image", trees.side_taken.tolist())
+    # counted by the engine where a tree ran (`SlotState.count_per_image`); none ran (depth 1, one
+    # candidate or a budget of one slot a front): no side taken
+    taken = stats.get("side_taken_per_image", [0] * len(tokens))
     return tokens, {**stats, "branch": branch, "depth": depth, "side_taken_per_image": taken}
 
 

@@ -25,7 +25,7 @@ import torch
 import visar
 from visar.accel import METHODS, methods_for
 from visar.errors import VisarError
-from visar.registry import embedded_models
+from visar.registry import embedded_models, proxy_models
 
 DRAFTS = {
     "visar-tiny-c2i": "visar-tiny-c2i-draft",
@@ -51,7 +51,7 @@ def main() -> int:
     torch.set_num_threads(1)
     rows = {}
     for name in sorted(embedded_models()):
-        if models is not None and name not in models:
+        if models is not None and name not in models or name in proxy_models():  # a proxy's tokens are its law's
             continue
         try:
             pipe = visar.load(name)

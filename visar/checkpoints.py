@@ -89,3 +89,13 @@ def load_strict(
         raise CheckpointMismatchError(f"{source} does not fit the model: {shown}{hint}")
     model.load_state_dict(state_dict, strict=True, assign=assign)
     return model
+
+
+def seeded_init(module: nn.Module, seed: int, std: float = 0.02):
+    """Deterministic random weights (visar-tiny-random, a proxy's cost model): N(0, std) for every weight
+    of two or more dimensions (linear, embedding); norms keep their ones."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in module.parameters():
+            if param.dim() >= 2:
+                param.copy_(torch.randn(param.shape, generator=gen) * std)

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from . import hub, registry
-from .checkpoints import load_strict, read_state_dict
+from .checkpoints import load_strict, read_state_dict, seeded_init
 from .errors import VisarError
 from .families import Family, get_family, hf_family
 from .models.t5_captions import LazyTextEncoder
@@ -64,15 +64,6 @@ def check_dtype(device: torch.device, dtype: torch.dtype):
     if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         name = torch.cuda.get_device_name(device)
         raise VisarError(f"bf16 is not supported on {name} ({device}): use --dtype fp16 or fp32 (dtype='fp16')")
-
-
-def seeded_init(module: torch.nn.Module, seed: int, std: float = 0.02):
-    """Deterministic random weights (for visar-tiny-random): N(0, std) for linear/embedding."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in module.parameters():
-            if param.dim() >= 2:  # norms keep their ones
-                param.copy_(torch.randn(param.shape, generator=gen) * std)
 
 
 def load(
@@ -260,11 +251,16 @@ def load_folder(folder: Path, checkpoint=None, vq_checkpoint=None, model_args=No
     family = folder_family(config)
     if family.load_folder is not None:
         if checkpoint is not None or vq_checkpoint is not None:
-            what = f"{folder} is a Hugging Face (transformers or diffusers) folder: its weights load from it, not from"
+            what = f"{folder} is read whole by the {family.name} family: its weights load from it, not from"
             raise VisarError(f"{what} checkpoint=", cli=f"{what} --checkpoint / --vq-checkpoint")
         parts = family.load_folder(folder, model_args)
         return Pipeline(
-            parts.model, parts.tokenizer, name=folder.name, defaults=parts.defaults, text_encoder=parts.text_encoder
+            parts.model,
+            parts.tokenizer,
+            name=folder.name,
+            defaults=parts.defaults,
+            text_encoder=parts.text_encoder,
+            class_names=parts.class_names,
         )
     model = family.build_model(config["model_args"])
     tokenizer = family.build_tokenizer(config["vq_args"]) if "vq_args" in config else None

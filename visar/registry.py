@@ -31,6 +31,12 @@ def embedded_models() -> dict[str, Path]:
     return {p.name: p for p in sorted(WEIGHTS_DIR.iterdir()) if (p / "config.json").is_file()}
 
 
+def proxy_models() -> list[str]:
+    """The embedded proxies (`visar.models.proxy`: a trained model's law at a full-size model's cost), for
+    speed figures only: their images are their law model's, so the demo and the digests leave them out."""
+    return [name for name, folder in embedded_models().items() if read_config(folder).get("family") == "proxy"]
+
+
 def read_config(folder: Path) -> dict:
     try:
         return json.loads((folder / "config.json").read_text())

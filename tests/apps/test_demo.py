@@ -30,13 +30,13 @@ from visar.apps.demo import (
     default_options,
     example_prompt,
     guarantee_note,
+    model_choices,
     page_handlers,
     parse_options,
     speedup_text,
     summary_markdown,
 )
 from visar.errors import VisarError
-from visar.registry import embedded_models
 
 MODEL = "visar-tiny-random"
 
@@ -259,7 +259,7 @@ def test_heatmap_colours_early_passes_dark_and_late_ones_bright():
     assert picture[cell // 2, cell // 2] < picture[3 * cell + cell // 2, 3 * cell + cell // 2]
 
 
-GENERATORS = [name for name in embedded_models() if not name.endswith(("-draft", "-refiner", "-refiner-s6"))]
+GENERATORS = [name for name in model_choices() if not name.endswith(("-draft", "-refiner", "-refiner-s6"))]
 
 
 def test_every_model_is_shown_with_a_method_other_than_its_reference(cache):

@@ -15,7 +15,7 @@ The models a family builds implement the interface of their kind (`visar.models.
 all the decoding methods see. A new family is new files: its model, its tokenizer, its registration.
 """
 
-from . import amused, hf_emu3, hf_janus, hf_lumina, llamagen, mar, maskgit, var  # noqa: F401  (each family module registers itself)
+from . import amused, hf_emu3, hf_janus, hf_lumina, llamagen, mar, maskgit, proxy, var  # noqa: F401  (each family module registers itself)
 from .family import (
     FAMILIES,
     Family,

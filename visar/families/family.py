@@ -17,12 +17,13 @@ WeightLoader = Callable[[nn.Module, "str | os.PathLike", str], nn.Module]
 @dataclass
 class FolderParts:
     """What a family that reads a whole folder its own way (a transformers `save_pretrained` folder)
-    gives the pipeline: the model, its tokenizer, its text encoder and sampling defaults."""
+    gives the pipeline: the model, its tokenizer, its text encoder, sampling defaults and class names."""
 
     model: nn.Module
     tokenizer: nn.Module | None
     text_encoder: object | None = None
     defaults: dict = field(default_factory=dict)
+    class_names: list[str] | None = None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import threading
 from ...errors import VisarError
 from ...models.base import model_kind
 from ...pipeline.shared_device import SharedDevice
-from ...registry import DEFAULT_MODEL, embedded_models, resolve_name
+from ...registry import DEFAULT_MODEL, embedded_models, proxy_models, resolve_name
 
 # A text model opens with the first of these its prompt encoder reads word for word (the shapes
 # world's caption encoder knows 30 words; a T5 or a Hugging Face tokenizer reads any).
@@ -45,7 +45,7 @@ class ModelCache:
 
 
 def model_choices() -> list[str]:
-    return list(embedded_models())
+    return [name for name in embedded_models() if name not in proxy_models()]
 
 
 def class_choices(pipe) -> list[str]:

@@ -6,9 +6,9 @@
 
 "law": a LlamaGen folder with trained weights (an embedded model's name, or a path), whose logits,
 tokenizer, sampling defaults and class names the proxy takes whole; "cost": a LlamaGen size
-(`GPT_SIZES`) or a dict of LlamaGen model_args, built with the official 16,384-code head and 1,000
-classes over the law's sequence (its condition layout and image tokens), its weights drawn from
-`init.random_seed`. No weights are shipped for a proxy: the law's are the embedded model's, the
+(`GPT_SIZES`) or a dict of LlamaGen model_args (vocabulary and classes by default the official
+16,384 codes and 1,000 classes), over the law's sequence (its condition layout and image tokens),
+its weights drawn from `init.random_seed`. No weights are shipped for a proxy: the law's are the embedded model's, the
 cost model's are seeded.
 """
 
@@ -107,10 +107,11 @@ register_family(
         build_tokenizer=llamagen.build_tokenizer,
         load_tokenizer_weights=llamagen.load_tokenizer_weights,
         official_presets={},
-        # the tiny LlamaGen as the law, a second one twice as wide with the official head as the cost
+        # the tiny LlamaGen as the law, a second one twice as wide as the cost (a small head: the tests that
+        # loop over families stay quick; tests/models/test_proxy.py runs the official head)
         tiny_model_args={
             "law": llamagen.TINY_MODEL_ARGS,
-            "cost": dict(dim=64, n_layer=2, n_head=2, multiple_of=32),
+            "cost": dict(dim=64, n_layer=2, n_head=2, multiple_of=32, vocab_size=64),
         },
         tiny_tokenizer_args=llamagen.TINY_TOKENIZER_ARGS,
         load_folder=load_folder,

@@ -109,7 +109,7 @@ def test_the_cost_models_output_reaches_the_logits(proxy):
 
 def test_a_compiled_proxy_keeps_the_cost_model(proxy):
     """The graph torch.compile hands its backend (after dynamo's and AOTAutograd's dead-code elimination)
-    still holds the cost model's official-size head, and gives the law's logits."""
+    still holds the cost model's official-size head, and gives the law's logits up to rounding."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
@@ -125,7 +125,8 @@ def test_a_compiled_proxy_keeps_the_cost_model(proxy):
     with torch.no_grad():
         logits = torch.compile(model, backend=aot_autograd(fw_compiler=keep))(tokens, cond)
     torch._dynamo.reset()
-    assert torch.equal(logits, model.law(tokens, cond))
+    # compiled kernels round as they choose (bits: the eager test above); the value is the law's
+    torch.testing.assert_close(logits, model.law(tokens, cond), rtol=1e-5, atol=1e-5)
     widths = [
         node.meta["val"].shape[-1]
         for graph in graphs

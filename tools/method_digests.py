@@ -50,8 +50,9 @@ def main() -> int:
     methods = set(args.methods.split(",")) if args.methods else None
     torch.set_num_threads(1)
     rows = {}
+    proxies = proxy_models()  # a proxy's tokens are its law's
     for name in sorted(embedded_models()):
-        if models is not None and name not in models or name in proxy_models():  # a proxy's tokens are its law's
+        if models is not None and name not in models or name in proxies:
             continue
         try:
             pipe = visar.load(name)

@@ -24,6 +24,8 @@ from ..models.proxy import LawCostProxy
 from . import llamagen
 from .family import Family, FolderParts, register_family
 
+# registry.WEIGHTS_DIR, and read_json below its read_config: registry imports the families, so a family
+# cannot import it (tests/test_architecture.py)
 WEIGHTS_DIR = Path(__file__).parents[1] / "weights"
 
 # What the official releases read beside their size: LlamaGen's VQ-16 codes and ImageNet's classes.
@@ -72,9 +74,9 @@ def load_folder(folder, model_args: dict | None) -> FolderParts:
     config = read_json(folder / "config.json")
     if model_args:
         raise VisarError(f"{folder.name} is a proxy: its models' arguments are its config's, not model_args=")
-    missing = [key for key in ("law", "cost") if key not in config] or (
-        [] if "random_seed" in config.get("init", {}) else ["init.random_seed"]
-    )
+    missing = [key for key in ("law", "cost") if key not in config]
+    if "random_seed" not in config.get("init", {}):
+        missing.append("init.random_seed")
     if missing:
         raise VisarError(f"{folder / 'config.json'} is a proxy's config without {', '.join(missing)}")
     source = law_folder(config["law"])

@@ -45,7 +45,8 @@ class ModelCache:
 
 
 def model_choices() -> list[str]:
-    return [name for name in embedded_models() if name not in proxy_models()]
+    proxies = proxy_models()
+    return [name for name in embedded_models() if name not in proxies]
 
 
 def class_choices(pipe) -> list[str]:
